@@ -1,0 +1,51 @@
+"""calpipe: protected probabilistic classification as a batch data pipeline.
+
+The public surface: :func:`protect` and :func:`protect_with_state` (polars transforms), the
+calibrator objects (:mod:`calpipe.calibrators`), and :func:`methods` (what can be run).
+"""
+
+from calpipe.calibrators import (
+    METHODS,
+    CompositeJumper,
+    Jumper,
+    MeanJumper,
+    StreamState,
+    make_calibrator,
+)
+from calpipe.errors import CalpipeError, InputError, ParameterError, StateError
+from calpipe.frame import ProtectResult, protect, protect_with_state
+
+__version__ = "0.1.0"
+
+
+def methods() -> dict[str, dict]:
+    """Every method with its summary and parameters (default, rule, help): the same table that
+    validates them."""
+    return {
+        name: {
+            "summary": cls.summary,
+            "parameters": {
+                p: {"default": spec.default, "rule": spec.rule, "help": spec.help}
+                for p, spec in cls.parameters.items()
+            },
+        }
+        for name, cls in METHODS.items()
+    }
+
+
+__all__ = [
+    "CalpipeError",
+    "CompositeJumper",
+    "InputError",
+    "Jumper",
+    "MeanJumper",
+    "ParameterError",
+    "ProtectResult",
+    "StateError",
+    "StreamState",
+    "__version__",
+    "make_calibrator",
+    "methods",
+    "protect",
+    "protect_with_state",
+]

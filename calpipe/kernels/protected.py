@@ -388,3 +388,12 @@ def _brier_compat(
                     out_sj[e, j] = lsj[j]
         passive[s] = pw
     return out_p, out_cj, out_sj, passive, active, capital, log_sj
+
+
+@njit(cache=True)
+def _log10_cj_rows(log_sj):
+    """log10 CJ of each stream from its log10 SJ row (S, R) -> (S,)."""
+    out = np.empty(log_sj.shape[0])
+    for s in range(log_sj.shape[0]):
+        out[s] = _cj_from_sj(log_sj[s])
+    return out

@@ -1,0 +1,49 @@
+# One place for setup, the main job, lint and tests; .ci/run calls `make test`.
+# Needs only Python 3.11 and make: everything else is installed into .venv from the lock files.
+
+PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
+VENV   := .venv
+BIN    := $(VENV)/bin
+export DAGSTER_HOME := $(CURDIR)/.dagster_home
+export DAGSTER_DISABLE_TELEMETRY := 1
+export NUMBA_CACHE_DIR := $(CURDIR)/.venv/numba_cache
+
+.PHONY: setup setup-dev demo test lint format check-defs bench clean
+
+$(VENV)/.runtime: requirements/runtime.lock pyproject.toml
+	$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "calpipe needs Python 3.11"'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements/runtime.lock
+	$(BIN)/python -m pip install --quiet --no-deps -e .
+	mkdir -p $(DAGSTER_HOME) && touch $@
+
+$(VENV)/.dev: $(VENV)/.runtime requirements/dev.lock
+	$(BIN)/python -m pip install --quiet -r requirements/dev.lock
+	touch $@
+
+setup: $(VENV)/.runtime          ## runtime + pipeline stack
+setup-dev: $(VENV)/.dev          ## + test/lint tools and dev-only oracles
+
+demo: setup                      ## set up, then run the main job on the embedded DuckDB default
+	$(BIN)/calpipe demo
+
+lint: setup-dev
+	$(BIN)/ruff check calpipe dagster_project tests benchmarks
+	$(BIN)/ruff format --check calpipe dagster_project tests benchmarks
+
+format: setup-dev
+	$(BIN)/ruff format calpipe dagster_project tests benchmarks
+	$(BIN)/ruff check --fix calpipe dagster_project tests benchmarks
+
+check-defs: setup
+	cd $(CURDIR) && $(BIN)/dg check defs
+
+test: setup-dev lint             ## set up, lint, then run the whole test suite
+	$(BIN)/pytest
+
+bench: setup-dev                 ## full benchmark suite -> BENCHMARKS.md
+	$(BIN)/python -m benchmarks.run
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis .dagster_home

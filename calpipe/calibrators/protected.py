@@ -1,0 +1,553 @@
+"""Protected calibrators: Jumper, Mean Jumper and Composite Jumper (log loss or Brier compatibility).
+
+A calibrator is a validated configuration around one kernel of :mod:`calpipe.kernels.protected`.
+It knows its parameter table, the calibrating family it uses for K classes, the initial state of a
+stream, the layout of the state vector, and how to run a batch of streams through its kernel.
+
+Notation (code -> paper): ``passive`` = P, ``active[j, t]`` = A^{J_j}_{theta_t} (paper 001 Alg. 1),
+= C_epsilon (paper 000 Alg. 2, P = 0); ``rates`` = the set J; ``family`` = Theta (paper 001) or E
+(paper 000); ``log10m`` = log10 S_n, the running test martingale.
+
+Example
+-------
+>>> import numpy as np
+>>> cal = CompositeJumper()
+>>> out, state = cal.run(np.array([0.2, 0.7, 0.4]), np.array([0, 1, -1]))
+>>> np.round(out.protected, 4).tolist(), state.n_labelled
+([0.2, 0.7004, 0.4003], 2)
+>>> out2, _ = cal.run(np.array([0.4]), np.array([1]), state=state)  # resume
+>>> round(float(out2.protected[0]), 4)
+0.4003
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import numpy as np
+
+from calpipe import config
+from calpipe.calibrators._params import (
+    Param,
+    as_float_tuple,
+    number_in,
+    one_of,
+    tuple_of,
+    validate,
+)
+from calpipe.errors import ParameterError, StateError
+from calpipe.families import (
+    BINARY_FAMILIES,
+    Family,
+    binary_family,
+    multiclass_family,
+    package_grid,
+)
+from calpipe.kernels import protected as K
+
+LOSSES = ("log", "brier")
+
+
+# ----------------------------------------------------------------------------------------------
+# State
+# ----------------------------------------------------------------------------------------------
+@dataclass
+class BatchState:
+    """Kernel state of S streams as arrays (the unit the kernels take and return).
+
+    ``vector(s)`` flattens stream s to one float64 vector in the layout of the calibrator:
+    [P, A (R*T), capital (R*T, Brier only), log10 SJ (R, Brier only)].
+    """
+
+    passive: np.ndarray  # (S,)
+    active: np.ndarray  # (S, R, T)
+    log10m: np.ndarray  # (S,)
+    capital: np.ndarray | None = None  # (S, R, T), Brier compatibility only
+    log_sj: np.ndarray | None = None  # (S, R), Brier compatibility only
+
+    @property
+    def n_streams(self) -> int:
+        return int(self.passive.shape[0])
+
+    def vectors(self) -> np.ndarray:
+        """(S, L) float64: one state vector per stream."""
+        s = self.n_streams
+        parts = [self.passive[:, None], self.active.reshape(s, -1)]
+        if self.capital is not None:
+            parts += [self.capital.reshape(s, -1), self.log_sj]
+        return np.ascontiguousarray(np.concatenate(parts, axis=1))
+
+
+@dataclass
+class StreamState:
+    """Serializable state of one stream: what a nightly job stores and the next night loads."""
+
+    method: str
+    config_fingerprint: str
+    n_classes: int
+    n_events: int = 0
+    n_labelled: int = 0
+    log10_martingale: float = 0.0
+    log10_martingale_max: float = 0.0
+    weights: list[float] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> StreamState:
+        return cls(**json.loads(text))
+
+
+@dataclass
+class RunOutput:
+    """Kernel outputs in event order: ``protected`` (n,) binary or (n, K); ``log10_martingale`` (n,);
+    ``log10_martingale_by_rate`` (n, R) in Brier compatibility mode (the package's log10 SJ)."""
+
+    protected: np.ndarray
+    log10_martingale: np.ndarray
+    log10_martingale_by_rate: np.ndarray | None = None
+
+
+# ----------------------------------------------------------------------------------------------
+# Parameter tables
+# ----------------------------------------------------------------------------------------------
+_rate_ok = number_in(0.0, 1.0, lo_open=True, hi_open=False)  # J in (0, 1]
+
+_FAMILY = Param(
+    "cox2",
+    one_of(*BINARY_FAMILIES),
+    f"one of {', '.join(BINARY_FAMILIES)} (cox, cox2 for K >= 3 classes)",
+    "calibrating family: quadratic (paper 000 eq. 1), cubic (eq. 3), cox (eq. 4), cox2 (eq. 5; paper 001 eq. 1)",
+)
+_FAMILY_PARAMS = Param(
+    None,
+    lambda v: v is None or isinstance(v, tuple | list),
+    "None (the default grid) or a sequence of parameters of the family",
+    "grid of the family: eps values (quadratic), (a, b) pairs (cubic), betas (cox), (alpha, beta) pairs (cox2); None = DESIGN §4 default",
+)
+_CLIP = Param(
+    config.DEFAULT_CLIP_EPS,
+    number_in(0.0, 0.5, lo_open=True, hi_open=True),
+    "a number in (0, 0.5)",
+    "log-loss mode clips the base probability to [clip, 1 - clip] (config.DEFAULT_CLIP_EPS)",
+)
+
+
+def _family_rule_error(method: str, family: str, params, rule: str) -> ParameterError:
+    return ParameterError(
+        f"method {method!r}: family_params={params!r} is invalid for family {family!r}: {rule}"
+    )
+
+
+class ProtectedCalibrator:
+    """Base of the log-loss mixture predictors (one kernel, three initial states)."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    parameters: ClassVar[dict[str, Param]]
+
+    def __init__(self, **params):
+        self.params = validate(self.name, self.parameters, params)
+        self._check_cross()
+
+    # -- configuration -------------------------------------------------------------------------
+    @property
+    def loss(self) -> str:
+        return self.params.get("loss", "log")
+
+    @property
+    def rates(self) -> np.ndarray:
+        return np.asarray(self.params["jumping_rates"], dtype=np.float64)
+
+    @property
+    def pi(self) -> float:
+        return 0.0
+
+    def _check_cross(self) -> None:
+        """Checks that involve several parameters (the family grid and its ranges)."""
+        fam, grid = self.params["family"], self.params["family_params"]
+        if grid is None:
+            return
+        try:
+            arr = np.asarray(grid, dtype=float)
+        except (TypeError, ValueError):
+            raise _family_rule_error(self.name, fam, grid, "not a list of numbers") from None
+        if arr.size == 0 or not np.all(np.isfinite(arr)):
+            raise _family_rule_error(self.name, fam, grid, "must be non-empty and finite")
+        if fam == "quadratic":
+            if arr.ndim != 1 or np.any(np.abs(arr) > 1):
+                raise _family_rule_error(self.name, fam, grid, "eps values in [-1, 1]")
+        elif fam == "cubic":
+            if arr.ndim != 2 or arr.shape[1] != 2 or np.any((arr < 0) | (arr > 1)):
+                raise _family_rule_error(self.name, fam, grid, "(a, b) pairs in [0, 1]^2")
+        elif fam == "cox":
+            if arr.ndim != 1 or np.any(arr <= 0):
+                raise _family_rule_error(self.name, fam, grid, "betas > 0")
+        elif fam == "cox2" and (arr.ndim != 2 or arr.shape[1] != 2 or np.any(arr[:, 1] <= 0)):
+            raise _family_rule_error(self.name, fam, grid, "(alpha, beta) pairs with beta > 0")
+
+    def family(self, n_classes: int) -> Family:
+        """The calibrating functions used for K = ``n_classes`` (2 = binary score)."""
+        fam, grid = self.params["family"], self.params["family_params"]
+        if n_classes == 2:
+            return binary_family(fam, grid)
+        if fam not in ("cox", "cox2"):
+            raise ParameterError(
+                f"method {self.name!r}: family={fam!r} is binary-only (paper 000 eqs. 1, 3); "
+                "use cox or cox2 for K >= 3 classes"
+            )
+        if grid is None:
+            return multiclass_family(n_classes, fam)
+        arr = np.asarray(grid, float)
+        if fam == "cox":
+            return multiclass_family(n_classes, "cox", betas=arr)
+        betas = np.unique(arr[:, 1])
+        shifts = sorted({abs(a) for a in arr[:, 0] if a != 0})
+        return multiclass_family(n_classes, "cox2", betas=betas, alpha_shifts=shifts)
+
+    def config(self, n_classes: int) -> dict:
+        """Canonical configuration: everything that changes the outputs (and nothing else)."""
+        return {
+            "method": self.name,
+            "loss": self.loss,
+            "n_classes": n_classes,
+            "family": self.family(n_classes).to_dict(),
+            "jumping_rates": self.rates.tolist(),
+            "pi": self.pi,
+            "clip": self.params.get("clip") if self.loss == "log" else None,
+        }
+
+    def fingerprint(self, n_classes: int) -> str:
+        blob = json.dumps(self.config(n_classes), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    # -- state ---------------------------------------------------------------------------------
+    def _initial_active(self, fam: Family) -> np.ndarray:
+        """A[J, theta] at the start of a stream (one stream, shape (R, T)); set by each method."""
+        raise NotImplementedError
+
+    def initial_state(self, n_streams: int, n_classes: int) -> BatchState:
+        fam = self.family(n_classes)
+        a = np.repeat(self._initial_active(fam)[None], n_streams, axis=0)
+        return BatchState(
+            passive=np.full(n_streams, self.pi),
+            active=a,
+            log10m=np.zeros(n_streams),
+        )
+
+    def state_from_vectors(self, vectors: np.ndarray, log10m: np.ndarray, n_classes: int) -> BatchState:
+        """Inverse of :meth:`BatchState.vectors`, checking the layout length."""
+        n_rates, n_fun = len(self.rates), self.family(n_classes).size
+        size = 1 + n_rates * n_fun
+        vectors = np.asarray(vectors, dtype=np.float64)
+        if vectors.ndim != 2 or vectors.shape[1] != size:
+            raise StateError(
+                f"method {self.name!r}: state vectors have length "
+                f"{vectors.shape[-1] if vectors.ndim == 2 else '?'}, expected {size}"
+            )
+        s = vectors.shape[0]
+        return BatchState(
+            passive=np.ascontiguousarray(vectors[:, 0]),
+            active=np.ascontiguousarray(vectors[:, 1:].reshape(s, n_rates, n_fun)),
+            log10m=np.ascontiguousarray(log10m, dtype=np.float64),
+        )
+
+    # -- running -------------------------------------------------------------------------------
+    def prepare_scores(self, scores: np.ndarray) -> np.ndarray:
+        """Base probabilities as the kernel sees them: clipped in log-loss mode (DESIGN §4).
+
+        Binary: p -> min(max(p, eps), 1 - eps). K classes: q_c = max(p_c, eps), renormalised, so
+        no class has probability 0 and the vector still sums to 1.
+        """
+        eps = self.params["clip"]
+        if scores.ndim == 1:
+            return np.ascontiguousarray(np.clip(scores, eps, 1.0 - eps), dtype=np.float64)
+        q = np.maximum(scores, eps)
+        return np.ascontiguousarray(q / q.sum(axis=1, keepdims=True), dtype=np.float64)
+
+    def run_batch(
+        self,
+        scores: np.ndarray,
+        labels: np.ndarray,
+        op_event: np.ndarray,
+        op_kind: np.ndarray,
+        op_offsets: np.ndarray,
+        state: BatchState,
+    ) -> tuple[RunOutput, BatchState]:
+        """Run every stream of a batch through the kernel. Scores are taken as given (clip first
+        with :meth:`prepare_scores`); labels are int64 class indices (ignored where not updated)."""
+        n_classes = 2 if scores.ndim == 1 else scores.shape[1]
+        fam = self.family(n_classes)
+        if scores.ndim == 1:
+            p, m, pw, a, lm = K._mixture_binary(
+                scores, labels.astype(np.int8), op_event, op_kind, op_offsets,
+                fam.code, fam.params, self.rates, state.passive, state.active, state.log10m,
+            )  # fmt: skip
+        else:
+            p, m, pw, a, lm = K._mixture_multiclass(
+                scores, labels, op_event, op_kind, op_offsets,
+                np.ascontiguousarray(fam.betas), fam.alphas, self.rates,
+                state.passive, state.active, state.log10m,
+            )  # fmt: skip
+        return RunOutput(p, m), BatchState(pw, a, lm)
+
+    def run(self, scores, labels, *, state: StreamState | None = None):
+        """Run one stream given as arrays; ``labels`` uses -1 for "not known yet".
+
+        Returns ``(RunOutput, StreamState)``; pass the state back in to resume exactly where the
+        stream stopped (k chunks with state carried = one pass).
+        """
+        scores = np.asarray(scores, dtype=np.float64)
+        labels = np.asarray(labels, dtype=np.int64)
+        n_classes = 2 if scores.ndim == 1 else scores.shape[1]
+        if state is None:
+            bstate = self.initial_state(1, n_classes)
+            prior = StreamState(self.name, self.fingerprint(n_classes), n_classes)
+        else:
+            self.check_state(state.config_fingerprint, state.method, n_classes)
+            bstate = self.state_from_vectors(
+                np.asarray([state.weights]), np.array([state.log10_martingale]), n_classes
+            )
+            prior = state
+        n = scores.shape[0]
+        op_kind = np.where(labels < 0, K.OP_FORECAST, K.OP_STEP).astype(np.int8)
+        out, new = self.run_batch(
+            self.prepare_scores(scores), np.maximum(labels, 0), np.arange(n, dtype=np.int64),
+            op_kind, np.array([0, n], dtype=np.int64), bstate,
+        )  # fmt: skip
+        peak = float(np.max(out.log10_martingale, initial=prior.log10_martingale_max))
+        return out, StreamState(
+            method=self.name,
+            config_fingerprint=prior.config_fingerprint,
+            n_classes=n_classes,
+            n_events=prior.n_events + n,
+            n_labelled=prior.n_labelled + int(np.sum(labels >= 0)),
+            log10_martingale=float(new.log10m[0]),
+            log10_martingale_max=peak,
+            weights=new.vectors()[0].tolist(),
+        )
+
+    def check_state(self, fingerprint: str, method: str, n_classes: int) -> None:
+        expected = self.fingerprint(n_classes)
+        if fingerprint != expected:
+            raise StateError(
+                f"state was written by method {method!r} with config fingerprint {fingerprint}, "
+                f"but this run is {self.name!r} with fingerprint {expected} (K = {n_classes}); "
+                "loading a state under another configuration is an error, never a silent reset"
+            )
+
+    def serving_map(self, state: BatchState, scores: np.ndarray) -> np.ndarray:
+        """p -> p' of each stream's current state applied to ``scores`` (S, n) or (S, n, K).
+
+        The map is the mixture after the next jump-mixing step (DESIGN §4 serving map): exactly
+        the forecast an unlabelled event would get.
+        """
+        s = state.n_streams
+        n = scores.shape[1]
+        flat = np.ascontiguousarray(scores.reshape((s * n,) + scores.shape[2:]))
+        op_event = np.arange(s * n, dtype=np.int64)
+        op_kind = np.full(s * n, K.OP_FORECAST, dtype=np.int8)
+        offsets = np.arange(0, s * n + 1, n, dtype=np.int64)
+        labels = np.zeros(s * n, dtype=np.int64)
+        out, _ = self.run_batch(self.prepare_scores(flat), labels, op_event, op_kind, offsets, state)
+        return out.protected.reshape(scores.shape)
+
+
+class Jumper(ProtectedCalibrator):
+    """Jumper predictor (paper 000, Algorithm 2) and its test martingale (Algorithm 1).
+
+    C_eps starts uniform over the family E; per labelled event: normalise, jump-mix
+    C_eps <- (1 - J) C_eps + J / |E|, forecast p' = sum_eps f_eps(p) C_eps, then
+    C_eps <- C_eps B_{f_eps(p)}({y}). log10 S_n = sum_{i<=n} log10 p'_i(y_i) - log10 p_i(y_i).
+    """
+
+    name = "jumper"
+    summary = "Jumper predictor and test martingale (paper 000, Algs. 1-2), one jumping rate"
+    parameters: ClassVar[dict[str, Param]] = {
+        "family": _FAMILY,
+        "family_params": _FAMILY_PARAMS,
+        "jumping_rates": Param(
+            (config.DEFAULT_JUMPER_RATE,),
+            lambda v: tuple_of(_rate_ok)(v) and len(v) == 1,
+            "exactly one jumping rate J in (0, 1]",
+            "jumping rate J (paper 000 Alg. 1, line 4)",
+            as_float_tuple,
+        ),
+        "clip": _CLIP,
+    }
+
+    def _initial_active(self, fam: Family) -> np.ndarray:
+        return np.full((1, fam.size), 1.0 / fam.size)  # uniform start (Alg. 1, line 1)
+
+
+class MeanJumper(ProtectedCalibrator):
+    """Mean Jumper: the Jumper mixed over jumping rates including J = 1, equal prior (paper 000 §5).
+
+    Its gale is the mean of the Jumpers' gales, so its test martingale is the mean of theirs; J = 1
+    (re-drawing the calibrator every step) keeps the insurance cheap when the base is ideal.
+    """
+
+    name = "mean-jumper"
+    summary = "Jumper averaged over jumping rates including J = 1 (paper 000 §5)"
+    parameters: ClassVar[dict[str, Param]] = {
+        "family": _FAMILY,
+        "family_params": _FAMILY_PARAMS,
+        "jumping_rates": Param(
+            config.DEFAULT_MEAN_JUMPER_RATES,
+            lambda v: tuple_of(_rate_ok)(v) and 1.0 in v and len(set(v)) == len(v),
+            "distinct jumping rates in (0, 1] that include J = 1",
+            "jumping rates, equal prior weight each",
+            as_float_tuple,
+        ),
+        "clip": _CLIP,
+    }
+
+    def _initial_active(self, fam: Family) -> np.ndarray:
+        r = len(self.rates)
+        return np.full((r, fam.size), 1.0 / (r * fam.size))
+
+
+class CompositeJumper(ProtectedCalibrator):
+    """Composite Jumper (paper 001, Algorithm 1): passive weight pi on the base forecast, active
+    weights on (J, theta) starting on the identity, jump-mixing per J, Bayes update, renormalise.
+
+    ``loss="log"`` (default) is Algorithm 1 itself; ``loss="brier"`` is the Brier-loss aggregating
+    algorithm of the reference package ``protected-classification`` 0.1.5 (see
+    :func:`calpipe.kernels.protected._brier_compat`), offered for compatibility.
+    """
+
+    name = "composite-jumper"
+    summary = "Composite Jumper (paper 001, Alg. 1): passive weight pi + jumpers over rates J"
+    parameters: ClassVar[dict[str, Param]] = {
+        "family": _FAMILY,
+        "family_params": _FAMILY_PARAMS,
+        "jumping_rates": Param(
+            config.DEFAULT_JUMPING_RATES,
+            lambda v: tuple_of(_rate_ok)(v) and len(set(v)) == len(v),
+            "distinct jumping rates in (0, 1]",
+            "jumping rates J, prior (1 - pi) / |J| each",
+            as_float_tuple,
+        ),
+        "pi": Param(
+            config.DEFAULT_PI,
+            number_in(0.0, 1.0),
+            "a number in (0, 1)",
+            "passive weight on the base forecast; cost of protection <= ln(1/pi)",
+        ),
+        "loss": Param(
+            "log",
+            one_of(*LOSSES),
+            "'log' (paper 001 Alg. 1) or 'brier' (protected-classification 0.1.5 compatibility)",
+            "log: Bayes mixture; brier: the package's Brier-loss aggregating algorithm",
+        ),
+        "clip": Param(
+            config.DEFAULT_CLIP_EPS,
+            lambda v: v is None or number_in(0.0, 0.5)(v),
+            "a number in (0, 0.5) (log loss), or None",
+            "log-loss mode clips p to [clip, 1 - clip]; Brier mode clips nothing",
+        ),
+    }
+
+    @property
+    def pi(self) -> float:
+        return float(self.params["pi"])
+
+    def _check_cross(self) -> None:
+        super()._check_cross()
+        if self.loss == "brier":
+            if self.params["family"] != "cox2" or self.params["family_params"] is not None:
+                raise ParameterError(
+                    "method 'composite-jumper': loss='brier' reproduces protected-classification "
+                    "0.1.5 and uses its Cox grid: family must be 'cox2' with family_params=None"
+                )
+        elif self.params["clip"] is None:
+            raise ParameterError(
+                "method 'composite-jumper': clip=None is invalid: a number in (0, 0.5) (log loss)"
+            )
+        fam = self.family(2)
+        if fam.identity_index is None:
+            raise ParameterError(
+                "method 'composite-jumper': the family must contain the identity, on which the "
+                "active weights start (paper 001 Alg. 1, line 2)"
+            )
+
+    def family(self, n_classes: int) -> Family:
+        if self.loss == "brier":
+            return package_grid(n_classes)
+        return super().family(n_classes)
+
+    def _initial_active(self, fam: Family) -> np.ndarray:
+        a = np.zeros((len(self.rates), fam.size))
+        a[:, fam.identity_index] = (1.0 - self.pi) / len(self.rates)  # Alg. 1, line 2
+        return a
+
+    def initial_state(self, n_streams: int, n_classes: int) -> BatchState:
+        st = super().initial_state(n_streams, n_classes)
+        if self.loss == "brier":
+            n_fun = self.family(n_classes).size
+            cap = np.zeros((n_streams, len(self.rates), n_fun))
+            cap[:, :, 0] = 1.0  # the package's mart_capital starts on the identity slot
+            st.capital = cap
+            st.log_sj = np.zeros((n_streams, len(self.rates)))
+        return st
+
+    def state_from_vectors(self, vectors, log10m, n_classes):
+        if self.loss == "log":
+            return super().state_from_vectors(vectors, log10m, n_classes)
+        r, t = len(self.rates), self.family(n_classes).size
+        size = 1 + 2 * r * t + r
+        vectors = np.asarray(vectors, dtype=np.float64)
+        if vectors.ndim != 2 or vectors.shape[1] != size:
+            raise StateError(
+                f"method {self.name!r} (brier): state vectors have length "
+                f"{vectors.shape[-1] if vectors.ndim == 2 else '?'}, expected {size}"
+            )
+        s = vectors.shape[0]
+        c = np.ascontiguousarray
+        return BatchState(
+            passive=c(vectors[:, 0]),
+            active=c(vectors[:, 1 : 1 + r * t].reshape(s, r, t)),
+            log10m=c(log10m, dtype=np.float64),
+            capital=c(vectors[:, 1 + r * t : 1 + 2 * r * t].reshape(s, r, t)),
+            log_sj=c(vectors[:, 1 + 2 * r * t :]),
+        )
+
+    def prepare_scores(self, scores: np.ndarray) -> np.ndarray:
+        if self.loss == "log":
+            return super().prepare_scores(scores)
+        return np.ascontiguousarray(scores, dtype=np.float64)  # Brier mode clips nothing
+
+    def run_batch(self, scores, labels, op_event, op_kind, op_offsets, state):
+        if self.loss == "log":
+            return super().run_batch(scores, labels, op_event, op_kind, op_offsets, state)
+        binary = scores.ndim == 1
+        p2 = np.ascontiguousarray(np.column_stack([1.0 - scores, scores])) if binary else scores
+        fam = self.family(p2.shape[1])
+        p, cj, sj, pw, a, cap, lsj = K._brier_compat(
+            p2, labels.astype(np.int64), op_event, op_kind, op_offsets,
+            np.ascontiguousarray(fam.betas), fam.alphas, self.rates,
+            state.passive, state.active, state.capital, state.log_sj,
+        )  # fmt: skip
+        log10m = K._log10_cj_rows(lsj)
+        out = RunOutput(p[:, 1].copy() if binary else p, cj, sj)
+        return out, BatchState(pw, a, log10m, cap, lsj)
+
+
+METHODS: dict[str, type[ProtectedCalibrator]] = {
+    cls.name: cls for cls in (Jumper, MeanJumper, CompositeJumper)
+}
+
+
+def make_calibrator(method: str, **params) -> ProtectedCalibrator:
+    """The calibrator called ``method`` with ``params`` validated against its table."""
+    try:
+        cls = METHODS[method]
+    except KeyError:
+        raise ParameterError(
+            f"unknown method {method!r}; expected one of {', '.join(METHODS)}"
+        ) from None
+    return cls(**params)

@@ -1,0 +1,630 @@
+"""Polars transforms: partitioned (by stream), ordered (by time) application of the calibrators.
+
+:func:`protect` is the public entry point; :func:`protect_with_state` also takes and returns the
+per-stream state that makes nightly partitions and backfills resumable (DESIGN §3, §4).
+
+How a batch runs (no Python loop per event or per stream):
+
+1. validate the frame against the data contract (first offending row, column and rule);
+2. sort by (stream keys, order keys) and cut the sorted rows into stream segments;
+3. join the carried state of each stream (config fingerprint and order checked);
+4. build the operation list (forecast/update per event; with ``label_time``, updates at the label's
+   time, carrying not-yet-applied labels in the state) and call the kernel once for all streams;
+5. put the outputs back in the input's row order and write one state row per stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+from calpipe import config
+from calpipe.calibrators.protected import BatchState, ProtectedCalibrator, make_calibrator
+from calpipe.errors import InputError, StateError
+from calpipe.kernels import protected as K
+
+ROW = "__calpipe_row"
+_TIME_US = pl.Datetime("us")
+
+STATE_FIXED_COLUMNS = (
+    "method",
+    "config_fingerprint",
+    "n_classes",
+    "n_events",
+    "n_labelled",
+    "log10_martingale",
+    "log10_martingale_max",
+    "weights",
+    "pending_label_time",
+    "pending_scores",
+    "pending_labels",
+)
+
+
+@dataclass
+class ProtectResult:
+    """Output of :func:`protect_with_state`: the protected rows and one state row per stream."""
+
+    scores: pl.DataFrame
+    state: pl.DataFrame
+
+
+@dataclass(frozen=True)
+class Columns:
+    """Resolved column names of one call."""
+
+    score: str | None
+    scores: str | None
+    label: str
+    label_time: str | None
+    by: tuple[str, ...]
+    order_by: tuple[str, ...]
+
+    @property
+    def base(self) -> str:
+        return self.score if self.score is not None else self.scores  # type: ignore[return-value]
+
+    @property
+    def out(self) -> str:
+        return "protected_score" if self.score is not None else "protected_scores"
+
+
+def resolve_columns(
+    frame_columns: Sequence[str],
+    *,
+    score: str | None,
+    scores: str | None,
+    label: str,
+    label_time: str | None,
+    by: str | Sequence[str] | None,
+    order_by: str | Sequence[str],
+) -> Columns:
+    """Apply the defaults of the data contract and check that every named column exists."""
+    if score is not None and scores is not None:
+        raise InputError(None, None, "give either score= (binary) or scores= (multiclass), not both")
+    if score is None and scores is None:
+        score = "score"
+    if by is None:  # default: the `stream` column if there is one, else one stream
+        by = ("stream",) if "stream" in frame_columns else ()
+    by_t = (by,) if isinstance(by, str) else tuple(by)
+    order_t = (order_by,) if isinstance(order_by, str) else tuple(order_by)
+    if not order_t:
+        raise InputError(None, None, "order_by must name at least one column (the replay order)")
+    cols = Columns(score, scores, label, label_time, by_t, order_t)
+    needed = [cols.base, label, *by_t, *order_t] + ([label_time] if label_time else [])
+    for name in needed:
+        if name not in frame_columns:
+            raise InputError(name, None, f"missing column (the frame has {list(frame_columns)})")
+    for out in (cols.out, "log10_martingale"):
+        if out in frame_columns:
+            raise InputError(out, None, "output column already exists in the input; rename it")
+    return cols
+
+
+# ----------------------------------------------------------------------------------------------
+# Validation
+# ----------------------------------------------------------------------------------------------
+def _first_row(df: pl.DataFrame, bad: pl.Expr) -> int | None:
+    hit = df.select(bad.fill_null(False).arg_true().first()).item()
+    return None if hit is None else int(hit)
+
+
+def _fail_if(df: pl.DataFrame, bad: pl.Expr, column: str, rule: str, show: pl.Expr | None = None):
+    row = _first_row(df, bad)
+    if row is not None:
+        value = df.select(show if show is not None else pl.col(column)).row(row)[0]
+        raise InputError(column, row, f"{rule} (value: {value!r})")
+
+
+def validate_frame(df: pl.DataFrame, cols: Columns) -> int:
+    """Check the data contract (DESIGN §3); return K (2 for a binary score). Raises InputError."""
+    schema = df.schema
+    for name in (*cols.by, *cols.order_by):
+        _fail_if(df, pl.col(name).is_null(), name, "null in a stream or order key")
+    lab_dtype = schema[cols.label]
+    if not (lab_dtype.is_integer() or lab_dtype == pl.Boolean or lab_dtype == pl.Null):
+        raise InputError(cols.label, None, f"labels must be integers (got dtype {lab_dtype})")
+
+    if cols.score is not None:
+        dt = schema[cols.score]
+        if not (dt.is_numeric() and not dt.is_decimal()):
+            raise InputError(cols.score, None, f"score must be a float column (got dtype {dt})")
+        s = pl.col(cols.score)
+        _fail_if(df, s.is_null(), cols.score, "null score (every event needs a base forecast)")
+        _fail_if(df, s.cast(pl.Float64).is_nan(), cols.score, "score is NaN")
+        _fail_if(df, (s < 0) | (s > 1), cols.score, "score outside [0, 1]")
+        n_classes = 2
+    else:
+        dt = schema[cols.scores]
+        if not isinstance(dt, pl.List | pl.Array) or not dt.inner.is_numeric():
+            raise InputError(cols.scores, None, f"scores must be a list/array of floats (got {dt})")
+        v = pl.col(cols.scores)
+        _fail_if(df, v.is_null(), cols.scores, "null scores (every event needs a base forecast)")
+        lengths = v.list.len() if isinstance(dt, pl.List) else pl.lit(dt.size)
+        n_classes = int(df.select(lengths.first()).item())
+        if n_classes < 2:
+            raise InputError(cols.scores, 0, f"a scores vector needs >= 2 classes (got {n_classes})")
+        _fail_if(
+            df, lengths != n_classes, cols.scores,
+            f"scores vector of another length than the first row's {n_classes}",
+        )  # fmt: skip
+        lst = v if isinstance(dt, pl.List) else v.arr.to_list()
+        _fail_if(df, lst.list.eval(pl.element().is_null()).list.any(), cols.scores, "null inside scores")
+        _fail_if(
+            df, lst.list.eval(pl.element().cast(pl.Float64).is_nan()).list.any(),
+            cols.scores, "NaN inside scores",
+        )  # fmt: skip
+        _fail_if(
+            df, (lst.list.min() < 0) | (lst.list.max() > 1), cols.scores,
+            "a class probability outside [0, 1]",
+        )  # fmt: skip
+        _fail_if(
+            df, (lst.list.sum() - 1.0).abs() > config.SCORES_SUM_TOL, cols.scores,
+            f"scores do not sum to 1 (tolerance {config.SCORES_SUM_TOL:g})", lst.list.sum(),
+        )  # fmt: skip
+
+    y = pl.col(cols.label).cast(pl.Int64)
+    _fail_if(
+        df, y.is_not_null() & ((y < 0) | (y >= n_classes)), cols.label,
+        f"label outside the classes 0..{n_classes - 1}",
+    )  # fmt: skip
+
+    if cols.label_time is not None:
+        lt, t0 = cols.label_time, cols.order_by[0]
+        for name in (lt, t0):
+            if not schema[name].is_temporal():
+                raise InputError(
+                    name, None, f"with label_time, {name!r} must be a Date/Datetime (got {schema[name]})"
+                )
+        _fail_if(df, pl.col(lt).is_null() & pl.col(cols.label).is_not_null(), lt,
+                 "null label_time for a labelled event")  # fmt: skip
+        _fail_if(df, pl.col(lt).is_not_null() & pl.col(cols.label).is_null(), lt,
+                 "label_time given for an event without a label")  # fmt: skip
+        _fail_if(
+            df, pl.col(lt).cast(_TIME_US) < pl.col(t0).cast(_TIME_US), lt,
+            f"label_time before the event's {t0!r} (a label cannot be known before its event)",
+        )  # fmt: skip
+
+    key = [*cols.by, cols.order_by[-1]]
+    _fail_if(
+        df, ~pl.struct(key).is_first_distinct(), cols.order_by[-1],
+        f"duplicate ({', '.join(key)}): each event must be unique within its stream",
+        pl.struct(key),
+    )  # fmt: skip
+    return n_classes
+
+
+# ----------------------------------------------------------------------------------------------
+# State frame <-> arrays
+# ----------------------------------------------------------------------------------------------
+def empty_state(df_schema: pl.Schema, cols: Columns) -> pl.DataFrame:
+    """A state frame with no streams and the right schema."""
+    fields = {c: df_schema[c] for c in cols.by}
+    fields |= {
+        "method": pl.String,
+        "config_fingerprint": pl.String,
+        "n_classes": pl.Int32,
+        "n_events": pl.Int64,
+        "n_labelled": pl.Int64,
+    }
+    fields |= {f"last_{c}": df_schema[c] for c in cols.order_by}
+    fields |= {
+        "log10_martingale": pl.Float64,
+        "log10_martingale_max": pl.Float64,
+        "weights": pl.List(pl.Float64),
+        "pending_label_time": pl.List(_TIME_US),
+        "pending_scores": pl.List(pl.Float64),
+        "pending_labels": pl.List(pl.Int64),
+    }
+    return pl.DataFrame(schema=fields)
+
+
+def _key_after(first: Sequence[str], last: Sequence[str]) -> pl.Expr:
+    """Lexicographic (first...) > (last...) as an expression."""
+    expr = pl.lit(False)
+    for i in reversed(range(len(first))):
+        gt = pl.col(first[i]) > pl.col(last[i])
+        eq = pl.col(first[i]) == pl.col(last[i])
+        expr = gt | (eq & expr) if i < len(first) - 1 else gt
+    return expr
+
+
+# ----------------------------------------------------------------------------------------------
+# Public API
+# ----------------------------------------------------------------------------------------------
+def protect(
+    frame: pl.DataFrame | pl.LazyFrame,
+    *,
+    score: str | None = None,
+    scores: str | None = None,
+    label: str = "label",
+    label_time: str | None = None,
+    by: str | Sequence[str] | None = None,
+    order_by: str | Sequence[str] = ("event_time", "event_id"),
+    method: str = "composite-jumper",
+    **params,
+) -> pl.DataFrame | pl.LazyFrame:
+    r"""Protect the base probabilities of every stream with a test martingale over calibrating functions.
+
+    Replays each stream (rows sharing the ``by`` keys) in ``order_by`` order and returns the same
+    rows, in the input's row order, with ``protected_score`` (binary; or ``protected_scores`` for
+    K classes) and ``log10_martingale``, the running log10 test martingale of the row's stream
+    after that row. Forecasts are prequential: an event's forecast uses only labels of events
+    strictly before it (or, with ``label_time``, labels whose ``label_time`` is before its time).
+
+    The default ``method="composite-jumper"`` is paper 001, Algorithm 1 (DESIGN §4): with passive
+    weight :math:`P`, active weights :math:`A^J_\theta` (start :math:`P=\pi`,
+    :math:`A^J_{\mathrm{id}} = (1-\pi)/|\mathbf J|`), per labelled event
+
+    .. math::
+
+        A^J_\theta &\leftarrow (1-J) A^J_\theta + \tfrac{J}{|\Theta|} \textstyle\sum_{\theta'} A^J_{\theta'},\\
+        p'_n &= P p_n + \textstyle\sum_{J,\theta} A^J_\theta f_\theta(p_n),\\
+        P &\leftarrow P B_{p_n}(\{y_n\})/C,\quad A^J_\theta \leftarrow A^J_\theta B_{f_\theta(p_n)}(\{y_n\})/C,
+        \quad C = p'_n(y_n),\\
+        \log_{10} S_n &= \textstyle\sum_{i \le n} \log_{10} p'_i(y_i) - \log_{10} p_i(y_i).
+
+    ``jumper`` and ``mean-jumper`` are paper 000's Algorithm 2 (with the martingale of Algorithm 1)
+    and its average over jumping rates; ``loss="brier"`` reproduces ``protected-classification``
+    0.1.5. See ``calpipe methods`` for every parameter.
+
+    Parameters
+    ----------
+    frame : polars DataFrame or LazyFrame
+        Scored events (DESIGN §3). A LazyFrame is collected; the result is then lazy too.
+    score, scores : str
+        Binary base probability of label 1, or a list/array column of K class probabilities
+        summing to 1. Default ``score="score"``.
+    label : str
+        Integer label in {0, 1} or 0..K-1; null = not known yet (forecast, no update).
+    label_time : str, optional
+        When each label became known. A label then updates the state at that time in the replay:
+        events at or before it do not see it. Labels not yet applied at the end of a batch are
+        kept in the state (:func:`protect_with_state`).
+    by : str or sequence of str, optional
+        Stream keys; default ``stream`` if the frame has it, else one stream. ``()`` = one stream.
+    order_by : str or sequence of str
+        Replay order within a stream; the last column is the event id, unique per stream.
+    method : str
+        ``composite-jumper`` (default), ``jumper`` or ``mean-jumper``.
+    **params
+        Method parameters (``family``, ``family_params``, ``jumping_rates``, ``pi``, ``loss``,
+        ``clip``), validated against the method's table.
+
+    Raises
+    ------
+    calpipe.errors.InputError
+        Bad input: missing column; null/NaN/out-of-range scores; wrong-length or non-normalised
+        score vectors; labels outside the classes; duplicate (stream, event id).
+    calpipe.errors.ParameterError
+        Unknown method, unknown parameter, or a value outside its range.
+
+    Examples
+    --------
+    >>> import polars as pl, calpipe
+    >>> events = pl.DataFrame({
+    ...     "stream": ["a", "a", "a", "b"],
+    ...     "event_time": [1, 2, 3, 1],
+    ...     "event_id": [1, 2, 3, 1],
+    ...     "score": [0.2, 0.7, 0.4, 0.9],
+    ...     "label": [0, 1, None, 1],
+    ... })
+    >>> out = calpipe.protect(events)
+    >>> out.select("stream", "protected_score").with_columns(pl.col("protected_score").round(4))
+    shape: (4, 2)
+    ┌────────┬─────────────────┐
+    │ stream ┆ protected_score │
+    │ ---    ┆ ---             │
+    │ str    ┆ f64             │
+    ╞════════╪═════════════════╡
+    │ a      ┆ 0.2             │
+    │ a      ┆ 0.7             │
+    │ a      ┆ 0.4001          │
+    │ b      ┆ 0.9             │
+    └────────┴─────────────────┘
+    """
+    lazy = isinstance(frame, pl.LazyFrame)
+    result = protect_with_state(
+        frame, score=score, scores=scores, label=label, label_time=label_time,
+        by=by, order_by=order_by, method=method, **params,
+    ).scores  # fmt: skip
+    return result.lazy() if lazy else result
+
+
+def protect_with_state(
+    frame: pl.DataFrame | pl.LazyFrame,
+    *,
+    score: str | None = None,
+    scores: str | None = None,
+    label: str = "label",
+    label_time: str | None = None,
+    by: str | Sequence[str] | None = None,
+    order_by: str | Sequence[str] = ("event_time", "event_id"),
+    method: str = "composite-jumper",
+    state: pl.DataFrame | None = None,
+    **params,
+) -> ProtectResult:
+    """:func:`protect`, resuming from ``state`` and returning the new state (one row per stream).
+
+    The state frame has the stream keys, ``method``, ``config_fingerprint``, ``n_classes``,
+    counters ``n_events``/``n_labelled``, the last processed order key (``last_<col>`` for each
+    ``order_by`` column), ``log10_martingale`` and its running maximum, the kernel ``weights``
+    and the labels not yet applied (``pending_*``). Streams of ``state`` that have no events in
+    ``frame`` are passed through unchanged. Running a stream in k chunks, carrying the state,
+    gives the same rows as one pass.
+
+    Raises :class:`calpipe.errors.StateError` if a stream's state was written under another
+    configuration, or if the frame has an event of a stream at or before that stream's last
+    processed key.
+    """
+    cal = make_calibrator(method, **params)
+    df = frame.collect() if isinstance(frame, pl.LazyFrame) else frame
+    cols = resolve_columns(
+        df.columns, score=score, scores=scores, label=label, label_time=label_time,
+        by=by, order_by=order_by,
+    )  # fmt: skip
+    n_classes = validate_frame(df, cols) if df.height else _empty_n_classes(df, cols)
+    state0 = empty_state(df.schema, cols) if state is None else state
+    _check_state_schema(state0, cols)
+    if df.height == 0:
+        return ProtectResult(_empty_output(df, cols, cal), state0)
+    return _run(df, cols, cal, n_classes, state0)
+
+
+def _empty_n_classes(df: pl.DataFrame, cols: Columns) -> int:
+    dt = df.schema[cols.base]
+    return dt.size if isinstance(dt, pl.Array) else 2
+
+
+def _empty_output(df: pl.DataFrame, cols: Columns, cal: ProtectedCalibrator) -> pl.DataFrame:
+    out_dtype = pl.Float64 if cols.score is not None else df.schema[cols.scores]
+    extra = [pl.lit(None, out_dtype).alias(cols.out), pl.lit(None, pl.Float64).alias("log10_martingale")]
+    if cal.loss == "brier":
+        extra.append(pl.lit(None, pl.List(pl.Float64)).alias("log10_martingale_by_rate"))
+    return df.with_columns(extra)
+
+
+def _check_state_schema(state: pl.DataFrame, cols: Columns) -> None:
+    missing = [c for c in (*cols.by, *STATE_FIXED_COLUMNS) if c not in state.columns]
+    missing += [f"last_{c}" for c in cols.order_by if f"last_{c}" not in state.columns]
+    if missing:
+        raise StateError(f"state frame lacks column(s) {missing}; was it written with other keys?")
+
+
+def _run(
+    df: pl.DataFrame, cols: Columns, cal: ProtectedCalibrator, n_classes: int, state0: pl.DataFrame
+) -> ProtectResult:
+    binary = cols.score is not None
+    sorted_df = df.with_row_index(ROW).sort([*cols.by, *cols.order_by], maintain_order=True)
+    n = sorted_df.height
+
+    # Stream segments of the sorted rows: sid[i] is the stream of sorted row i.
+    if cols.by:
+        sid = sorted_df.select(pl.struct(cols.by).rle_id()).to_series().to_numpy().astype(np.int64)
+    else:
+        sid = np.zeros(n, dtype=np.int64)
+    counts = np.bincount(sid)
+    n_streams = counts.shape[0]
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    ends = starts + counts - 1
+    streams = sorted_df[starts.tolist()].select(cols.by) if cols.by else pl.DataFrame()
+    first_rows = sorted_df[starts.tolist()]
+    last_rows = sorted_df[ends.tolist()]
+
+    # Base forecasts and labels as contiguous arrays, in sorted order.
+    if binary:
+        base = sorted_df[cols.score].cast(pl.Float64).to_numpy()
+    else:
+        v = pl.col(cols.scores)
+        as_arr = v if isinstance(df.schema[cols.scores], pl.Array) else v.list.to_array(n_classes)
+        base = sorted_df.select(as_arr.cast(pl.Array(pl.Float64, n_classes))).to_series().to_numpy()
+    base = np.ascontiguousarray(base, dtype=np.float64)
+    lab_s = sorted_df[cols.label].cast(pl.Int64)
+    labelled = lab_s.is_not_null().to_numpy()
+    labels = lab_s.fill_null(-1).to_numpy().astype(np.int64)
+
+    # Carried state: join on the stream keys, check config and order.
+    bstate, prev = _join_state(cal, cols, n_classes, streams, first_rows, state0, n_streams)
+    kernel_scores = cal.prepare_scores(base)
+
+    if cols.label_time is None:
+        op_event = np.arange(n, dtype=np.int64)
+        op_kind = np.where(labelled, K.OP_STEP, K.OP_FORECAST).astype(np.int8)
+        op_offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        ext_scores, ext_labels = kernel_scores, np.maximum(labels, 0)
+        applied = np.bincount(sid, weights=labelled, minlength=n_streams).astype(np.int64)
+        pending = prev.select(["pending_label_time", "pending_scores", "pending_labels"])
+    else:
+        (op_event, op_kind, op_offsets, ext_scores, ext_labels, applied, pending) = _delayed_ops(
+            cal, cols, sorted_df, sid, counts, base, labels, labelled, prev, n_classes
+        )
+
+    out, new_state = cal.run_batch(ext_scores, ext_labels, op_event, op_kind, op_offsets, bstate)
+    protected = out.protected[:n]
+    log10m = out.log10_martingale[:n]
+
+    # Outputs back in input row order.
+    if binary:
+        out_series = pl.Series(cols.out, protected)
+    else:
+        out_series = pl.Series(cols.out, protected).cast(pl.Array(pl.Float64, n_classes))
+        if isinstance(df.schema[cols.scores], pl.List):
+            out_series = out_series.cast(pl.List(pl.Float64))
+    new_cols = [out_series, pl.Series("log10_martingale", log10m)]
+    if out.log10_martingale_by_rate is not None:
+        by_rate = out.log10_martingale_by_rate[:n]
+        new_cols.append(pl.Series("log10_martingale_by_rate", by_rate).cast(pl.List(pl.Float64)))
+    order = sorted_df[ROW].to_numpy()
+    inverse = np.empty(n, dtype=np.int64)
+    inverse[order] = np.arange(n)
+    scored = df.with_columns([s.gather(inverse) for s in new_cols])
+
+    # New state rows.
+    peak = np.maximum.reduceat(log10m, starts)
+    new_rows = pl.DataFrame(
+        {
+            "method": pl.Series([cal.name] * n_streams, dtype=pl.String),
+            "config_fingerprint": pl.Series([cal.fingerprint(n_classes)] * n_streams),
+            "n_classes": pl.Series([n_classes] * n_streams, dtype=pl.Int32),
+            "n_events": prev["n_events"].to_numpy() + counts,
+            "n_labelled": prev["n_labelled"].to_numpy() + applied,
+            "log10_martingale": new_state.log10m,
+            "log10_martingale_max": np.maximum(prev["log10_martingale_max"].to_numpy(), peak),
+            "weights": pl.Series(new_state.vectors()).cast(pl.List(pl.Float64)),
+        }
+    )
+    last_keys = last_rows.select([pl.col(c).alias(f"last_{c}") for c in cols.order_by])
+    new_state_df = pl.concat([streams, new_rows, last_keys, pending], how="horizontal")
+    new_state_df = new_state_df.select(empty_state(df.schema, cols).columns)
+    untouched = (
+        state0.join(streams, on=list(cols.by), how="anti", nulls_equal=True) if cols.by else state0.clear()
+    )
+    state_out = pl.concat([untouched.cast(new_state_df.schema), new_state_df])
+    if cols.by:
+        state_out = state_out.sort(list(cols.by))
+    return ProtectResult(scored, state_out)
+
+
+def _join_state(cal, cols, n_classes, streams, first_rows, state0, n_streams):
+    """Initial kernel state of each stream in the batch and its previous state row (or zeros)."""
+    bstate = cal.initial_state(n_streams, n_classes)
+    zeros = pl.DataFrame(
+        {
+            "n_events": np.zeros(n_streams, np.int64),
+            "n_labelled": np.zeros(n_streams, np.int64),
+            "log10_martingale_max": np.zeros(n_streams),
+            "pending_label_time": pl.Series([[]] * n_streams, dtype=pl.List(_TIME_US)),
+            "pending_scores": pl.Series([[]] * n_streams, dtype=pl.List(pl.Float64)),
+            "pending_labels": pl.Series([[]] * n_streams, dtype=pl.List(pl.Int64)),
+        }
+    )
+    if state0.height == 0:
+        return bstate, zeros
+    keyed = streams.with_row_index("__sid") if cols.by else pl.DataFrame({"__sid": [0]})
+    firsts = first_rows.select([*cols.by, *cols.order_by]).with_columns(
+        pl.int_range(pl.len(), dtype=pl.UInt32).alias("__sid")
+    )
+    if cols.by:
+        joined = keyed.join(state0, on=list(cols.by), how="left", nulls_equal=True, maintain_order="left")
+    else:
+        if state0.height > 1:
+            raise StateError("state has several rows but the frame is one stream (by=())")
+        joined = keyed.join(state0, how="cross")
+    joined = joined.join(firsts.drop(cols.by), on="__sid", how="left")
+    has = joined["config_fingerprint"].is_not_null().to_numpy()
+    if not has.any():
+        return bstate, zeros
+
+    expected = cal.fingerprint(n_classes)
+    bad = joined.filter(pl.col("config_fingerprint").is_not_null() & (pl.col("config_fingerprint") != expected))
+    if bad.height:
+        r = bad.row(0, named=True)
+        cal.check_state(r["config_fingerprint"], r["method"], n_classes)
+    last_cols = [f"last_{c}" for c in cols.order_by]
+    late = joined.filter(pl.col("config_fingerprint").is_not_null() & ~_key_after(cols.order_by, last_cols))
+    if late.height:
+        r = late.row(0, named=True)
+        key = {c: r[c] for c in cols.by}
+        first = ", ".join(f"{c}={r[c]!r}" for c in cols.order_by)
+        last = ", ".join(f"{c}={r['last_' + c]!r}" for c in cols.order_by)
+        raise StateError(
+            f"stream {key}: event ({first}) is not after the state's last processed key "
+            f"({last}); a state resumes only with later events (re-run from the previous state)"
+        )
+
+    idx = np.flatnonzero(has)
+    vec_len = joined["weights"].list.len().drop_nulls()
+    if vec_len.n_unique() != 1:
+        raise StateError("state weights vectors have different lengths")
+    vectors = np.stack(joined["weights"].gather(idx).to_list()) if idx.size else None
+    loaded = cal.state_from_vectors(vectors, joined["log10_martingale"].gather(idx).to_numpy(), n_classes)
+    bstate.passive[idx] = loaded.passive
+    bstate.active[idx] = loaded.active
+    bstate.log10m[idx] = loaded.log10m
+    if bstate.capital is not None:
+        bstate.capital[idx] = loaded.capital
+        bstate.log_sj[idx] = loaded.log_sj
+    prev = joined.select(
+        pl.col("n_events").fill_null(0).cast(pl.Int64),
+        pl.col("n_labelled").fill_null(0).cast(pl.Int64),
+        pl.col("log10_martingale_max").fill_null(0.0),
+        pl.col("pending_label_time").fill_null(pl.lit([], pl.List(_TIME_US))),
+        pl.col("pending_scores").fill_null(pl.lit([], pl.List(pl.Float64))),
+        pl.col("pending_labels").fill_null(pl.lit([], pl.List(pl.Int64))),
+    )
+    return bstate, prev
+
+
+def _delayed_ops(cal, cols, sorted_df, sid, counts, base, labels, labelled, prev, n_classes):
+    """Operation list with labels applied at their ``label_time`` (delayed feedback).
+
+    Forecast of event i at its time; update of event i at its label_time; at equal times forecasts
+    come first (a label is seen only by events strictly after it). Updates at or after the batch's
+    last event time of the stream (its horizon) are deferred to the state's pending list, so that
+    k chunks equal one pass. Pending updates of earlier batches enter as extra pseudo-events;
+    they keep the raw score (``base``), which the calibrator prepares (clips) again on replay.
+    """
+    n = sorted_df.height
+    n_streams = counts.shape[0]
+    te = sorted_df[cols.order_by[0]].cast(_TIME_US).to_physical().to_numpy().astype(np.int64)
+    tl = sorted_df[cols.label_time].cast(_TIME_US).to_physical().fill_null(0).to_numpy().astype(np.int64)
+    ends = np.cumsum(counts) - 1
+    horizon = te[ends]
+
+    # Pending updates from the state, flattened.
+    plen = prev["pending_labels"].list.len().to_numpy().astype(np.int64)
+    m = int(plen.sum())
+    p_sid = np.repeat(np.arange(n_streams, dtype=np.int64), plen)
+    p_tl = prev["pending_label_time"].explode().drop_nulls().cast(_TIME_US).to_physical().to_numpy()
+    p_lab = prev["pending_labels"].explode().drop_nulls().to_numpy().astype(np.int64)
+    width = 1 if base.ndim == 1 else n_classes
+    p_sc = prev["pending_scores"].explode().drop_nulls().to_numpy().astype(np.float64)
+    if p_sc.shape[0] != m * width:
+        raise StateError("pending_scores does not hold one score vector per pending label")
+    p_sc = p_sc if width == 1 else p_sc.reshape(m, width)
+    p_tl = p_tl.astype(np.int64)
+
+    lab_idx = np.flatnonzero(labelled)
+    u_sid = np.concatenate([sid[lab_idx], p_sid])
+    u_t = np.concatenate([tl[lab_idx], p_tl])
+    u_seq = np.concatenate([lab_idx, np.arange(m, dtype=np.int64) - m])  # pending first on ties
+    u_ev = np.concatenate([lab_idx, n + np.arange(m, dtype=np.int64)])
+    apply_now = u_t < horizon[u_sid]
+
+    a_sid, a_t, a_seq, a_ev = (x[apply_now] for x in (u_sid, u_t, u_seq, u_ev))
+    op_sid = np.concatenate([sid, a_sid])
+    op_t = np.concatenate([te, a_t])
+    op_kind_key = np.concatenate([np.zeros(n, np.int64), np.ones(a_sid.shape[0], np.int64)])
+    op_seq = np.concatenate([np.arange(n, dtype=np.int64), a_seq])
+    op_ev = np.concatenate([np.arange(n, dtype=np.int64), a_ev])
+    order = np.lexsort((op_seq, op_kind_key, op_t, op_sid))
+    op_event = np.ascontiguousarray(op_ev[order])
+    op_kind = np.where(op_kind_key[order] == 0, K.OP_FORECAST, K.OP_UPDATE).astype(np.int8)
+    op_offsets = np.concatenate([[0], np.cumsum(np.bincount(op_sid, minlength=n_streams))]).astype(np.int64)
+
+    raw_scores = np.concatenate([base, p_sc])
+    ext_scores = cal.prepare_scores(raw_scores)
+    ext_labels = np.concatenate([np.maximum(labels, 0), p_lab])
+    applied = np.bincount(a_sid, minlength=n_streams).astype(np.int64)
+
+    # Deferred updates become the new pending lists (in apply order).
+    d = ~apply_now
+    d_sid, d_t, d_seq, d_ev = u_sid[d], u_t[d], u_seq[d], u_ev[d]
+    o = np.lexsort((d_seq, d_t, d_sid))
+    d_sid, d_t, d_ev = d_sid[o], d_t[o], d_ev[o]
+    d_scores = raw_scores[d_ev]
+    d_counts = np.bincount(d_sid, minlength=n_streams)
+    split = np.cumsum(d_counts)[:-1]
+    pending = pl.DataFrame(
+        {
+            "pending_label_time": pl.Series(np.split(d_t, split)).cast(pl.List(pl.Int64)).cast(pl.List(_TIME_US)),
+            "pending_scores": pl.Series(
+                [x.ravel() for x in np.split(d_scores, split)]
+            ).cast(pl.List(pl.Float64)),
+            "pending_labels": pl.Series(np.split(ext_labels[d_ev], split)).cast(pl.List(pl.Int64)),
+        }
+    )
+    return op_event, op_kind, op_offsets, ext_scores, ext_labels, applied, pending
