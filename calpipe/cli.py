@@ -31,8 +31,6 @@ def _method_params(args: argparse.Namespace) -> dict:
         out["loss"] = args.loss
     if args.clip is not None:
         out["clip"] = None if args.clip.lower() == "none" else float(args.clip)
-    if out.get("loss") == "brier" and "clip" not in out:
-        out["clip"] = None  # Brier compatibility clips nothing
     return out
 
 
@@ -82,7 +80,9 @@ def _cmd_protect(args: argparse.Namespace) -> int:
     if args.label_time:
         kw["label_time"] = args.label_time
     out = calpipe.protect(events, **kw, **_method_params(args))
-    by = list(args.by) if args.by is not None else (["stream"] if "stream" in events.columns else [])
+    by = (
+        list(args.by) if args.by is not None else (["stream"] if "stream" in events.columns else [])
+    )
     multiclass = bool(args.scores)
     if multiclass:
         out = out.with_columns(pl.col(args.scores).cast(pl.List(pl.Float64)))
@@ -129,7 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("input", help="scored events (Parquet)")
     p.add_argument("output", help="where to write the protected rows (Parquet)")
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--score", default="score", help="binary base probability column (default: score)")
+    src.add_argument(
+        "--score", default="score", help="binary base probability column (default: score)"
+    )
     src.add_argument("--scores", help="multiclass base probabilities (list column)")
     p.add_argument("--label", default="label")
     p.add_argument("--label-time", help="when each label became known (delayed feedback)")

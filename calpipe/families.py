@@ -150,9 +150,7 @@ def binary_family(name: str = "cox2", params=None) -> Family:
     return Family(name, 2, np.ascontiguousarray(arr, dtype=np.float64))
 
 
-def multiclass_family(
-    n_classes: int, name: str = "cox2", betas=None, alpha_shifts=None
-) -> Family:
+def multiclass_family(n_classes: int, name: str = "cox2", betas=None, alpha_shifts=None) -> Family:
     """Multiclass Cox family of paper 001 eq. (1) over K = ``n_classes`` classes.
 
     ``cox``: alpha = 0, beta in ``betas``. ``cox2``: alpha in {0} u {+a e_k, -a e_k : k, a} (for each
@@ -160,7 +158,9 @@ def multiclass_family(
     0, +e_0, -e_0, +e_1, -e_1, ... (the order of the reference package), so the identity is first.
     """
     if name not in MULTICLASS_FAMILIES:
-        raise ValueError(f"unknown multiclass family {name!r}; expected one of {MULTICLASS_FAMILIES}")
+        raise ValueError(
+            f"unknown multiclass family {name!r}; expected one of {MULTICLASS_FAMILIES}"
+        )
     betas = np.asarray(config.DEFAULT_COX_BETAS if betas is None else betas, float).ravel()
     rows = [np.zeros(n_classes)]
     if name == "cox2":

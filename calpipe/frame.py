@@ -22,7 +22,7 @@ import numpy as np
 import polars as pl
 
 from calpipe import config
-from calpipe.calibrators.protected import BatchState, ProtectedCalibrator, make_calibrator
+from calpipe.calibrators.protected import ProtectedCalibrator, make_calibrator
 from calpipe.errors import InputError, StateError
 from calpipe.kernels import protected as K
 
@@ -84,7 +84,9 @@ def resolve_columns(
 ) -> Columns:
     """Apply the defaults of the data contract and check that every named column exists."""
     if score is not None and scores is not None:
-        raise InputError(None, None, "give either score= (binary) or scores= (multiclass), not both")
+        raise InputError(
+            None, None, "give either score= (binary) or scores= (multiclass), not both"
+        )
     if score is None and scores is None:
         score = "score"
     if by is None:  # default: the `stream` column if there is one, else one stream
@@ -107,23 +109,39 @@ def resolve_columns(
 # ----------------------------------------------------------------------------------------------
 # Validation
 # ----------------------------------------------------------------------------------------------
-def _first_row(df: pl.DataFrame, bad: pl.Expr) -> int | None:
-    hit = df.select(bad.fill_null(False).arg_true().first()).item()
-    return None if hit is None else int(hit)
+@dataclass(frozen=True)
+class Rule:
+    """One row-level rule of the data contract: rows where ``bad`` is true break it."""
+
+    column: str
+    rule: str
+    bad: pl.Expr
+    show: pl.Expr | None = None  # what to print as the offending value (default: the column)
 
 
-def _fail_if(df: pl.DataFrame, bad: pl.Expr, column: str, rule: str, show: pl.Expr | None = None):
-    row = _first_row(df, bad)
-    if row is not None:
-        value = df.select(show if show is not None else pl.col(column)).row(row)[0]
-        raise InputError(column, row, f"{rule} (value: {value!r})")
+def check_rules(df: pl.DataFrame, rules: Sequence[Rule]) -> None:
+    """Raise InputError for the first rule (in list order) that some row breaks, at its first row.
+
+    All rules are evaluated in one parallel pass over the frame.
+    """
+    if not rules:
+        return
+    firsts = df.select(
+        [r.bad.fill_null(False).arg_true().first().alias(f"r{i}") for i, r in enumerate(rules)]
+    ).row(0)
+    for r, row in zip(rules, firsts, strict=True):
+        if row is not None:
+            value = df.select(r.show if r.show is not None else pl.col(r.column)).row(row)[0]
+            raise InputError(r.column, int(row), f"{r.rule} (value: {value!r})")
 
 
 def validate_frame(df: pl.DataFrame, cols: Columns) -> int:
     """Check the data contract (DESIGN §3); return K (2 for a binary score). Raises InputError."""
     schema = df.schema
-    for name in (*cols.by, *cols.order_by):
-        _fail_if(df, pl.col(name).is_null(), name, "null in a stream or order key")
+    rules = [
+        Rule(c, "null in a stream or order key", pl.col(c).is_null())
+        for c in (*cols.by, *cols.order_by)
+    ]
     lab_dtype = schema[cols.label]
     if not (lab_dtype.is_integer() or lab_dtype == pl.Boolean or lab_dtype == pl.Null):
         raise InputError(cols.label, None, f"labels must be integers (got dtype {lab_dtype})")
@@ -133,43 +151,38 @@ def validate_frame(df: pl.DataFrame, cols: Columns) -> int:
         if not (dt.is_numeric() and not dt.is_decimal()):
             raise InputError(cols.score, None, f"score must be a float column (got dtype {dt})")
         s = pl.col(cols.score)
-        _fail_if(df, s.is_null(), cols.score, "null score (every event needs a base forecast)")
-        _fail_if(df, s.cast(pl.Float64).is_nan(), cols.score, "score is NaN")
-        _fail_if(df, (s < 0) | (s > 1), cols.score, "score outside [0, 1]")
+        rules += [
+            Rule(cols.score, "null score (every event needs a base forecast)", s.is_null()),
+            Rule(cols.score, "score is NaN", s.cast(pl.Float64).is_nan()),
+            Rule(cols.score, "score outside [0, 1]", (s < 0) | (s > 1)),
+        ]
         n_classes = 2
     else:
-        dt = schema[cols.scores]
+        name = cols.scores
+        dt = schema[name]
         if not isinstance(dt, pl.List | pl.Array) or not dt.inner.is_numeric():
-            raise InputError(cols.scores, None, f"scores must be a list/array of floats (got {dt})")
-        v = pl.col(cols.scores)
-        _fail_if(df, v.is_null(), cols.scores, "null scores (every event needs a base forecast)")
+            raise InputError(name, None, f"scores must be a list/array of floats (got {dt})")
+        v = pl.col(name)
         lengths = v.list.len() if isinstance(dt, pl.List) else pl.lit(dt.size)
-        n_classes = int(df.select(lengths.first()).item())
-        if n_classes < 2:
-            raise InputError(cols.scores, 0, f"a scores vector needs >= 2 classes (got {n_classes})")
-        _fail_if(
-            df, lengths != n_classes, cols.scores,
-            f"scores vector of another length than the first row's {n_classes}",
-        )  # fmt: skip
+        n_classes = int(df.select(lengths.first()).item() or 0)
         lst = v if isinstance(dt, pl.List) else v.arr.to_list()
-        _fail_if(df, lst.list.eval(pl.element().is_null()).list.any(), cols.scores, "null inside scores")
-        _fail_if(
-            df, lst.list.eval(pl.element().cast(pl.Float64).is_nan()).list.any(),
-            cols.scores, "NaN inside scores",
-        )  # fmt: skip
-        _fail_if(
-            df, (lst.list.min() < 0) | (lst.list.max() > 1), cols.scores,
-            "a class probability outside [0, 1]",
-        )  # fmt: skip
-        _fail_if(
-            df, (lst.list.sum() - 1.0).abs() > config.SCORES_SUM_TOL, cols.scores,
-            f"scores do not sum to 1 (tolerance {config.SCORES_SUM_TOL:g})", lst.list.sum(),
-        )  # fmt: skip
+        rules += [
+            Rule(name, "null scores (every event needs a base forecast)", v.is_null()),
+            Rule(name, "a scores vector needs >= 2 classes", lengths < 2),
+            Rule(name, f"scores vector of another length than the first row's {n_classes}",
+                 lengths != n_classes),
+            Rule(name, "null inside scores", lst.list.eval(pl.element().is_null()).list.any()),
+            Rule(name, "NaN inside scores",
+                 lst.list.eval(pl.element().cast(pl.Float64).is_nan()).list.any()),
+            Rule(name, "a class probability outside [0, 1]", (lst.list.min() < 0) | (lst.list.max() > 1)),
+            Rule(name, f"scores do not sum to 1 (tolerance {config.SCORES_SUM_TOL:g})",
+                 (lst.list.sum() - 1.0).abs() > config.SCORES_SUM_TOL, lst.list.sum()),
+        ]  # fmt: skip
 
     y = pl.col(cols.label).cast(pl.Int64)
-    _fail_if(
-        df, y.is_not_null() & ((y < 0) | (y >= n_classes)), cols.label,
-        f"label outside the classes 0..{n_classes - 1}",
+    rules.append(
+        Rule(cols.label, f"label outside the classes 0..{n_classes - 1}",
+             y.is_not_null() & ((y < 0) | (y >= n_classes)))
     )  # fmt: skip
 
     if cols.label_time is not None:
@@ -177,23 +190,26 @@ def validate_frame(df: pl.DataFrame, cols: Columns) -> int:
         for name in (lt, t0):
             if not schema[name].is_temporal():
                 raise InputError(
-                    name, None, f"with label_time, {name!r} must be a Date/Datetime (got {schema[name]})"
+                    name,
+                    None,
+                    f"with label_time, {name!r} must be a Date/Datetime (got {schema[name]})",
                 )
-        _fail_if(df, pl.col(lt).is_null() & pl.col(cols.label).is_not_null(), lt,
-                 "null label_time for a labelled event")  # fmt: skip
-        _fail_if(df, pl.col(lt).is_not_null() & pl.col(cols.label).is_null(), lt,
-                 "label_time given for an event without a label")  # fmt: skip
-        _fail_if(
-            df, pl.col(lt).cast(_TIME_US) < pl.col(t0).cast(_TIME_US), lt,
-            f"label_time before the event's {t0!r} (a label cannot be known before its event)",
-        )  # fmt: skip
+        rules += [
+            Rule(lt, "null label_time for a labelled event",
+                 pl.col(lt).is_null() & pl.col(cols.label).is_not_null()),
+            Rule(lt, "label_time given for an event without a label",
+                 pl.col(lt).is_not_null() & pl.col(cols.label).is_null()),
+            Rule(lt, f"label_time before the event's {t0!r} (a label cannot be known before its event)",
+                 pl.col(lt).cast(_TIME_US) < pl.col(t0).cast(_TIME_US)),
+        ]  # fmt: skip
 
     key = [*cols.by, cols.order_by[-1]]
-    _fail_if(
-        df, ~pl.struct(key).is_first_distinct(), cols.order_by[-1],
-        f"duplicate ({', '.join(key)}): each event must be unique within its stream",
-        pl.struct(key),
+    rules.append(
+        Rule(cols.order_by[-1],
+             f"duplicate ({', '.join(key)}): each event must be unique within its stream",
+             ~pl.struct(key).is_first_distinct(), pl.struct(key))
     )  # fmt: skip
+    check_rules(df, rules)
     return n_classes
 
 
@@ -323,7 +339,7 @@ def protect(
     │ a      ┆ 0.2             │
     │ a      ┆ 0.7             │
     │ a      ┆ 0.4001          │
-    │ b      ┆ 0.9             │
+    │ b      ┆ 0.8999          │
     └────────┴─────────────────┘
     """
     lazy = isinstance(frame, pl.LazyFrame)
@@ -381,7 +397,10 @@ def _empty_n_classes(df: pl.DataFrame, cols: Columns) -> int:
 
 def _empty_output(df: pl.DataFrame, cols: Columns, cal: ProtectedCalibrator) -> pl.DataFrame:
     out_dtype = pl.Float64 if cols.score is not None else df.schema[cols.scores]
-    extra = [pl.lit(None, out_dtype).alias(cols.out), pl.lit(None, pl.Float64).alias("log10_martingale")]
+    extra = [
+        pl.lit(None, out_dtype).alias(cols.out),
+        pl.lit(None, pl.Float64).alias("log10_martingale"),
+    ]
     if cal.loss == "brier":
         extra.append(pl.lit(None, pl.List(pl.Float64)).alias("log10_martingale_by_rate"))
     return df.with_columns(extra)
@@ -480,7 +499,9 @@ def _run(
     new_state_df = pl.concat([streams, new_rows, last_keys, pending], how="horizontal")
     new_state_df = new_state_df.select(empty_state(df.schema, cols).columns)
     untouched = (
-        state0.join(streams, on=list(cols.by), how="anti", nulls_equal=True) if cols.by else state0.clear()
+        state0.join(streams, on=list(cols.by), how="anti", nulls_equal=True)
+        if cols.by
+        else state0.clear()
     )
     state_out = pl.concat([untouched.cast(new_state_df.schema), new_state_df])
     if cols.by:
@@ -508,7 +529,9 @@ def _join_state(cal, cols, n_classes, streams, first_rows, state0, n_streams):
         pl.int_range(pl.len(), dtype=pl.UInt32).alias("__sid")
     )
     if cols.by:
-        joined = keyed.join(state0, on=list(cols.by), how="left", nulls_equal=True, maintain_order="left")
+        joined = keyed.join(
+            state0, on=list(cols.by), how="left", nulls_equal=True, maintain_order="left"
+        )
     else:
         if state0.height > 1:
             raise StateError("state has several rows but the frame is one stream (by=())")
@@ -519,12 +542,16 @@ def _join_state(cal, cols, n_classes, streams, first_rows, state0, n_streams):
         return bstate, zeros
 
     expected = cal.fingerprint(n_classes)
-    bad = joined.filter(pl.col("config_fingerprint").is_not_null() & (pl.col("config_fingerprint") != expected))
+    bad = joined.filter(
+        pl.col("config_fingerprint").is_not_null() & (pl.col("config_fingerprint") != expected)
+    )
     if bad.height:
         r = bad.row(0, named=True)
         cal.check_state(r["config_fingerprint"], r["method"], n_classes)
     last_cols = [f"last_{c}" for c in cols.order_by]
-    late = joined.filter(pl.col("config_fingerprint").is_not_null() & ~_key_after(cols.order_by, last_cols))
+    late = joined.filter(
+        pl.col("config_fingerprint").is_not_null() & ~_key_after(cols.order_by, last_cols)
+    )
     if late.height:
         r = late.row(0, named=True)
         key = {c: r[c] for c in cols.by}
@@ -540,7 +567,9 @@ def _join_state(cal, cols, n_classes, streams, first_rows, state0, n_streams):
     if vec_len.n_unique() != 1:
         raise StateError("state weights vectors have different lengths")
     vectors = np.stack(joined["weights"].gather(idx).to_list()) if idx.size else None
-    loaded = cal.state_from_vectors(vectors, joined["log10_martingale"].gather(idx).to_numpy(), n_classes)
+    loaded = cal.state_from_vectors(
+        vectors, joined["log10_martingale"].gather(idx).to_numpy(), n_classes
+    )
     bstate.passive[idx] = loaded.passive
     bstate.active[idx] = loaded.active
     bstate.log10m[idx] = loaded.log10m
@@ -570,7 +599,14 @@ def _delayed_ops(cal, cols, sorted_df, sid, counts, base, labels, labelled, prev
     n = sorted_df.height
     n_streams = counts.shape[0]
     te = sorted_df[cols.order_by[0]].cast(_TIME_US).to_physical().to_numpy().astype(np.int64)
-    tl = sorted_df[cols.label_time].cast(_TIME_US).to_physical().fill_null(0).to_numpy().astype(np.int64)
+    tl = (
+        sorted_df[cols.label_time]
+        .cast(_TIME_US)
+        .to_physical()
+        .fill_null(0)
+        .to_numpy()
+        .astype(np.int64)
+    )
     ends = np.cumsum(counts) - 1
     horizon = te[ends]
 
@@ -603,7 +639,9 @@ def _delayed_ops(cal, cols, sorted_df, sid, counts, base, labels, labelled, prev
     order = np.lexsort((op_seq, op_kind_key, op_t, op_sid))
     op_event = np.ascontiguousarray(op_ev[order])
     op_kind = np.where(op_kind_key[order] == 0, K.OP_FORECAST, K.OP_UPDATE).astype(np.int8)
-    op_offsets = np.concatenate([[0], np.cumsum(np.bincount(op_sid, minlength=n_streams))]).astype(np.int64)
+    op_offsets = np.concatenate([[0], np.cumsum(np.bincount(op_sid, minlength=n_streams))]).astype(
+        np.int64
+    )
 
     raw_scores = np.concatenate([base, p_sc])
     ext_scores = cal.prepare_scores(raw_scores)
@@ -620,10 +658,12 @@ def _delayed_ops(cal, cols, sorted_df, sid, counts, base, labels, labelled, prev
     split = np.cumsum(d_counts)[:-1]
     pending = pl.DataFrame(
         {
-            "pending_label_time": pl.Series(np.split(d_t, split)).cast(pl.List(pl.Int64)).cast(pl.List(_TIME_US)),
-            "pending_scores": pl.Series(
-                [x.ravel() for x in np.split(d_scores, split)]
-            ).cast(pl.List(pl.Float64)),
+            "pending_label_time": pl.Series(np.split(d_t, split))
+            .cast(pl.List(pl.Int64))
+            .cast(pl.List(_TIME_US)),
+            "pending_scores": pl.Series([x.ravel() for x in np.split(d_scores, split)]).cast(
+                pl.List(pl.Float64)
+            ),
             "pending_labels": pl.Series(np.split(ext_labels[d_ev], split)).cast(pl.List(pl.Int64)),
         }
     )

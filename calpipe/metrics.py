@@ -10,8 +10,10 @@ Example
 >>> import polars as pl
 >>> df = pl.DataFrame({"p": [0.9, 0.2, 0.6], "y": [1, 0, 0]})
 >>> df.select(
-...     log_loss("p", "y").round(4), brier("p", "y").round(4), accuracy("p", "y").round(4)
-... ).row(0)
+...     log_loss("p", "y").alias("log_loss"),
+...     brier("p", "y").alias("brier"),
+...     accuracy("p", "y").alias("accuracy"),
+... ).select(pl.all().round(4)).row(0)
 (0.4149, 0.1367, 0.6667)
 """
 

@@ -53,9 +53,7 @@ def as_float_tuple(v) -> Any:
 def tuple_of(check_one: Callable, nonempty: bool = True) -> Callable:
     def check(v) -> bool:
         return (
-            isinstance(v, tuple)
-            and (len(v) > 0 or not nonempty)
-            and all(check_one(x) for x in v)
+            isinstance(v, tuple) and (len(v) > 0 or not nonempty) and all(check_one(x) for x in v)
         )
 
     return check

@@ -14,10 +14,10 @@ Example
 >>> cal = CompositeJumper()
 >>> out, state = cal.run(np.array([0.2, 0.7, 0.4]), np.array([0, 1, -1]))
 >>> np.round(out.protected, 4).tolist(), state.n_labelled
-([0.2, 0.7004, 0.4003], 2)
+([0.2, 0.7, 0.4001], 2)
 >>> out2, _ = cal.run(np.array([0.4]), np.array([1]), state=state)  # resume
->>> round(float(out2.protected[0]), 4)
-0.4003
+>>> round(float(out2.protected[0]), 4)  # the label-free forecast above, now learnt from
+0.4001
 """
 
 from __future__ import annotations
@@ -239,7 +239,9 @@ class ProtectedCalibrator:
             log10m=np.zeros(n_streams),
         )
 
-    def state_from_vectors(self, vectors: np.ndarray, log10m: np.ndarray, n_classes: int) -> BatchState:
+    def state_from_vectors(
+        self, vectors: np.ndarray, log10m: np.ndarray, n_classes: int
+    ) -> BatchState:
         """Inverse of :meth:`BatchState.vectors`, checking the layout length."""
         n_rates, n_fun = len(self.rates), self.family(n_classes).size
         size = 1 + n_rates * n_fun
@@ -348,12 +350,14 @@ class ProtectedCalibrator:
         """
         s = state.n_streams
         n = scores.shape[1]
-        flat = np.ascontiguousarray(scores.reshape((s * n,) + scores.shape[2:]))
+        flat = np.ascontiguousarray(scores.reshape((s * n, *scores.shape[2:])))
         op_event = np.arange(s * n, dtype=np.int64)
         op_kind = np.full(s * n, K.OP_FORECAST, dtype=np.int8)
         offsets = np.arange(0, s * n + 1, n, dtype=np.int64)
         labels = np.zeros(s * n, dtype=np.int64)
-        out, _ = self.run_batch(self.prepare_scores(flat), labels, op_event, op_kind, offsets, state)
+        out, _ = self.run_batch(
+            self.prepare_scores(flat), labels, op_event, op_kind, offsets, state
+        )
         return out.protected.reshape(scores.shape)
 
 
@@ -445,10 +449,10 @@ class CompositeJumper(ProtectedCalibrator):
             "log: Bayes mixture; brier: the package's Brier-loss aggregating algorithm",
         ),
         "clip": Param(
-            config.DEFAULT_CLIP_EPS,
+            None,
             lambda v: v is None or number_in(0.0, 0.5)(v),
-            "a number in (0, 0.5) (log loss), or None",
-            "log-loss mode clips p to [clip, 1 - clip]; Brier mode clips nothing",
+            "a number in (0, 0.5), or None for the loss's default",
+            "clip of p to [clip, 1 - clip]; None = config.DEFAULT_CLIP_EPS (log), no clip (brier)",
         ),
     }
 
@@ -464,10 +468,13 @@ class CompositeJumper(ProtectedCalibrator):
                     "method 'composite-jumper': loss='brier' reproduces protected-classification "
                     "0.1.5 and uses its Cox grid: family must be 'cox2' with family_params=None"
                 )
+            if self.params["clip"] is not None:
+                raise ParameterError(
+                    f"method 'composite-jumper': clip={self.params['clip']!r} is invalid with "
+                    "loss='brier': the Brier compatibility mode clips nothing (leave clip=None)"
+                )
         elif self.params["clip"] is None:
-            raise ParameterError(
-                "method 'composite-jumper': clip=None is invalid: a number in (0, 0.5) (log loss)"
-            )
+            self.params["clip"] = config.DEFAULT_CLIP_EPS
         fam = self.family(2)
         if fam.identity_index is None:
             raise ParameterError(

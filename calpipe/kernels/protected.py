@@ -295,8 +295,18 @@ def _cj_from_sj(lsj):
 
 @njit(cache=True)
 def _brier_compat(
-    p, y, op_event, op_kind, op_offsets, betas, alphas, rates,
-    passive0, active0, capital0, log_sj0,
+    p,
+    y,
+    op_event,
+    op_kind,
+    op_offsets,
+    betas,
+    alphas,
+    rates,
+    passive0,
+    active0,
+    capital0,
+    log_sj0,
 ):
     """The Brier-loss aggregating algorithm of ``protected-classification`` 0.1.5 (K >= 2).
 
