@@ -12,10 +12,11 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 
 from calpipe import metrics
-from calpipe.errors import CalpipeError
+from calpipe.errors import CalpipeError, ParameterError
 
 
 def _method_params(args: argparse.Namespace) -> dict:
@@ -23,8 +24,10 @@ def _method_params(args: argparse.Namespace) -> dict:
     out: dict = {}
     if args.family is not None:
         out["family"] = args.family
-    if args.jumping_rate is not None:
-        out["jumping_rates"] = tuple(args.jumping_rate)
+    if args.family_params is not None:
+        out["family_params"] = [_parse_param(tok) for tok in args.family_params]
+    if args.jumping_rates is not None:
+        out["jumping_rates"] = tuple(args.jumping_rates)
     if args.pi is not None:
         out["pi"] = args.pi
     if args.loss is not None:
@@ -34,13 +37,29 @@ def _method_params(args: argparse.Namespace) -> dict:
     return out
 
 
+def _parse_param(token: str):
+    """``0.5`` -> 0.5; ``1,0.5`` -> (1.0, 0.5) (a pair, for cubic and cox2 grids)."""
+    try:
+        parts = [float(x) for x in token.split(",")]
+    except ValueError:
+        raise ParameterError(f"--family-params: {token!r} is not a number or an a,b pair") from None
+    return parts[0] if len(parts) == 1 else tuple(parts)
+
+
 def add_method_options(p: argparse.ArgumentParser) -> None:
     """Options shared by every command that runs a calibrator."""
     g = p.add_argument_group("method")
     g.add_argument("--method", default="composite-jumper",
                    help="jumper | mean-jumper | composite-jumper (default)")  # fmt: skip
     g.add_argument("--family", help="cox | cox2 (default) | quadratic | cubic")
-    g.add_argument("--jumping-rate", type=float, nargs="+", metavar="J", help="jumping rate(s) J")
+    g.add_argument(
+        "--family-params", nargs="+", metavar="P",
+        help="grid of the family: numbers (quadratic eps, cox beta) or a,b pairs (cubic, cox2)",
+    )  # fmt: skip
+    g.add_argument(
+        "--jumping-rates", "--jumping-rate", dest="jumping_rates", type=float, nargs="+",
+        metavar="J", help="jumping rate(s) J",
+    )  # fmt: skip
     g.add_argument("--pi", type=float, help="passive weight (composite-jumper), default 0.5")
     g.add_argument("--loss", choices=("log", "brier"), help="log (default) or brier compatibility")
     g.add_argument("--clip", help="clip eps of the base probability (log loss), or 'none'")
@@ -79,7 +98,8 @@ def _cmd_protect(args: argparse.Namespace) -> int:
         kw["by"] = tuple(args.by)
     if args.label_time:
         kw["label_time"] = args.label_time
-    out = calpipe.protect(events, **kw, **_method_params(args))
+    params = _method_params(args)
+    out = calpipe.protect(events, **kw, **params)
     by = (
         list(args.by) if args.by is not None else (["stream"] if "stream" in events.columns else [])
     )
@@ -90,8 +110,14 @@ def _cmd_protect(args: argparse.Namespace) -> int:
     tmp = Path(args.output).with_suffix(".parquet.tmp")
     out.write_parquet(tmp)
     tmp.replace(args.output)  # atomic: OUTPUT is either complete or untouched
-    base = args.scores or args.score
-    ordered = out.sort([*by, *args.order_by])
+    # Compare with the base as the engine saw it (clipped in log-loss mode), so that
+    # base loss - protected loss is the log test martingale the last column reports.
+    cal = calpipe.make_calibrator(args.method, **params)
+    raw = out[args.scores].to_list() if multiclass else out[args.score].to_numpy()
+    seen = cal.prepare_scores(np.asarray(raw, dtype=np.float64))
+    base = "base_as_seen"
+    out_sum = out.with_columns(pl.Series(base, seen.tolist() if multiclass else seen))
+    ordered = out_sum.sort([*by, *args.order_by])
     summary = stream_summary(
         ordered, base=base, protected="protected_scores" if multiclass else "protected_score",
         label=args.label, by=by, multiclass=multiclass,
