@@ -524,7 +524,11 @@ def _join_state(cal, cols, n_classes, streams, first_rows, state0, n_streams):
     )
     if state0.height == 0:
         return bstate, zeros
-    keyed = streams.with_row_index("__sid") if cols.by else pl.DataFrame({"__sid": [0]})
+    keyed = (
+        streams.with_row_index("__sid")
+        if cols.by
+        else pl.DataFrame({"__sid": pl.Series([0], dtype=pl.UInt32)})
+    )
     firsts = first_rows.select([*cols.by, *cols.order_by]).with_columns(
         pl.int_range(pl.len(), dtype=pl.UInt32).alias("__sid")
     )
