@@ -1,0 +1,610 @@
+"""The numba kernels of calpipe.kernels.protected against the naive loops of tests/naive.py.
+
+Every kernel (``_mixture_binary``, ``_mixture_multiclass``, ``_brier_compat``) must equal the paper's
+per-step loop to 1e-12 on random streams: protected forecasts, running log10 test martingales and
+(Brier mode) each rate's log10 SJ. Streams are handled several at a time through ``op_offsets``, with
+events of different streams interleaved in the event arrays, unlabelled events (forecast only) and
+delayed labels (a forecast, then an update later in the replay).
+
+The initial states are built here from the papers, not taken from calpipe.calibrators:
+Jumper (paper 000 Alg. 1 line 1: C_eps = 1/|E|), Mean Jumper (equal prior over rates),
+Composite Jumper (paper 001 Alg. 1 lines 1-2: P = pi, A^J_id = (1 - pi)/|J|), Brier compatibility
+(the package: the same P and A, ``mart_capital[:, 0] = 1``, log10 SJ = 0).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from calpipe import families
+from calpipe.kernels import protected as K
+from tests import naive
+
+ATOL = 1e-12
+SEEDS = st.integers(0, 2**32 - 1)
+FEW = settings(max_examples=15, deadline=None)
+CJ_RATES = np.array([1e-2, 1e-3, 1e-4])
+
+
+# ----------------------------------------------------------------------------------------------
+# Random streams and operation lists
+# ----------------------------------------------------------------------------------------------
+@dataclass
+class Batch:
+    """Events of several streams and the kernel operation list that replays them."""
+
+    p: np.ndarray  # (n,) clipped P(y=1), or (n, K)
+    y: np.ndarray  # (n,) int64 labels; a valid class even where the label is "unknown"
+    op_event: np.ndarray
+    op_kind: np.ndarray
+    op_offsets: np.ndarray
+    n_streams: int
+
+    def stream_ops(self, s: int) -> list[tuple[int, int]]:
+        lo, hi = self.op_offsets[s], self.op_offsets[s + 1]
+        return list(zip(self.op_event[lo:hi].tolist(), self.op_kind[lo:hi].tolist(), strict=True))
+
+
+def _scores(rng, n: int, k: int, clip: float | None) -> np.ndarray:
+    """Base forecasts with some extreme values; clipped as the log-loss calibrators clip them."""
+    if k == 2:
+        p = rng.uniform(0.0, 1.0, n)
+        edge = rng.random(n) < 0.15
+        p[edge] = rng.choice([0.0, 1e-6, 0.02, 0.98, 1.0 - 1e-6, 1.0], size=edge.sum())
+        return p if clip is None else np.clip(p, clip, 1.0 - clip)
+    p = rng.dirichlet(np.full(k, rng.choice([0.3, 1.0, 3.0])), size=n)
+    if clip is None:
+        return p
+    q = np.maximum(p, clip)
+    return q / q.sum(axis=1, keepdims=True)
+
+
+def _labels(rng, p: np.ndarray) -> np.ndarray:
+    """Labels drawn from a distorted version of the base forecasts (so calibrators can win)."""
+    if p.ndim == 1:
+        truth = np.clip(p + 0.25 * (0.5 - p) + 0.1, 0.0, 1.0)
+        return (rng.random(p.shape[0]) < truth).astype(np.int64)
+    k = p.shape[1]
+    tilt = p**0.6 * np.exp(rng.normal(0.0, 0.5, k))
+    tilt /= tilt.sum(axis=1, keepdims=True)
+    return np.array([rng.choice(k, p=row) for row in tilt], dtype=np.int64)
+
+
+def make_batch(
+    seed: int,
+    k: int = 2,
+    *,
+    max_streams: int = 4,
+    max_len: int = 60,
+    clip: float | None = 1e-3,
+    p_unlabelled: float = 0.2,
+    p_delayed: float = 0.15,
+) -> Batch:
+    """Random streams with interleaved event positions. Each event is, at random: an OP_STEP; an
+    OP_FORECAST never updated (unlabelled); or an OP_FORECAST whose OP_UPDATE comes 1..5 operations
+    later in its stream (delayed label), possibly after the stream's last event."""
+    rng = np.random.default_rng(seed)
+    n_streams = int(rng.integers(1, max_streams + 1))
+    lengths = rng.integers(1, max_len + 1, n_streams)
+    n = int(lengths.sum())
+    p = _scores(rng, n, k, clip)
+    y = _labels(rng, p)
+    positions = rng.permutation(n)  # stream s's events sit anywhere in the event arrays
+    op_event, op_kind, offsets = [], [], [0]
+    start = 0
+    for length in lengths:
+        events = positions[start : start + length]
+        start += length
+        ops: list[tuple[int, int]] = []
+        pending: list[tuple[int, int]] = []  # (due at op count, event)
+        for e in events:
+            u = rng.random()
+            if u < p_unlabelled:
+                ops.append((int(e), K.OP_FORECAST))
+            elif u < p_unlabelled + p_delayed:
+                ops.append((int(e), K.OP_FORECAST))
+                pending.append((len(ops) + int(rng.integers(1, 6)), int(e)))
+            else:
+                ops.append((int(e), K.OP_STEP))
+            for due, ev in sorted(pending):
+                if due <= len(ops):
+                    ops.append((ev, K.OP_UPDATE))
+                    pending.remove((due, ev))
+        ops += [(ev, K.OP_UPDATE) for _, ev in sorted(pending)]
+        op_event += [e for e, _ in ops]
+        op_kind += [kind for _, kind in ops]
+        offsets.append(len(op_event))
+    return Batch(
+        p=np.ascontiguousarray(p),
+        y=y,
+        op_event=np.array(op_event, dtype=np.int64),
+        op_kind=np.array(op_kind, dtype=np.int8),
+        op_offsets=np.array(offsets, dtype=np.int64),
+        n_streams=n_streams,
+    )
+
+
+def naive_inputs(batch: Batch, s: int) -> tuple[list, list, list[int]]:
+    """Stream s's operation list as a naive event sequence: OP_STEP -> a labelled event,
+    OP_FORECAST -> an unlabelled event (forecast, no state change), OP_UPDATE -> a labelled event
+    whose forecast is discarded. Returns (scores, labels, event index of each forecast or -1)."""
+    ps, ys, who = [], [], []
+    for e, kind in batch.stream_ops(s):
+        ps.append(batch.p[e] if batch.p.ndim == 2 else float(batch.p[e]))
+        ys.append(-1 if kind == K.OP_FORECAST else int(batch.y[e]))
+        who.append(-1 if kind == K.OP_UPDATE else e)
+    return ps, ys, who
+
+
+def _as_matrix(ps: list) -> np.ndarray:
+    """Naive scores as an (n, K) matrix (binary P(y=1) -> columns (1 - p, p))."""
+    arr = np.array(ps, dtype=np.float64)
+    return arr if arr.ndim == 2 else np.column_stack([1.0 - arr, arr])
+
+
+def compare_stream(batch, s, got_p, got_m, exp_p, exp_m, who):
+    """Kernel outputs at the events forecast by stream s == the naive sequence at those steps."""
+    idx = [i for i, e in enumerate(who) if e >= 0]
+    events = [who[i] for i in idx]
+    np.testing.assert_allclose(got_p[events], np.array([exp_p[i] for i in idx]), rtol=0, atol=ATOL)
+    np.testing.assert_allclose(got_m[events], np.array([exp_m[i] for i in idx]), rtol=0, atol=ATOL)
+
+
+# ----------------------------------------------------------------------------------------------
+# Initial states (from the papers)
+# ----------------------------------------------------------------------------------------------
+def jumper_state(n_streams: int, n_fun: int):
+    """Paper 000 Alg. 1 line 1 (normalised Alg. 2 line 1): C_eps = 1/|E|, no passive weight."""
+    return np.zeros(n_streams), np.full((n_streams, 1, n_fun), 1.0 / n_fun), np.zeros(n_streams)
+
+
+def mean_jumper_state(n_streams: int, n_rates: int, n_fun: int):
+    """Equal prior 1/|J| on each Jumper, each starting uniform on E."""
+    a = np.full((n_streams, n_rates, n_fun), 1.0 / (n_rates * n_fun))
+    return np.zeros(n_streams), a, np.zeros(n_streams)
+
+
+def cj_state(n_streams: int, n_rates: int, n_fun: int, pi: float = 0.5, identity: int = 0):
+    """Paper 001 Alg. 1 lines 1-2."""
+    a = np.zeros((n_streams, n_rates, n_fun))
+    a[:, :, identity] = (1.0 - pi) / n_rates
+    return np.full(n_streams, pi), a, np.zeros(n_streams)
+
+
+def brier_state(n_streams: int, n_rates: int, n_fun: int, pi: float = 0.5):
+    passive, active, _ = cj_state(n_streams, n_rates, n_fun, pi)
+    capital = np.zeros((n_streams, n_rates, n_fun))
+    capital[:, :, 0] = 1.0
+    return passive, active, capital, np.zeros((n_streams, n_rates))
+
+
+# ----------------------------------------------------------------------------------------------
+# Kernel calls (dtypes as the calibrators pass them, so the numba cache is reused)
+# ----------------------------------------------------------------------------------------------
+def run_binary(batch: Batch, fam: families.Family, rates, state):
+    return K._mixture_binary(
+        batch.p, batch.y.astype(np.int8), batch.op_event, batch.op_kind, batch.op_offsets,
+        fam.code, fam.params, np.asarray(rates, float), *state,
+    )  # fmt: skip
+
+
+def run_multiclass(batch: Batch, betas, alphas, rates, state):
+    return K._mixture_multiclass(
+        batch.p, batch.y, batch.op_event, batch.op_kind, batch.op_offsets,
+        np.ascontiguousarray(betas, dtype=float), np.ascontiguousarray(alphas, dtype=float),
+        np.asarray(rates, float), *state,
+    )  # fmt: skip
+
+
+def run_brier(batch: Batch, betas, alphas, rates, state):
+    p = (
+        batch.p
+        if batch.p.ndim == 2
+        else np.ascontiguousarray(np.column_stack([1 - batch.p, batch.p]))
+    )
+    return K._brier_compat(
+        p, batch.y, batch.op_event, batch.op_kind, batch.op_offsets,
+        np.ascontiguousarray(betas, dtype=float), np.ascontiguousarray(alphas, dtype=float),
+        np.asarray(rates, float), *state,
+    )  # fmt: skip
+
+
+BINARY_FAMILIES = ["quadratic", "cubic", "cox", "cox2"]
+
+
+# ----------------------------------------------------------------------------------------------
+# The naive oracles agree with each other (paper 000 Lemma 1)
+# ----------------------------------------------------------------------------------------------
+@FEW
+@given(seed=SEEDS, name=st.sampled_from(BINARY_FAMILIES), jump=st.sampled_from([1.0, 0.1, 1e-3]))
+def test_naive_jumper_algorithm1_martingale_is_algorithm2_gale_ratio(seed, name, jump):
+    """Lemma 1 of paper 000: log10 S_n (Alg. 1) = sum_i log10 p'_i(y_i) - log10 p_i(y_i) (Alg. 2)."""
+    rng = np.random.default_rng(seed)
+    p = _scores(rng, 120, 2, 1e-3)
+    y = _labels(rng, p)
+    y[rng.random(120) < 0.2] = -1
+    fs = naive.binary_functions(name, families.binary_family(name).params)
+    forecasts = naive.jumper_predictor(p, y, fs, jump)
+    log10_s = naive.jumper_martingale(p, y, fs, jump)
+    ratio = [
+        np.log10(naive.bernoulli(q, int(v))) - np.log10(naive.bernoulli(b, int(v))) if v >= 0 else 0
+        for q, b, v in zip(forecasts, p, y, strict=True)
+    ]
+    np.testing.assert_allclose(log10_s, np.cumsum(ratio), rtol=0, atol=1e-11)
+
+
+def test_naive_jumper_with_identity_only_family_is_the_base():
+    p = np.array([0.1, 0.5, 0.93, 0.4])
+    fs = [naive.quadratic(0.0)]
+    assert naive.jumper_predictor(p, [1, 0, -1, 1], fs, 0.01) == pytest.approx(p.tolist())
+    assert naive.jumper_martingale(p, [1, 0, -1, 1], fs, 0.01) == pytest.approx([0, 0, 0, 0])
+
+
+# ----------------------------------------------------------------------------------------------
+# Binary mixture kernel == naive Jumper / Mean Jumper / Composite Jumper
+# ----------------------------------------------------------------------------------------------
+@FEW
+@given(seed=SEEDS, name=st.sampled_from(BINARY_FAMILIES), jump=st.sampled_from([1.0, 0.1, 0.01]))
+def test_mixture_binary_jumper_equals_paper000_algorithms_1_and_2(seed, name, jump):
+    batch = make_batch(seed)
+    fam = families.binary_family(name)
+    fs = naive.binary_functions(name, fam.params)
+    out_p, out_m, *_ = run_binary(batch, fam, [jump], jumper_state(batch.n_streams, fam.size))
+    for s in range(batch.n_streams):
+        ps, ys, who = naive_inputs(batch, s)
+        exp_p = naive.jumper_predictor(ps, ys, fs, jump)
+        exp_m = naive.jumper_martingale(ps, ys, fs, jump)
+        compare_stream(batch, s, out_p, out_m, exp_p, exp_m, who)
+
+
+@FEW
+@given(seed=SEEDS, name=st.sampled_from(BINARY_FAMILIES))
+def test_mixture_binary_mean_jumper_equals_average_of_jumpers(seed, name):
+    rates = [1.0, 0.1, 0.01]
+    batch = make_batch(seed)
+    fam = families.binary_family(name)
+    fs = naive.binary_functions(name, fam.params)
+    state = mean_jumper_state(batch.n_streams, len(rates), fam.size)
+    out_p, out_m, *_ = run_binary(batch, fam, rates, state)
+    for s in range(batch.n_streams):
+        ps, ys, who = naive_inputs(batch, s)
+        exp_p, exp_m = naive.mean_jumper(ps, ys, fs, rates)
+        compare_stream(batch, s, out_p, out_m, exp_p, exp_m, who)
+
+
+@FEW
+@given(seed=SEEDS, pi=st.sampled_from([0.5, 0.1, 0.9]))
+def test_mixture_binary_composite_jumper_equals_paper001_algorithm1(seed, pi):
+    batch = make_batch(seed)
+    fam = families.binary_family("cox2")
+    fs = naive.binary_functions("cox2", fam.params)
+    state = cj_state(batch.n_streams, 3, fam.size, pi)
+    out_p, out_m, passive, _, log10m = run_binary(batch, fam, CJ_RATES, state)
+    for s in range(batch.n_streams):
+        ps, ys, who = naive_inputs(batch, s)
+        exp_p, exp_m = naive.composite_jumper(ps, ys, fs, CJ_RATES, pi, identity=0)
+        compare_stream(batch, s, out_p, out_m, exp_p, exp_m, who)
+        assert log10m[s] == pytest.approx(exp_m[-1], abs=ATOL)  # end state: last running value
+    assert np.all((passive > 0) & (passive <= 1))
+
+
+def test_mixture_binary_composite_jumper_with_identity_not_first():
+    """Paper 001 Alg. 1 line 2 starts on the identity wherever it sits in the grid."""
+    batch = make_batch(7, max_streams=2)
+    params = [(1.0, 0.5), (-1.0, 2.0), (0.0, 1.0), (0.0, 0.5), (1.0, 1.0)]
+    fam = families.binary_family("cox2", params)
+    fs = naive.binary_functions("cox2", fam.params)
+    state = cj_state(batch.n_streams, 2, fam.size, 0.3, identity=2)
+    out_p, out_m, *_ = run_binary(batch, fam, [0.05, 0.5], state)
+    for s in range(batch.n_streams):
+        ps, ys, who = naive_inputs(batch, s)
+        exp_p, exp_m = naive.composite_jumper(ps, ys, fs, [0.05, 0.5], 0.3, identity=2)
+        compare_stream(batch, s, out_p, out_m, exp_p, exp_m, who)
+
+
+# ----------------------------------------------------------------------------------------------
+# Multiclass mixture kernel == naive Composite Jumper / Jumper with paper 001 eq. (1)
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("k", [3, 5, 10])
+@pytest.mark.parametrize("seed", [11, 12])
+def test_mixture_multiclass_composite_jumper_equals_paper001_algorithm1(k, seed):
+    batch = make_batch(seed * 100 + k, k, max_streams=3, max_len=40 if k < 10 else 25)
+    fam = families.multiclass_family(k)
+    fs = naive.multiclass_functions(fam.alphas, fam.betas)
+    state = cj_state(batch.n_streams, 3, fam.size)
+    out_p, out_m, _, _, log10m = run_multiclass(batch, fam.betas, fam.alphas, CJ_RATES, state)
+    for s in range(batch.n_streams):
+        ps, ys, who = naive_inputs(batch, s)
+        exp_p, exp_m = naive.composite_jumper(ps, ys, fs, CJ_RATES, 0.5, identity=0)
+        compare_stream(batch, s, out_p, out_m, exp_p, exp_m, who)
+        assert log10m[s] == pytest.approx(exp_m[-1], abs=ATOL)
+
+
+@FEW
+@given(seed=SEEDS, k=st.sampled_from([3, 5]), jump=st.sampled_from([1.0, 0.05]))
+def test_mixture_multiclass_jumper_equals_paper000_algorithms_1_and_2(seed, k, jump):
+    batch = make_batch(seed, k, max_streams=3, max_len=30)
+    fam = families.multiclass_family(k)
+    fs = naive.multiclass_functions(fam.alphas, fam.betas)
+    state = jumper_state(batch.n_streams, fam.size)
+    out_p, out_m, *_ = run_multiclass(batch, fam.betas, fam.alphas, [jump], state)
+    for s in range(batch.n_streams):
+        ps, ys, who = naive_inputs(batch, s)
+        exp_p = naive.jumper_predictor(ps, ys, fs, jump)
+        exp_m = naive.jumper_martingale(ps, ys, fs, jump)
+        compare_stream(batch, s, out_p, out_m, exp_p, exp_m, who)
+
+
+@FEW
+@given(seed=SEEDS)
+def test_mixture_binary_equals_multiclass_with_k2_and_equivalent_nine_function_grid(seed):
+    """Binary cox2 (alpha on class 1) == K = 2 Cox with alpha rows (0, alpha): same forecasts of
+    class 1, complementary class 0, same martingales, same end states."""
+    batch = make_batch(seed)
+    fam = families.binary_family("cox2")
+    alphas = np.column_stack([np.zeros(fam.size), fam.params[:, 0]])
+    state = cj_state(batch.n_streams, 3, fam.size)
+    b_p, b_m, b_pw, b_a, b_lm = run_binary(batch, fam, CJ_RATES, state)
+    multi = Batch(
+        np.ascontiguousarray(np.column_stack([1.0 - batch.p, batch.p])),
+        batch.y, batch.op_event, batch.op_kind, batch.op_offsets, batch.n_streams,
+    )  # fmt: skip
+    m_p, m_m, m_pw, m_a, m_lm = run_multiclass(multi, fam.betas, alphas, CJ_RATES, state)
+    seen = ~np.isnan(b_p)
+    assert np.array_equal(seen, ~np.isnan(m_p[:, 1]))
+    np.testing.assert_allclose(m_p[seen, 1], b_p[seen], rtol=0, atol=ATOL)
+    np.testing.assert_allclose(m_p[seen, 0], 1.0 - b_p[seen], rtol=0, atol=ATOL)
+    np.testing.assert_allclose(m_m[seen], b_m[seen], rtol=0, atol=ATOL)
+    np.testing.assert_allclose(m_pw, b_pw, rtol=0, atol=ATOL)
+    np.testing.assert_allclose(m_a, b_a, rtol=0, atol=ATOL)
+    np.testing.assert_allclose(m_lm, b_lm, rtol=0, atol=ATOL)
+
+
+# ----------------------------------------------------------------------------------------------
+# Brier compatibility kernel == transcription of protected-classification 0.1.5
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("k", [2, 3, 5, 10])
+def test_brier_compat_equals_package_recursion(k):
+    batch = make_batch(500 + k, k, max_streams=3, max_len=40 if k < 10 else 20, clip=None)
+    alphas, betas = naive.package_grid(k)
+    state = brier_state(batch.n_streams, 3, len(betas))
+    out_p, out_cj, out_sj, *_, log_sj = run_brier(batch, betas, alphas, CJ_RATES, state)
+    for s in range(batch.n_streams):
+        ps, ys, who = naive_inputs(batch, s)
+        exp_p, exp_cj, exp_sj = naive.brier_compat(_as_matrix(ps), ys, CJ_RATES)
+        idx = [i for i, e in enumerate(who) if e >= 0]
+        events = [who[i] for i in idx]
+        np.testing.assert_allclose(out_p[events], exp_p[idx], rtol=0, atol=ATOL)
+        np.testing.assert_allclose(out_cj[events], exp_cj[idx], rtol=0, atol=ATOL)
+        np.testing.assert_allclose(out_sj[events], exp_sj[idx], rtol=0, atol=ATOL)
+        np.testing.assert_allclose(log_sj[s], exp_sj[-1], rtol=0, atol=ATOL)
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=SEEDS)
+def test_brier_compat_binary_random_streams_equal_package_recursion(seed):
+    batch = make_batch(seed, 2, max_streams=3, max_len=30, clip=None)
+    alphas, betas = naive.package_grid(2)
+    state = brier_state(batch.n_streams, 3, len(betas))
+    out_p, out_cj, out_sj, *_ = run_brier(batch, betas, alphas, CJ_RATES, state)
+    for s in range(batch.n_streams):
+        ps, ys, who = naive_inputs(batch, s)
+        exp_p, exp_cj, exp_sj = naive.brier_compat(_as_matrix(ps), ys, CJ_RATES)
+        idx = [i for i, e in enumerate(who) if e >= 0]
+        events = [who[i] for i in idx]
+        np.testing.assert_allclose(out_p[events], exp_p[idx], rtol=0, atol=ATOL)
+        np.testing.assert_allclose(out_cj[events], exp_cj[idx], rtol=0, atol=ATOL)
+        np.testing.assert_allclose(out_sj[events], exp_sj[idx], rtol=0, atol=ATOL)
+
+
+# ----------------------------------------------------------------------------------------------
+# Operation semantics, purity, invariants
+# ----------------------------------------------------------------------------------------------
+def _step_and_split_batches(seed: int, k: int, clip: float | None = 1e-3):
+    """The same labelled stream twice: all OP_STEP; and with some steps split into OP_FORECAST
+    immediately followed by OP_UPDATE. Returns (steps, split, events that were split)."""
+    rng = np.random.default_rng(seed)
+    n = 80
+    p = _scores(rng, n, k, clip)
+    y = _labels(rng, p)
+    split_mask = rng.random(n) < 0.4
+    ev, kind = [], []
+    for e in range(n):
+        if split_mask[e]:
+            ev += [e, e]
+            kind += [K.OP_FORECAST, K.OP_UPDATE]
+        else:
+            ev.append(e)
+            kind.append(K.OP_STEP)
+    steps = Batch(p, y, np.arange(n, dtype=np.int64), np.zeros(n, np.int8), np.array([0, n]), 1)
+    split = Batch(p, y, np.array(ev, np.int64), np.array(kind, np.int8), np.array([0, len(ev)]), 1)
+    return steps, split, split_mask
+
+
+def _assert_split_equals_step(a, b, split_mask, martingale_idx: int):
+    """Forecasts and end states equal; the martingale at a split event is its value *before* the
+    label (the forecast op records it, the update does not), i.e. the previous event's value."""
+    np.testing.assert_allclose(a[0], b[0], rtol=0, atol=ATOL)
+    m_step, m_split = a[martingale_idx], b[martingale_idx]
+    before = np.concatenate([[0.0], m_step[:-1]])
+    np.testing.assert_allclose(m_split[~split_mask], m_step[~split_mask], rtol=0, atol=ATOL)
+    np.testing.assert_allclose(m_split[split_mask], before[split_mask], rtol=0, atol=ATOL)
+    for x, z in zip(a[-3:], b[-3:], strict=True):
+        np.testing.assert_allclose(x, z, rtol=0, atol=ATOL)
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_forecast_then_update_on_same_event_equals_step(k):
+    steps, split, mask = _step_and_split_batches(3 + k, k)
+    if k == 2:
+        fam = families.binary_family("cox2")
+        a = run_binary(steps, fam, CJ_RATES, cj_state(1, 3, fam.size))
+        b = run_binary(split, fam, CJ_RATES, cj_state(1, 3, fam.size))
+    else:
+        fam = families.multiclass_family(k)
+        a = run_multiclass(steps, fam.betas, fam.alphas, CJ_RATES, cj_state(1, 3, fam.size))
+        b = run_multiclass(split, fam.betas, fam.alphas, CJ_RATES, cj_state(1, 3, fam.size))
+    _assert_split_equals_step(a, b, mask, 1)
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_brier_forecast_then_update_on_same_event_equals_step(k):
+    steps, split, mask = _step_and_split_batches(30 + k, k, clip=None)
+    if k == 2:
+        steps.p = split.p = np.ascontiguousarray(np.column_stack([1 - steps.p, steps.p]))
+    alphas, betas = naive.package_grid(k)
+    a = run_brier(steps, betas, alphas, CJ_RATES, brier_state(1, 3, len(betas)))
+    b = run_brier(split, betas, alphas, CJ_RATES, brier_state(1, 3, len(betas)))
+    np.testing.assert_allclose(a[0], b[0], rtol=0, atol=ATOL)
+    before = np.vstack([np.zeros((1, 3)), a[2][:-1]])
+    np.testing.assert_allclose(b[2][~mask], a[2][~mask], rtol=0, atol=ATOL)
+    np.testing.assert_allclose(b[2][mask], before[mask], rtol=0, atol=ATOL)
+    for x, z in zip(a[3:], b[3:], strict=True):
+        np.testing.assert_allclose(x, z, rtol=0, atol=ATOL)
+
+
+@FEW
+@given(seed=SEEDS, cut=st.floats(0.0, 1.0))
+def test_two_chunks_with_state_carried_equal_one_pass(seed, cut):
+    """Resumable (DESIGN §4): ops split anywhere per stream, state of chunk 1 fed to chunk 2."""
+    batch = make_batch(seed, max_streams=3)
+    fam = families.binary_family("cox2")
+    state = cj_state(batch.n_streams, 3, fam.size)
+    one = run_binary(batch, fam, CJ_RATES, state)
+    firsts, seconds, off1, off2 = [], [], [0], [0]
+    for s in range(batch.n_streams):
+        ops = batch.stream_ops(s)
+        c = round(cut * len(ops))
+        firsts += ops[:c]
+        seconds += ops[c:]
+        off1.append(len(firsts))
+        off2.append(len(seconds))
+
+    def part(ops, off):
+        return Batch(
+            batch.p, batch.y, np.array([e for e, _ in ops], np.int64).reshape(-1),
+            np.array([kd for _, kd in ops], np.int8).reshape(-1), np.array(off, np.int64),
+            batch.n_streams,
+        )  # fmt: skip
+
+    r1 = run_binary(part(firsts, off1), fam, CJ_RATES, state)
+    r2 = run_binary(part(seconds, off2), fam, CJ_RATES, r1[2:])
+    got_p = np.where(np.isnan(r2[0]), r1[0], r2[0])
+    got_m = np.where(np.isnan(r2[1]), r1[1], r2[1])
+    np.testing.assert_allclose(got_p, one[0], rtol=0, atol=ATOL)
+    np.testing.assert_allclose(got_m, one[1], rtol=0, atol=ATOL)
+    for x, z in zip(r2[2:], one[2:], strict=True):
+        np.testing.assert_allclose(x, z, rtol=0, atol=ATOL)
+
+
+def _snapshot(*arrays):
+    return [np.array(a, copy=True) for a in arrays]
+
+
+def test_kernels_do_not_mutate_their_inputs():
+    batch = make_batch(21, max_streams=3)
+    fam = families.binary_family("cox2")
+    state = cj_state(batch.n_streams, 3, fam.size)
+    args = (batch.p, batch.y.astype(np.int8), batch.op_event, batch.op_kind, batch.op_offsets)
+    before = _snapshot(*args, fam.params, CJ_RATES, *state)
+    out = K._mixture_binary(*args, fam.code, fam.params, CJ_RATES, *state)
+    for x, z in zip(before, [*args, fam.params, CJ_RATES, *state], strict=True):
+        np.testing.assert_array_equal(x, z)
+    assert out[3] is not state[1] and not np.shares_memory(out[3], state[1])
+
+    mb = make_batch(22, 4, max_streams=2)
+    mf = families.multiclass_family(4)
+    mstate = cj_state(mb.n_streams, 3, mf.size)
+    margs = (mb.p, mb.y, mb.op_event, mb.op_kind, mb.op_offsets, mf.betas.copy(), mf.alphas)
+    before = _snapshot(*margs, CJ_RATES, *mstate)
+    K._mixture_multiclass(*margs, CJ_RATES, *mstate)
+    for x, z in zip(before, [*margs, CJ_RATES, *mstate], strict=True):
+        np.testing.assert_array_equal(x, z)
+
+    bstate = brier_state(mb.n_streams, 3, mf.size)
+    before = _snapshot(*margs, CJ_RATES, *bstate)
+    K._brier_compat(*margs, CJ_RATES, *bstate)
+    for x, z in zip(before, [*margs, CJ_RATES, *bstate], strict=True):
+        np.testing.assert_array_equal(x, z)
+
+
+@FEW
+@given(seed=SEEDS, k=st.sampled_from([2, 3, 6]))
+def test_family_holding_only_the_identity_returns_the_base(seed, k):
+    """Every mixture of copies of p is p: protected == base, log10 martingale == 0 (log loss);
+    Brier mode's substitution shortcut also returns p exactly when every expert predicts p."""
+    batch = make_batch(seed, k, max_streams=2, max_len=40)
+    seen = np.unique(batch.op_event[batch.op_kind != K.OP_UPDATE])
+    rates = [0.3, 1e-3]
+    if k == 2:
+        for fam in (
+            families.binary_family("quadratic", [0.0]),
+            families.binary_family("cox2", [(0.0, 1.0)]),
+            families.binary_family("cubic", [(0.0, 0.4)]),
+        ):
+            out_p, out_m, *_ = run_binary(batch, fam, rates, cj_state(batch.n_streams, 2, 1))
+            np.testing.assert_allclose(out_p[seen], batch.p[seen], rtol=0, atol=1e-14)
+            np.testing.assert_allclose(out_m[seen], 0.0, atol=1e-12)
+        p2 = np.column_stack([1 - batch.p, batch.p])
+    else:
+        out_p, out_m, *_ = run_multiclass(
+            batch, [1.0], np.zeros((1, k)), rates, cj_state(batch.n_streams, 2, 1)
+        )
+        np.testing.assert_allclose(out_p[seen], batch.p[seen], rtol=0, atol=1e-14)
+        np.testing.assert_allclose(out_m[seen], 0.0, atol=1e-12)
+        p2 = batch.p
+    out_p, out_cj, out_sj, *_ = run_brier(
+        batch, [1.0], np.zeros((1, k)), rates, brier_state(batch.n_streams, 2, 1)
+    )
+    np.testing.assert_allclose(out_p[seen], p2[seen], rtol=0, atol=1e-12)
+    np.testing.assert_allclose(out_sj[seen], 0.0, atol=1e-12)
+    np.testing.assert_allclose(out_cj[seen], 0.0, atol=1e-12)
+
+
+@FEW
+@given(seed=SEEDS, k=st.sampled_from([2, 3, 5]))
+def test_outputs_are_probabilities_summing_to_one(seed, k):
+    """Protected forecasts in [0, 1] (and rows summing to 1 for K classes), for every kernel,
+    including base forecasts at the clip edges (log loss) and exact 0 / 1 (Brier mode)."""
+    batch = make_batch(seed, k)
+    seen = np.unique(batch.op_event[batch.op_kind != K.OP_UPDATE])
+    unseen = np.setdiff1d(np.arange(batch.p.shape[0]), seen)
+    if k == 2:
+        fam = families.binary_family("cox2")
+        out_p, out_m, *_ = run_binary(batch, fam, CJ_RATES, cj_state(batch.n_streams, 3, 9))
+        assert np.all((out_p[seen] >= 0.0) & (out_p[seen] <= 1.0))
+    else:
+        fam = families.multiclass_family(k)
+        out_p, out_m, *_ = run_multiclass(
+            batch, fam.betas, fam.alphas, CJ_RATES, cj_state(batch.n_streams, 3, fam.size)
+        )
+        assert np.all((out_p[seen] >= 0.0) & (out_p[seen] <= 1.0))
+        np.testing.assert_allclose(out_p[seen].sum(axis=1), 1.0, atol=ATOL)
+    assert np.all(np.isfinite(out_m[seen]))
+    assert np.all(np.isnan(out_p[unseen]))  # events never forecast keep NaN
+
+    raw = make_batch(seed, k, clip=None)
+    alphas, betas = naive.package_grid(k)
+    b_p, b_cj, b_sj, *_ = run_brier(
+        raw, betas, alphas, CJ_RATES, brier_state(raw.n_streams, 3, len(betas))
+    )
+    seen = np.unique(raw.op_event[raw.op_kind != K.OP_UPDATE])
+    assert np.all((b_p[seen] >= 0.0) & (b_p[seen] <= 1.0))
+    np.testing.assert_allclose(b_p[seen].sum(axis=1), 1.0, atol=ATOL)
+    assert np.all(np.isfinite(b_cj[seen])) and np.all(np.isfinite(b_sj[seen]))
+
+
+def test_composite_jumper_log10_cj_rows_match_package_log_mean():
+    rng = np.random.default_rng(5)
+    lsj = rng.normal(0, 30, size=(6, 3))
+    lsj[0] = [-500.0, -800.0, -2.0]  # large negative: CJ -> log10(1/2)
+    lsj[1] = [900.0, 950.0, 10.0]  # large positive: no overflow
+    got = K._log10_cj_rows(np.ascontiguousarray(lsj))
+    expected = [naive._log_mean([0.0, naive._log_mean(list(row))]) for row in lsj]
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-12)
+    assert np.isfinite(got).all()
