@@ -16,7 +16,7 @@ import numpy as np
 import polars as pl
 
 from calpipe import metrics
-from calpipe.errors import CalpipeError, ParameterError
+from calpipe.errors import CalpipeError, InputError, ParameterError
 
 
 def _method_params(args: argparse.Namespace) -> dict:
@@ -33,17 +33,48 @@ def _method_params(args: argparse.Namespace) -> dict:
     if args.loss is not None:
         out["loss"] = args.loss
     if args.clip is not None:
-        out["clip"] = None if args.clip.lower() == "none" else float(args.clip)
+        out["clip"] = None if args.clip.lower() == "none" else _parse_number("--clip", args.clip)
     return out
+
+
+def _parse_number(option: str, token: str) -> float:
+    try:
+        return float(token)
+    except ValueError:
+        raise ParameterError(f"{option}: {token!r} is not a number") from None
 
 
 def _parse_param(token: str):
     """``0.5`` -> 0.5; ``1,0.5`` -> (1.0, 0.5) (a pair, for cubic and cox2 grids)."""
-    try:
-        parts = [float(x) for x in token.split(",")]
-    except ValueError:
-        raise ParameterError(f"--family-params: {token!r} is not a number or an a,b pair") from None
+    parts = [_parse_number("--family-params", x) for x in token.split(",")]
     return parts[0] if len(parts) == 1 else tuple(parts)
+
+
+def _glue_family_params(argv: list[str]) -> list[str]:
+    """Turn ``--family-params -1,1 0,2`` into ``--family-params=-1,1 --family-params=0,2``.
+
+    argparse takes a token such as ``-1,1`` for an option, so negative alphas could not be given
+    as values; glued with ``=`` each token up to the next ``--option`` is an explicit value.
+    """
+    out: list[str] = []
+    glue = False
+    for tok in argv:
+        if tok == "--family-params":
+            glue = True
+        elif glue and not tok.startswith("--"):
+            out.append(f"--family-params={tok}")
+        else:
+            glue = False
+            out.append(tok)
+    return out
+
+
+class _Parser(argparse.ArgumentParser):
+    """ArgumentParser that accepts negative grid values after ``--family-params``."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        args = sys.argv[1:] if args is None else list(args)
+        return super().parse_known_args(_glue_family_params(args), namespace)
 
 
 def add_method_options(p: argparse.ArgumentParser) -> None:
@@ -53,7 +84,7 @@ def add_method_options(p: argparse.ArgumentParser) -> None:
                    help="jumper | mean-jumper | composite-jumper (default)")  # fmt: skip
     g.add_argument("--family", help="cox | cox2 (default) | quadratic | cubic")
     g.add_argument(
-        "--family-params", nargs="+", metavar="P",
+        "--family-params", action="extend", nargs="+", metavar="P",
         help="grid of the family: numbers (quadratic eps, cox beta) or a,b pairs (cubic, cox2)",
     )  # fmt: skip
     g.add_argument(
@@ -91,7 +122,10 @@ def _cmd_protect(args: argparse.Namespace) -> int:
     import calpipe
 
     t0 = time.perf_counter()
-    events = pl.read_parquet(args.input)
+    try:
+        events = pl.read_parquet(args.input)
+    except (pl.exceptions.PolarsError, OSError) as exc:
+        raise InputError(None, None, f"cannot read {args.input} as Parquet: {exc}") from None
     kw = dict(label=args.label, order_by=tuple(args.order_by), method=args.method)
     kw |= {"scores": args.scores} if args.scores else {"score": args.score}
     if args.by is not None:
@@ -145,7 +179,7 @@ def _cmd_methods(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="calpipe",
         description="Protected probabilistic classification as a batch data pipeline.",
     )

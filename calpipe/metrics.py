@@ -30,11 +30,15 @@ from calpipe import config
 LOG_LOSS_FLOOR = 1e-15
 
 
+def _vector(p: str) -> pl.Expr:
+    """A multiclass forecast column as List[Float64], whether it is stored as List or Array."""
+    return pl.col(p).cast(pl.List(pl.Float64))
+
+
 def _p_of_label(p: str, y: str, multiclass: bool) -> pl.Expr:
     """The probability the forecast gave to the label that occurred."""
     if multiclass:
-        col = pl.col(p)
-        return col.list.get(pl.col(y).cast(pl.Int64), null_on_oob=True)
+        return _vector(p).list.get(pl.col(y).cast(pl.Int64), null_on_oob=True)
     return pl.when(pl.col(y) == 1).then(pl.col(p)).otherwise(1.0 - pl.col(p))
 
 
@@ -57,7 +61,7 @@ def cumulative_log10_loss(p: str, y: str, *, multiclass: bool = False) -> pl.Exp
 def brier(p: str, y: str, *, multiclass: bool = False) -> pl.Expr:
     """Mean Brier loss: (p - y)^2 binary; sum_c (p_c - 1{y = c})^2 for K classes."""
     if multiclass:
-        sq = pl.col(p).list.eval(pl.element() ** 2).list.sum()
+        sq = _vector(p).list.eval(pl.element() ** 2).list.sum()
         expr = sq - 2.0 * _p_of_label(p, y, True) + 1.0
     else:
         expr = (pl.col(p) - pl.col(y).cast(pl.Float64)) ** 2
@@ -67,7 +71,7 @@ def brier(p: str, y: str, *, multiclass: bool = False) -> pl.Expr:
 def accuracy(p: str, y: str, *, multiclass: bool = False) -> pl.Expr:
     """Share of labelled events whose most probable class is the label (p >= 0.5 -> 1 binary)."""
     if multiclass:
-        hit = pl.col(p).list.arg_max() == pl.col(y).cast(pl.UInt32)
+        hit = _vector(p).list.arg_max() == pl.col(y).cast(pl.UInt32)
     else:
         hit = (pl.col(p) >= 0.5).cast(pl.Int64) == pl.col(y).cast(pl.Int64)
     return _labelled(hit.cast(pl.Float64), y).mean()
