@@ -26,7 +26,6 @@ from calpipe.calibrators.protected import ProtectedCalibrator, make_calibrator
 from calpipe.errors import InputError, StateError
 from calpipe.kernels import protected as K
 
-ROW = "__calpipe_row"
 _TIME_US = pl.Datetime("us")
 
 STATE_FIXED_COLUMNS = (
@@ -238,14 +237,17 @@ def empty_state(df_schema: pl.Schema, cols: Columns) -> pl.DataFrame:
     return pl.DataFrame(schema=fields)
 
 
-def _key_after(first: Sequence[str], last: Sequence[str]) -> pl.Expr:
-    """Lexicographic (first...) > (last...) as an expression."""
-    expr = pl.lit(False)
-    for i in reversed(range(len(first))):
-        gt = pl.col(first[i]) > pl.col(last[i])
-        eq = pl.col(first[i]) == pl.col(last[i])
-        expr = gt | (eq & expr) if i < len(first) - 1 else gt
+def _lex_greater(a: Sequence[pl.Expr], b: Sequence[pl.Expr]) -> pl.Expr:
+    """Lexicographic (a_0, a_1, ...) > (b_0, b_1, ...) as one expression."""
+    expr = a[-1] > b[-1]
+    for x, y in zip(reversed(a[:-1]), reversed(b[:-1]), strict=True):
+        expr = (x > y) | ((x == y) & expr)
     return expr
+
+
+def _key_after(first: Sequence[str], last: Sequence[str]) -> pl.Expr:
+    """Lexicographic (first...) > (last...) of two sets of columns."""
+    return _lex_greater([pl.col(c) for c in first], [pl.col(c) for c in last])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -417,7 +419,11 @@ def _run(
     df: pl.DataFrame, cols: Columns, cal: ProtectedCalibrator, n_classes: int, state0: pl.DataFrame
 ) -> ProtectResult:
     binary = cols.score is not None
-    sorted_df = df.with_row_index(ROW).sort([*cols.by, *cols.order_by], maintain_order=True)
+    order = _replay_order(df, cols)
+    needed = [*cols.by, *cols.order_by, cols.base, cols.label]
+    needed += [cols.label_time] if cols.label_time and cols.label_time not in needed else []
+    sub = df.select(list(dict.fromkeys(needed)))  # only the columns the replay reads
+    sorted_df = sub if order is None else sub[order]
     n = sorted_df.height
 
     # Stream segments of the sorted rows: sid[i] is the stream of sorted row i.
@@ -476,10 +482,12 @@ def _run(
     if out.log10_martingale_by_rate is not None:
         by_rate = out.log10_martingale_by_rate[:n]
         new_cols.append(pl.Series("log10_martingale_by_rate", by_rate).cast(pl.List(pl.Float64)))
-    order = sorted_df[ROW].to_numpy()
-    inverse = np.empty(n, dtype=np.int64)
-    inverse[order] = np.arange(n)
-    scored = df.with_columns([s.gather(inverse) for s in new_cols])
+    if order is None:  # the input was already in replay order: nothing to put back
+        scored = df.with_columns(new_cols)
+    else:
+        inverse = np.empty(n, dtype=np.int64)
+        inverse[order] = np.arange(n)
+        scored = df.with_columns([s.gather(inverse) for s in new_cols])
 
     # New state rows.
     peak = np.maximum.reduceat(log10m, starts)
@@ -507,6 +515,43 @@ def _run(
     if cols.by:
         state_out = state_out.sort(list(cols.by))
     return ProtectResult(scored, state_out)
+
+
+def _lex_increasing(df: pl.DataFrame, keys: Sequence[str]) -> bool:
+    """True if the rows are in strictly increasing lexicographic order of ``keys`` (one pass)."""
+    cur = [pl.col(k) for k in keys]
+    expr = _lex_greater(cur, [c.shift(1) for c in cur])
+    return bool(df.select(expr.slice(1).all()).item())
+
+
+def _replay_order(df: pl.DataFrame, cols: Columns) -> np.ndarray | None:
+    """Row permutation that sorts ``df`` by (stream keys, order keys), or None if already sorted.
+
+    The keys are unique (validated: no duplicate (stream, event id)), so any correct sort gives
+    the same permutation; only the streams' relative order may differ, and nothing depends on it
+    (streams are independent and the state frame is sorted by its keys at the end). Cheapest first:
+
+    1. already sorted (a vectorised neighbour comparison): no sort, no gather back;
+    2. sorted by the order keys across streams (an event log in time order) with one stream key:
+       a stable argsort of an integer stream code groups the streams and keeps time order;
+    3. otherwise a multi-key polars sort (no ``maintain_order``: the keys are unique).
+    """
+    keys = [*cols.by, *cols.order_by]
+    if _lex_increasing(df, keys):
+        return None
+    if len(cols.by) == 1 and _lex_increasing(df, cols.order_by):
+        key = df[cols.by[0]]
+        if key.dtype == pl.String or key.dtype == pl.Categorical:
+            code = key.cast(pl.Categorical).to_physical().to_numpy()
+        elif key.dtype.is_integer():
+            code = key.to_numpy()
+        else:
+            code = None
+        if code is not None:
+            if code.dtype.itemsize > 2 and code.size and 0 <= code.min() and code.max() < 65536:
+                code = code.astype(np.uint16)  # numpy sorts 16-bit keys by radix: O(n)
+            return np.argsort(code, kind="stable")
+    return df.select(pl.arg_sort_by(keys)).to_series().to_numpy().astype(np.int64)
 
 
 def _join_state(cal, cols, n_classes, streams, first_rows, state0, n_streams):
