@@ -1,0 +1,1 @@
+"""Reproducible performance measurements of calpipe (``python -m benchmarks.run``)."""

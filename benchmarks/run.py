@@ -1,0 +1,498 @@
+"""calpipe performance measurements (issue 4): ``python -m benchmarks.run [--size smoke|full]``.
+
+Every input is generated here from a fixed seed, so two runs measure the same work. Each timing is
+the best of ``--repeat`` runs (default 3) after a warm-up call that compiles (or loads from the
+numba cache) the kernel; ratios are always measured side by side in the same run, because the
+machine may be shared. Results are printed and written as markdown tables (``--out``).
+
+Measurements (numbering of issue 4):
+
+1. kernel, one thread: binary Composite Jumper (log loss, defaults), Jumper with the quadratic
+   family (5 functions), multiclass Composite Jumper K = 10 (63 functions), Brier compatibility;
+2. compute floor: the binary kernel vs a vectorised numpy pass that only evaluates the 9 Cox
+   functions of the default grid on the same scores;
+3. ``calpipe.protect`` end to end on a polars frame (time-ordered input, and presorted input);
+4. versus the reference package ``protected-classification`` 0.1.5 (identical outputs, speed);
+5. nightly run vs DuckDB load, 6. memory of a nightly run: not yet measured (need ``calpipe run``);
+7. scaling in events and in streams;
+8. start-up: first ``protect`` call of a fresh process, numba cache cold vs warm.
+
+``protect`` measurements run in a child process each (``--child``), so that the peak RSS
+reported is that of one input frame plus one ``protect`` call, not of the whole benchmark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+SEED = 20240601
+
+SIZES = {
+    # events, streams of measurement 1-3; events of the scaling pair (7); reference slice (4)
+    "smoke": {"n": 200_000, "streams": 1_000, "scale_small": 20_000, "many_streams": 10_000},
+    "full": {"n": 10_000_000, "streams": 1_000, "scale_small": 1_000_000, "many_streams": 100_000},
+}
+REF_EVENTS = 20_000  # calpipe side of measurement 4
+REF_SLICE = 2_000  # the package side (it runs ~400 events/s): its events/s is extrapolated
+
+
+# ----------------------------------------------------------------------------------------------
+# Inputs
+# ----------------------------------------------------------------------------------------------
+def binary_scores(n: int, seed: int = SEED) -> tuple[np.ndarray, np.ndarray]:
+    """Scores p ~ Beta(2, 3) and labels drawn from a miscalibrated truth p^0.7, so weights move."""
+    rng = np.random.default_rng(seed)
+    p = rng.beta(2.0, 3.0, n)
+    y = (rng.random(n) < p**0.7).astype(np.int64)
+    return p, y
+
+
+def multiclass_scores(n: int, k: int, seed: int = SEED) -> tuple[np.ndarray, np.ndarray]:
+    """Dirichlet(0.8) score vectors; labels from a tilted truth (inverse-CDF draw, vectorised)."""
+    rng = np.random.default_rng(seed)
+    p = rng.dirichlet(np.full(k, 0.8), size=n)
+    tilt = p**0.7
+    tilt /= tilt.sum(axis=1, keepdims=True)
+    u = rng.random(n)
+    y = (tilt.cumsum(axis=1) < u[:, None]).sum(axis=1).clip(0, k - 1).astype(np.int64)
+    return p, y
+
+
+def operations(n: int, n_streams: int):
+    """Every event labelled at once (OP_STEP), streams of equal length, in stream order."""
+    from calpipe.kernels import protected as K
+
+    op_event = np.arange(n, dtype=np.int64)
+    op_kind = np.full(n, K.OP_STEP, dtype=np.int8)
+    op_offsets = np.linspace(0, n, n_streams + 1).astype(np.int64)
+    return op_event, op_kind, op_offsets
+
+
+def event_frame(n: int, n_streams: int, order: str, seed: int = SEED):
+    """A scored-events frame in the data contract's shape (as ``calpipe.generate`` writes it).
+
+    ``order="time"``: rows in global time order, streams interleaved (an event log as it lands);
+    ``order="sorted"``: rows already sorted by (stream, event_time, event_id).
+    """
+    import polars as pl
+
+    rng = np.random.default_rng(seed)
+    p, y = binary_scores(n, seed)
+    stream = rng.integers(0, n_streams, n) if n_streams > 1 else np.zeros(n, np.int64)
+    t0 = np.datetime64("2024-06-01T00:00:00", "us").astype(np.int64)
+    t = t0 + np.sort(rng.integers(0, 86_400_000_000, n))  # one day, time order
+    names = np.array([f"s{i:06d}" for i in range(n_streams)])
+    df = pl.DataFrame(
+        {
+            "stream": pl.Series(names[stream], dtype=pl.String),
+            "event_id": np.arange(n, dtype=np.int64),
+            "event_time": pl.Series(t).cast(pl.Datetime("us")),
+            "score": p,
+            "label": pl.Series(y, dtype=pl.Int32),
+        }
+    )
+    if order == "sorted":
+        df = df.sort("stream", "event_time", "event_id")
+    return df
+
+
+# ----------------------------------------------------------------------------------------------
+# Timing helpers
+# ----------------------------------------------------------------------------------------------
+def best_of(fn, repeat: int) -> float:
+    """Minimum wall time of ``repeat`` calls (the least disturbed by other load on the machine)."""
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times)
+
+
+def rss_mib() -> float:
+    """Peak resident set size of this process so far (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def fmt_rate(x: float) -> str:
+    return f"{x / 1e6:.2f} M" if x >= 1e5 else f"{x:,.0f}"
+
+
+@dataclass
+class Table:
+    title: str
+    header: list[str]
+    rows: list[list[str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def markdown(self) -> str:
+        lines = [f"### {self.title}", "", "| " + " | ".join(self.header) + " |"]
+        lines.append("|" + "|".join("---" for _ in self.header) + "|")
+        lines += ["| " + " | ".join(r) + " |" for r in self.rows]
+        if self.notes:
+            lines += [""] + [f"- {n}" for n in self.notes]
+        return "\n".join(lines) + "\n"
+
+
+def verdict(ok: bool) -> str:
+    return "met" if ok else "**missed**"
+
+
+# ----------------------------------------------------------------------------------------------
+# 1-2. Kernels and compute floor
+# ----------------------------------------------------------------------------------------------
+def _run_batch(cal, scores, labels, n_streams, n_classes):
+    prepared = cal.prepare_scores(scores)
+    ops = operations(scores.shape[0], n_streams)
+
+    def go():
+        state = cal.initial_state(n_streams, n_classes)
+        return cal.run_batch(prepared, labels, *ops, state)
+
+    return go
+
+
+def cox_floor(p: np.ndarray, chunk: int = 1 << 20) -> None:
+    """The 9 default Cox functions f = p^b e^a / (p^b e^a + q^b), vectorised numpy, in chunks.
+
+    The cheapest honest numpy version: p^b and q^b for b in {1, 0.5, 2} computed once per chunk
+    (sqrt and square, no general pow), then one multiply, add and divide per function.
+    """
+    out = np.empty((min(chunk, p.shape[0]), 9))
+    for i in range(0, p.shape[0], chunk):
+        x = p[i : i + chunk]
+        q = 1.0 - x
+        o = out[: x.shape[0]]
+        j = 0
+        for ea in (1.0, np.e, 1.0 / np.e):
+            for a1, a0 in ((x, q), (np.sqrt(x), np.sqrt(q)), (x * x, q * q)):
+                num = a1 * ea
+                np.divide(num, num + a0, out=o[:, j])
+                j += 1
+
+
+def measure_kernels(size: dict, repeat: int) -> tuple[Table, Table]:
+    from calpipe.calibrators.protected import make_calibrator
+
+    n, s = size["n"], size["streams"]
+    p, y = binary_scores(n)
+    pm, ym = multiclass_scores(n, 10)
+    cases = [
+        ("binary Composite Jumper, log loss, defaults (9 fn x 3 rates)",
+         make_calibrator("composite-jumper"), p, y, 2, 20e6),
+        ("Jumper, quadratic (5 fn x 1 rate)",
+         make_calibrator("jumper", family="quadratic"), p, y, 2, 50e6),
+        ("multiclass Composite Jumper K = 10 (63 fn x 3 rates)",
+         make_calibrator("composite-jumper"), pm, ym, 10, 1e6),
+        ("Brier compatibility, binary (15 fn x 3 rates)",
+         make_calibrator("composite-jumper", loss="brier"), p, y, 2, 5e6),
+    ]  # fmt: skip
+    t1 = Table(
+        f"1. Kernel, one thread ({n:,} events, {s:,} streams, every event labelled)",
+        ["kernel", "events", "streams", f"wall s (best of {repeat})", "events/s", "target",
+         "verdict"],
+    )  # fmt: skip
+    bin_time = None
+    for name, cal, sc, lab, k, target in cases:
+        go = _run_batch(cal, sc, lab, s, k)
+        _run_batch(cal, sc[:1000], lab[:1000], 10, k)()  # compile / load the cache
+        t = best_of(go, repeat)
+        if bin_time is None:
+            bin_time = t
+        rate = n / t
+        t1.rows.append([name, f"{n:,}", f"{s:,}", f"{t:.3f}", fmt_rate(rate),
+                        f">= {fmt_rate(target)}", verdict(rate >= target)])  # fmt: skip
+    t1.notes.append(
+        "Kernel = `run_batch` (the kernel call plus its dtype handling), scores already clipped; "
+        "a fresh initial state per call."
+    )
+    del pm, ym
+
+    # 2. Compute floor, measured side by side with a fresh binary kernel timing.
+    cal = make_calibrator("composite-jumper")
+    go = _run_batch(cal, p, y, s, 2)
+    prepared = cal.prepare_scores(p)
+    floor, kern = [], []
+    for _ in range(repeat):  # interleaved, so both see the same machine load
+        floor.append(best_of(lambda: cox_floor(prepared), 1))
+        kern.append(best_of(go, 1))
+    tf, tk = min(floor), min(kern)
+    t2 = Table(
+        f"2. Compute floor ({n:,} events)",
+        ["pass", f"wall s (best of {repeat})", "events/s", "kernel / floor", "target",
+         "verdict"],
+    )  # fmt: skip
+    t2.rows.append(["numpy: evaluate the 9 Cox functions only", f"{tf:.3f}", fmt_rate(n / tf),
+                    "", "", ""])  # fmt: skip
+    t2.rows.append(["binary CJ kernel (full recursion)", f"{tk:.3f}", fmt_rate(n / tk),
+                    f"{tk / tf:.2f}x", "<= 0.5x", verdict(tk / tf <= 0.5)])  # fmt: skip
+    t2.notes.append("Interleaved runs (floor, kernel, floor, ...), best of each.")
+    return t1, t2
+
+
+# ----------------------------------------------------------------------------------------------
+# 3, 7. protect end to end (in a child process: peak RSS of one call)
+# ----------------------------------------------------------------------------------------------
+def child_protect(n: int, n_streams: int, order: str, repeat: int) -> dict:
+    import calpipe
+
+    df = event_frame(n, n_streams, order)
+    calpipe.protect(df.head(1000))  # compile / load the numba cache
+    rss_input = rss_mib()
+    t = best_of(lambda: calpipe.protect(df), repeat)
+    return {"seconds": t, "rss_input_mib": rss_input, "rss_peak_mib": rss_mib()}
+
+
+def run_child(kind: str, **kw) -> dict:
+    cmd = [sys.executable, "-m", "benchmarks.run", "--child", json.dumps({"kind": kind, **kw})]
+    res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if res.returncode != 0:
+        raise RuntimeError(f"child {kind} failed:\n{res.stderr}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def measure_protect(size: dict, repeat: int) -> tuple[Table, Table]:
+    n, s = size["n"], size["streams"]
+    t3 = Table(
+        f"3. `calpipe.protect` end to end ({n:,} events, {s:,} streams, binary CJ defaults)",
+        ["input", "events", "streams", f"wall s (best of {repeat})", "events/s",
+         "peak RSS MiB (input frame)", "target", "verdict"],
+    )  # fmt: skip
+    results = {}
+    for order, label, target in (
+        ("time", "time-ordered, streams interleaved", 5e6),
+        ("sorted", "presorted by (stream, time, id)", 10e6),
+    ):
+        r = run_child("protect", n=n, n_streams=s, order=order, repeat=repeat)
+        results[order] = r
+        rate = n / r["seconds"]
+        t3.rows.append([label, f"{n:,}", f"{s:,}", f"{r['seconds']:.3f}", fmt_rate(rate),
+                        f"{r['rss_peak_mib']:.0f} ({r['rss_input_mib']:.0f})",
+                        f">= {fmt_rate(target)}", verdict(rate >= target)])  # fmt: skip
+    t3.notes.append(
+        "Frame: stream String, event_id Int64, event_time Datetime(us), score Float64, label "
+        "Int32, every event labelled. Each row runs in its own process; peak RSS is that process's "
+        "(input frame + protect), the figure in brackets the RSS after building the input."
+    )
+
+    small = size["scale_small"]
+    many = size["many_streams"]
+    t7 = Table(
+        "7. Scaling (`protect`, time-ordered input)",
+        ["comparison", "events", "streams", f"wall s (best of {repeat})", "events/s", "ratio",
+         "target", "verdict"],
+    )  # fmt: skip
+    r_small = run_child("protect", n=small, n_streams=s, order="time", repeat=repeat)
+    r_big = results["time"]
+    ratio = r_big["seconds"] / r_small["seconds"]
+    t7.rows.append([f"{small:,} events", f"{small:,}", f"{s:,}", f"{r_small['seconds']:.3f}",
+                    fmt_rate(small / r_small["seconds"]), "", "", ""])  # fmt: skip
+    t7.rows.append([f"{n:,} events (x{n // small})", f"{n:,}", f"{s:,}", f"{r_big['seconds']:.3f}",
+                    fmt_rate(n / r_big["seconds"]), f"{ratio:.2f}x", f"<= {1.1 * n / small:.0f}x",
+                    verdict(ratio <= 1.1 * n / small)])  # fmt: skip
+    r_one = run_child("protect", n=n, n_streams=1, order="time", repeat=repeat)
+    r_many = run_child("protect", n=n, n_streams=many, order="time", repeat=repeat)
+    ratio = r_many["seconds"] / r_one["seconds"]
+    t7.rows.append(["1 stream", f"{n:,}", "1", f"{r_one['seconds']:.3f}",
+                    fmt_rate(n / r_one["seconds"]), "", "", ""])  # fmt: skip
+    t7.rows.append([f"{many:,} streams, equal total", f"{n:,}", f"{many:,}",
+                    f"{r_many['seconds']:.3f}", fmt_rate(n / r_many["seconds"]), f"{ratio:.2f}x",
+                    "<= 1.5x", verdict(ratio <= 1.5)])  # fmt: skip
+    t7.notes.append("Each row in its own process, run one after another (not interleaved).")
+    return t3, t7
+
+
+# ----------------------------------------------------------------------------------------------
+# 4. Versus protected-classification 0.1.5
+# ----------------------------------------------------------------------------------------------
+def measure_reference(repeat: int) -> Table:
+    import polars as pl
+    from protected_classification import ProtectedClassification
+
+    import calpipe
+    from calpipe.calibrators.protected import make_calibrator
+
+    p, y = binary_scores(REF_EVENTS, SEED + 4)
+    p2 = np.column_stack([1.0 - p, p])
+    cal = make_calibrator("composite-jumper", loss="brier")
+    go = _run_batch(cal, p, y, 1, 2)
+    go()
+    t_kernel = best_of(go, max(repeat, 5))
+    frame = pl.DataFrame({"event_time": np.arange(REF_EVENTS), "event_id": np.arange(REF_EVENTS),
+                          "score": p, "label": y})  # fmt: skip
+    run = lambda: calpipe.protect(frame, by=(), loss="brier")  # noqa: E731
+    out = run()
+    t_protect = best_of(run, max(repeat, 5))
+
+    m = REF_SLICE
+    t0 = time.perf_counter()
+    expected, stats = ProtectedClassification().predict_proba(
+        test_probs=p2[:m], y=y[:m], return_stats=True
+    )
+    t_ref = time.perf_counter() - t0
+    ref_rate = m / t_ref
+    diff_p = float(np.max(np.abs(out["protected_score"].to_numpy()[:m] - expected[:, 1])))
+    diff_m = float(
+        np.max(np.abs(out["log10_martingale"].to_numpy()[:m] - stats["log_cj_martingale"][1:]))
+    )
+    tab = Table(
+        "4. Versus protected-classification 0.1.5 (binary, package defaults = calpipe "
+        '`loss="brier"`)',
+        ["run", "events", "wall s", "events/s", "speed-up vs package", "target", "verdict"],
+    )
+    tab.rows.append(["package `predict_proba` (one run)", f"{m:,}", f"{t_ref:.2f}",
+                     fmt_rate(ref_rate), "1x", "", ""])  # fmt: skip
+    for name, t, target in (("calpipe kernel (`run_batch`)", t_kernel, 50_000),
+                            ("`calpipe.protect`", t_protect, 10_000)):  # fmt: skip
+        rate = REF_EVENTS / t
+        tab.rows.append([name, f"{REF_EVENTS:,}", f"{t:.4f}", fmt_rate(rate),
+                         f"{rate / ref_rate:,.0f}x", f">= {target:,}x",
+                         verdict(rate / ref_rate >= target)])  # fmt: skip
+    tab.notes.append(
+        f"Identical outputs on the first {m:,} events: max |protected - package| = {diff_p:.1e}, "
+        f"max |log10 CJ - package| = {diff_m:.1e}."
+    )
+    tab.notes.append(
+        f"The package runs ~{ref_rate:,.0f} events/s, so it is timed on {m:,} events only and its "
+        f"rate is extrapolated to the {REF_EVENTS:,} events calpipe runs (its cost per event does "
+        "not fall with length). "
+        f"calpipe timings are the best of {max(repeat, 5)}."
+    )
+    return tab
+
+
+# ----------------------------------------------------------------------------------------------
+# 8. Start-up
+# ----------------------------------------------------------------------------------------------
+_STARTUP = """
+import time
+t0 = time.perf_counter()
+import numpy as np, polars as pl, calpipe
+t1 = time.perf_counter()
+df = pl.DataFrame({"stream": np.arange(1000) % 10, "event_time": np.arange(1000),
+                   "event_id": np.arange(1000), "score": np.linspace(0.01, 0.99, 1000),
+                   "label": np.arange(1000) % 2})
+calpipe.protect(df)
+t2 = time.perf_counter()
+print(t1 - t0, t2 - t1)
+"""
+
+
+def measure_startup(repeat: int) -> Table:
+    def once(cache: str) -> tuple[float, float]:
+        env = {**os.environ, "NUMBA_CACHE_DIR": cache}
+        res = subprocess.run([sys.executable, "-c", _STARTUP], env=env, capture_output=True,
+                             text=True, check=True)  # fmt: skip
+        a, b = res.stdout.split()
+        return float(a), float(b)
+
+    cold, warm = [], []
+    for _ in range(repeat):
+        with tempfile.TemporaryDirectory() as d:
+            cold.append(once(d))  # empty cache dir: the first call compiles
+            warm.append(once(d))  # second process, same dir: loads the cache
+    c = min(cold, key=lambda x: x[1])
+    w = min(warm, key=lambda x: x[1])
+    tab = Table(
+        "8. Start-up: first `protect` call of a new process (1,000 events, 10 streams)",
+        ["numba cache", "import s", "first protect s", "runs"],
+    )
+    tab.rows.append(["cold (empty NUMBA_CACHE_DIR: compile)", f"{c[0]:.2f}", f"{c[1]:.2f}",
+                     f"best of {repeat}"])  # fmt: skip
+    tab.rows.append(["warm (second process, same cache dir)", f"{w[0]:.2f}", f"{w[1]:.3f}",
+                     f"best of {repeat}"])  # fmt: skip
+    tab.notes.append(
+        f"Warm first call is {c[1] / w[1]:.0f}x faster than cold. Each pair (cold, warm) uses its "
+        "own temporary cache directory."
+    )
+    return tab
+
+
+# ----------------------------------------------------------------------------------------------
+def machine() -> str:
+    import numba
+    import polars as pl
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return (
+        f"Machine: {cpu}, {os.cpu_count()} logical CPUs, {platform.system()} "
+        f"{platform.release()}; Python {platform.python_version()}, numpy {np.__version__}, "
+        f"numba {numba.__version__}, polars {pl.__version__}."
+    )
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(
+        prog="python -m benchmarks.run", description=__doc__.split("\n")[0]
+    )
+    ap.add_argument("--size", choices=sorted(SIZES), default="smoke")
+    ap.add_argument("--out", default=None, help="markdown file to write (default: print only)")
+    ap.add_argument("--repeat", type=int, default=3, help="best of this many runs (default 3)")
+    ap.add_argument("--only", default=None, help="comma list of measurement numbers, e.g. 1,2")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        spec = json.loads(args.child)
+        spec.pop("kind")
+        print(json.dumps(child_protect(**spec)))
+        return
+
+    size = SIZES[args.size]
+    only = set(args.only.split(",")) if args.only else {"1", "2", "3", "4", "7", "8"}
+    parts = [
+        f"## calpipe benchmarks ({args.size}: {size['n']:,} events, seed {SEED})\n",
+        machine() + f" Timings are wall clock, best of {args.repeat}; the machine may be shared, "
+        "so compare ratios within one run.\n",
+    ]
+
+    def emit(tab: Table) -> None:
+        text = tab.markdown()
+        print(text, flush=True)
+        parts.append(text)
+
+    print(parts[0] + "\n" + parts[1], flush=True)
+    if only & {"1", "2"}:
+        for tab in measure_kernels(size, args.repeat):
+            emit(tab)
+    if only & {"3", "7"}:
+        for tab in measure_protect(size, args.repeat):
+            emit(tab)
+    if "4" in only:
+        emit(measure_reference(args.repeat))
+    missing = Table(
+        "5-6. Nightly pipeline",
+        ["measurement", "status"],
+        [["5. nightly `calpipe run` vs DuckDB load of the same partition",
+          "not yet measured: needs `calpipe run` (pipeline)"],
+         ["6. peak memory of a nightly run (bounded by one partition)",
+          "not yet measured: needs `calpipe run` (pipeline)"]],
+    )  # fmt: skip
+    emit(missing)
+    if "8" in only:
+        emit(measure_startup(args.repeat))
+    if args.out:
+        Path(args.out).write_text("\n".join(parts))
+        print(f"written to {args.out}")
+
+
+if __name__ == "__main__":
+    main()
