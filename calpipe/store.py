@@ -1,0 +1,481 @@
+"""DuckDB and Parquet I/O: connect (and install ``sql/``), read events, replace partitions.
+
+Everything calpipe writes lives in one embedded DuckDB file (DESIGN §5). Every table is
+partitioned by a ``DATE`` column (:data:`PARTITION_COLUMN`), and every write replaces whole
+partitions in **one transaction** (``BEGIN; DELETE ...; INSERT ...; COMMIT``): a crash or a
+``SIGKILL`` in the middle leaves the previous contents of every table intact, and re-running a
+partition writes identical rows (rows are inserted in a fixed sort order).
+
+Scored events come from a :class:`EventSource`: a Parquet landing folder with hive-style
+``date=YYYY-MM-DD/`` sub-folders, a Parquet file (or glob), or a DuckDB table, with a column map
+onto the data contract (DESIGN §3).
+
+DuckDB allows one read-write *process* per database file at a time; connections within a process
+share the database.
+
+Example
+-------
+>>> import datetime as dt, tempfile, polars as pl
+>>> path = Path(tempfile.mkdtemp()) / "example.duckdb"
+>>> con = connect(path)
+>>> day = dt.date(2024, 1, 2)
+>>> rows = pl.DataFrame({
+...     "event_date": [day], "stream": ["a"], "event_id": [1],
+...     "event_time": [dt.datetime(2024, 1, 2, 9)], "score": [0.3], "label": [1],
+... })
+>>> replace_partitions(con, day, day, {"scored_events": rows})
+>>> read_partitions(con, "scored_events", day, day).select("stream", "score").rows()
+[('a', 0.3)]
+>>> con.close()
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import duckdb
+import polars as pl
+
+from calpipe.errors import CalpipeError, InputError
+
+#: The project folder (the repository of an editable install): defaults live under it.
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+#: DDL, views and macros installed on connect, run in file-name order.
+SQL_DIR = PROJECT_ROOT / "sql"
+
+#: Default database of ``calpipe demo`` (and of ``calpipe ui`` / ``calpipe sql``): absolute, and
+#: under the git-ignored ``.calpipe/`` so a demo never writes into tracked files.
+DEFAULT_DB = PROJECT_ROOT / ".calpipe" / "demo.duckdb"
+
+#: The DATE column that partitions each calpipe table.
+PARTITION_COLUMN: dict[str, str] = {
+    "scored_events": "event_date",
+    "protected_scores": "event_date",
+    "calibrator_state": "date",
+    "pipeline_days": "date",
+    "calibration_daily": "date",
+    "martingale_alarms": "date",
+    "calibration_map": "date",
+}
+
+#: Row order of each table on insert (so that a re-run writes byte-identical partitions).
+SORT_KEYS: dict[str, tuple[str, ...]] = {
+    "scored_events": ("event_date", "stream", "event_time", "event_id"),
+    "protected_scores": ("event_date", "stream", "event_time", "event_id"),
+    "calibrator_state": ("date", "stream"),
+    "pipeline_days": ("date",),
+    "calibration_daily": ("date", "stream"),
+    "martingale_alarms": ("date", "stream"),
+    "calibration_map": ("date", "stream", "term"),
+}
+
+_META_SQL_HASH = "sql_hash"
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*){0,2}$")
+
+
+class StoreError(CalpipeError):
+    """The database or an event source cannot be used as asked."""
+
+
+# ----------------------------------------------------------------------------------------------
+# Connections and the SQL layer
+# ----------------------------------------------------------------------------------------------
+def sql_files(sql_dir: Path = SQL_DIR) -> list[Path]:
+    """The ``.sql`` files of the SQL layer, in the order they are installed."""
+    files = sorted(sql_dir.glob("*.sql"))
+    if not files:
+        raise StoreError(f"no SQL files in {sql_dir}; is calpipe installed from its repository?")
+    return files
+
+
+def _sql_hash(files: list[Path]) -> str:
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def install_sql(con: duckdb.DuckDBPyConnection, *, force: bool = False) -> bool:
+    """Install the tables, views and macros of ``sql/`` into ``con``'s database.
+
+    Every statement is idempotent (``CREATE TABLE IF NOT EXISTS``, ``CREATE OR REPLACE``). The
+    hash of the SQL files is kept in ``calpipe_meta``, so a database that is already up to date is
+    left untouched (no write). Returns True if anything was (re)installed.
+    """
+    files = sql_files()
+    digest = _sql_hash(files)
+    if not force:
+        try:
+            row = fetch_one(con, "SELECT value FROM calpipe_meta WHERE key = ?", [_META_SQL_HASH])
+        except duckdb.CatalogException:
+            row = None
+        if row is not None and row[0] == digest:
+            return False
+    con.begin()
+    try:
+        for f in files:
+            con.execute(f.read_text())
+        _set_meta(con, _META_SQL_HASH, digest)
+        con.commit()
+    except BaseException:
+        con.rollback()
+        raise
+    return True
+
+
+def connect(path: str | Path, *, read_only: bool = False) -> duckdb.DuckDBPyConnection:
+    """Open (creating if needed) a calpipe DuckDB file and install the SQL layer.
+
+    ``path`` is made absolute; its folder is created. A read-only connection does not install
+    anything (the file must have been opened read-write by calpipe before).
+    """
+    p = Path(path).expanduser().resolve()
+    if read_only:
+        if not p.exists():
+            raise StoreError(f"database {p} does not exist")
+        return duckdb.connect(str(p), read_only=True)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        con = duckdb.connect(str(p))
+    except duckdb.IOException as exc:
+        raise StoreError(
+            f"cannot open {p} for writing: {exc}. DuckDB allows one writing process per file; "
+            "is a dagster run or another calpipe command using it?"
+        ) from exc
+    install_sql(con)
+    return con
+
+
+def _set_meta(con: duckdb.DuckDBPyConnection, key: str, value: str) -> None:
+    con.execute("DELETE FROM calpipe_meta WHERE key = ?", [key])
+    con.execute("INSERT INTO calpipe_meta VALUES (?, ?)", [key, value])
+
+
+def fetch_one(con: duckdb.DuckDBPyConnection, sql: str, params: list | None = None) -> tuple | None:
+    """The first row of a query (None if none). Fetches the whole result: DuckDB 2 refuses new
+    work on a connection that still has an unfinished result."""
+    rows = con.execute(sql, params or []).fetchall()
+    return rows[0] if rows else None
+
+
+def get_meta(con: duckdb.DuckDBPyConnection, key: str) -> str | None:
+    """A value of ``calpipe_meta`` (None if unset)."""
+    row = fetch_one(con, "SELECT value FROM calpipe_meta WHERE key = ?", [key])
+    return None if row is None else row[0]
+
+
+def set_meta(con: duckdb.DuckDBPyConnection, key: str, value: str) -> None:
+    """Set a value of ``calpipe_meta`` (in its own transaction)."""
+    con.begin()
+    try:
+        _set_meta(con, key, value)
+        con.commit()
+    except BaseException:
+        con.rollback()
+        raise
+
+
+def query(con: duckdb.DuckDBPyConnection, sql: str, params: list | None = None) -> pl.DataFrame:
+    """Run a query and return a polars frame."""
+    return con.sql(sql, params=params or None).pl()
+
+
+# ----------------------------------------------------------------------------------------------
+# Partitions
+# ----------------------------------------------------------------------------------------------
+def _check_table(table: str) -> str:
+    if table not in PARTITION_COLUMN:
+        raise StoreError(
+            f"unknown calpipe table {table!r}; expected one of {list(PARTITION_COLUMN)}"
+        )
+    return PARTITION_COLUMN[table]
+
+
+def read_partitions(
+    con: duckdb.DuckDBPyConnection,
+    table: str,
+    start: dt.date,
+    end: dt.date,
+    *,
+    columns: list[str] | None = None,
+) -> pl.DataFrame:
+    """Rows of ``table`` whose partition date is in [start, end], in the table's sort order."""
+    col = _check_table(table)
+    cols = ", ".join(f'"{c}"' for c in columns) if columns else "*"
+    order = ", ".join(f'"{c}"' for c in SORT_KEYS[table])
+    return query(
+        con,
+        f'SELECT {cols} FROM "{table}" WHERE "{col}" BETWEEN ? AND ? ORDER BY {order}',
+        [start, end],
+    )
+
+
+def partition_dates(con: duckdb.DuckDBPyConnection, table: str) -> list[dt.date]:
+    """The distinct partition dates present in ``table``, ascending."""
+    col = _check_table(table)
+    return [
+        r[0] for r in con.execute(f'SELECT DISTINCT "{col}" FROM "{table}" ORDER BY 1').fetchall()
+    ]
+
+
+def replace_partitions(
+    con: duckdb.DuckDBPyConnection,
+    start: dt.date,
+    end: dt.date,
+    frames: Mapping[str, pl.DataFrame],
+) -> None:
+    """Replace the partitions [start, end] of each table by the rows given, in ONE transaction.
+
+    For each ``table -> frame``: delete the table's rows with partition date in [start, end], then
+    insert the frame's rows (matched by column name, in the table's sort order). Every row of a
+    frame must lie in [start, end]. Either every table is replaced or, on any error or crash,
+    none is: the previous contents stay.
+    """
+    prepared: dict[str, pl.DataFrame] = {}
+    for table, frame in frames.items():
+        col = _check_table(table)
+        if frame.height:
+            lo, hi = frame.select(pl.col(col).min().alias("lo"), pl.col(col).max().alias("hi")).row(
+                0
+            )
+            if lo < start or hi > end:
+                raise StoreError(
+                    f"{table}: rows dated {lo}..{hi} outside the partitions being replaced "
+                    f"({start}..{end})"
+                )
+        prepared[table] = frame.sort(list(SORT_KEYS[table]), maintain_order=True)
+
+    names = {table: f"__calpipe_insert_{table}" for table, f in prepared.items() if f.height}
+    for table, name in names.items():  # registered outside the transaction, dropped after it
+        con.register(name, prepared[table].to_arrow())
+    try:
+        con.begin()
+        try:
+            for table in prepared:
+                col = PARTITION_COLUMN[table]
+                con.execute(f'DELETE FROM "{table}" WHERE "{col}" BETWEEN ? AND ?', [start, end])
+                if table in names:
+                    con.execute(f'INSERT INTO "{table}" BY NAME SELECT * FROM "{names[table]}"')
+            con.commit()
+        except BaseException:
+            con.rollback()
+            raise
+    finally:
+        for name in names.values():
+            con.unregister(name)
+
+
+# ----------------------------------------------------------------------------------------------
+# Event sources
+# ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ColumnMap:
+    """Names of the data-contract columns in a source (DESIGN §3). ``stream=None`` or a source
+    without the stream column means one stream, called ``default``."""
+
+    stream: str | None = "stream"
+    event_id: str = "event_id"
+    event_time: str = "event_time"
+    score: str = "score"
+    label: str = "label"
+
+
+#: Name of the single stream of a source that has no stream column.
+DEFAULT_STREAM = "default"
+
+#: Column that :meth:`EventSource.read_range` adds: the day a row was read for.
+DAY_COLUMN = "__calpipe_day"
+
+
+@dataclass(frozen=True)
+class EventSource:
+    """Where scored events land: a Parquet landing folder (``date=YYYY-MM-DD/`` sub-folders), a
+    Parquet file or glob, or a DuckDB table (``name`` or ``schema.name``) in the calpipe database.
+
+    Use :meth:`parse` to build one from a command-line string.
+    """
+
+    kind: str  # "landing" | "parquet" | "table"
+    location: str
+    columns: ColumnMap = field(default_factory=ColumnMap)
+
+    @classmethod
+    def parse(cls, text: str, columns: ColumnMap | None = None) -> EventSource:
+        """``PATH`` of a folder with ``date=`` sub-folders -> landing; ``*.parquet`` / a glob / a
+        Parquet file -> parquet; anything else that is a SQL identifier -> table."""
+        cm = columns or ColumnMap()
+        p = Path(text).expanduser()
+        if p.is_dir():
+            return cls("landing", str(p.resolve()), cm)
+        if text.endswith(".parquet") or any(ch in text for ch in "*?[") or p.is_file():
+            return cls("parquet", str(p.resolve()) if p.exists() else text, cm)
+        if _IDENT.match(text):
+            return cls("table", text, cm)
+        raise StoreError(
+            f"events {text!r}: neither a folder, a Parquet file/glob, nor a table name"
+        )
+
+    def describe(self) -> str:
+        return f"{self.kind} {self.location}"
+
+    # -- raw reads -----------------------------------------------------------------------------
+    def _landing_days(self) -> list[tuple[dt.date, Path]]:
+        root = Path(self.location)
+        if not root.is_dir():
+            raise StoreError(f"landing folder {root} does not exist")
+        out = []
+        for sub in root.iterdir():
+            if sub.is_dir() and sub.name.startswith("date="):
+                try:
+                    out.append((dt.date.fromisoformat(sub.name[5:]), sub))
+                except ValueError:
+                    raise StoreError(f"landing folder {sub}: not date=YYYY-MM-DD") from None
+        return sorted(out)
+
+    def _relation_sql(self) -> str:
+        if self.kind == "parquet":
+            return f"read_parquet('{_sql_str(self.location)}', union_by_name = true)"
+        if self.kind == "table":
+            return ".".join(f'"{part}"' for part in self.location.split("."))
+        raise StoreError(f"no relation for a {self.kind} source")
+
+    def date_range(self, con: duckdb.DuckDBPyConnection) -> tuple[dt.date, dt.date] | None:
+        """First and last event date of the source (None if it has no events)."""
+        if self.kind == "landing":
+            days = [d for d, sub in self._landing_days() if any(sub.glob("*.parquet"))]
+            return (days[0], days[-1]) if days else None
+        t = f'"{self.columns.event_time}"'
+        row = fetch_one(
+            con,
+            f"SELECT CAST(min({t}) AS DATE), CAST(max({t}) AS DATE) FROM {self._relation_sql()}",
+        )
+        return None if row is None or row[0] is None else (row[0], row[1])
+
+    def read_raw(self, con: duckdb.DuckDBPyConnection, day: dt.date) -> pl.DataFrame:
+        """The source's rows of one day, with the source's own column names."""
+        raw = self.read_range(con, day, day)
+        return raw.drop(DAY_COLUMN) if DAY_COLUMN in raw.columns else raw
+
+    def read_range(
+        self, con: duckdb.DuckDBPyConnection, start: dt.date, end: dt.date
+    ) -> pl.DataFrame:
+        """The source's rows of [start, end] with the source's column names plus
+        :data:`DAY_COLUMN`, the day each row was read for (a landing file's folder date; the
+        event's date for a file or table). One query per day for a landing folder, one for the
+        whole range otherwise. An empty frame (no columns) if there is nothing."""
+        if self.kind == "landing":
+            parts = []
+            for day in iter_days(start, end):
+                sub = Path(self.location) / f"date={day.isoformat()}"
+                files = sorted(sub.glob("*.parquet")) if sub.is_dir() else []
+                if not files:
+                    continue
+                lst = ", ".join(f"'{_sql_str(str(f))}'" for f in files)
+                parts.append(
+                    query(
+                        con,
+                        f"SELECT *, DATE '{day.isoformat()}' AS {DAY_COLUMN} FROM read_parquet("
+                        f"[{lst}], union_by_name = true, hive_partitioning = false)",
+                    )
+                )
+            return pl.concat(parts, how="diagonal_relaxed") if parts else pl.DataFrame()
+        t = f'"{self.columns.event_time}"'
+        return query(
+            con,
+            f"SELECT *, CAST({t} AS DATE) AS {DAY_COLUMN} FROM {self._relation_sql()} "
+            f"WHERE CAST({t} AS DATE) BETWEEN ? AND ?",
+            [start, end],
+        )
+
+
+def _sql_str(s: str) -> str:
+    return s.replace("'", "''")
+
+
+def iter_days(start: dt.date, end: dt.date) -> Iterator[dt.date]:
+    """Every calendar day of [start, end]."""
+    d = start
+    while d <= end:
+        yield d
+        d += dt.timedelta(days=1)
+
+
+# ----------------------------------------------------------------------------------------------
+# Landing folders (what an upstream job, or the demo, writes)
+# ----------------------------------------------------------------------------------------------
+def write_landing(
+    events: pl.DataFrame, root: str | Path, *, time_column: str = "event_time"
+) -> int:
+    """Write events as a hive-style landing folder ``root/date=YYYY-MM-DD/events.parquet``.
+
+    Each day's file is written to a temporary name and renamed, so a reader never sees half a
+    file. Returns the number of day folders written.
+    """
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    day = pl.col(time_column).cast(pl.Date).alias("__day")
+    n = 0
+    for (d,), part in events.with_columns(day).partition_by("__day", as_dict=True).items():
+        sub = root / f"date={d.isoformat()}"
+        sub.mkdir(exist_ok=True)
+        tmp = sub / "events.parquet.tmp"
+        part.drop("__day").write_parquet(tmp)
+        tmp.replace(sub / "events.parquet")
+        n += 1
+    return n
+
+
+def normalize_events(raw: pl.DataFrame, columns: ColumnMap) -> pl.DataFrame:
+    """Rename a source's columns to the data contract and check the ones calpipe stores.
+
+    Returns columns ``stream, event_id, event_time, score, label`` (String, Int64,
+    Datetime(us), source score dtype, source label dtype); raises InputError for a missing column
+    or an event id that is not an integer.
+    """
+    cm = columns
+    needed = [cm.event_id, cm.event_time, cm.score, cm.label]
+    if raw.width == 0:
+        return pl.DataFrame(
+            schema={
+                "stream": pl.String, "event_id": pl.Int64, "event_time": pl.Datetime("us"),
+                "score": pl.Float64, "label": pl.Int32,
+            }
+        )  # fmt: skip
+    for c in needed:
+        if c not in raw.columns:
+            raise InputError(c, None, f"missing column (the source has {raw.columns})")
+    if not raw.schema[cm.event_id].is_integer():
+        raise InputError(
+            cm.event_id,
+            None,
+            f"event ids must be integers to be stored (got {raw.schema[cm.event_id]})",
+        )
+    if not raw.schema[cm.event_time].is_temporal():
+        raise InputError(
+            cm.event_time,
+            None,
+            f"event_time must be a Date or Datetime (got {raw.schema[cm.event_time]})",
+        )
+    t = pl.col(cm.event_time)
+    tz = getattr(raw.schema[cm.event_time], "time_zone", None)
+    if tz is not None:  # stored as naive UTC
+        t = t.dt.convert_time_zone("UTC").dt.replace_time_zone(None)
+    stream = (
+        pl.col(cm.stream).cast(pl.String)
+        if cm.stream is not None and cm.stream in raw.columns
+        else pl.lit(DEFAULT_STREAM, pl.String)
+    )
+    return raw.select(
+        stream.alias("stream"),
+        pl.col(cm.event_id).cast(pl.Int64).alias("event_id"),
+        t.cast(pl.Datetime("us")).alias("event_time"),
+        pl.col(cm.score).alias("score"),
+        pl.col(cm.label).alias("label"),
+    )

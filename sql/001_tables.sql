@@ -1,0 +1,118 @@
+-- calpipe tables (DESIGN §3, §5). Installed by calpipe.store.connect(); every statement is
+-- idempotent. No primary keys: uniqueness is validated by calpipe before a write, and DuckDB's
+-- constraint checks would only slow the DELETE + INSERT of a partition replace down.
+-- Every table is partitioned by a DATE column (event_date or date); calpipe replaces partitions
+-- in one transaction (BEGIN; DELETE ...; INSERT ...; COMMIT).
+
+-- Scored events as loaded from the landing folder or table: one row per base forecast.
+CREATE TABLE IF NOT EXISTS scored_events (
+    event_date        DATE      NOT NULL,  -- partition: CAST(event_time AS DATE)
+    stream            VARCHAR   NOT NULL,  -- independent calibration stream
+    event_id          BIGINT    NOT NULL,  -- unique within a stream
+    event_time        TIMESTAMP NOT NULL,  -- replay order is (event_time, event_id)
+    score             DOUBLE    NOT NULL,  -- base probability of label 1
+    label             INTEGER              -- 0/1; NULL = not known (forecast, no update)
+);
+
+-- Protected scores: the scored events plus the protected probability and the running test
+-- martingale of the stream after the event.
+CREATE TABLE IF NOT EXISTS protected_scores (
+    event_date         DATE      NOT NULL,
+    stream             VARCHAR   NOT NULL,
+    event_id           BIGINT    NOT NULL,
+    event_time         TIMESTAMP NOT NULL,
+    score              DOUBLE    NOT NULL,
+    label              INTEGER,
+    protected_score    DOUBLE    NOT NULL,
+    log10_martingale   DOUBLE    NOT NULL,
+    method             VARCHAR   NOT NULL,
+    config_fingerprint VARCHAR   NOT NULL
+);
+
+-- Calibrator state at the END of `date`, one row per stream seen so far (streams without events
+-- that day are carried unchanged). Day d is computed from the rows of day d - 1.
+CREATE TABLE IF NOT EXISTS calibrator_state (
+    date                 DATE      NOT NULL,
+    stream               VARCHAR   NOT NULL,
+    method               VARCHAR   NOT NULL,
+    config_fingerprint   VARCHAR   NOT NULL,
+    n_classes            INTEGER   NOT NULL,
+    n_events             BIGINT    NOT NULL,
+    n_labelled           BIGINT    NOT NULL,
+    last_event_time      TIMESTAMP,
+    last_event_id        BIGINT,
+    log10_martingale     DOUBLE    NOT NULL,
+    log10_martingale_max DOUBLE    NOT NULL,
+    weights              DOUBLE[]  NOT NULL,  -- [P, A (rates x functions, row-major)]
+    pending_label_time   TIMESTAMP[],
+    pending_scores       DOUBLE[],
+    pending_labels       BIGINT[]
+);
+
+-- The chain: one row per day whose state was written (also days without events), so that a
+-- missing day d - 1 is told apart from a day on which no stream existed yet.
+CREATE TABLE IF NOT EXISTS pipeline_days (
+    date               DATE    NOT NULL,
+    first_day          DATE    NOT NULL,  -- the first day of the chain (state starts empty)
+    method             VARCHAR NOT NULL,
+    config_fingerprint VARCHAR NOT NULL,
+    config_json        VARCHAR NOT NULL,
+    n_events           BIGINT  NOT NULL,
+    n_streams          INTEGER NOT NULL,  -- streams in the state at the end of the day
+    n_active_streams   INTEGER NOT NULL   -- streams with events that day
+);
+
+-- Monitoring per stream and day (streams with events that day).
+CREATE TABLE IF NOT EXISTS calibration_daily (
+    date                         DATE    NOT NULL,
+    stream                       VARCHAR NOT NULL,
+    n_events                     BIGINT  NOT NULL,
+    n_labelled                   BIGINT  NOT NULL,
+    base_log_loss                DOUBLE,  -- mean natural log loss over labelled events
+    protected_log_loss           DOUBLE,
+    base_brier                   DOUBLE,
+    protected_brier              DOUBLE,
+    base_ece                     DOUBLE,  -- 10 equal-width bins
+    protected_ece                DOUBLE,
+    mean_score                   DOUBLE,  -- over all events of the day
+    mean_protected               DOUBLE,
+    mean_label                   DOUBLE,  -- over labelled events
+    log10_martingale             DOUBLE  NOT NULL,  -- end of day
+    log10_martingale_max         DOUBLE  NOT NULL,  -- maximum within the day
+    log10_martingale_max_to_date DOUBLE  NOT NULL,  -- maximum since the stream began
+    alarm                        BOOLEAN NOT NULL   -- log10_martingale_max >= 2 (S >= 100) that day
+);
+
+-- First crossing of log10 S >= threshold per stream: the row sits in the partition of its date.
+CREATE TABLE IF NOT EXISTS martingale_alarms (
+    date             DATE      NOT NULL,
+    stream           VARCHAR   NOT NULL,
+    event_time       TIMESTAMP NOT NULL,
+    event_id         BIGINT    NOT NULL,
+    log10_martingale DOUBLE    NOT NULL,  -- the value at the crossing
+    threshold        DOUBLE    NOT NULL
+);
+
+-- Serving map at the end of `date` (DESIGN §4), exactly, as a weighted sum of terms:
+--   p' = sum_term weight * f_term(clip(p)),  f = p for 'identity' (the passive weight P),
+--   'quadratic' p + a p (1 - p), 'cubic' p + a p (p - b)(p - 1),
+--   'cox' e^a p^b / (e^a p^b + (1 - p)^b);
+-- weight = P for the identity term, sum_J of the jump-mixed active weights A^J_theta otherwise.
+CREATE TABLE IF NOT EXISTS calibration_map (
+    date               DATE    NOT NULL,
+    stream             VARCHAR NOT NULL,
+    term               INTEGER NOT NULL,  -- 0 = passive (the base forecast), t + 1 = function t
+    family             VARCHAR NOT NULL,  -- identity | quadratic | cubic | cox
+    a                  DOUBLE  NOT NULL,  -- eps (quadratic), a (cubic), alpha (cox)
+    b                  DOUBLE  NOT NULL,  -- 0 (quadratic), b (cubic), beta (cox)
+    weight             DOUBLE  NOT NULL,
+    clip               DOUBLE  NOT NULL,  -- p is clipped to [clip, 1 - clip] first
+    method             VARCHAR NOT NULL,
+    config_fingerprint VARCHAR NOT NULL
+);
+
+-- Key-value facts about this database (SQL layer version, the chain's configuration).
+CREATE TABLE IF NOT EXISTS calpipe_meta (
+    key   VARCHAR NOT NULL,
+    value VARCHAR NOT NULL
+);

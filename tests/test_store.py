@@ -1,0 +1,303 @@
+"""calpipe.store: the SQL layer, transactional partition replace, event sources."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import duckdb
+import polars as pl
+import pytest
+
+from calpipe import store
+from calpipe.errors import InputError
+
+D1, D2, D3 = dt.date(2024, 3, 1), dt.date(2024, 3, 2), dt.date(2024, 3, 3)
+
+
+def events_of(day: dt.date, n: int, *, stream: str = "s", score: float = 0.25) -> pl.DataFrame:
+    """``n`` scored_events rows of one day (the table's columns)."""
+    t0 = dt.datetime.combine(day, dt.time(0))
+    return pl.DataFrame(
+        {
+            "event_date": [day] * n,
+            "stream": [stream] * n,
+            "event_id": list(range(1, n + 1)),
+            "event_time": [t0 + dt.timedelta(seconds=i) for i in range(n)],
+            "score": [score] * n,
+            "label": [i % 2 for i in range(n)],
+        },
+        schema_overrides={"label": pl.Int32},
+    )
+
+
+@pytest.fixture
+def con(tmp_path):
+    c = store.connect(tmp_path / "db.duckdb")
+    yield c
+    c.close()
+
+
+def table_rows(con, table: str) -> pl.DataFrame:
+    return store.query(con, f"SELECT * FROM {table} ORDER BY ALL")
+
+
+# ----------------------------------------------------------------------------------------------
+# SQL layer
+# ----------------------------------------------------------------------------------------------
+def test_connect_installs_tables_views_and_macros(con):
+    tables = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
+    assert set(store.PARTITION_COLUMN) <= tables
+    views = {
+        r[0]
+        for r in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()
+    }
+    assert {
+        "v_protected_scores",
+        "v_calibration_daily",
+        "v_alarms",
+        "v_latest_calibration_map",
+    } <= views
+    macros = {r[0] for r in con.execute("SELECT function_name FROM duckdb_functions()").fetchall()}
+    assert {
+        "calibrate_score",
+        "calibrate_score_as_of",
+        "calpipe_term",
+        "calibration_curve",
+    } <= macros
+
+
+def test_install_is_skipped_when_up_to_date_and_redone_when_forced(con):
+    assert store.install_sql(con) is False
+    assert store.install_sql(con, force=True) is True
+    assert store.get_meta(con, "sql_hash") is not None
+
+
+def test_sql_layer_persists_for_read_only_connections(tmp_path):
+    path = tmp_path / "db.duckdb"
+    store.connect(path).close()
+    ro = store.connect(path, read_only=True)
+    try:
+        assert ro.execute("SELECT calpipe_clip(1.5, 0.001)").fetchall() == [(0.999,)]
+    finally:
+        ro.close()
+
+
+def test_read_only_connect_to_missing_file_is_an_error(tmp_path):
+    with pytest.raises(store.StoreError, match="does not exist"):
+        store.connect(tmp_path / "nope.duckdb", read_only=True)
+
+
+def test_term_macro_is_each_family_formula(con):
+    got = con.execute(
+        """SELECT calpipe_term('identity', 0, 0, 0.3), calpipe_term('quadratic', 0.5, 0, 0.3),
+                  calpipe_term('cubic', 1, 0.5, 0.3), calpipe_term('cox', 1, 2, 0.3)"""
+    ).fetchall()[0]
+    e = 2.718281828459045
+    want = (
+        0.3,
+        0.3 + 0.5 * 0.3 * 0.7,
+        0.3 + 0.3 * (0.3 - 0.5) * (0.3 - 1),
+        e * 0.09 / (e * 0.09 + 0.49),
+    )
+    assert got == pytest.approx(want, abs=1e-15)
+
+
+# ----------------------------------------------------------------------------------------------
+# Partition replace
+# ----------------------------------------------------------------------------------------------
+def test_replace_touches_only_the_given_partitions(con):
+    store.replace_partitions(
+        con, D1, D3, {"scored_events": pl.concat([events_of(d, 3) for d in (D1, D2, D3)])}
+    )
+    store.replace_partitions(con, D2, D2, {"scored_events": events_of(D2, 5, score=0.5)})
+    rows = table_rows(con, "scored_events")
+    counts = dict(rows.group_by("event_date").len().iter_rows())
+    assert counts == {D1: 3, D2: 5, D3: 3}
+    assert rows.filter(pl.col("event_date") == D2)["score"].unique().to_list() == [0.5]
+    # an empty frame empties the partition
+    store.replace_partitions(con, D2, D2, {"scored_events": events_of(D2, 0)})
+    assert store.partition_dates(con, "scored_events") == [D1, D3]
+
+
+def test_replace_is_idempotent(con):
+    frame = pl.concat([events_of(D1, 4), events_of(D1, 3, stream="a")])
+    store.replace_partitions(con, D1, D1, {"scored_events": frame})
+    first = table_rows(con, "scored_events")
+    store.replace_partitions(
+        con, D1, D1, {"scored_events": frame.sample(fraction=1.0, shuffle=True, seed=1)}
+    )
+    assert table_rows(con, "scored_events").equals(first)
+
+
+def test_rows_outside_the_partitions_are_refused(con):
+    with pytest.raises(store.StoreError, match="outside the partitions"):
+        store.replace_partitions(con, D1, D1, {"scored_events": events_of(D2, 2)})
+
+
+def test_a_failed_write_rolls_back_every_table(con):
+    store.replace_partitions(con, D1, D1, {"scored_events": events_of(D1, 3)})
+    before = table_rows(con, "scored_events")
+    broken = events_of(D1, 2).drop("score")  # NOT NULL score missing: the second insert fails
+    with pytest.raises(duckdb.ConstraintException):
+        store.replace_partitions(
+            con, D1, D1, {"scored_events": events_of(D1, 7), "protected_scores": broken}
+        )
+    assert table_rows(con, "scored_events").equals(before)
+    assert table_rows(con, "protected_scores").height == 0
+
+
+def test_unknown_table_is_refused(con):
+    with pytest.raises(store.StoreError, match="unknown calpipe table"):
+        store.read_partitions(con, "nope", D1, D1)
+
+
+KILL_CHILD = textwrap.dedent(
+    """
+    import datetime as dt, sys, time
+    import polars as pl
+    from calpipe import store
+
+    class PauseAtCommit:
+        # A connection that stops inside the transaction, just before COMMIT.
+        def __init__(self, con):
+            self._con = con
+        def __getattr__(self, name):
+            return getattr(self._con, name)
+        def commit(self):
+            n = self._con.execute("SELECT count(*) FROM scored_events").fetchall()[0][0]
+            print(f"IN_TRANSACTION {n}", flush=True)
+            time.sleep(600)
+
+    path, n = sys.argv[1], int(sys.argv[2])
+    day = dt.date(2024, 3, 1)
+    t0 = dt.datetime(2024, 3, 1)
+    new = pl.DataFrame({
+        "event_date": [day] * n, "stream": ["s"] * n, "event_id": list(range(n)),
+        "event_time": [t0] * n, "score": [0.9] * n, "label": [1] * n,
+    })
+    con = store.connect(path)
+    store.replace_partitions(PauseAtCommit(con), day, day, {"scored_events": new})
+    """
+)
+
+
+def test_sigkill_inside_the_transaction_leaves_the_previous_partition(tmp_path):
+    path = tmp_path / "db.duckdb"
+    con = store.connect(path)
+    store.replace_partitions(con, D1, D1, {"scored_events": events_of(D1, 50)})
+    before = table_rows(con, "scored_events")
+    con.close()
+
+    n_new = 300_000  # large enough that DuckDB writes row groups before the commit
+    child = subprocess.Popen(
+        [sys.executable, "-c", KILL_CHILD, str(path), str(n_new)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        line = child.stdout.readline()
+        # The child has deleted the 50 old rows and inserted the new ones, uncommitted.
+        assert line.split() == ["IN_TRANSACTION", str(n_new)], child.stderr.read()
+        os.kill(child.pid, signal.SIGKILL)
+        assert child.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+    con = store.connect(path)
+    try:
+        assert table_rows(con, "scored_events").equals(before)
+        # and the file is healthy: a new replace commits
+        store.replace_partitions(con, D1, D1, {"scored_events": events_of(D1, 2)})
+        assert table_rows(con, "scored_events").height == 2
+    finally:
+        con.close()
+
+
+# ----------------------------------------------------------------------------------------------
+# Event sources
+# ----------------------------------------------------------------------------------------------
+def raw_events(days, n=3) -> pl.DataFrame:
+    return pl.concat([events_of(d, n).drop("event_date") for d in days])
+
+
+def test_parse_tells_landing_parquet_and_table_apart(tmp_path):
+    (tmp_path / "landing").mkdir()
+    f = tmp_path / "ev.parquet"
+    raw_events([D1]).write_parquet(f)
+    assert store.EventSource.parse(str(tmp_path / "landing")).kind == "landing"
+    assert store.EventSource.parse(str(f)).kind == "parquet"
+    assert store.EventSource.parse(str(tmp_path / "*.parquet")).kind == "parquet"
+    assert store.EventSource.parse("raw.events").kind == "table"
+    with pytest.raises(store.StoreError, match="neither"):
+        store.EventSource.parse("no such; thing")
+
+
+def test_landing_folder_round_trip(con, tmp_path):
+    ev = raw_events([D1, D3], n=4)
+    assert store.write_landing(ev, tmp_path / "landing") == 2
+    assert sorted(p.name for p in (tmp_path / "landing").iterdir()) == [
+        "date=2024-03-01",
+        "date=2024-03-03",
+    ]
+    src = store.EventSource.parse(str(tmp_path / "landing"))
+    assert src.date_range(con) == (D1, D3)
+    assert src.read_raw(con, D1).equals(ev.filter(pl.col("event_time").dt.date() == D1))
+    assert src.read_raw(con, D2).height == 0
+
+
+def test_parquet_and_table_sources_read_one_day(con, tmp_path):
+    ev = raw_events([D1, D2, D3])
+    ev.write_parquet(tmp_path / "ev.parquet")
+    con.register("ev_arrow", ev.to_arrow())
+    con.execute("CREATE TABLE raw_events AS SELECT * FROM ev_arrow")
+    for text in (str(tmp_path / "ev.parquet"), "raw_events"):
+        src = store.EventSource.parse(text)
+        assert src.date_range(con) == (D1, D3)
+        got = src.read_raw(con, D2).sort("event_id")
+        assert got.equals(ev.filter(pl.col("event_time").dt.date() == D2))
+
+
+def test_normalize_maps_columns_and_defaults_the_stream():
+    raw = pl.DataFrame(
+        {"id": [1, 2], "when": [D1, D1], "p": [0.1, 0.2], "y": [0, None]},
+        schema_overrides={"y": pl.Int8},
+    )
+    cm = store.ColumnMap(stream="segment", event_id="id", event_time="when", score="p", label="y")
+    out = store.normalize_events(raw, cm)
+    assert out.columns == ["stream", "event_id", "event_time", "score", "label"]
+    assert out["stream"].to_list() == [store.DEFAULT_STREAM] * 2
+    assert out.schema["event_time"] == pl.Datetime("us")
+
+
+def test_normalize_stores_aware_times_as_utc():
+    t = dt.datetime(2024, 3, 1, 23, 30)
+    raw = pl.DataFrame({"event_id": [1], "event_time": [t], "score": [0.1], "label": [0]})
+    aware = raw.with_columns(pl.col("event_time").dt.replace_time_zone("Europe/Paris"))
+    out = store.normalize_events(aware, store.ColumnMap())
+    assert out["event_time"][0] == dt.datetime(2024, 3, 1, 22, 30)  # 23:30 CET = 22:30 UTC
+    assert out.schema["event_time"] == pl.Datetime("us")
+
+
+@pytest.mark.parametrize(
+    ("raw", "match"),
+    [
+        (
+            pl.DataFrame({"event_id": ["a"], "event_time": [D1], "score": [0.1], "label": [0]}),
+            "integers",
+        ),
+        (
+            pl.DataFrame({"event_id": [1], "event_time": ["x"], "score": [0.1], "label": [0]}),
+            "Date or Datetime",
+        ),
+        (pl.DataFrame({"event_id": [1], "event_time": [D1], "label": [0]}), "missing column"),
+    ],
+)
+def test_normalize_refuses_what_cannot_be_stored(raw, match):
+    with pytest.raises(InputError, match=match):
+        store.normalize_events(raw, store.ColumnMap())
