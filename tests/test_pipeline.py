@@ -1,0 +1,673 @@
+"""calpipe.pipeline: the nightly job on real DuckDB files and Parquet landing folders.
+
+The module-scoped ``demo`` fixture runs the whole demo (bank stream + synthetic streams, 892 daily
+partitions) once into a temporary database; the other tests use small synthetic chains.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import io
+
+import numpy as np
+import polars as pl
+import pytest
+
+import calpipe
+from calpipe import cli, cli_pipeline, config, generate, pipeline, store
+from calpipe.errors import InputError, ParameterError, StateError
+from calpipe.generate import StreamSpec
+from calpipe.pipeline import Settings
+
+START = generate.DEFAULT_START
+TOL = 1e-12
+
+
+def day(i: int) -> dt.date:
+    return START + dt.timedelta(days=i)
+
+
+# ----------------------------------------------------------------------------------------------
+# Oracles (numpy, straight from the definitions)
+# ----------------------------------------------------------------------------------------------
+def np_log_loss(p, y):
+    q = np.where(y == 1, p, 1 - p)
+    return float(np.mean(-np.log(np.clip(q, 1e-15, 1))))
+
+
+def np_ece(p, y, bins=10):
+    b = np.clip(np.floor(p * bins), 0, bins - 1)
+    gaps = [
+        abs(p[b == k].mean() - y[b == k].mean()) * (b == k).sum()
+        for k in range(bins)
+        if (b == k).any()
+    ]
+    return float(sum(gaps) / len(p))
+
+
+def table(con, name: str) -> pl.DataFrame:
+    return store.query(con, f"SELECT * FROM {name} ORDER BY ALL")
+
+
+ALL_TABLES = tuple(store.PARTITION_COLUMN)
+
+
+# ----------------------------------------------------------------------------------------------
+# The demo
+# ----------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("demo")
+    res = pipeline.demo(tmp / "demo.duckdb", generated=tmp / "generated" / "synthetic.parquet")
+    con = store.connect(res.db)
+    yield res, con
+    con.close()
+
+
+@pytest.fixture(scope="module")
+def demo_one_pass(demo):
+    """The demo's events through one calpipe.protect pass (the chain's oracle)."""
+    _res, _ = demo
+    events = pl.concat([pipeline.bank_events(), generate.generate()], how="vertical_relaxed")
+    return calpipe.protect(events, by="stream")
+
+
+def test_demo_covers_every_day_of_both_sets(demo):
+    res, con = demo
+    assert (res.run.start, res.run.end) == (pipeline.DEMO_FIRST_DAY, pipeline.DEMO_LAST_DAY)
+    days = store.partition_dates(con, "pipeline_days")
+    assert days == list(store.iter_days(pipeline.DEMO_FIRST_DAY, pipeline.DEMO_LAST_DAY))
+    counts = dict(
+        store.query(con, "SELECT stream, count(*) FROM protected_scores GROUP BY 1").iter_rows()
+    )
+    assert counts[pipeline.BANK_STREAM] == 35_211
+    bank_days = store.query(
+        con,
+        "SELECT count(DISTINCT event_date) FROM protected_scores WHERE stream = 'bank-telemarketing'",
+    ).item()
+    assert bank_days == 537
+    assert res.run.events == sum(counts.values())
+
+
+def test_day_by_day_chain_equals_one_protect_pass(demo, demo_one_pass):
+    _, con = demo
+    chain = store.query(
+        con, "SELECT stream, event_id, protected_score, log10_martingale FROM protected_scores"
+    )
+    joined = demo_one_pass.join(chain, on=["stream", "event_id"], how="inner", suffix="_chain")
+    assert joined.height == demo_one_pass.height == chain.height
+    for col in ("protected_score", "log10_martingale"):
+        diff = (joined[col] - joined[f"{col}_chain"]).abs().max()
+        assert diff <= TOL, col
+
+
+def test_bank_protected_beats_base_and_raises_an_alarm(demo):
+    res, con = demo
+    bank = res.summary.filter(pl.col("stream") == pipeline.BANK_STREAM).row(0, named=True)
+    assert bank["prot_LL"] < bank["base_LL"]
+    assert bank["prot_Brier"] < bank["base_Brier"]
+    # cumulative log loss (not just the mean) and PROVENANCE's reference number
+    rows = store.query(
+        con,
+        "SELECT score, protected_score, label FROM protected_scores WHERE stream = 'bank-telemarketing'",
+    )
+    p, q, y = (rows[c].to_numpy() for c in ("score", "protected_score", "label"))
+    cum = lambda f: -np.sum(np.log(np.clip(np.where(y == 1, f, 1 - f), 1e-15, 1)))  # noqa: E731
+    assert cum(q) < cum(p)
+    assert bank["prot_LL"] == pytest.approx(0.2793, abs=5e-5)  # data/PROVENANCE.md
+    alarms = store.query(con, "SELECT * FROM martingale_alarms WHERE stream = 'bank-telemarketing'")
+    assert alarms.height == 1 and alarms["log10_martingale"][0] >= config.ALARM_LOG10_THRESHOLD
+
+
+def test_generated_streams_alarm_only_after_their_drift(demo):
+    _, con = demo
+    truth = generate.drift_table()
+    alarms = store.query(con, "SELECT stream, date FROM martingale_alarms")
+    got = dict(alarms.iter_rows())
+    peaks = dict(
+        store.query(
+            con, "SELECT stream, max(log10_martingale) FROM protected_scores GROUP BY 1"
+        ).iter_rows()
+    )
+    for name, _kind, drift_date in truth.iter_rows():
+        if drift_date is None:
+            assert name not in got, f"false alarm on calibrated stream {name}"
+            assert peaks[name] < config.ALARM_LOG10_THRESHOLD
+        else:
+            assert name in got, f"drift of {name} not detected"
+            assert drift_date <= got[name] <= drift_date + dt.timedelta(days=30)
+
+
+def test_alarm_rows_are_the_first_crossings(demo):
+    _, con = demo
+    first = store.query(
+        con,
+        """SELECT stream, event_date AS date, event_id, log10_martingale FROM protected_scores
+           WHERE log10_martingale >= 2
+           QUALIFY row_number() OVER (PARTITION BY stream ORDER BY event_time, event_id) = 1
+           ORDER BY stream""",
+    )
+    alarms = store.query(
+        con,
+        "SELECT stream, date, event_id, log10_martingale FROM martingale_alarms ORDER BY stream",
+    )
+    assert alarms.equals(first)
+    assert table(con, "v_alarms").height == alarms.height
+
+
+def test_calibration_daily_matches_numpy(demo):
+    _, con = demo
+    daily = store.query(con, "SELECT * FROM calibration_daily")
+    assert (
+        daily.height
+        == store.query(
+            con, "SELECT count(*) FROM (SELECT DISTINCT event_date, stream FROM protected_scores)"
+        ).item()
+    )
+    picks = [(pipeline.BANK_STREAM, dt.date(2008, 7, 10)), ("drift-shift", dt.date(2010, 10, 11)),
+             ("stable-c", dt.date(2010, 8, 1))]  # fmt: skip
+    for stream, d in picks:
+        rows = store.query(
+            con,
+            "SELECT * FROM protected_scores WHERE stream = ? AND event_date = ? ORDER BY event_time, event_id",
+            [stream, d],
+        )
+        got = daily.filter((pl.col("stream") == stream) & (pl.col("date") == d)).row(0, named=True)
+        lab = rows.filter(pl.col("label").is_not_null())
+        p, q, y = (lab[c].to_numpy().astype(float) for c in ("score", "protected_score", "label"))
+        assert got["n_events"] == rows.height and got["n_labelled"] == lab.height
+        assert got["base_log_loss"] == pytest.approx(np_log_loss(p, y), rel=1e-12)
+        assert got["protected_log_loss"] == pytest.approx(np_log_loss(q, y), rel=1e-12)
+        assert got["base_brier"] == pytest.approx(np.mean((p - y) ** 2), rel=1e-12)
+        assert got["protected_brier"] == pytest.approx(np.mean((q - y) ** 2), rel=1e-12)
+        assert got["base_ece"] == pytest.approx(np_ece(p, y), rel=1e-12)
+        assert got["protected_ece"] == pytest.approx(np_ece(q, y), rel=1e-12)
+        assert got["mean_score"] == pytest.approx(rows["score"].mean(), rel=1e-12)
+        assert got["mean_label"] == pytest.approx(y.mean(), rel=1e-12)
+        assert got["log10_martingale"] == rows["log10_martingale"][-1]
+        assert got["log10_martingale_max"] == rows["log10_martingale"].max()
+        assert got["alarm"] == (rows["log10_martingale"].max() >= 2)
+
+
+def test_sql_macro_equals_the_polars_serving_map(demo):
+    _, con = demo
+    rng = np.random.default_rng(0)
+    fresh_p = np.concatenate([np.linspace(0, 1, 1001), rng.random(200), [1e-9, 0.0005, 0.9995]])
+    streams = store.query(con, "SELECT DISTINCT stream FROM calibrator_state ORDER BY 1")[
+        "stream"
+    ].to_list()
+    fresh = pl.DataFrame(
+        {"stream": np.repeat(streams, fresh_p.size), "score": np.tile(fresh_p, len(streams))}
+    )
+    latest = store.query(
+        con,
+        "SELECT * FROM calibrator_state QUALIFY row_number() OVER (PARTITION BY stream ORDER BY date DESC) = 1",
+    )
+    want = pipeline.serving_map(latest.drop("date"), fresh)["protected_score"].to_numpy()
+    con.register("fresh_scores", fresh.with_row_index("i").to_arrow())
+    got = store.query(
+        con, "SELECT calibrate_score(stream, score) AS p FROM fresh_scores ORDER BY i"
+    )["p"].to_numpy()
+    con.unregister("fresh_scores")
+    assert np.max(np.abs(got - want)) <= TOL
+    # the drifted map really moves scores (the test could not pass with an identity map)
+    i = streams.index("drift-overconfident")
+    over = want[i * fresh_p.size : (i + 1) * fresh_p.size]
+    assert np.max(np.abs(over - np.clip(fresh_p, 1e-3, 1 - 1e-3))) > 0.05
+
+
+def test_sql_macro_as_of_a_day_uses_that_days_state(demo):
+    _, con = demo
+    for stream, d in [
+        (pipeline.BANK_STREAM, dt.date(2009, 3, 1)),
+        ("drift-shift", dt.date(2010, 10, 20)),
+    ]:
+        state = store.query(
+            con, "SELECT * FROM calibrator_state WHERE stream = ? AND date = ?", [stream, d]
+        )
+        p = np.linspace(0.01, 0.99, 99)
+        want = pipeline.serving_map(
+            state.drop("date"), pl.DataFrame({"stream": [stream] * p.size, "score": p})
+        )
+        got = con.execute(
+            "SELECT calibrate_score_as_of(?, s, ?) FROM unnest(?) AS t(s)", [stream, d, p.tolist()]
+        ).fetchall()
+        assert (
+            np.max(np.abs(np.array([g[0] for g in got]) - want["protected_score"].to_numpy()))
+            <= TOL
+        )
+
+
+def test_demo_checks_pass_and_warn_on_alarms(demo):
+    res, _ = demo
+    by_name = {c.name: c for c in res.run.checks}
+    assert by_name["probabilities_valid"].passed
+    assert by_name["rows_in_equal_rows_out"].passed
+    assert by_name["state_continuity"].passed
+    alarm = by_name["no_martingale_alarm"]
+    assert not alarm.passed and alarm.warning
+    assert set(alarm.details["stream"]) == {
+        pipeline.BANK_STREAM,
+        "drift-overconfident",
+        "drift-shift",
+        "drift-underconfident",
+    }
+
+
+def test_demo_command_prints_the_summary_and_next_steps(demo, monkeypatch):
+    res, _ = demo
+    monkeypatch.setattr(pipeline, "demo", lambda db, log=None: res)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cli.main(["demo", "--db", str(res.db)]) == 0
+    text = out.getvalue()
+    for needle in (
+        "bank-telemarketing",
+        "first_alarm",
+        "prot_LL",
+        "ui --db",
+        "calibrate_score",
+        "v_alarms",
+    ):
+        assert needle in text
+    assert "892 daily partitions" in text
+
+
+# ----------------------------------------------------------------------------------------------
+# Small chains
+# ----------------------------------------------------------------------------------------------
+SMALL = (
+    StreamSpec("a", events_per_day=30),
+    StreamSpec("b", "overconfident", 2, 20, strength=0.3),
+)
+
+
+@pytest.fixture
+def small(tmp_path):
+    """8 days of two small streams in a landing folder, and an empty database."""
+    events = generate.generate(n_days=8, streams=SMALL, seed=5)
+    store.write_landing(events, tmp_path / "landing")
+    con = store.connect(tmp_path / "db.duckdb")
+    yield con, store.EventSource.parse(str(tmp_path / "landing")), events, tmp_path
+    con.close()
+
+
+def snapshot(con) -> dict[str, pl.DataFrame]:
+    return {t: table(con, t) for t in ALL_TABLES}
+
+
+def stages(con, source, a, b, settings=None, first_day=START):
+    settings = settings or Settings()
+    pipeline.load_events(con, source, a, b)
+    pipeline.protect_days(con, a, b, settings, first_day=first_day)
+    pipeline.monitor_days(con, a, b)
+    pipeline.alarm_days(con, a, b)
+    pipeline.map_days(con, a, b, settings)
+
+
+def test_days_without_events_are_reported(small):
+    con, source, _, tmp = small
+    (tmp / "landing" / f"date={day(3).isoformat()}" / "events.parquet").unlink()
+    res = pipeline.load_events(con, source, day(0), day(7))
+    assert res.notes == [day(3).isoformat()]
+
+
+def test_run_range_defaults_to_the_source_and_then_to_nothing(small):
+    con, source, events, _ = small
+    s = pipeline.run_range(con, source)
+    assert (s.start, s.end, s.days, s.events) == (day(0), day(7), 8, events.height)
+    assert pipeline.run_range(con, source).days == 0  # up to date
+    out = calpipe.protect(events)
+    chain = table(con, "protected_scores")
+    j = out.join(chain, on=["stream", "event_id"], suffix="_c")
+    assert (j["protected_score"] - j["protected_score_c"]).abs().max() <= TOL
+
+
+def test_rerunning_a_day_replaces_its_rows_and_state_exactly(small):
+    con, source, _, _ = small
+    pipeline.run_range(con, source)
+    before = snapshot(con)
+    stages(con, source, day(4), day(4))  # reads the state of day 3, not day 4's own
+    for t in ALL_TABLES:
+        assert snapshot(con)[t].equals(before[t]), t
+    stages(con, source, day(2), day(6))  # a range re-run too
+    for t in ALL_TABLES:
+        assert snapshot(con)[t].equals(before[t]), t
+
+
+def test_state_is_keyed_by_day(small):
+    con, source, events, _ = small
+    pipeline.run_range(con, source)
+    state = table(con, "calibrator_state")
+    n_by_day = events.group_by(pl.col("event_time").dt.date().alias("date"), "stream").len()
+    cum = n_by_day.sort("date").with_columns(pl.col("len").cum_sum().over("stream").alias("n"))
+    joined = state.join(cum, on=["date", "stream"])
+    assert (joined["n_events"] == joined["n"]).all()
+    assert state.group_by("date").len()["len"].to_list() == [2] * 8
+
+
+def test_a_day_without_the_previous_state_fails_clearly(small):
+    con, source, _, _ = small
+    pipeline.load_events(con, source, day(0), day(7))
+    pipeline.protect_days(con, day(0), day(0), Settings(), first_day=day(0))
+    before = snapshot(con)
+    with pytest.raises(
+        StateError, match=r"day 2010-07-23 has no calibrator state.*first missing day: 2010-07-22"
+    ):
+        pipeline.protect_days(con, day(3), day(3), Settings(), first_day=day(0))
+    with pytest.raises(StateError, match="before the chain's first day"):
+        pipeline.protect_days(con, day(0), day(0), Settings(), first_day=day(1))
+    with pytest.raises(
+        StateError, match=r"cannot start a chain on 2010-07-23.*starts on 2010-07-21"
+    ):
+        pipeline.protect_days(con, day(2), day(2), Settings(), first_day=day(2))
+    with pytest.raises(StateError, match="have not been materialized"):
+        pipeline.monitor_days(con, day(3), day(3))
+    for t in ALL_TABLES:
+        assert table(con, t).equals(before[t]), t
+
+
+def test_another_configuration_is_a_state_error(small):
+    con, source, _, _ = small
+    stages(con, source, day(0), day(1))
+    with pytest.raises(StateError, match="config fingerprint"):
+        pipeline.protect_days(con, day(2), day(2), Settings.make(pi=0.25), first_day=day(0))
+    with pytest.raises(StateError, match="config fingerprint"):
+        pipeline.map_days(con, day(1), day(1), Settings.make(pi=0.25))
+
+
+def test_bad_events_fail_the_partition_and_write_nothing(small):
+    con, source, _events, tmp = small
+    stages(con, source, day(0), day(3))
+    before = snapshot(con)
+    target = tmp / "landing" / f"date={day(2).isoformat()}" / "events.parquet"
+    good = pl.read_parquet(target)
+    bad = good.with_columns(
+        pl.when(pl.col("event_id") == good["event_id"][3])
+        .then(1.5)
+        .otherwise(pl.col("score"))
+        .alias("score")
+    )
+    bad.write_parquet(target)
+    with pytest.raises(
+        InputError,
+        match=rf"day {day(2)}, stream '\w+', event {good['event_id'][3]}: score outside \[0, 1\]",
+    ):
+        pipeline.load_events(con, source, day(2), day(2))
+    with pytest.raises(InputError):
+        pipeline.run_range(con, source, day(1), day(3))
+    for t in ALL_TABLES:
+        assert table(con, t).equals(before[t]), t
+
+
+def test_events_outside_their_landing_day_are_refused(small):
+    con, source, _, tmp = small
+    target = tmp / "landing" / f"date={day(1).isoformat()}" / "events.parquet"
+    pl.read_parquet(target).with_columns(pl.col("event_time") + dt.timedelta(days=1)).write_parquet(
+        target
+    )
+    with pytest.raises(InputError, match="outside its day"):
+        pipeline.load_events(con, source, day(1), day(1))
+    assert table(con, "scored_events").height == 0
+
+
+def test_duplicate_events_across_a_day_are_refused(small):
+    con, source, _, tmp = small
+    target = tmp / "landing" / f"date={day(1).isoformat()}" / "events.parquet"
+    ev = pl.read_parquet(target)
+    pl.concat([ev, ev.head(1)]).write_parquet(target)
+    with pytest.raises(InputError, match="duplicate"):
+        pipeline.load_events(con, source, day(1), day(1))
+
+
+def test_chunked_backfill_equals_single_days(small, monkeypatch):
+    con, source, _, tmp = small
+    monkeypatch.setattr(pipeline, "CHUNK_DAYS", 3)  # 8 days = 3 transactions
+    pipeline.run_range(con, source)
+    chunked = snapshot(con)
+    con2 = store.connect(tmp / "db2.duckdb")
+    try:
+        for i in range(8):
+            stages(con2, source, day(i), day(i))
+        for t in ALL_TABLES:
+            assert table(con2, t).equals(chunked[t]), t
+    finally:
+        con2.close()
+
+
+# ----------------------------------------------------------------------------------------------
+# The serving map
+# ----------------------------------------------------------------------------------------------
+FAMILIES = [
+    ("composite-jumper", {}),
+    ("composite-jumper", {"family": "cox"}),
+    ("jumper", {"family": "quadratic"}),
+    ("mean-jumper", {"family": "cubic"}),
+]
+
+
+@pytest.mark.parametrize(("method", "params"), FAMILIES)
+def test_serving_map_is_the_next_forecast_and_the_exact_terms(method, params):
+    settings = Settings.make(method, **params)
+    events = generate.generate(n_days=6, streams=SMALL, seed=9)
+    st = calpipe.protect_with_state(events, method=method, **params).state
+    p = np.concatenate([np.linspace(0, 1, 101), [1e-6, 1 - 1e-6]])
+    fresh = pl.DataFrame({"stream": np.repeat(["a", "b"], p.size), "score": np.tile(p, 2)})
+    mapped = pipeline.serving_map(st, fresh, settings)["protected_score"].to_numpy()
+    # 1. the forecast an unlabelled next event gets from the engine
+    nxt = fresh.with_columns(
+        pl.lit(dt.datetime(2030, 1, 1)).alias("event_time"),
+        (pl.int_range(pl.len()) + 10**9).cast(pl.Int64).alias("event_id"),
+        pl.lit(None, pl.Int32).alias("label"),
+    )
+    # one event per call: the state does not move on unlabelled events, so all share it
+    engine = calpipe.protect_with_state(nxt, state=st, method=method, **params).scores
+    assert np.max(np.abs(engine["protected_score"].to_numpy() - mapped)) <= TOL
+    # 2. the exact weighted terms stored in calibration_map
+    terms = pipeline.map_terms(st.with_columns(pl.lit(START).alias("date")), settings)
+    cal = settings.calibrator()
+    fam = cal.family(2)
+    q = np.clip(p, cal.params["clip"], 1 - cal.params["clip"])
+    f = calpipe.families.evaluate(fam, q)  # (n, T)
+    for i, s in enumerate(["a", "b"]):
+        w = terms.filter(pl.col("stream") == s).sort("term")["weight"].to_numpy()
+        by_terms = w[0] * q + f @ w[1:]
+        assert np.max(np.abs(by_terms - mapped[i * p.size : (i + 1) * p.size])) <= TOL
+        assert w.sum() == pytest.approx(1.0, abs=1e-12)  # the weights are a mixture
+
+
+def test_sql_macro_is_exact_for_other_families_too(tmp_path):
+    settings = Settings.make("jumper", family="quadratic")
+    events = generate.generate(n_days=4, streams=SMALL, seed=2)
+    store.write_landing(events, tmp_path / "landing")
+    con = store.connect(tmp_path / "db.duckdb")
+    try:
+        pipeline.run_range(
+            con, store.EventSource.parse(str(tmp_path / "landing")), settings=settings
+        )
+        state = store.query(con, "SELECT * FROM calibrator_state WHERE date = ?", [day(3)]).drop(
+            "date"
+        )
+        p = np.linspace(0, 1, 201)
+        want = pipeline.serving_map(
+            state, pl.DataFrame({"stream": ["b"] * p.size, "score": p}), settings
+        )
+        got = con.execute(
+            "SELECT calibrate_score('b', s) FROM unnest(?) AS t(s)", [p.tolist()]
+        ).fetchall()
+        assert (
+            np.max(np.abs(np.array([g[0] for g in got]) - want["protected_score"].to_numpy()))
+            <= TOL
+        )
+        assert con.execute("SELECT calibrate_score('nope', 0.5)").fetchall() == [(None,)]
+    finally:
+        con.close()
+
+
+def test_serving_map_multiclass_is_the_next_forecast():
+    rng = np.random.default_rng(4)
+    n = 300
+    raw = rng.dirichlet(np.ones(3), n)
+    labels = np.array([rng.choice(3, p=r[[1, 2, 0]]) for r in raw])  # miscalibrated on purpose
+    ev = pl.DataFrame(
+        {
+            "event_time": np.arange(n),
+            "event_id": np.arange(n),
+            "scores": raw.tolist(),
+            "label": labels,
+        }
+    )
+    st = calpipe.protect_with_state(ev, scores="scores").state.with_columns(
+        pl.lit("x").alias("stream")
+    )
+    fresh_v = rng.dirichlet(np.ones(3), 5)
+    fresh = pl.DataFrame({"stream": ["x"] * 5, "score": fresh_v.tolist()})
+    got = np.array(pipeline.serving_map(st, fresh)["protected_scores"].to_list())
+    nxt = pl.DataFrame(
+        {
+            "event_time": [n + 1] * 5,
+            "event_id": n + np.arange(5),
+            "scores": fresh_v.tolist(),
+            "label": [None] * 5,
+        },
+        schema_overrides={"label": pl.Int64},
+    )
+    engine = calpipe.protect_with_state(nxt, scores="scores", state=st.drop("stream")).scores
+    np.testing.assert_allclose(
+        got, np.array(engine["protected_scores"].to_list()), atol=TOL, rtol=0
+    )
+    assert np.abs(got - fresh_v).max() > 1e-3
+
+
+def test_serving_map_of_an_unknown_stream_is_null():
+    ev = generate.generate(n_days=2, streams=SMALL[:1], seed=1)
+    st = calpipe.protect_with_state(ev).state
+    out = pipeline.serving_map(st, pl.DataFrame({"stream": ["a", "zz"], "score": [0.5, 0.5]}))
+    assert out["protected_score"][1] is None and out["protected_score"][0] is not None
+
+
+def test_serving_map_refuses_a_state_of_another_configuration():
+    ev = generate.generate(n_days=2, streams=SMALL[:1], seed=1)
+    st = calpipe.protect_with_state(ev, pi=0.25).state
+    with pytest.raises(StateError, match="another configuration"):
+        pipeline.serving_map(st, pl.DataFrame({"stream": ["a"], "score": [0.5]}))
+
+
+# ----------------------------------------------------------------------------------------------
+# Settings, checks, CLI
+# ----------------------------------------------------------------------------------------------
+def test_settings_round_trip_and_refuse_brier():
+    s = Settings.make("composite-jumper", jumping_rates=[0.1, 0.01], pi=0.3)
+    assert Settings.from_json(s.to_json()) == s
+    assert s.fingerprint != Settings().fingerprint
+    with pytest.raises(ParameterError, match="log-loss methods"):
+        Settings.make(loss="brier", clip=None)
+    with pytest.raises(ParameterError):
+        Settings.make(pi=2.0)
+
+
+def test_checks_catch_broken_tables(small):
+    con, source, _, _ = small
+    pipeline.run_range(con, source)
+    assert pipeline.check_row_counts(con, day(0), day(7)).passed
+    con.execute("DELETE FROM protected_scores WHERE event_date = ? AND stream = 'a'", [day(5)])
+    con.execute(
+        "UPDATE protected_scores SET protected_score = 1.5 WHERE event_date = ? AND stream = 'b'",
+        [day(6)],
+    )
+    con.execute("DELETE FROM pipeline_days WHERE date = ?", [day(3)])
+    con.execute("UPDATE calibrator_state SET n_events = n_events + 1 WHERE date = ?", [day(6)])
+    rows = pipeline.check_row_counts(con, day(0), day(7))
+    assert not rows.passed and rows.details.row(0)[:2] == (day(5), "a")
+    assert not pipeline.check_probabilities(con, day(0), day(7)).passed
+    cont = pipeline.check_state_continuity(con, day(0), day(7))
+    assert not cont.passed and "2010-07-24" in cont.description and "counts" in cont.description
+    assert pipeline.check_probabilities(con, day(0), day(5)).passed
+
+
+def test_cli_run_sql_and_ui(small, capsys):
+    con, source, _, tmp = small
+    con.close()
+    db = tmp / "cli.duckdb"
+    assert (
+        cli.main(["run", "--events", source.location, "--db", str(db), "--end", day(3).isoformat()])
+        == 0
+    )
+    assert (
+        cli.main(["run", "--events", source.location, "--db", str(db)]) == 0
+    )  # the nightly increment
+    out = capsys.readouterr().out
+    assert (
+        f"ran 4 day(s) {day(0)} .. {day(3)}" in out and f"ran 4 day(s) {day(4)} .. {day(7)}" in out
+    )
+    assert cli.main(["run", "--events", source.location, "--db", str(db), "--pi", "0.3"]) == 0
+    assert "nothing to run" in capsys.readouterr().out
+    assert (
+        cli.main(
+            [
+                "run",
+                "--events",
+                source.location,
+                "--db",
+                str(db),
+                "--start",
+                day(7).isoformat(),
+                "--pi",
+                "0.3",
+            ]
+        )
+        == 2
+    )
+    assert "config fingerprint" in capsys.readouterr().err
+    assert (
+        cli.main(["sql", "--db", str(db), "SELECT count(*) AS n FROM v_protected_scores", "--csv"])
+        == 0
+    )
+    n = int(capsys.readouterr().out.split()[-1])
+    assert (
+        n
+        == store.query(
+            store.connect(db, read_only=True), "SELECT count(*) FROM scored_events"
+        ).item()
+    )
+    assert cli.main(["sql", "--db", str(db), "SELECT * FROM nowhere"]) == 2
+    assert cli.main(["ui", "--db", str(db), "--dry-run", "--port", "3999"]) == 0
+    out = capsys.readouterr().out
+    assert "-h 127.0.0.1 -p 3999" in out
+    assert f"DAGSTER_HOME={cli_pipeline.DAGSTER_HOME}" in out
+    assert cli_pipeline.DAGSTER_HOME.parent == store.PROJECT_ROOT
+    assert f"CALPIPE_START_DATE={day(0)}" in out and "CALPIPE_END_DATE=none" in out
+
+
+def test_cli_run_from_a_table_with_renamed_columns(tmp_path, capsys):
+    events = generate.generate(n_days=3, streams=SMALL, seed=8).rename(
+        {"stream": "segment", "event_time": "ts", "score": "p", "label": "y"}
+    )
+    db = tmp_path / "t.duckdb"
+    con = store.connect(db)
+    con.register("ev", events.to_arrow())
+    con.execute("CREATE TABLE raw_events AS SELECT * FROM ev")
+    con.close()
+    rc = cli.main(["run", "--events", "raw_events", "--db", str(db), "--stream-col", "segment",
+                   "--time-col", "ts", "--score-col", "p", "--label-col", "y"])  # fmt: skip
+    assert rc == 0, capsys.readouterr().err
+    con = store.connect(db, read_only=True)
+    try:
+        assert store.query(con, "SELECT count(*) FROM protected_scores").item() == events.height
+        assert set(store.query(con, "SELECT DISTINCT stream FROM protected_scores")["stream"]) == {
+            "a",
+            "b",
+        }
+    finally:
+        con.close()
+
+
+@pytest.mark.parametrize("module", ["store", "pipeline", "generate", "plots"])
+def test_docstring_examples_run(module):
+    import doctest
+    import importlib
+
+    mod = importlib.import_module(f"calpipe.{module}")
+    result = doctest.testmod(mod, optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted > 0 and result.failed == 0

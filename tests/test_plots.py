@@ -1,0 +1,105 @@
+"""calpipe.plots: real PNGs of martingale trajectories and reliability diagrams."""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+
+import matplotlib.image as mpimg
+import numpy as np
+import polars as pl
+import pytest
+
+from calpipe import config, plots
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def trajectory() -> pl.DataFrame:
+    days = [dt.date(2024, 1, 1) + dt.timedelta(days=i) for i in range(10)]
+    return pl.DataFrame(
+        {
+            "date": days * 2,
+            "stream": ["a"] * 10 + ["b"] * 10,
+            "log10_martingale": list(np.linspace(0, 3, 10)) + list(np.linspace(0, -0.5, 10)),
+        }
+    )
+
+
+def scored(n_streams: int = 2, n: int = 400, seed: int = 0) -> pl.DataFrame:
+    rng = np.random.default_rng(seed)
+    p = rng.random(n * n_streams)
+    return pl.DataFrame(
+        {
+            "stream": np.repeat([f"s{i}" for i in range(n_streams)], n),
+            "score": p,
+            "protected_score": np.clip(p * 0.8 + 0.1, 0, 1),
+            "label": (rng.random(n * n_streams) < p).astype(np.int32),
+        }
+    )
+
+
+def decode(png: bytes) -> np.ndarray:
+    return mpimg.imread(io.BytesIO(png), format="png")
+
+
+def test_trajectory_has_one_line_per_stream_and_the_alarm_level():
+    fig = plots.martingale_trajectory(trajectory())
+    ax = fig.axes[0]
+    labels = [line.get_label() for line in ax.get_lines()]
+    assert labels[:2] == ["a", "b"]
+    alarm = [line for line in ax.get_lines() if line.get_label().startswith("alarm")]
+    assert len(alarm) == 1 and set(alarm[0].get_ydata()) == {config.ALARM_LOG10_THRESHOLD}
+    np.testing.assert_allclose(ax.get_lines()[0].get_ydata(), np.linspace(0, 3, 10))
+    png = plots.to_png(fig)
+    assert png.startswith(PNG_MAGIC)
+    img = decode(png)
+    assert img.shape[0] > 200 and img.shape[1] > 400
+    assert img[..., :3].std() > 0.05  # not a blank canvas
+
+
+def test_trajectory_switches_to_symlog_for_large_martingales():
+    big = trajectory().with_columns(pl.col("log10_martingale") * 1000)
+    assert plots.martingale_trajectory(big).axes[0].get_yscale() == "symlog"
+    assert plots.martingale_trajectory(trajectory()).axes[0].get_yscale() == "linear"
+
+
+def test_reliability_has_a_panel_per_stream_with_base_and_protected():
+    fig = plots.reliability_diagram(scored(3))
+    panels = [ax for ax in fig.axes if ax.axison]
+    assert len(panels) == 3
+    for ax in panels:
+        names = [line.get_label() for line in ax.get_lines()]
+        assert any(n.startswith("base (ECE") for n in names)
+        assert any(n.startswith("protected (ECE") for n in names)
+    assert plots.to_png(fig).startswith(PNG_MAGIC)
+
+
+def test_reliability_points_are_the_bin_means():
+    df = scored(1)
+    fig = plots.reliability_diagram(df, n_bins=10)
+    base_line = next(
+        line for line in fig.axes[0].get_lines() if line.get_label().startswith("base")
+    )
+    b = np.clip(np.floor(df["score"].to_numpy() * 10), 0, 9)
+    want = [df["score"].to_numpy()[b == k].mean() for k in range(10) if (b == k).any()]
+    np.testing.assert_allclose(base_line.get_xdata(), want)
+
+
+def test_reliability_caps_the_panels_and_handles_no_labels():
+    many = scored(plots.MAX_RELIABILITY_PANELS + 3, n=50)
+    fig = plots.reliability_diagram(many)
+    assert len([ax for ax in fig.axes if ax.axison]) == plots.MAX_RELIABILITY_PANELS
+    empty = scored(1).with_columns(pl.lit(None, pl.Int32).alias("label"))
+    assert plots.to_png(plots.reliability_diagram(empty)).startswith(PNG_MAGIC)
+
+
+def test_save_png_writes_a_file(tmp_path):
+    path = plots.save_png(plots.martingale_trajectory(trajectory()), tmp_path / "a" / "t.png")
+    assert path.read_bytes().startswith(PNG_MAGIC)
+
+
+@pytest.mark.parametrize("n_streams", [0])
+def test_trajectory_of_nothing_is_still_a_png(n_streams):
+    empty = trajectory().head(n_streams)
+    assert plots.to_png(plots.martingale_trajectory(empty)).startswith(PNG_MAGIC)
