@@ -204,12 +204,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--json", action="store_true")
     m.set_defaults(func=_cmd_methods)
 
-    try:
-        from calpipe import cli_pipeline
-    except ImportError:  # pipeline commands not installed in this build
-        cli_pipeline = None
-    if cli_pipeline is not None:
-        cli_pipeline.register(sub)
+    from calpipe import cli_pipeline
+
+    cli_pipeline.register(sub)
     return parser
 
 

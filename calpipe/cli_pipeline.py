@@ -1,0 +1,271 @@
+"""Pipeline commands of ``calpipe``: ``demo``, ``run``, ``ui`` and ``sql``.
+
+They call the same functions as the dagster assets (:mod:`calpipe.pipeline`), so the nightly job
+runs without a dagster daemon; ``ui`` starts the dagster UI on 127.0.0.1 over the same database.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+import polars as pl
+
+from calpipe import pipeline, store
+
+#: Project-local dagster instance folder (git-ignored); the Makefile exports the same path.
+DAGSTER_HOME = store.PROJECT_ROOT / ".dagster_home"
+
+#: Instance settings ``calpipe ui`` writes if the folder has none: no telemetry, no sign-up
+#: pop-up, and one run at a time, because DuckDB allows a single writing process per file.
+DAGSTER_YAML = """\
+telemetry:
+  enabled: false
+nux:
+  enabled: false
+concurrency:
+  runs:
+    max_concurrent_runs: 1
+"""
+
+#: The UI listens on the loopback interface only: it can launch jobs, so it must not be exposed.
+UI_HOST = "127.0.0.1"
+UI_PORT = 3000
+
+EXAMPLE_QUERIES = (
+    "SELECT stream, alarm_date, round(log10_martingale_at_alarm, 2) AS log10_S FROM v_alarms",
+    "SELECT date, stream, base_log_loss, protected_log_loss, log10_martingale FROM v_calibration_daily "
+    "WHERE stream = 'drift-shift' ORDER BY date DESC LIMIT 5",
+    "SELECT calibrate_score('bank-telemarketing', 0.30) AS protected_p",
+)
+
+
+def _date(text: str) -> dt.date:
+    try:
+        return dt.date.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a date YYYY-MM-DD: {text!r}") from None
+
+
+def _prog() -> str:
+    """How the user called calpipe (``.venv/bin/calpipe`` from the repo), for the hints."""
+    p = Path(sys.argv[0])
+    try:
+        rel = p.resolve().relative_to(Path.cwd().resolve())
+        return str(rel) if p.name == "calpipe" else "calpipe"
+    except ValueError:
+        return "calpipe"
+
+
+def _print_frame(df: pl.DataFrame, max_rows: int = 50) -> None:
+    with pl.Config(
+        tbl_rows=max_rows, tbl_cols=30, float_precision=4, tbl_width_chars=250,
+        tbl_hide_dataframe_shape=True, tbl_hide_column_data_types=True,
+    ):  # fmt: skip
+        print(df)
+
+
+# ----------------------------------------------------------------------------------------------
+# demo
+# ----------------------------------------------------------------------------------------------
+def _cmd_demo(args: argparse.Namespace) -> int:
+    t0 = time.perf_counter()
+    res = pipeline.demo(args.db, log=lambda m: print(f"  {m}", flush=True))
+    run = res.run
+    print(
+        f"calpipe demo: {run.days} daily partitions {run.start} .. {run.end}, {run.events:,} events, "
+        f"{res.summary.height} streams -> {res.db}"
+    )
+    print(
+        "\nPer stream (base = the model's scores, prot = protected; LL = mean ln loss, ECE 10 bins;"
+    )
+    print(
+        "log10 S = test martingale, alarm when >= 2; drift_date = when a synthetic stream drifts):"
+    )
+    _print_frame(res.summary)
+    print("\nChecks:")
+    for c in run.checks:
+        status = "ok" if c.passed else ("WARNING" if c.warning else "FAILED")
+        print(f"  {c.name:<24} {status}: {c.description}")
+    prog = _prog()
+    db_opt = "" if Path(res.db) == store.DEFAULT_DB else f" --db {res.db}"
+    print("\nNext:")
+    print(f"  {prog} ui{db_opt}    # dagster UI on http://{UI_HOST}:{UI_PORT}")
+    for q in EXAMPLE_QUERIES:
+        print(f'  {prog} sql{db_opt} "{q}"')
+    print(f"\ndone in {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------
+# run
+# ----------------------------------------------------------------------------------------------
+def _cmd_run(args: argparse.Namespace) -> int:
+    from calpipe.cli import _method_params
+
+    t0 = time.perf_counter()
+    settings = pipeline.Settings.make(args.method, **_method_params(args))
+    columns = store.ColumnMap(
+        stream=None if args.stream_col.lower() == "none" else args.stream_col,
+        event_id=args.id_col, event_time=args.time_col, score=args.score_col, label=args.label_col,
+    )  # fmt: skip
+    source = store.EventSource.parse(args.events, columns)
+    con = store.connect(args.db)
+    try:
+        return _run(con, source, args, settings, t0)
+    except duckdb.Error as exc:  # e.g. an unknown table or an unreadable Parquet file
+        print(f"calpipe: error: reading {source.describe()}: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        con.close()
+
+
+def _run(con, source, args, settings, t0: float) -> int:
+    summary = pipeline.run_range(
+        con, source, args.start, args.end, settings, log=lambda m: print(f"  {m}", flush=True)
+    )
+    if summary.days == 0:
+        print(f"nothing to run: {args.db} is up to date with {source.describe()}")
+        return 0
+    print(f"ran {summary.days} day(s) {summary.start} .. {summary.end}: {summary.events:,} events")
+    for c in summary.checks:
+        status = "ok" if c.passed else ("WARNING" if c.warning else "FAILED")
+        print(f"  check {c.name:<24} {status}: {c.description}")
+    _print_frame(pipeline.day_report(con, summary.start, summary.end))
+    print(f"done in {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------
+# ui
+# ----------------------------------------------------------------------------------------------
+def ui_command(
+    db: Path, *, events: str | None = None, port: int = UI_PORT
+) -> tuple[list[str], dict[str, str]]:
+    """The ``dagster dev`` command line and environment ``calpipe ui`` runs: loopback host, the
+    project-local DAGSTER_HOME, and the code location configured from the database's chain."""
+    env = {
+        "DAGSTER_HOME": str(DAGSTER_HOME),
+        "DAGSTER_DISABLE_TELEMETRY": "1",
+        "CALPIPE_DB": str(db),
+    }
+    meta: dict[str, str | None] = {}
+    if db.exists():
+        con = store.connect(db, read_only=True)
+        try:
+            meta = {
+                k: store.get_meta(con, k) for k in ("events", "first_day", "last_day", "settings")
+            }
+            if meta["first_day"] is None:
+                first = pipeline.chain_first_day(con)
+                meta["first_day"] = first.isoformat() if first else None
+        finally:
+            con.close()
+    ev = events or meta.get("events")
+    if ev:
+        env["CALPIPE_EVENTS"] = ev
+    if meta.get("first_day"):
+        env["CALPIPE_START_DATE"] = meta["first_day"]  # type: ignore[assignment]
+        env["CALPIPE_END_DATE"] = meta.get("last_day") or "none"
+    if meta.get("settings"):
+        env["CALPIPE_SETTINGS"] = meta["settings"]  # type: ignore[assignment]
+    cmd = [
+        sys.executable, "-m", "dagster", "dev", "-h", UI_HOST, "-p", str(port),
+        "-m", "dagster_project.definitions",
+    ]  # fmt: skip
+    return cmd, env
+
+
+def _cmd_ui(args: argparse.Namespace) -> int:
+    db = Path(args.db).expanduser().resolve()
+    cmd, env = ui_command(db, events=args.events, port=args.port)
+    if args.dry_run:
+        for k, v in sorted(env.items()):
+            print(f"{k}={v}")
+        print(" ".join(cmd))
+        return 0
+    DAGSTER_HOME.mkdir(parents=True, exist_ok=True)
+    yaml = DAGSTER_HOME / "dagster.yaml"
+    if not yaml.exists():
+        yaml.write_text(DAGSTER_YAML)
+    print(
+        f"dagster UI on http://{UI_HOST}:{args.port} (DAGSTER_HOME={DAGSTER_HOME}); Ctrl-C stops it"
+    )
+    proc = subprocess.Popen(cmd, env=os.environ | env, cwd=store.PROJECT_ROOT)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        proc.terminate()
+        return proc.wait()
+
+
+# ----------------------------------------------------------------------------------------------
+# sql
+# ----------------------------------------------------------------------------------------------
+def _cmd_sql(args: argparse.Namespace) -> int:
+    con = store.connect(args.db)
+    try:
+        rel = con.sql(args.query)
+        if rel is None:  # a statement without a result (CREATE, INSERT, ...)
+            print("ok")
+            return 0
+        df = rel.pl()
+    except duckdb.Error as exc:
+        print(f"calpipe: error: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        con.close()
+    if args.csv:
+        sys.stdout.write(df.write_csv())
+    else:
+        _print_frame(df, args.max_rows)
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------
+def register(sub) -> None:
+    """Add ``demo``, ``run``, ``ui`` and ``sql`` to the ``calpipe`` sub-command parser."""
+    from calpipe.cli import add_method_options
+
+    default_db = str(store.DEFAULT_DB)
+    d = sub.add_parser(
+        "demo", help="load the demo data into DuckDB and run every daily partition in order"
+    )
+    d.add_argument("--db", default=default_db, help=f"DuckDB file (default: {default_db})")
+    d.set_defaults(func=_cmd_demo)
+
+    r = sub.add_parser("run", help="the nightly job without a dagster daemon")
+    r.add_argument("--events", required=True,
+                   help="landing folder (date=YYYY-MM-DD/), Parquet file/glob, or DuckDB table")  # fmt: skip
+    r.add_argument("--db", required=True, help="DuckDB file (created if needed)")
+    r.add_argument("--start", type=_date,
+                   help="first day (default: the day after the last one stored, else the first event's)")  # fmt: skip
+    r.add_argument("--end", type=_date, help="last day (default: the last event's day)")
+    g = r.add_argument_group("columns of the source")
+    g.add_argument("--stream-col", default="stream", help="stream key ('none': one stream)")
+    g.add_argument("--id-col", default="event_id")
+    g.add_argument("--time-col", default="event_time")
+    g.add_argument("--score-col", default="score")
+    g.add_argument("--label-col", default="label")
+    add_method_options(r)
+    r.set_defaults(func=_cmd_run)
+
+    u = sub.add_parser("ui", help=f"start the dagster UI on {UI_HOST} over a calpipe database")
+    u.add_argument("--db", default=default_db, help=f"DuckDB file (default: {default_db})")
+    u.add_argument("--events", help="event source (default: the one the database was run with)")
+    u.add_argument("--port", type=int, default=UI_PORT)
+    u.add_argument("--dry-run", action="store_true", help="print the command and environment only")
+    u.set_defaults(func=_cmd_ui)
+
+    s = sub.add_parser("sql", help="run a SQL query on a calpipe database and print the result")
+    s.add_argument("query", help='e.g. "SELECT * FROM v_alarms"')
+    s.add_argument("--db", default=default_db, help=f"DuckDB file (default: {default_db})")
+    s.add_argument("--max-rows", type=int, default=50)
+    s.add_argument("--csv", action="store_true", help="print CSV instead of a table")
+    s.set_defaults(func=_cmd_sql)

@@ -1,0 +1,5 @@
+"""Dagster code location of calpipe: orchestration only (DESIGN §2).
+
+Each asset is a thin wrapper around one function of :mod:`calpipe.pipeline`; all maths and I/O
+live in calpipe, which never imports dagster.
+"""

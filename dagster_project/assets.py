@@ -1,0 +1,209 @@
+"""The assets of the nightly pipeline. Each one calls one function of :mod:`calpipe.pipeline`.
+
+Lineage: ``scored_events`` -> ``protected_scores`` + ``calibrator_state`` (one engine call; the
+state of day d depends on its own day d - 1) -> ``calibration_daily``, ``martingale_alarms``,
+``calibration_map``. All are daily-partitioned and use ``BackfillPolicy.single_run()``: a backfill
+over a range is one run, whose days the pipeline replays in order.
+"""
+
+import base64
+import warnings
+from pathlib import Path
+
+from dagster import (
+    AssetDep,
+    AssetExecutionContext,
+    AssetSpec,
+    BackfillPolicy,
+    BetaWarning,
+    DailyPartitionsDefinition,
+    MaterializeResult,
+    MetadataValue,
+    TimeWindowPartitionMapping,
+    asset,
+    multi_asset,
+)
+from dagster_duckdb import DuckDBResource
+
+from calpipe import pipeline, plots
+from dagster_project.checks import ALARM_CHECKS, PROTECT_CHECKS, to_result
+from dagster_project.partitions import first_day_of, partition_range
+from dagster_project.resources import CalpipeResource, calpipe_connection
+
+GROUP = "calpipe"
+
+#: The state of day d is computed from the state of day d - 1 (and only that day).
+PREVIOUS_DAY = TimeWindowPartitionMapping(start_offset=-1, end_offset=-1)
+
+
+def _png_md(png: bytes, alt: str) -> MetadataValue:
+    """A PNG embedded in markdown metadata (the dagster UI renders data: images)."""
+    return MetadataValue.md(f"![{alt}](data:image/png;base64,{base64.b64encode(png).decode()})")
+
+
+#: Plots are embedded in the metadata only when a run covers at most this many days: dagster
+#: copies a range run's metadata onto every partition, and a 900-day backfill would store 900
+#: copies of each PNG in the event log. Longer runs get the file paths only.
+EMBED_PLOTS_MAX_DAYS = 1
+
+
+def _plot_metadata(con, duckdb: DuckDBResource, calpipe: CalpipeResource, start, end) -> dict:
+    """Martingale trajectory and reliability diagram up to ``end``: PNG files, embedded in the
+    metadata for a single-day run."""
+    folder = (
+        Path(calpipe.plots_dir) if calpipe.plots_dir else Path(duckdb.database).parent / "plots"
+    )
+    out = {}
+    figures = {
+        "martingale_trajectory": plots.martingale_trajectory(pipeline.trajectory_frame(con, end)),
+        "reliability_diagram": plots.reliability_diagram(
+            pipeline.reliability_frame(con, end),
+            title=f"Reliability, {pipeline.RELIABILITY_WINDOW_DAYS} days to {end}",
+        ),
+    }
+    for name, fig in figures.items():
+        png = plots.to_png(fig)
+        path = folder / name / f"{end.isoformat()}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(png)
+        if (end - start).days + 1 <= EMBED_PLOTS_MAX_DAYS:
+            out[name] = _png_md(png, name)
+        out[f"{name}_file"] = MetadataValue.path(str(path))
+    return out
+
+
+def build_assets(partitions_def: DailyPartitionsDefinition) -> list:
+    """The asset definitions over ``partitions_def`` (its first day starts the chain)."""
+    # backfill_policy is flagged beta; single-run backfills are what we want, so say it once here.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=BetaWarning, message=".*backfill_policy")
+        return _build_assets(partitions_def)
+
+
+def _build_assets(partitions_def: DailyPartitionsDefinition) -> list:
+    policy = BackfillPolicy.single_run()
+    first_day = first_day_of(partitions_def)
+
+    @asset(
+        partitions_def=partitions_def, backfill_policy=policy, group_name=GROUP, kinds={"duckdb"},
+        description="Scored events of the day from the landing folder or table, validated "
+        "against the data contract (DESIGN §3) and stored in DuckDB.",
+    )  # fmt: skip
+    def scored_events(
+        context: AssetExecutionContext, duckdb: DuckDBResource, calpipe: CalpipeResource
+    ) -> MaterializeResult:
+        start, end = partition_range(context)
+        with calpipe_connection(duckdb) as con:
+            res = pipeline.load_events(con, calpipe.source(), start, end)
+        return MaterializeResult(
+            metadata={
+                "rows": res.rows["scored_events"],
+                "days": (end - start).days + 1,
+                # a nightly run on a day without events usually means a late landing
+                "days_without_events": len(res.notes),
+                "first_days_without_events": ", ".join(res.notes[:10]),
+                "source": calpipe.source().describe(),
+            }
+        )
+
+    @multi_asset(
+        specs=[
+            AssetSpec("protected_scores", deps=["scored_events"], group_name=GROUP,
+                      kinds={"duckdb"},
+                      description="Scored events with the protected probability and the running "
+                      "log10 test martingale of their stream."),
+            AssetSpec("calibrator_state", group_name=GROUP, kinds={"duckdb"},
+                      deps=[AssetDep("calibrator_state", partition_mapping=PREVIOUS_DAY)],
+                      description="Calibrator state of every stream at the end of the day; day d "
+                      "resumes from day d - 1."),
+        ],
+        partitions_def=partitions_def,
+        backfill_policy=policy,
+        check_specs=PROTECT_CHECKS,
+    )  # fmt: skip
+    def protect(context: AssetExecutionContext, duckdb: DuckDBResource, calpipe: CalpipeResource):
+        start, end = partition_range(context)
+        settings = calpipe.settings()
+        with calpipe_connection(duckdb) as con:
+            res = pipeline.protect_days(con, start, end, settings, first_day=first_day)
+            table = pipeline.markdown_table(pipeline.day_report(con, start, end))
+            outcomes = [
+                (pipeline.check_probabilities(con, start, end), "protected_scores"),
+                (pipeline.check_row_counts(con, start, end), "protected_scores"),
+                (pipeline.check_state_continuity(con, start, end), "calibrator_state"),
+            ]
+        yield MaterializeResult(
+            asset_key="protected_scores",
+            metadata={
+                "rows": res.rows["protected_scores"],
+                "method": settings.method,
+                "config_fingerprint": settings.fingerprint,
+                "metrics": MetadataValue.md(table),
+            },
+        )
+        yield MaterializeResult(
+            asset_key="calibrator_state",
+            metadata={"rows": res.rows["calibrator_state"], "first_day": first_day.isoformat()},
+        )
+        for outcome, key in outcomes:
+            yield to_result(outcome, key)
+
+    @asset(
+        partitions_def=partitions_def, backfill_policy=policy, group_name=GROUP, kinds={"duckdb"},
+        deps=["protected_scores", "calibrator_state"],
+        description="Monitoring per stream and day: counts, base vs protected log loss, Brier, "
+        "ECE (10 bins), means, end-of-day and maximum log10 martingale, alarm flag.",
+    )  # fmt: skip
+    def calibration_daily(
+        context: AssetExecutionContext, duckdb: DuckDBResource, calpipe: CalpipeResource
+    ) -> MaterializeResult:
+        start, end = partition_range(context)
+        with calpipe_connection(duckdb) as con:
+            res = pipeline.monitor_days(con, start, end)
+            metadata = {
+                "rows": res.rows["calibration_daily"],
+                "metrics": MetadataValue.md(
+                    pipeline.markdown_table(pipeline.day_report(con, start, end))
+                ),
+            }
+            metadata |= _plot_metadata(con, duckdb, calpipe, start, end)
+        return MaterializeResult(metadata=metadata)
+
+    @asset(
+        partitions_def=partitions_def, backfill_policy=policy, group_name=GROUP, kinds={"duckdb"},
+        deps=["protected_scores", "calibrator_state"], check_specs=ALARM_CHECKS,
+        description="First crossing of log10 S >= 2 (S >= 100) per stream, with its date, event "
+        "and value.",
+    )  # fmt: skip
+    def martingale_alarms(
+        context: AssetExecutionContext, duckdb: DuckDBResource, calpipe: CalpipeResource
+    ):
+        start, end = partition_range(context)
+        with calpipe_connection(duckdb) as con:
+            res = pipeline.alarm_days(con, start, end)
+            new = pipeline.store.read_partitions(con, "martingale_alarms", start, end)
+            outcome = pipeline.check_alarms(con, start, end)
+        yield MaterializeResult(
+            asset_key="martingale_alarms",
+            metadata={
+                "new_alarms": res.rows["martingale_alarms"],
+                "alarms": MetadataValue.md(pipeline.markdown_table(new)),
+            },
+        )
+        yield to_result(outcome, "martingale_alarms")
+
+    @asset(
+        partitions_def=partitions_def, backfill_policy=policy, group_name=GROUP, kinds={"duckdb"},
+        deps=["calibrator_state"],
+        description="Serving map of every stream at the end of the day (DESIGN §4), as exact "
+        "terms; apply it in SQL with calibrate_score(stream, score).",
+    )  # fmt: skip
+    def calibration_map(
+        context: AssetExecutionContext, duckdb: DuckDBResource, calpipe: CalpipeResource
+    ) -> MaterializeResult:
+        start, end = partition_range(context)
+        with calpipe_connection(duckdb) as con:
+            res = pipeline.map_days(con, start, end, calpipe.settings())
+        return MaterializeResult(metadata={"rows": res.rows["calibration_map"]})
+
+    return [scored_events, protect, calibration_daily, martingale_alarms, calibration_map]

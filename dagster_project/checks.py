@@ -1,0 +1,41 @@
+"""Asset checks: specs, and the conversion of calpipe's check outcomes into dagster results.
+
+The checks run inside the assets right after their write (so a single-run backfill checks its
+whole range at once): probabilities valid and rows in = rows out on ``protected_scores``, state
+continuity on ``calibrator_state``, and the martingale alarm (a warning) on ``martingale_alarms``.
+"""
+
+from __future__ import annotations
+
+from dagster import AssetCheckResult, AssetCheckSeverity, AssetCheckSpec, MetadataValue
+
+from calpipe.pipeline import CheckOutcome, markdown_table
+
+PROTECT_CHECKS = [
+    AssetCheckSpec("probabilities_valid", asset="protected_scores",
+                   description="every protected score is a finite probability in [0, 1]"),
+    AssetCheckSpec("rows_in_equal_rows_out", asset="protected_scores",
+                   description="one protected row per scored event, per day and stream"),
+    AssetCheckSpec("state_continuity", asset="calibrator_state",
+                   description="no gap in the chain of daily states; counts follow the events"),
+]  # fmt: skip
+
+ALARM_CHECKS = [
+    AssetCheckSpec("no_martingale_alarm", asset="martingale_alarms",
+                   description="warns while a stream's test martingale is at or above 100"),
+]  # fmt: skip
+
+
+def to_result(outcome: CheckOutcome, asset_key: str) -> AssetCheckResult:
+    """A dagster check result from a calpipe :class:`~calpipe.pipeline.CheckOutcome`."""
+    metadata = {"summary": MetadataValue.text(outcome.description)}
+    if outcome.details is not None and outcome.details.height:
+        metadata["details"] = MetadataValue.md(markdown_table(outcome.details.head(20)))
+    return AssetCheckResult(
+        check_name=outcome.name,
+        asset_key=asset_key,
+        passed=outcome.passed,
+        severity=AssetCheckSeverity.WARN if outcome.warning else AssetCheckSeverity.ERROR,
+        description=outcome.description,
+        metadata=metadata,
+    )

@@ -1,0 +1,76 @@
+"""The code location: ``defs``, configured from the environment (what ``calpipe ui`` sets).
+
+============================  ===============================================================
+variable                      meaning (default)
+============================  ===============================================================
+``CALPIPE_DB``                the DuckDB file (``<repo>/.calpipe/demo.duckdb``)
+``CALPIPE_EVENTS``            landing folder / Parquet / table (``landing/`` next to the DB)
+``CALPIPE_START_DATE``        the chain's first day (the demo's, 2008-06-09)
+``CALPIPE_END_DATE``          last partition, or ``none`` for "up to yesterday" (the demo's)
+``CALPIPE_SETTINGS``          calibrator as JSON (the default Composite Jumper)
+============================  ===============================================================
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from pathlib import Path
+
+from dagster import Definitions, in_process_executor
+from dagster_duckdb import DuckDBResource
+
+from calpipe import pipeline, store
+from dagster_project.assets import build_assets
+from dagster_project.partitions import daily_partitions
+from dagster_project.resources import CalpipeResource
+from dagster_project.schedules import build_nightly
+
+
+def build_definitions(
+    db: str | Path,
+    events: str,
+    first_day: dt.date,
+    last_day: dt.date | None = None,
+    settings: pipeline.Settings | None = None,
+    plots_dir: str = "",
+) -> Definitions:
+    """Definitions over one DuckDB file and one event source (tests build their own)."""
+    settings = settings or pipeline.Settings()
+    partitions_def = daily_partitions(first_day, last_day)
+    job, schedule = build_nightly()
+    return Definitions(
+        assets=build_assets(partitions_def),
+        jobs=[job],
+        schedules=[schedule],
+        resources={
+            "duckdb": DuckDBResource(database=str(Path(db).expanduser().resolve())),
+            "calpipe": CalpipeResource(
+                events=events, settings_json=settings.to_json(), plots_dir=plots_dir
+            ),
+        },
+        # DuckDB allows one writing process per file: run the steps of a run in one process.
+        executor=in_process_executor,
+    )
+
+
+def _env_date(name: str, default: dt.date | None) -> dt.date | None:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    return None if value.lower() == "none" else dt.date.fromisoformat(value)
+
+
+def defs_from_env() -> Definitions:
+    db = Path(os.environ.get("CALPIPE_DB", str(store.DEFAULT_DB)))
+    events = os.environ.get("CALPIPE_EVENTS", str(db.expanduser().resolve().parent / "landing"))
+    first = _env_date("CALPIPE_START_DATE", pipeline.DEMO_FIRST_DAY)
+    last = _env_date("CALPIPE_END_DATE", pipeline.DEMO_LAST_DAY)
+    settings_json = os.environ.get("CALPIPE_SETTINGS")
+    settings = pipeline.Settings.from_json(settings_json) if settings_json else None
+    if first is None:
+        raise ValueError("CALPIPE_START_DATE must be a date (the chain's first day), not none")
+    return build_definitions(db, events, first, last, settings)
+
+
+defs = defs_from_env()

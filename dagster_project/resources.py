@@ -1,0 +1,48 @@
+"""Resources: the DuckDB file (``dagster_duckdb.DuckDBResource``) and calpipe's job settings."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from dagster import ConfigurableResource
+from dagster_duckdb import DuckDBResource
+from pydantic import Field
+
+from calpipe import store
+from calpipe.pipeline import Settings
+
+
+class CalpipeResource(ConfigurableResource):
+    """Where the scored events land and which calibrator the chain runs."""
+
+    events: str = Field(
+        description="Parquet landing folder (date=YYYY-MM-DD/ sub-folders), Parquet file/glob, "
+        "or a DuckDB table name in the calpipe database"
+    )
+    settings_json: str = Field(
+        default=Settings().to_json(),
+        description='calibrator as JSON: {"method": ..., "params": {...}} (calpipe methods)',
+    )
+    plots_dir: str = Field(default="", description="folder for the PNG plots ('' = next to the DB)")
+
+    def source(self) -> store.EventSource:
+        return store.EventSource.parse(self.events)
+
+    def settings(self) -> Settings:
+        return Settings.from_json(self.settings_json)
+
+
+@contextmanager
+def calpipe_connection(duckdb: DuckDBResource) -> Iterator:
+    """A connection of the DuckDB resource with calpipe's SQL layer installed.
+
+    Closed here even when the step fails: ``DuckDBResource.get_connection`` closes only on
+    success, and a connection left open keeps the file locked for the rest of the process.
+    """
+    with duckdb.get_connection() as con:
+        try:
+            store.install_sql(con)
+            yield con
+        finally:
+            con.close()

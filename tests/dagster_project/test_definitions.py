@@ -1,0 +1,97 @@
+"""The code location loads: definitions, schedule, policies, and ``dg check defs`` itself."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from dagster import AssetKey, BackfillPolicy, build_schedule_context
+
+from calpipe import pipeline, store
+from dagster_project import definitions
+
+#: dagster's own notices (backfill_policy is "beta"; its schedule helper calls a deprecated API).
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::dagster.BetaWarning"),
+    pytest.mark.filterwarnings(
+        "ignore:Function `JobDefinition.run_request_for_partition`:DeprecationWarning"
+    ),
+]
+
+ASSETS = {"scored_events", "protected_scores", "calibrator_state", "calibration_daily",
+          "martingale_alarms", "calibration_map"}  # fmt: skip
+CHECKS = {("protected_scores", "probabilities_valid"), ("protected_scores", "rows_in_equal_rows_out"),
+          ("calibrator_state", "state_continuity"), ("martingale_alarms", "no_martingale_alarm")}  # fmt: skip
+
+
+def test_module_definitions_load_with_the_demo_defaults():
+    defs = definitions.defs
+    graph = defs.resolve_asset_graph()
+    assert {k.to_user_string() for k in graph.get_all_asset_keys()} == ASSETS
+    assert {(k.asset_key.to_user_string(), k.name) for k in graph.asset_check_keys} == CHECKS
+    for key in graph.get_all_asset_keys():
+        node = graph.get(key)
+        assert node.backfill_policy == BackfillPolicy.single_run()
+        pd = node.partitions_def
+        assert pd.start.date() == pipeline.DEMO_FIRST_DAY
+        assert pd.get_last_partition_key() == pipeline.DEMO_LAST_DAY.isoformat()
+    state = graph.get(AssetKey("calibrator_state"))
+    assert state.has_self_dependency
+    mapping = graph.get_partition_mapping(
+        AssetKey("calibrator_state"), AssetKey("calibrator_state")
+    )
+    assert (mapping.start_offset, mapping.end_offset) == (-1, -1)
+    assert AssetKey("scored_events") in graph.get(AssetKey("protected_scores")).parent_keys
+    db = defs.resources["duckdb"].database
+    assert Path(db).is_absolute() and Path(db) == store.DEFAULT_DB
+
+
+def test_definitions_from_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("CALPIPE_DB", str(tmp_path / "x.duckdb"))
+    monkeypatch.setenv("CALPIPE_EVENTS", "raw_events")
+    monkeypatch.setenv("CALPIPE_START_DATE", "2024-01-01")
+    monkeypatch.setenv("CALPIPE_END_DATE", "none")
+    monkeypatch.setenv("CALPIPE_SETTINGS", pipeline.Settings.make(pi=0.3).to_json())
+    defs = definitions.defs_from_env()
+    assert defs.resources["duckdb"].database == str(tmp_path / "x.duckdb")
+    assert defs.resources["calpipe"].settings().kwargs == {"pi": 0.3}
+    assert defs.resources["calpipe"].source().kind == "table"
+    pd = defs.resolve_asset_graph().get(AssetKey("calibration_map")).partitions_def
+    assert pd.end is None and pd.start.date() == dt.date(2024, 1, 1)
+
+
+def test_nightly_schedule_runs_yesterday():
+    defs = definitions.build_definitions("/tmp/unused.duckdb", "raw", dt.date(2024, 1, 1))
+    sched = defs.resolve_schedule_def("nightly_schedule")
+    assert sched.cron_schedule == "30 1 * * *"
+    ctx = build_schedule_context(
+        scheduled_execution_time=dt.datetime(2024, 3, 5, 1, 30, tzinfo=dt.UTC)
+    )
+    requests = sched.evaluate_tick(ctx).run_requests
+    assert [r.partition_key for r in requests] == ["2024-03-04"]
+    assert defs.resolve_job_def("nightly").partitions_def is not None
+
+
+def test_calpipe_never_imports_dagster():
+    code = (
+        "import sys, calpipe, calpipe.pipeline, calpipe.store, calpipe.plots, calpipe.generate, "
+        "calpipe.cli, calpipe.cli_pipeline; "
+        "bad = sorted(m for m in sys.modules if m.split('.')[0].startswith('dagster')); "
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_dg_check_defs(tmp_path):
+    dg = Path(sys.executable).parent / "dg"
+    env = os.environ | {"DAGSTER_HOME": str(tmp_path), "DAGSTER_DISABLE_TELEMETRY": "1"}
+    proc = subprocess.run(
+        [str(dg), "check", "defs"], cwd=store.PROJECT_ROOT, env=env, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "All definitions loaded successfully" in proc.stdout + proc.stderr

@@ -1,0 +1,203 @@
+"""In-process materializations of the assets on a temporary DuckDB file."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+
+import numpy as np
+import polars as pl
+import pytest
+from dagster import AssetCheckSeverity, DagsterInstance, materialize
+from dagster._core.storage.tags import (
+    ASSET_PARTITION_RANGE_END_TAG,
+    ASSET_PARTITION_RANGE_START_TAG,
+)
+
+import calpipe
+from calpipe import generate, store
+from calpipe.generate import StreamSpec
+from dagster_project.definitions import build_definitions
+
+#: dagster's own notices (backfill_policy is "beta"; its schedule helper calls a deprecated API).
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::dagster.BetaWarning"),
+    pytest.mark.filterwarnings(
+        "ignore:Function `JobDefinition.run_request_for_partition`:DeprecationWarning"
+    ),
+]
+
+START = generate.DEFAULT_START
+N_DAYS = 6
+STREAMS = (
+    StreamSpec("calm", events_per_day=40),
+    StreamSpec("drifting", "overconfident", 1, 60, strength=0.2),  # alarms within days
+)
+TABLES = tuple(store.PARTITION_COLUMN)
+
+
+def day(i: int) -> str:
+    return (START + dt.timedelta(days=i)).isoformat()
+
+
+@pytest.fixture(scope="module")
+def instance():
+    with DagsterInstance.ephemeral() as inst:
+        yield inst
+
+
+@pytest.fixture
+def setup(tmp_path, instance):
+    events = generate.generate(n_days=N_DAYS, streams=STREAMS, seed=11)
+    store.write_landing(events, tmp_path / "landing")
+    db = tmp_path / "db.duckdb"
+    defs = build_definitions(
+        db, str(tmp_path / "landing"), START, START + dt.timedelta(days=N_DAYS - 1)
+    )
+    assets = list(defs.assets)
+
+    def run(first: str, last: str | None = None):
+        kw = (
+            {"partition_key": first}
+            if last is None
+            else {
+                "tags": {
+                    ASSET_PARTITION_RANGE_START_TAG: first,
+                    ASSET_PARTITION_RANGE_END_TAG: last,
+                }
+            }
+        )
+        return materialize(
+            assets, resources=defs.resources, instance=instance, raise_on_error=False, **kw
+        )
+
+    return run, db, events, tmp_path
+
+
+def read(db, sql: str) -> pl.DataFrame:
+    con = store.connect(db, read_only=True)
+    try:
+        return store.query(con, sql)
+    finally:
+        con.close()
+
+
+def snapshot(db) -> dict[str, pl.DataFrame]:
+    return {t: read(db, f"SELECT * FROM {t} ORDER BY ALL") for t in TABLES}
+
+
+def failure_messages(result) -> str:
+    """The messages of every failed step, with their causes (the calpipe error is the cause)."""
+    out = []
+    for e in result.all_events:
+        if e.event_type_value == "STEP_FAILURE":
+            err = e.step_failure_data.error
+            while err is not None:
+                out.append(err.message)
+                err = err.cause
+    return "\n".join(out)
+
+
+def test_daily_and_range_materializations_equal_one_protect_pass(setup):
+    run, db, events, _tmp = setup
+    for i in range(3):
+        r = run(day(i))
+        assert r.success, failure_messages(r)
+        checks = r.get_asset_check_evaluations()
+        assert {c.check_name for c in checks} == {
+            "probabilities_valid", "rows_in_equal_rows_out", "state_continuity", "no_martingale_alarm"
+        }  # fmt: skip
+        assert all(c.passed for c in checks if c.check_name != "no_martingale_alarm")
+    r = run(day(3), day(N_DAYS - 1))  # a single-run backfill over the rest
+    assert r.success, failure_messages(r)
+    mats = r.get_asset_materialization_events()
+    assert {m.partition for m in mats} == {day(i) for i in range(3, N_DAYS)}
+
+    chain = read(
+        db, "SELECT stream, event_id, protected_score, log10_martingale FROM protected_scores"
+    )
+    one = calpipe.protect(events)
+    j = one.join(chain, on=["stream", "event_id"], suffix="_c")
+    assert j.height == events.height == chain.height
+    assert (j["protected_score"] - j["protected_score_c"]).abs().max() <= 1e-12
+    assert (j["log10_martingale"] - j["log10_martingale_c"]).abs().max() <= 1e-12
+    assert read(db, "SELECT count(*) FROM pipeline_days").item() == N_DAYS
+
+
+def test_metadata_has_a_metrics_table_and_real_plots(setup):
+    run, _db, _, _tmp = setup
+    r = run(day(0))
+    meta = {
+        m.asset_key.to_user_string(): m.materialization.metadata
+        for m in r.get_asset_materialization_events()
+    }
+    table = meta["protected_scores"]["metrics"].value
+    assert table.startswith("| stream | n_events |") and "| drifting |" in table
+    daily = meta["calibration_daily"]
+    for name in ("martingale_trajectory", "reliability_diagram"):
+        md = daily[name].value
+        png = base64.b64decode(md.split("base64,")[1].rstrip(")"))
+        assert png.startswith(b"\x89PNG")
+        path = daily[f"{name}_file"].value
+        assert open(path, "rb").read() == png
+    r = run(day(1), day(2))  # a range: files only, not copied into every partition's metadata
+    daily = next(
+        m.materialization.metadata for m in r.get_asset_materialization_events()
+        if m.asset_key.to_user_string() == "calibration_daily"
+    )  # fmt: skip
+    assert "martingale_trajectory" not in daily and "martingale_trajectory_file" in daily
+
+
+def test_rematerializing_a_partition_is_idempotent(setup):
+    run, db, _, _ = setup
+    assert run(day(0), day(3)).success
+    before = snapshot(db)
+    assert run(day(2)).success
+    after = snapshot(db)
+    for t in TABLES:
+        assert after[t].equals(before[t]), t
+
+
+def test_a_day_without_previous_state_fails_with_a_clear_message(setup):
+    run, db, _, _ = setup
+    assert run(day(0)).success
+    before = snapshot(db)
+    r = run(day(2))
+    assert not r.success
+    msg = failure_messages(r)
+    assert f"day {day(1)} has no calibrator state" in msg and f"first missing day: {day(1)}" in msg
+    after = snapshot(db)
+    for t in ("protected_scores", "calibrator_state", "pipeline_days", "calibration_daily"):
+        assert after[t].equals(before[t]), t
+
+
+def test_bad_events_fail_the_partition_and_leave_the_tables(setup):
+    run, db, _, tmp = setup
+    assert run(day(0), day(1)).success
+    before = snapshot(db)
+    target = tmp / "landing" / f"date={day(1)}" / "events.parquet"
+    pl.read_parquet(target).with_columns(
+        pl.when(pl.int_range(pl.len()) == 2).then(None).otherwise(pl.col("score")).alias("score")
+    ).write_parquet(target)
+    r = run(day(1))
+    assert not r.success
+    assert "null score" in failure_messages(r) and f"day {day(1)}" in failure_messages(r)
+    after = snapshot(db)
+    for t in TABLES:
+        assert after[t].equals(before[t]), t
+
+
+def test_the_alarm_check_warns_without_failing_the_run(setup):
+    run, db, _, _ = setup
+    r = run(day(0), day(N_DAYS - 1))
+    assert r.success
+    check = next(
+        c for c in r.get_asset_check_evaluations() if c.check_name == "no_martingale_alarm"
+    )
+    assert not check.passed and check.severity == AssetCheckSeverity.WARN
+    assert "drifting" in check.description and "calm" not in check.description
+    alarms = read(db, "SELECT stream, date FROM martingale_alarms")
+    assert alarms["stream"].to_list() == ["drifting"]
+    assert alarms["date"][0] >= START + dt.timedelta(days=1)
+    sql = read(db, "SELECT calibrate_score('drifting', 0.9) AS p")["p"][0]
+    assert np.isfinite(sql) and sql < 0.9  # the map pulls an overconfident score in
