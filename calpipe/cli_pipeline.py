@@ -83,7 +83,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         f"{res.summary.height} streams -> {res.db}"
     )
     print(
-        "\nPer stream (base = the model's scores, prot = protected; LL = mean ln loss, ECE 10 bins;"
+        "\nPer stream (base = the model's scores as the engine uses them, clipped in log-loss mode;"
+        " prot = protected; LL = mean ln loss, ECE 10 bins;"
     )
     print(
         "log10 S = test martingale, alarm when >= 2; drift_date = when a synthetic stream drifts):"

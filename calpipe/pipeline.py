@@ -351,6 +351,8 @@ def protect_days(
             scored.append(
                 r.scores.with_columns(
                     dcol.alias("event_date"),
+                    # The base the martingale bets against (clipped in log-loss mode).
+                    pl.Series("base_score", cal.prepare_scores(r.scores["score"].to_numpy())),
                     pl.lit(cal.name).alias("method"),
                     pl.lit(fp).alias("config_fingerprint"),
                 )
@@ -400,10 +402,12 @@ def daily_metrics(
     """Forecast quality of base vs protected per group (``keys``) of protected rows.
 
     Counts, mean natural log loss, Brier and ECE (:data:`ECE_BINS` equal-width bins) over the
-    labelled events, mean score / protected score over all events, mean label over labelled
-    ones, and the within-group maximum of the running log10 martingale.
+    labelled events, mean base / protected score over all events, mean label over labelled
+    ones, and the within-group maximum of the running log10 martingale. The base is
+    ``base_score``, the score as the engine used it (clipped in log-loss mode), so that base
+    minus protected cumulative log loss is the log test martingale.
     """
-    b, p, y = "score", "protected_score", "label"
+    b, p, y = "base_score", "protected_score", "label"
     return (
         scores.group_by(list(keys))
         .agg(
@@ -432,7 +436,7 @@ def monitor_days(con, start: dt.date, end: dt.date) -> StageResult:
     for c0, c1 in day_range(start, end):
         scores = store.read_partitions(
             con, "protected_scores", c0, c1,
-            columns=["event_date", "stream", "score", "protected_score", "label", "log10_martingale"],
+            columns=["event_date", "stream", "base_score", "protected_score", "label", "log10_martingale"],
         )  # fmt: skip
         state = store.read_partitions(
             con, "calibrator_state", c0, c1,
@@ -804,7 +808,7 @@ def day_report(con, start: dt.date, end: dt.date) -> pl.DataFrame:
     max log10 martingale, alarm (the markdown table of a materialization)."""
     scores = store.read_partitions(
         con, "protected_scores", start, end,
-        columns=["stream", "score", "protected_score", "label", "log10_martingale"],
+        columns=["stream", "base_score", "protected_score", "label", "log10_martingale"],
     )  # fmt: skip
     stats = daily_metrics(scores, keys=("stream",))
     last = store.query(
@@ -840,7 +844,7 @@ def reliability_frame(con, end: dt.date, days: int = RELIABILITY_WINDOW_DAYS) ->
     """Protected rows of the ``days`` days ending on ``end`` (the reliability diagram)."""
     return store.read_partitions(
         con, "protected_scores", end - dt.timedelta(days=days - 1), end,
-        columns=["stream", "score", "protected_score", "label"],
+        columns=["stream", "base_score", "protected_score", "label"],
     )  # fmt: skip
 
 
@@ -848,7 +852,8 @@ def stream_summary(con) -> pl.DataFrame:
     """Whole-history summary per stream (what ``calpipe demo`` prints): events, base vs protected
     log loss / Brier / ECE, final and maximum log10 martingale, first alarm date."""
     scores = store.query(
-        con, "SELECT stream, score, protected_score, label, log10_martingale FROM protected_scores"
+        con,
+        "SELECT stream, base_score, protected_score, label, log10_martingale FROM protected_scores",
     )
     stats = daily_metrics(scores, keys=("stream",))
     latest = store.query(

@@ -94,7 +94,7 @@ def reliability_diagram(
     scores: pl.DataFrame,
     *,
     stream: str = "stream",
-    base: str = "score",
+    base: str = "base_score",
     protected: str = "protected_score",
     label: str = "label",
     n_bins: int = 10,

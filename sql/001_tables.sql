@@ -15,13 +15,15 @@ CREATE TABLE IF NOT EXISTS scored_events (
 );
 
 -- Protected scores: the scored events plus the protected probability and the running test
--- martingale of the stream after the event.
+-- martingale of the stream after the event. The martingale bets against base_score (score
+-- clipped to [eps, 1 - eps] in log-loss mode), so base metrics are computed on base_score.
 CREATE TABLE IF NOT EXISTS protected_scores (
     event_date         DATE      NOT NULL,
     stream             VARCHAR   NOT NULL,
     event_id           BIGINT    NOT NULL,
     event_time         TIMESTAMP NOT NULL,
-    score              DOUBLE    NOT NULL,
+    score              DOUBLE    NOT NULL,  -- base probability as landed
+    base_score         DOUBLE    NOT NULL,  -- the base as the engine used it (clipped in log loss)
     label              INTEGER,
     protected_score    DOUBLE    NOT NULL,
     log10_martingale   DOUBLE    NOT NULL,

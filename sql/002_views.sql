@@ -3,8 +3,8 @@
 -- Protected scores with the improvement of the protected forecast over the base one.
 CREATE OR REPLACE VIEW v_protected_scores AS
 SELECT
-    event_date, stream, event_id, event_time, score, label, protected_score,
-    protected_score - score AS adjustment,
+    event_date, stream, event_id, event_time, score, base_score, label, protected_score,
+    protected_score - base_score AS adjustment,
     log10_martingale,
     log10_martingale >= 2 AS at_alarm_level,
     method, config_fingerprint

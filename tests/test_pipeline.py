@@ -110,12 +110,17 @@ def test_bank_protected_beats_base_and_raises_an_alarm(demo):
     # cumulative log loss (not just the mean) and PROVENANCE's reference number
     rows = store.query(
         con,
-        "SELECT score, protected_score, label FROM protected_scores WHERE stream = 'bank-telemarketing'",
+        "SELECT base_score, protected_score, label FROM protected_scores "
+        "WHERE stream = 'bank-telemarketing'",
     )
-    p, q, y = (rows[c].to_numpy() for c in ("score", "protected_score", "label"))
+    p, q, y = (rows[c].to_numpy() for c in ("base_score", "protected_score", "label"))
     cum = lambda f: -np.sum(np.log(np.clip(np.where(y == 1, f, 1 - f), 1e-15, 1)))  # noqa: E731
     assert cum(q) < cum(p)
-    assert bank["prot_LL"] == pytest.approx(0.2793, abs=5e-5)  # data/PROVENANCE.md
+    # data/PROVENANCE.md: score_rf1000 clipped to [0.001, 0.999], mean ln loss 0.5169 -> 0.2793
+    assert bank["base_LL"] == pytest.approx(0.5169, abs=5e-5)
+    assert bank["prot_LL"] == pytest.approx(0.2793, abs=5e-5)
+    # the martingale bets against the base the engine used: base - protected loss = ln 10 log10 S
+    assert cum(p) - cum(q) == pytest.approx(np.log(10) * bank["final_log10_S"], rel=1e-9)
     alarms = store.query(con, "SELECT * FROM martingale_alarms WHERE stream = 'bank-telemarketing'")
     assert alarms.height == 1 and alarms["log10_martingale"][0] >= config.ALARM_LOG10_THRESHOLD
 
@@ -175,7 +180,9 @@ def test_calibration_daily_matches_numpy(demo):
         )
         got = daily.filter((pl.col("stream") == stream) & (pl.col("date") == d)).row(0, named=True)
         lab = rows.filter(pl.col("label").is_not_null())
-        p, q, y = (lab[c].to_numpy().astype(float) for c in ("score", "protected_score", "label"))
+        p, q, y = (
+            lab[c].to_numpy().astype(float) for c in ("base_score", "protected_score", "label")
+        )
         assert got["n_events"] == rows.height and got["n_labelled"] == lab.height
         assert got["base_log_loss"] == pytest.approx(np_log_loss(p, y), rel=1e-12)
         assert got["protected_log_loss"] == pytest.approx(np_log_loss(q, y), rel=1e-12)
@@ -183,7 +190,7 @@ def test_calibration_daily_matches_numpy(demo):
         assert got["protected_brier"] == pytest.approx(np.mean((q - y) ** 2), rel=1e-12)
         assert got["base_ece"] == pytest.approx(np_ece(p, y), rel=1e-12)
         assert got["protected_ece"] == pytest.approx(np_ece(q, y), rel=1e-12)
-        assert got["mean_score"] == pytest.approx(rows["score"].mean(), rel=1e-12)
+        assert got["mean_score"] == pytest.approx(rows["base_score"].mean(), rel=1e-12)
         assert got["mean_label"] == pytest.approx(y.mean(), rel=1e-12)
         assert got["log10_martingale"] == rows["log10_martingale"][-1]
         assert got["log10_martingale_max"] == rows["log10_martingale"].max()

@@ -32,7 +32,7 @@ def scored(n_streams: int = 2, n: int = 400, seed: int = 0) -> pl.DataFrame:
     return pl.DataFrame(
         {
             "stream": np.repeat([f"s{i}" for i in range(n_streams)], n),
-            "score": p,
+            "base_score": p,
             "protected_score": np.clip(p * 0.8 + 0.1, 0, 1),
             "label": (rng.random(n * n_streams) < p).astype(np.int32),
         }
@@ -81,8 +81,8 @@ def test_reliability_points_are_the_bin_means():
     base_line = next(
         line for line in fig.axes[0].get_lines() if line.get_label().startswith("base")
     )
-    b = np.clip(np.floor(df["score"].to_numpy() * 10), 0, 9)
-    want = [df["score"].to_numpy()[b == k].mean() for k in range(10) if (b == k).any()]
+    b = np.clip(np.floor(df["base_score"].to_numpy() * 10), 0, 9)
+    want = [df["base_score"].to_numpy()[b == k].mean() for k in range(10) if (b == k).any()]
     np.testing.assert_allclose(base_line.get_xdata(), want)
 
 
