@@ -4,7 +4,7 @@ Nothing here uses calpipe's kernels or ``calpipe.families.evaluate``: calibratin
 plain Python closures over their parameters, weights are Python lists, and every loop runs one event
 at a time in the order of the printed algorithm. The tests compare the numba kernels against these.
 
-Papers (``/work/shared/papers``):
+Papers (``shared/papers`` beside the repository):
 
 * 000 — Vovk, Petej, Gammerman, "Adaptive calibration for binary classification" (2021):
   eqs. (1), (3), (4), (5), Algorithm 1 (Jumper betting martingale), Algorithm 2 (Jumper predictor),

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,11 @@ import pytest
 
 import calpipe
 
-DATA = Path("/work/shared/data")
+#: The project's reference data live in shared/ beside the repository (shared/data/PROVENANCE.md);
+#: CALPIPE_SHARED_DATA points elsewhere.
+DATA = Path(
+    os.environ.get("CALPIPE_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data")
+)
 SCORED = DATA / "bank_marketing_scored.parquet"
 REFERENCE = DATA / "bank_reference_protected_classification_0.1.5.parquet"
 ORDER = ("event_date", "event_id")
@@ -26,7 +31,7 @@ ORDER = ("event_date", "event_id")
 
 def _read(path: Path) -> pl.DataFrame:
     if not path.exists():
-        pytest.skip(f"reference data {path} is absent (see /work/shared/data/PROVENANCE.md)")
+        pytest.skip(f"reference data {path} is absent (shared/data beside the repository)")
     return pl.read_parquet(path)
 
 
