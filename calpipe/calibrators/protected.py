@@ -239,24 +239,30 @@ class ProtectedCalibrator:
             log10m=np.zeros(n_streams),
         )
 
+    def state_layout(self, n_classes: int) -> dict[str, tuple[int, ...]]:
+        """The parts of one stream's state vector, in order, with their shapes."""
+        n_rates, n_fun = len(self.rates), self.family(n_classes).size
+        return {"passive": (), "active": (n_rates, n_fun)}
+
     def state_from_vectors(
         self, vectors: np.ndarray, log10m: np.ndarray, n_classes: int
     ) -> BatchState:
-        """Inverse of :meth:`BatchState.vectors`, checking the layout length."""
-        n_rates, n_fun = len(self.rates), self.family(n_classes).size
-        size = 1 + n_rates * n_fun
+        """Inverse of :meth:`BatchState.vectors`: split (S, L) vectors by :meth:`state_layout`."""
+        layout = self.state_layout(n_classes)
+        sizes = [int(np.prod(shape)) for shape in layout.values()]
         vectors = np.asarray(vectors, dtype=np.float64)
-        if vectors.ndim != 2 or vectors.shape[1] != size:
+        if vectors.ndim != 2 or vectors.shape[1] != sum(sizes):
             raise StateError(
-                f"method {self.name!r}: state vectors have length "
-                f"{vectors.shape[-1] if vectors.ndim == 2 else '?'}, expected {size}"
+                f"method {self.name!r} (loss {self.loss!r}): state vectors have length "
+                f"{vectors.shape[-1] if vectors.ndim == 2 else '?'}, expected {sum(sizes)}"
             )
         s = vectors.shape[0]
-        return BatchState(
-            passive=np.ascontiguousarray(vectors[:, 0]),
-            active=np.ascontiguousarray(vectors[:, 1:].reshape(s, n_rates, n_fun)),
-            log10m=np.ascontiguousarray(log10m, dtype=np.float64),
-        )
+        parts = np.split(vectors, np.cumsum(sizes)[:-1], axis=1)
+        arrays = {
+            name: np.ascontiguousarray(part.reshape((s, *shape)))
+            for (name, shape), part in zip(layout.items(), parts, strict=True)
+        }
+        return BatchState(log10m=np.ascontiguousarray(log10m, dtype=np.float64), **arrays)
 
     # -- running -------------------------------------------------------------------------------
     def prepare_scores(self, scores: np.ndarray) -> np.ndarray:
@@ -502,26 +508,11 @@ class CompositeJumper(ProtectedCalibrator):
             st.log_sj = np.zeros((n_streams, len(self.rates)))
         return st
 
-    def state_from_vectors(self, vectors, log10m, n_classes):
-        if self.loss == "log":
-            return super().state_from_vectors(vectors, log10m, n_classes)
-        r, t = len(self.rates), self.family(n_classes).size
-        size = 1 + 2 * r * t + r
-        vectors = np.asarray(vectors, dtype=np.float64)
-        if vectors.ndim != 2 or vectors.shape[1] != size:
-            raise StateError(
-                f"method {self.name!r} (brier): state vectors have length "
-                f"{vectors.shape[-1] if vectors.ndim == 2 else '?'}, expected {size}"
-            )
-        s = vectors.shape[0]
-        c = np.ascontiguousarray
-        return BatchState(
-            passive=c(vectors[:, 0]),
-            active=c(vectors[:, 1 : 1 + r * t].reshape(s, r, t)),
-            log10m=c(log10m, dtype=np.float64),
-            capital=c(vectors[:, 1 + r * t : 1 + 2 * r * t].reshape(s, r, t)),
-            log_sj=c(vectors[:, 1 + 2 * r * t :]),
-        )
+    def state_layout(self, n_classes: int) -> dict[str, tuple[int, ...]]:
+        layout = super().state_layout(n_classes)
+        if self.loss == "brier":  # the package's per-rate "martingale" capital and log10 SJ
+            layout |= {"capital": layout["active"], "log_sj": (len(self.rates),)}
+        return layout
 
     def prepare_scores(self, scores: np.ndarray) -> np.ndarray:
         if self.loss == "log":
