@@ -19,7 +19,7 @@ from calpipe import metrics
 from calpipe.errors import CalpipeError, InputError, ParameterError
 
 
-def _method_params(args: argparse.Namespace) -> dict:
+def method_params(args: argparse.Namespace) -> dict:
     """Method parameters given on the command line (only the ones the user set)."""
     out: dict = {}
     if args.family is not None:
@@ -105,10 +105,7 @@ def stream_summary(
     aggs = [
         pl.len().alias("events"),
         pl.col(label).is_not_null().sum().alias("labelled"),
-        metrics.log_loss(base, label, multiclass=mc).alias("base_log_loss"),
-        metrics.log_loss(protected, label, multiclass=mc).alias("protected_log_loss"),
-        metrics.brier(base, label, multiclass=mc).alias("base_brier"),
-        metrics.brier(protected, label, multiclass=mc).alias("protected_brier"),
+        *metrics.base_vs_protected(base, protected, label, multiclass=mc),
         metrics.accuracy(base, label, multiclass=mc).alias("base_accuracy"),
         metrics.accuracy(protected, label, multiclass=mc).alias("protected_accuracy"),
         pl.col("log10_martingale").last().alias("final_log10_martingale"),
@@ -132,7 +129,7 @@ def _cmd_protect(args: argparse.Namespace) -> int:
         kw["by"] = tuple(args.by)
     if args.label_time:
         kw["label_time"] = args.label_time
-    params = _method_params(args)
+    params = method_params(args)
     out = calpipe.protect(events, **kw, **params)
     by = (
         list(args.by) if args.by is not None else (["stream"] if "stream" in events.columns else [])

@@ -108,10 +108,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 # run
 # ----------------------------------------------------------------------------------------------
 def _cmd_run(args: argparse.Namespace) -> int:
-    from calpipe.cli import _method_params
+    from calpipe.cli import method_params
 
     t0 = time.perf_counter()
-    settings = pipeline.Settings.make(args.method, **_method_params(args))
+    settings = pipeline.Settings.make(args.method, **method_params(args))
     columns = store.ColumnMap(
         stream=None if args.stream_col.lower() == "none" else args.stream_col,
         event_id=args.id_col, event_time=args.time_col, score=args.score_col, label=args.label_col,

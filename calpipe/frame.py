@@ -22,7 +22,7 @@ import numpy as np
 import polars as pl
 
 from calpipe import config
-from calpipe.calibrators.protected import ProtectedCalibrator, make_calibrator
+from calpipe.calibrators.protected import BatchState, ProtectedCalibrator, make_calibrator
 from calpipe.errors import InputError, StateError
 from calpipe.kernels import protected as K
 
@@ -554,6 +554,22 @@ def _replay_order(df: pl.DataFrame, cols: Columns) -> np.ndarray | None:
     return df.select(pl.arg_sort_by(keys)).to_series().to_numpy().astype(np.int64)
 
 
+def state_from_rows(cal: ProtectedCalibrator, rows: pl.DataFrame, n_classes: int) -> BatchState:
+    """Kernel state of state-frame ``rows`` (their ``weights`` and ``log10_martingale``).
+
+    Raises StateError if a ``weights`` vector does not have the calibrator's layout length.
+    """
+    size = sum(int(np.prod(shape)) for shape in cal.state_layout(n_classes).values())
+    lengths = rows["weights"].list.len()
+    if rows.height and (lengths.min() != size or lengths.max() != size):
+        raise StateError(
+            f"method {cal.name!r}: state weights have length {lengths.min()}..{lengths.max()}, "
+            f"its state layout {cal.state_layout(n_classes)} needs {size}"
+        )
+    vectors = rows["weights"].list.to_array(size).to_numpy().reshape(rows.height, size)
+    return cal.state_from_vectors(vectors, rows["log10_martingale"].to_numpy(), n_classes)
+
+
 def _join_state(cal, cols, n_classes, streams, first_rows, state0, n_streams):
     """Initial kernel state of each stream in the batch and its previous state row (or zeros)."""
     bstate = cal.initial_state(n_streams, n_classes)
@@ -612,13 +628,7 @@ def _join_state(cal, cols, n_classes, streams, first_rows, state0, n_streams):
         )
 
     idx = np.flatnonzero(has)
-    vec_len = joined["weights"].list.len().drop_nulls()
-    if vec_len.n_unique() != 1:
-        raise StateError("state weights vectors have different lengths")
-    vectors = np.stack(joined["weights"].gather(idx).to_list()) if idx.size else None
-    loaded = cal.state_from_vectors(
-        vectors, joined["log10_martingale"].gather(idx).to_numpy(), n_classes
-    )
+    loaded = state_from_rows(cal, joined[idx.tolist()], n_classes)
     bstate.passive[idx] = loaded.passive
     bstate.active[idx] = loaded.active
     bstate.log10m[idx] = loaded.log10m

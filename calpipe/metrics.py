@@ -106,6 +106,19 @@ def reliability_table(df: pl.DataFrame, p: str, y: str, *, n_bins: int = 10) -> 
     )
 
 
+def base_vs_protected(
+    base: str, protected: str, y: str, *, multiclass: bool = False
+) -> list[pl.Expr]:
+    """Mean log loss and Brier of the base and of the protected forecasts, named
+    ``base_log_loss``, ``protected_log_loss``, ``base_brier``, ``protected_brier``."""
+    return [
+        log_loss(base, y, multiclass=multiclass).alias("base_log_loss"),
+        log_loss(protected, y, multiclass=multiclass).alias("protected_log_loss"),
+        brier(base, y, multiclass=multiclass).alias("base_brier"),
+        brier(protected, y, multiclass=multiclass).alias("protected_brier"),
+    ]
+
+
 def alarm(log10_martingale: str) -> pl.Expr:
     """True where the test martingale has reached the alarm level (S >= 100, Ville)."""
     return pl.col(log10_martingale) >= config.ALARM_LOG10_THRESHOLD

@@ -53,7 +53,7 @@ import polars as pl
 from calpipe import config, generate, metrics, store
 from calpipe.calibrators.protected import ProtectedCalibrator, make_calibrator
 from calpipe.errors import CalpipeError, InputError, ParameterError, StateError
-from calpipe.frame import protect_with_state, resolve_columns, validate_frame
+from calpipe.frame import protect_with_state, resolve_columns, state_from_rows, validate_frame
 from calpipe.store import EventSource
 
 #: Days per transaction when a stage runs over a range: a month of a backfill is committed at
@@ -379,18 +379,12 @@ def protect_days(
 
 
 def _require_chain(con, start: dt.date, end: dt.date, what: str) -> None:
-    have = {
-        r[0]
-        for r in con.execute(
-            "SELECT date FROM pipeline_days WHERE date BETWEEN ? AND ?", [start, end]
-        ).fetchall()
-    }
-    for d in store.iter_days(start, end):
-        if d not in have:
-            raise StateError(
-                f"cannot compute {what} for {d}: protected_scores/calibrator_state of {d} have "
-                "not been materialized"
-            )
+    missing = _first_missing_day(con, start, end)
+    if missing is not None:
+        raise StateError(
+            f"cannot compute {what} for {missing}: protected_scores/calibrator_state of {missing} "
+            "have not been materialized"
+        )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -413,10 +407,7 @@ def daily_metrics(
         .agg(
             pl.len().cast(pl.Int64).alias("n_events"),
             pl.col(y).is_not_null().sum().cast(pl.Int64).alias("n_labelled"),
-            metrics.log_loss(b, y).alias("base_log_loss"),
-            metrics.log_loss(p, y).alias("protected_log_loss"),
-            metrics.brier(b, y).alias("base_brier"),
-            metrics.brier(p, y).alias("protected_brier"),
+            *metrics.base_vs_protected(b, p, y),
             metrics.ece(b, y, n_bins=ECE_BINS).alias("base_ece"),
             metrics.ece(p, y, n_bins=ECE_BINS).alias("protected_ece"),
             pl.col(b).mean().alias("mean_score"),
@@ -504,20 +495,6 @@ def alarm_days(con, start: dt.date, end: dt.date) -> StageResult:
 # ----------------------------------------------------------------------------------------------
 # Stage 5: the serving map
 # ----------------------------------------------------------------------------------------------
-def _state_arrays(state: pl.DataFrame, cal: ProtectedCalibrator):
-    fam = cal.family(2)
-    n_rates, n_fun = len(cal.rates), fam.size
-    width = 1 + n_rates * n_fun
-    lens = state["weights"].list.len()
-    if state.height and (lens.min() != width or lens.max() != width):
-        raise StateError(
-            f"state weights have length {lens.min()}..{lens.max()}, the calibrator's layout "
-            f"[P, A ({n_rates} x {n_fun})] needs {width}"
-        )
-    v = state["weights"].list.to_array(width).to_numpy().reshape(state.height, width)
-    return v, fam, n_rates, n_fun
-
-
 def map_weights(state: pl.DataFrame, settings: Settings) -> tuple[np.ndarray, np.ndarray]:
     """The serving map's weights of each state row: ``(P (n,), W (n, T))``.
 
@@ -526,12 +503,11 @@ def map_weights(state: pl.DataFrame, settings: Settings) -> tuple[np.ndarray, np
     (DESIGN §4: the mixture after the next jump-mixing step).
     """
     cal = settings.calibrator()
-    v, _fam, n_rates, n_fun = _state_arrays(state, cal)
-    passive = v[:, 0]
-    active = v[:, 1:].reshape(-1, n_rates, n_fun)
+    st = state_from_rows(cal, state, 2)
     rates = cal.rates[None, :, None]
-    mixed = (1.0 - rates) * active + active.sum(axis=2, keepdims=True) * rates / n_fun
-    return passive, mixed.sum(axis=1)
+    n_fun = st.active.shape[2]
+    mixed = (1.0 - rates) * st.active + st.active.sum(axis=2, keepdims=True) * rates / n_fun
+    return st.passive, mixed.sum(axis=1)
 
 
 #: Term family names in ``calibration_map`` (and the SQL macro ``calpipe_term``).
@@ -635,9 +611,7 @@ def serving_map(
     n = sub.height
     result = np.full((joined.height, k) if multiclass else joined.height, np.nan)
     if n:
-        width = int(sub["weights"].list.len().max())
-        vectors = sub["weights"].list.to_array(width).to_numpy().reshape(n, width)
-        bstate = cal.state_from_vectors(vectors, sub["log10_martingale"].to_numpy(), k)
+        bstate = state_from_rows(cal, sub, k)
         if multiclass:
             col_in = sub[score]
             arr = col_in.list.to_array(k) if isinstance(col_in.dtype, pl.List) else col_in
