@@ -34,7 +34,58 @@ def method_params(args: argparse.Namespace) -> dict:
         out["loss"] = args.loss
     if args.clip is not None:
         out["clip"] = None if args.clip.lower() == "none" else _parse_number("--clip", args.clip)
+    for name in _generic_params():
+        value = getattr(args, name, None)
+        if value is not None:
+            out[name] = parse_value(value)
+    if args.base_method is not None:
+        out["base_method"] = args.base_method
+        out["base_params"] = dict(_parse_assignment(tok) for tok in args.base_param or ())
+    elif args.base_param:
+        raise ParameterError("--base-param given without --base-method")
     return out
+
+
+#: Options written out by hand above (they need special parsing); every other parameter of every
+#: method's table gets a generic ``--name VALUE`` option parsed by :func:`parse_value`.
+_SPECIAL = ("family", "family_params", "jumping_rates", "pi", "loss", "clip")
+
+
+def _generic_params() -> dict[str, str]:
+    """Parameter name -> help, over every method's table (first help wins), minus _SPECIAL."""
+    from calpipe.calibrators import METHODS
+
+    out: dict[str, str] = {}
+    for cls in METHODS.values():
+        for name, spec in cls.parameters.items():
+            if name not in _SPECIAL and name not in out:
+                out[name] = spec.help
+    return out
+
+
+def parse_value(token: str):
+    """A command-line value: none -> None, true/false -> bool, integers, numbers, ``a,b,c`` ->
+    a tuple of those, anything else a string. The method's table then validates it."""
+    low = token.strip().lower()
+    if low == "none":
+        return None
+    if low in ("true", "false"):
+        return low == "true"
+    if "," in token:
+        return tuple(parse_value(t) for t in token.split(",") if t.strip())
+    for cast in (int, float):
+        try:
+            return cast(token)
+        except ValueError:
+            pass
+    return token
+
+
+def _parse_assignment(token: str) -> tuple[str, object]:
+    key, sep, value = token.partition("=")
+    if not sep or not key:
+        raise ParameterError(f"--base-param {token!r}: expected KEY=VALUE (e.g. window=5000)")
+    return key.strip().replace("-", "_"), parse_value(value)
 
 
 def _parse_number(option: str, token: str) -> float:
@@ -81,7 +132,11 @@ def add_method_options(p: argparse.ArgumentParser) -> None:
     """Options shared by every command that runs a calibrator."""
     g = p.add_argument_group("method")
     g.add_argument("--method", default="composite-jumper",
-                   help="jumper | mean-jumper | composite-jumper (default)")  # fmt: skip
+                   help="composite-jumper (default) or any method `calpipe methods` lists")  # fmt: skip
+    g.add_argument("--base-method", metavar="NAME",
+                   help="stacking: run NAME first and give its forecasts to --method as the base")  # fmt: skip
+    g.add_argument("--base-param", action="append", metavar="KEY=VALUE",
+                   help="a parameter of --base-method (repeatable), e.g. window=5000")  # fmt: skip
     g.add_argument("--family", help="cox | cox2 (default) | quadratic | cubic")
     g.add_argument(
         "--family-params", action="extend", nargs="+", metavar="P",
@@ -94,6 +149,8 @@ def add_method_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--pi", type=float, help="passive weight (composite-jumper), default 0.5")
     g.add_argument("--loss", choices=("log", "brier"), help="log (default) or brier compatibility")
     g.add_argument("--clip", help="clip eps of the base probability (log loss), or 'none'")
+    for name, help_text in _generic_params().items():
+        g.add_argument(f"--{name.replace('_', '-')}", dest=name, metavar="VALUE", help=help_text)
 
 
 def stream_summary(
@@ -144,10 +201,14 @@ def _cmd_protect(args: argparse.Namespace) -> int:
     # Compare with the base as the engine saw it (clipped in log-loss mode), so that
     # base loss - protected loss is the log test martingale the last column reports.
     cal = calpipe.make_calibrator(args.method, **params)
-    raw = out[args.scores].to_list() if multiclass else out[args.score].to_numpy()
-    seen = cal.prepare_scores(np.asarray(raw, dtype=np.float64))
-    base = "base_as_seen"
-    out_sum = out.with_columns(pl.Series(base, seen.tolist() if multiclass else seen))
+    if "base_method_score" in out.columns:  # a stack bets against its base method's forecasts
+        base = "base_method_score"
+        out_sum = out
+    else:
+        raw = out[args.scores].to_list() if multiclass else out[args.score].to_numpy()
+        seen = cal.martingale_base(np.asarray(raw, dtype=np.float64))
+        base = "base_as_seen"
+        out_sum = out.with_columns(pl.Series(base, seen.tolist() if multiclass else seen))
     ordered = out_sum.sort([*by, *args.order_by])
     summary = stream_summary(
         ordered, base=base, protected="protected_scores" if multiclass else "protected_score",

@@ -62,3 +62,131 @@ FAMILY_DEDUP_TOL: float = 1e-12
 #: Threshold of the alarm: log10 S >= 2 means S >= 100, which by Ville's inequality has
 #: probability <= 1 % under calibrated base forecasts (DESIGN §1).
 ALARM_LOG10_THRESHOLD: float = 2.0
+
+# --- venn / calibrated_regression (kernels/venn.py, kernels/calibrated_regression.py) ---
+
+#: Default number of equal-mass score bins of the Venn taxonomy (paper 002 §4: groups "as large as
+#: possible" yet homogeneous; 10 bins of a few hundred events give intervals of width < 1 %).
+VENN_DEFAULT_N_BINS: int = 10
+
+#: Bisection stops when the bracket of the fixed point y = clip(theta . f(y)) (paper 004 Alg. 2,
+#: step 2) is this narrow: 1e-12 is far below any meaningful probability difference, yet 40 halvings.
+CALREG_BISECTION_TOL: float = 1e-12
+
+#: Hard cap on bisection halvings (2^-60 < 1e-18 < any tolerance above, so it never binds first).
+CALREG_BISECTION_MAX_ITER: int = 60
+
+#: Default highest power of the forecast among the test functions y, y^2, ..., y^m (paper 004 §I:
+#: "low order polynomials"); 1 = only f_0(y) = y, the linear case solved in closed form (§IV).
+CALREG_DEFAULT_POWERS: int = 1
+
+# --- kernels.parametric (Platt, beta, temperature) and kernels.histogram ---
+
+#: Platt scaling clips p to [eps, 1 - eps] before z = logit(p): only to keep z finite at exactly
+#: 0 or 1 (|z| <= 27.6); it moves no score a float32 model emits, and on the bank data's
+#: score_rf100 (half exact zeros) it fits better than clipping at 1e-3 or 1e-6.
+PLATT_CLIP_EPS: float = 1e-12
+
+#: Beta calibration clips p to [eps, 1 - eps] with float64 machine epsilon, the clip of the
+#: betacal package (Kull et al. 2017's reference code), so that both fit the same features.
+BETA_CLIP_EPS: float = 2.220446049250313e-16
+
+#: Ridge lambda / 2 * ||theta||^2 (intercept included) added to the *summed* log loss of the
+#: Platt and beta Newton fits: keeps the Hessian invertible and theta finite on separable,
+#: single-class or all-tied data; on ordinary data it moves theta by ~lambda / n relative,
+#: far below the 1e-6 oracle tolerance (betacal's own C = 1e11 is lambda = 1e-11 on a, b).
+LOGREG_RIDGE: float = 1e-8
+
+#: Newton stops when the full step is below this times (1 + max |theta|): quadratic convergence
+#: reaches it from ~1e-6 in one more step, and it sits above float64 rounding of the gradient.
+LOGREG_NEWTON_TOL: float = 1e-12
+
+#: Newton iteration cap: ordinary data converge in < 10; separable data (theta growing like
+#: log(n / lambda) / margin) in < 60.
+LOGREG_MAX_ITER: int = 200
+
+#: Step halvings before a Newton step is declared numerically unimprovable (2^-60 ~ 1e-18).
+LOGREG_MAX_HALVINGS: int = 60
+
+#: Temperature scaling clips each class probability at eps before the log (p_c = 0 would make
+#: log p_c = -inf); same reasoning as PLATT_CLIP_EPS.
+TEMPERATURE_CLIP_EPS: float = 1e-12
+
+#: Largest inverse temperature 1/T (smallest T = 1e-3): the log-loss minimiser is infinite when
+#: the calibration argmax is always right; p^1000 is already an argmax for any practical use.
+TEMPERATURE_MAX_INV_T: float = 1e3
+
+#: Safeguarded Newton on d/d(1/T) log loss = 0 stops at this relative width of 1/T.
+TEMPERATURE_TOL: float = 1e-12
+
+#: Iteration cap of that Newton-bisection (bisection alone needs ~50 for 1e3 -> 1e-12).
+TEMPERATURE_MAX_ITER: int = 200
+
+#: Default number of equal-mass bins of histogram binning (Zadrozny & Elkan 2001 use 10).
+HISTOGRAM_N_BINS: int = 10
+
+#: Default m of the m-estimate (k + m b) / (n + m) of each bin (Zadrozny & Elkan 2001 §3);
+#: 0 = the plain mean label of the bin.
+HISTOGRAM_PRIOR_STRENGTH: float = 0.0
+
+#: Newton also stops when half the Newton decrement (the predicted decrease of the objective) is
+#: below this times (1 + |F|): near float64 rounding of F; needed on degenerate sets where a
+#: direction of curvature ~LOGREG_RIDGE leaves the step at gradient-rounding / ridge forever.
+LOGREG_DECREMENT_TOL: float = 1e-14
+
+# --- calpipe.kernels.venn_abers ---
+#: Default number of folds of the cross Venn-ABERS predictor (CVAP): K = 5 is the value used in
+#: the experiments of Vovk, Petej & Fedorova (2015, Section 5) and the package's documented default.
+VENN_ABERS_N_FOLDS: int = 5
+
+#: Default merge of the Venn-ABERS multiprobabilities [p0, p1] into one p: "log" is the log-loss
+#: optimal p1 / (1 - p0 + p1) of Vovk, Petej & Fedorova (2015, Section 4), the package's default.
+VENN_ABERS_MERGE: str = "log"
+
+#: Default multiclass reduction: "ovo" (pairwise coupling, Manokhin 2017) is what the package's
+#: estimator path (VennAbersMultiClass) always does and its manual path's default.
+VENN_ABERS_MULTICLASS: str = "ovo"
+
+#: Supersedes LOGREG_RIDGE above (unused; to be deleted): the Platt and beta Newton fits add
+#: lambda / 2 * ||theta||^2 (centred intercept included) to the *mean* log loss. This keeps the
+#: Hessian invertible and theta finite on separable, single-class or tied data (forecasts then
+#: within ~1e-10 of 0/1 where the MLE is infinite), makes the fit invariant to duplicating the
+#: data, and moves ordinary fits by ~lambda / (mean curvature) ~ 1e-8 relative (betacal's
+#: C = 1e11 is a weaker penalty, which does not keep single-class fits finite).
+LOGREG_RIDGE_MEAN: float = 1e-10
+
+# --- isotonic (calpipe/kernels/isotonic.py) ---
+#: Sorted scores within this distance of the first score of their run are one tie group (pooled
+#: before PAV): scikit-learn's ``_make_unique`` rule (np.finfo(float64).resolution), so that
+#: isotonic_fit reproduces ``IsotonicRegression`` exactly, near-ties included.
+ISOTONIC_TIE_RESOLUTION: float = 1e-15
+
+#: Default interpolation of binary isotonic regression between thresholds: "linear" is
+#: scikit-learn's ``IsotonicRegression`` (the reference users compare with); "step" is paper 003's map.
+DEFAULT_ISOTONIC_INTERPOLATION: str = "linear"
+
+#: Default cap on the number of regions of ROC-regularized isotonic regression: None = no cap
+#: (paper 003 Algorithm 2 runs until no admissible split is left; binary: = isotonic regression).
+DEFAULT_RRIR_MAX_REGIONS: int | None = None
+
+#: Default minimum calibration points per region of ROC-regularized isotonic regression: 1 =
+#: no constraint beyond non-empty (the unregularised algorithm of paper 003).
+DEFAULT_RRIR_MIN_REGION_SIZE: int = 1
+
+#: Thresholds tried per multiclass split (evenly spaced subset of the region's points above it):
+#: exact for regions of <= 512 points, and a split costs O(512 n_R K) instead of O(n_R^2 K).
+DEFAULT_RRIR_MAX_CANDIDATES: int = 512
+
+#: Calibrated regression with nonlinear test functions: theta . f(y) - y is scanned on this many
+#: equal cells of [0, 1] and the first sign change is bisected, so the chosen fixed point (paper
+#: 004 allows "any") is the smallest interior one, deterministically; 64 cells separate the roots
+#: of low powers and tents with a few knots at the cost of 65 cheap evaluations per forecast.
+CALREG_ROOT_GRID: int = 64
+
+#: Temperature scaling stops when |dL/d(1/T)| <= this times sum_i |terms| (the rounding level of
+#: that sum): Newton steps below it are rounding noise and would only jitter inside the bracket.
+TEMPERATURE_DERIV_ROUNDING: float = 1e-14
+
+#: If Cholesky of the (ridge-regularised) Newton Hessian fails by rounding on nearly collinear
+#: features, the diagonal is shifted by this times its largest entry, doubling until it succeeds.
+LOGREG_CHOLESKY_SHIFT: float = 1e-14

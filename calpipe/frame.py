@@ -20,10 +20,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
 
 from calpipe import config
-from calpipe.calibrators.protected import BatchState, ProtectedCalibrator, make_calibrator
-from calpipe.errors import InputError, StateError
+from calpipe.calibrators import Calibrator, make_calibrator
+from calpipe.calibrators.base import weights_series
+from calpipe.errors import InputError, ParameterError, StateError
 from calpipe.kernels import protected as K
 
 _TIME_US = pl.Datetime("us")
@@ -263,6 +265,8 @@ def protect(
     by: str | Sequence[str] | None = None,
     order_by: str | Sequence[str] = ("event_time", "event_id"),
     method: str = "composite-jumper",
+    base_method: str | None = None,
+    base_params: dict | None = None,
     **params,
 ) -> pl.DataFrame | pl.LazyFrame:
     r"""Protect the base probabilities of every stream with a test martingale over calibrating functions.
@@ -307,10 +311,15 @@ def protect(
     order_by : str or sequence of str
         Replay order within a stream; the last column is the event id, unique per stream.
     method : str
-        ``composite-jumper`` (default), ``jumper`` or ``mean-jumper``.
+        ``composite-jumper`` (default), ``jumper``, ``mean-jumper``, or any other method of
+        :data:`calpipe.calibrators.METHODS` (``calpipe methods`` lists them with parameters).
+    base_method, base_params : str, dict, optional
+        Stacking: run ``base_method`` (with ``base_params``) first and give its forecasts to
+        ``method`` as the base probabilities (e.g. protect Venn-ABERS with the Composite Jumper).
+        The output then has ``base_method_score``, the forecast the martingale bets against.
     **params
-        Method parameters (``family``, ``family_params``, ``jumping_rates``, ``pi``, ``loss``,
-        ``clip``), validated against the method's table.
+        Method parameters (for the protected methods ``family``, ``family_params``,
+        ``jumping_rates``, ``pi``, ``loss``, ``clip``), validated against the method's table.
 
     Raises
     ------
@@ -347,7 +356,8 @@ def protect(
     lazy = isinstance(frame, pl.LazyFrame)
     result = protect_with_state(
         frame, score=score, scores=scores, label=label, label_time=label_time,
-        by=by, order_by=order_by, method=method, **params,
+        by=by, order_by=order_by, method=method, base_method=base_method,
+        base_params=base_params, **params,
     ).scores  # fmt: skip
     return result.lazy() if lazy else result
 
@@ -362,6 +372,8 @@ def protect_with_state(
     by: str | Sequence[str] | None = None,
     order_by: str | Sequence[str] = ("event_time", "event_id"),
     method: str = "composite-jumper",
+    base_method: str | None = None,
+    base_params: dict | None = None,
     state: pl.DataFrame | None = None,
     **params,
 ) -> ProtectResult:
@@ -378,13 +390,19 @@ def protect_with_state(
     configuration, or if the frame has an event of a stream at or before that stream's last
     processed key.
     """
-    cal = make_calibrator(method, **params)
+    cal = make_calibrator(method, base_method=base_method, base_params=base_params, **params)
     df = frame.collect() if isinstance(frame, pl.LazyFrame) else frame
     cols = resolve_columns(
         df.columns, score=score, scores=scores, label=label, label_time=label_time,
         by=by, order_by=order_by,
     )  # fmt: skip
     n_classes = validate_frame(df, cols) if df.height else _empty_n_classes(df, cols)
+    cal.check_classes(n_classes)
+    if cols.label_time is not None and not cal.supports_label_time:
+        raise ParameterError(
+            f"method {cal.name!r} does not take delayed labels (label_time={cols.label_time!r})"
+        )
+    _check_input_columns(df, cal)
     state0 = empty_state(df.schema, cols) if state is None else state
     _check_state_schema(state0, cols)
     if df.height == 0:
@@ -392,19 +410,35 @@ def protect_with_state(
     return _run(df, cols, cal, n_classes, state0)
 
 
+def _check_input_columns(df: pl.DataFrame, cal: Calibrator) -> None:
+    """The method's extra input columns (a user taxonomy): present, integer, in range."""
+    n_cat = cal.n_categories_input()
+    for col in cal.input_columns().values():
+        if col not in df.columns:
+            raise InputError(col, None, f"missing column (method {cal.name!r} reads it)")
+        if not df.schema[col].is_integer():
+            raise InputError(col, None, f"must be an integer category column, not {df.schema[col]}")
+        c = pl.col(col)
+        check_rules(df, [
+            Rule(col, "category must not be null", c.is_null()),
+            Rule(col, f"category must be in [0, {n_cat})", (c < 0) | (c >= n_cat)),
+        ])  # fmt: skip
+
+
 def _empty_n_classes(df: pl.DataFrame, cols: Columns) -> int:
     dt = df.schema[cols.base]
     return dt.size if isinstance(dt, pl.Array) else 2
 
 
-def _empty_output(df: pl.DataFrame, cols: Columns, cal: ProtectedCalibrator) -> pl.DataFrame:
+def _empty_output(df: pl.DataFrame, cols: Columns, cal: Calibrator) -> pl.DataFrame:
     out_dtype = pl.Float64 if cols.score is not None else df.schema[cols.scores]
     extra = [
         pl.lit(None, out_dtype).alias(cols.out),
         pl.lit(None, pl.Float64).alias("log10_martingale"),
     ]
-    if cal.loss == "brier":
-        extra.append(pl.lit(None, pl.List(pl.Float64)).alias("log10_martingale_by_rate"))
+    for name in cal.extra_outputs:
+        dtype = pl.List(pl.Float64) if name == "log10_martingale_by_rate" else out_dtype
+        extra.append(pl.lit(None, dtype).alias(name))
     return df.with_columns(extra)
 
 
@@ -416,12 +450,13 @@ def _check_state_schema(state: pl.DataFrame, cols: Columns) -> None:
 
 
 def _run(
-    df: pl.DataFrame, cols: Columns, cal: ProtectedCalibrator, n_classes: int, state0: pl.DataFrame
+    df: pl.DataFrame, cols: Columns, cal: Calibrator, n_classes: int, state0: pl.DataFrame
 ) -> ProtectResult:
     binary = cols.score is not None
     order = _replay_order(df, cols)
     needed = [*cols.by, *cols.order_by, cols.base, cols.label]
     needed += [cols.label_time] if cols.label_time and cols.label_time not in needed else []
+    needed += list(cal.input_columns().values())
     sub = df.select(list(dict.fromkeys(needed)))  # only the columns the replay reads
     sorted_df = sub if order is None else sub[order]
     n = sorted_df.height
@@ -467,7 +502,13 @@ def _run(
             cal, cols, sorted_df, sid, counts, base, labels, labelled, prev, n_classes
         )
 
-    out, new_state = cal.run_batch(ext_scores, ext_labels, op_event, op_kind, op_offsets, bstate)
+    inputs = {
+        key: np.ascontiguousarray(sorted_df[col].cast(pl.Int64).to_numpy())
+        for key, col in cal.input_columns().items()
+    }
+    out, new_state = cal.run_batch(
+        ext_scores, ext_labels, op_event, op_kind, op_offsets, bstate, inputs
+    )
     protected = out.protected[:n]
     log10m = out.log10_martingale[:n]
 
@@ -479,9 +520,8 @@ def _run(
         if isinstance(df.schema[cols.scores], pl.List):
             out_series = out_series.cast(pl.List(pl.Float64))
     new_cols = [out_series, pl.Series("log10_martingale", log10m)]
-    if out.log10_martingale_by_rate is not None:
-        by_rate = out.log10_martingale_by_rate[:n]
-        new_cols.append(pl.Series("log10_martingale_by_rate", by_rate).cast(pl.List(pl.Float64)))
+    for name in cal.extra_outputs:
+        new_cols.append(_output_series(name, out.extra[name][:n], out_series.dtype))
     if order is None:  # the input was already in replay order: nothing to put back
         scored = df.with_columns(new_cols)
     else:
@@ -493,14 +533,16 @@ def _run(
     peak = np.maximum.reduceat(log10m, starts)
     new_rows = pl.DataFrame(
         {
-            "method": pl.Series([cal.name] * n_streams, dtype=pl.String),
-            "config_fingerprint": pl.Series([cal.fingerprint(n_classes)] * n_streams),
-            "n_classes": pl.Series([n_classes] * n_streams, dtype=pl.Int32),
+            "method": pl.repeat(cal.name, n_streams, dtype=pl.String, eager=True),
+            "config_fingerprint": pl.repeat(
+                cal.fingerprint(n_classes), n_streams, dtype=pl.String, eager=True
+            ),
+            "n_classes": pl.repeat(n_classes, n_streams, dtype=pl.Int32, eager=True),
             "n_events": prev["n_events"].to_numpy() + counts,
             "n_labelled": prev["n_labelled"].to_numpy() + applied,
             "log10_martingale": new_state.log10m,
             "log10_martingale_max": np.maximum(prev["log10_martingale_max"].to_numpy(), peak),
-            "weights": pl.Series(new_state.vectors()).cast(pl.List(pl.Float64)),
+            "weights": weights_series(*new_state.flat()),
         }
     )
     last_keys = last_rows.select([pl.col(c).alias(f"last_{c}") for c in cols.order_by])
@@ -515,6 +557,16 @@ def _run(
     if cols.by:
         state_out = state_out.sort(list(cols.by))
     return ProtectResult(scored, state_out)
+
+
+def _output_series(name: str, values: np.ndarray, forecast_dtype: pl.DataType) -> pl.Series:
+    """An extra output column: like the forecast column (p_lower, ...), or a list per row."""
+    if values.ndim == 1:
+        return pl.Series(name, values)
+    series = pl.Series(name, values)
+    if name == "log10_martingale_by_rate" or isinstance(forecast_dtype, pl.List):
+        return series.cast(pl.List(pl.Float64))
+    return series.cast(forecast_dtype)
 
 
 def _lex_increasing(df: pl.DataFrame, keys: Sequence[str]) -> bool:
@@ -554,20 +606,21 @@ def _replay_order(df: pl.DataFrame, cols: Columns) -> np.ndarray | None:
     return df.select(pl.arg_sort_by(keys)).to_series().to_numpy().astype(np.int64)
 
 
-def state_from_rows(cal: ProtectedCalibrator, rows: pl.DataFrame, n_classes: int) -> BatchState:
+def state_from_rows(cal: Calibrator, rows: pl.DataFrame, n_classes: int):
     """Kernel state of state-frame ``rows`` (their ``weights`` and ``log10_martingale``).
 
-    Raises StateError if a ``weights`` vector does not have the calibrator's layout length.
+    The one parser of stored state vectors. Raises StateError if a ``weights`` vector does not
+    fit the calibrator's layout.
     """
-    size = sum(int(np.prod(shape)) for shape in cal.state_layout(n_classes).values())
-    lengths = rows["weights"].list.len()
-    if rows.height and (lengths.min() != size or lengths.max() != size):
-        raise StateError(
-            f"method {cal.name!r}: state weights have length {lengths.min()}..{lengths.max()}, "
-            f"its state layout {cal.state_layout(n_classes)} needs {size}"
-        )
-    vectors = rows["weights"].list.to_array(size).to_numpy().reshape(rows.height, size)
-    return cal.state_from_vectors(vectors, rows["log10_martingale"].to_numpy(), n_classes)
+    arr = rows["weights"].cast(pl.List(pl.Float64)).to_arrow()
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    arr = arr.cast(pa.large_list(pa.float64()))
+    offsets = arr.offsets.to_numpy().astype(np.int64)
+    values = arr.values.to_numpy(zero_copy_only=False)[offsets[0] : offsets[-1]]
+    return cal.state_from_flat(
+        values, offsets - offsets[0], rows["log10_martingale"].to_numpy(), n_classes
+    )
 
 
 def _join_state(cal, cols, n_classes, streams, first_rows, state0, n_streams):
@@ -629,12 +682,7 @@ def _join_state(cal, cols, n_classes, streams, first_rows, state0, n_streams):
 
     idx = np.flatnonzero(has)
     loaded = state_from_rows(cal, joined[idx.tolist()], n_classes)
-    bstate.passive[idx] = loaded.passive
-    bstate.active[idx] = loaded.active
-    bstate.log10m[idx] = loaded.log10m
-    if bstate.capital is not None:
-        bstate.capital[idx] = loaded.capital
-        bstate.log_sj[idx] = loaded.log_sj
+    bstate = bstate.scatter(idx, loaded)
     prev = joined.select(
         pl.col("n_events").fill_null(0).cast(pl.Int64),
         pl.col("n_labelled").fill_null(0).cast(pl.Int64),

@@ -51,7 +51,7 @@ import numpy as np
 import polars as pl
 
 from calpipe import config, generate, metrics, store
-from calpipe.calibrators.protected import ProtectedCalibrator, make_calibrator
+from calpipe.calibrators import Calibrator, ProtectedCalibrator, make_calibrator
 from calpipe.errors import CalpipeError, InputError, ParameterError, StateError
 from calpipe.frame import protect_with_state, resolve_columns, state_from_rows, validate_frame
 from calpipe.store import EventSource
@@ -90,9 +90,11 @@ _ORDER = ("event_time", "event_id")
 class Settings:
     """The calibrator a chain runs: a method name and its parameters (validated on use).
 
-    The pipeline runs the log-loss methods (``composite-jumper`` default, ``jumper``,
-    ``mean-jumper``) on a binary ``score``; the Brier compatibility mode and multiclass scores
-    are available in :func:`calpipe.protect` but not stored by the pipeline.
+    The pipeline runs every method of :data:`calpipe.calibrators.METHODS` that takes a binary
+    ``score`` (``composite-jumper`` default), and stacks (``base_method``/``base_params``); the
+    Brier compatibility mode and multiclass scores are available in :func:`calpipe.protect` but
+    not stored by the pipeline. The SQL serving map (``calibration_map``) exists for the
+    protected methods; other methods serve through :func:`serving_map`.
 
     >>> Settings().fingerprint == Settings.from_json(Settings().to_json()).fingerprint
     True
@@ -109,11 +111,15 @@ class Settings:
 
     @property
     def kwargs(self) -> dict[str, Any]:
-        return dict(self.params)
+        kw = dict(self.params)
+        if kw.get("base_params") is not None:
+            kw["base_params"] = dict(kw["base_params"])
+        return kw
 
-    def calibrator(self) -> ProtectedCalibrator:
+    def calibrator(self) -> Calibrator:
         cal = make_calibrator(self.method, **self.kwargs)
-        if cal.loss != "log":
+        cal.check_classes(2)
+        if getattr(cal, "loss", "log") != "log":
             raise ParameterError(
                 "the pipeline runs the log-loss methods (its serving map and SQL macros are the "
                 "log-loss mixture); use calpipe.protect for loss='brier'"
@@ -134,6 +140,8 @@ class Settings:
 
 
 def _freeze(v):
+    if isinstance(v, dict):
+        return tuple(sorted((k, _freeze(x)) for k, x in v.items()))
     if isinstance(v, list | tuple):
         return tuple(_freeze(x) for x in v)
     return v
@@ -306,6 +314,14 @@ def state_before(con, day: dt.date, settings: Settings, first_day: dt.date) -> p
     return state.drop("date")
 
 
+def _martingale_base(cal: Calibrator, scores: pl.DataFrame) -> pl.Series:
+    """``base_score``: the forecast the martingale bets against (the clipped base, or a stack's
+    base-method forecast), so that base loss - protected loss = ln 10 * log10 S."""
+    if "base_method_score" in scores.columns:
+        return scores["base_method_score"].alias("base_score")
+    return pl.Series("base_score", cal.martingale_base(scores["score"].to_numpy()))
+
+
 def _empty_events() -> pl.DataFrame:
     return pl.DataFrame(schema=_EVENT_SCHEMA).drop("event_date")
 
@@ -351,11 +367,10 @@ def protect_days(
             scored.append(
                 r.scores.with_columns(
                     dcol.alias("event_date"),
-                    # The base the martingale bets against (clipped in log-loss mode).
-                    pl.Series("base_score", cal.prepare_scores(r.scores["score"].to_numpy())),
+                    _martingale_base(cal, r.scores),
                     pl.lit(cal.name).alias("method"),
                     pl.lit(fp).alias("config_fingerprint"),
-                )
+                ).drop("base_method_score", strict=False)
             )
             states.append(state.with_columns(dcol.alias("date")))
             days.append(
@@ -540,7 +555,10 @@ def map_terms(state: pl.DataFrame, settings: Settings) -> pl.DataFrame:
 
 
 def map_days(con, start: dt.date, end: dt.date, settings: Settings) -> StageResult:
-    """Stage ``calibration_map``: the serving map of every stream at the end of each day."""
+    """Stage ``calibration_map``: the serving map of every stream at the end of each day.
+
+    The map's SQL form (terms of the mixture, ``calpipe_protect`` macro) exists for the protected
+    methods; for the other methods the partitions are left empty (use :func:`serving_map`)."""
     start, end = _as_date(start), _as_date(end)
     _require_chain(con, start, end, "calibration_map")
     fp = settings.fingerprint
@@ -554,7 +572,10 @@ def map_days(con, start: dt.date, end: dt.date, settings: Settings) -> StageResu
                 f"calibrator_state of {r['date']} was written with config fingerprint "
                 f"{r['config_fingerprint']}, the map is asked for {fp}"
             )
-        terms = map_terms(state, settings)
+        if isinstance(settings.calibrator(), ProtectedCalibrator):
+            terms = map_terms(state, settings)
+        else:  # no SQL form of a fitted isotonic/Venn/... map: serve with serving_map()
+            terms = pl.DataFrame(schema={"date": pl.Date, "stream": pl.String, "term": pl.Int32})
         store.replace_partitions(con, c0, c1, {"calibration_map": terms})
         res.rows["calibration_map"] += terms.height
     return res

@@ -28,8 +28,13 @@ CREATE TABLE IF NOT EXISTS protected_scores (
     protected_score    DOUBLE    NOT NULL,
     log10_martingale   DOUBLE    NOT NULL,
     method             VARCHAR   NOT NULL,
-    config_fingerprint VARCHAR   NOT NULL
+    config_fingerprint VARCHAR   NOT NULL,
+    p_lower            DOUBLE,              -- Venn methods: the multiprobability [p_lower, p_upper]
+    p_upper            DOUBLE
 );
+-- Databases created before the Venn methods existed gain the interval columns.
+ALTER TABLE protected_scores ADD COLUMN IF NOT EXISTS p_lower DOUBLE;
+ALTER TABLE protected_scores ADD COLUMN IF NOT EXISTS p_upper DOUBLE;
 
 -- Calibrator state at the END of `date`, one row per stream seen so far (streams without events
 -- that day are carried unchanged). Day d is computed from the rows of day d - 1.
@@ -45,7 +50,7 @@ CREATE TABLE IF NOT EXISTS calibrator_state (
     last_event_id        BIGINT,
     log10_martingale     DOUBLE    NOT NULL,
     log10_martingale_max DOUBLE    NOT NULL,
-    weights              DOUBLE[]  NOT NULL,  -- [P, A (rates x functions, row-major)]
+    weights              DOUBLE[]  NOT NULL,  -- the method's state vector (protected: [P, A])
     pending_label_time   TIMESTAMP[],
     pending_scores       DOUBLE[],
     pending_labels       BIGINT[]

@@ -13,7 +13,7 @@ import pytest
 from polars.testing import assert_frame_equal
 
 import calpipe
-from calpipe.cli import build_parser, main, stream_summary
+from calpipe.cli import build_parser, main, parse_value, stream_summary
 from tests.conftest import make_events
 
 SUMMARY_COLUMNS = [
@@ -319,7 +319,8 @@ def test_methods_json_is_the_methods_table(capsys):
     assert main(["methods", "--json"]) == 0
     table = json.loads(capsys.readouterr().out)
     assert table == json.loads(json.dumps(calpipe.methods(), default=str))
-    assert set(table) == {"jumper", "mean-jumper", "composite-jumper"}
+    assert set(table) == set(calpipe.calibrators.METHODS)
+    assert {"jumper", "mean-jumper", "composite-jumper", "platt"} <= set(table)
 
 
 def test_every_option_methods_prints_is_accepted_by_protect():
@@ -337,7 +338,7 @@ def test_every_option_methods_prints_is_accepted_by_protect():
         for p in spec["parameters"]:
             opt = p.replace("_", "-")
             args = parser.parse_args(
-                ["protect", "in.parquet", "out.parquet", f"--{opt}", *values[opt]]
+                ["protect", "in.parquet", "out.parquet", f"--{opt}", *values.get(opt, ["1"])]
             )
             assert getattr(args, p) is not None
 
@@ -349,3 +350,28 @@ def test_family_params_pair_with_a_negative_alpha_is_accepted():
         ["protect", "in.parquet", "out.parquet", "--family-params", "0,1", "1,1", "-1,1"]
     )
     assert args.family_params == ["0,1", "1,1", "-1,1"]
+
+
+def test_generic_values_parse_to_what_the_tables_validate():
+    assert [parse_value(t) for t in ("none", "True", "5", "0.25", "1,2.5", "abm")] == [
+        None, True, 5, 0.25, (1, 2.5), "abm",
+    ]  # fmt: skip
+
+
+def test_protect_runs_a_batch_method_and_a_stack(tmp_path, capsys):
+    from tests.conftest import make_events
+
+    src = tmp_path / "in.parquet"
+    make_events(4, n_events=200).write_parquet(src)
+    out = tmp_path / "out.parquet"
+    argv = ["protect", str(src), str(out), "--method", "platt", "--window", "20",
+            "--refit-every", "10"]  # fmt: skip
+    assert main(argv) == 0
+    got = pl.read_parquet(out)
+    want = calpipe.protect(pl.read_parquet(src), method="platt", window=20, refit_every=10)
+    assert got["protected_score"].to_list() == want["protected_score"].to_list()
+    argv = ["protect", str(src), str(out), "--base-method", "platt", "--base-param", "window=20"]
+    assert main(argv) == 0
+    assert "base_method_score" in pl.read_parquet(out).columns
+    assert main([*argv, "--base-param", "windo=3"]) == 2
+    assert "unknown parameter(s) 'windo'" in capsys.readouterr().err

@@ -22,9 +22,7 @@ Example
 
 from __future__ import annotations
 
-import hashlib
-import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
@@ -36,8 +34,8 @@ from calpipe.calibrators._params import (
     number_in,
     one_of,
     tuple_of,
-    validate,
 )
+from calpipe.calibrators.base import Calibrator, RunOutput
 from calpipe.errors import ParameterError, StateError
 from calpipe.families import (
     BINARY_FAMILIES,
@@ -80,36 +78,20 @@ class BatchState:
             parts += [self.capital.reshape(s, -1), self.log_sj]
         return np.ascontiguousarray(np.concatenate(parts, axis=1))
 
+    def flat(self) -> tuple[np.ndarray, np.ndarray]:
+        """The state vectors as (values, offsets): the protocol of :mod:`calpipe.calibrators.base`."""
+        v = self.vectors()
+        return v.ravel(), np.arange(0, v.size + 1, max(v.shape[1], 1), dtype=np.int64)
 
-@dataclass
-class StreamState:
-    """Serializable state of one stream: what a nightly job stores and the next night loads."""
-
-    method: str
-    config_fingerprint: str
-    n_classes: int
-    n_events: int = 0
-    n_labelled: int = 0
-    log10_martingale: float = 0.0
-    log10_martingale_max: float = 0.0
-    weights: list[float] = field(default_factory=list)
-
-    def to_json(self) -> str:
-        return json.dumps(self.__dict__, sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> StreamState:
-        return cls(**json.loads(text))
-
-
-@dataclass
-class RunOutput:
-    """Kernel outputs in event order: ``protected`` (n,) binary or (n, K); ``log10_martingale`` (n,);
-    ``log10_martingale_by_rate`` (n, R) in Brier compatibility mode (the package's log10 SJ)."""
-
-    protected: np.ndarray
-    log10_martingale: np.ndarray
-    log10_martingale_by_rate: np.ndarray | None = None
+    def scatter(self, idx: np.ndarray, loaded: BatchState) -> BatchState:
+        """This state with streams ``idx`` replaced by the streams of ``loaded`` (in order)."""
+        self.passive[idx] = loaded.passive
+        self.active[idx] = loaded.active
+        self.log10m[idx] = loaded.log10m
+        if self.capital is not None:
+            self.capital[idx] = loaded.capital
+            self.log_sj[idx] = loaded.log_sj
+        return self
 
 
 # ----------------------------------------------------------------------------------------------
@@ -143,16 +125,8 @@ def _family_rule_error(method: str, family: str, params, rule: str) -> Parameter
     )
 
 
-class ProtectedCalibrator:
+class ProtectedCalibrator(Calibrator):
     """Base of the log-loss mixture predictors (one kernel, three initial states)."""
-
-    name: ClassVar[str]
-    summary: ClassVar[str]
-    parameters: ClassVar[dict[str, Param]]
-
-    def __init__(self, **params):
-        self.params = validate(self.name, self.parameters, params)
-        self._check_cross()
 
     # -- configuration -------------------------------------------------------------------------
     @property
@@ -221,10 +195,6 @@ class ProtectedCalibrator:
             "clip": self.params.get("clip") if self.loss == "log" else None,
         }
 
-    def fingerprint(self, n_classes: int) -> str:
-        blob = json.dumps(self.config(n_classes), sort_keys=True).encode()
-        return hashlib.sha256(blob).hexdigest()[:16]
-
     # -- state ---------------------------------------------------------------------------------
     def _initial_active(self, fam: Family) -> np.ndarray:
         """A[J, theta] at the start of a stream (one stream, shape (R, T)); set by each method."""
@@ -243,6 +213,23 @@ class ProtectedCalibrator:
         """The parts of one stream's state vector, in order, with their shapes."""
         n_rates, n_fun = len(self.rates), self.family(n_classes).size
         return {"passive": (), "active": (n_rates, n_fun)}
+
+    def state_size(self, n_classes: int) -> int:
+        return sum(int(np.prod(shape)) for shape in self.state_layout(n_classes).values())
+
+    def state_from_flat(self, values, offsets, log10m, n_classes: int) -> BatchState:
+        size = self.state_size(n_classes)
+        lengths = np.diff(np.asarray(offsets))
+        if lengths.size and (lengths.min() != size or lengths.max() != size):
+            raise StateError(
+                f"method {self.name!r}: state weights have length {lengths.min()}..{lengths.max()}, "
+                f"its state layout {self.state_layout(n_classes)} needs {size}"
+            )
+        vectors = np.asarray(values, dtype=np.float64).reshape(lengths.size, size)
+        return self.state_from_vectors(vectors, log10m, n_classes)
+
+    def martingale_base(self, scores: np.ndarray) -> np.ndarray:
+        return self.prepare_scores(np.asarray(scores, dtype=np.float64))
 
     def state_from_vectors(
         self, vectors: np.ndarray, log10m: np.ndarray, n_classes: int
@@ -285,6 +272,7 @@ class ProtectedCalibrator:
         op_kind: np.ndarray,
         op_offsets: np.ndarray,
         state: BatchState,
+        inputs: dict | None = None,
     ) -> tuple[RunOutput, BatchState]:
         """Run every stream of a batch through the kernel. Scores are taken as given (clip first
         with :meth:`prepare_scores`); labels are int64 class indices (ignored where not updated)."""
@@ -302,51 +290,6 @@ class ProtectedCalibrator:
                 state.passive, state.active, state.log10m,
             )  # fmt: skip
         return RunOutput(p, m), BatchState(pw, a, lm)
-
-    def run(self, scores, labels, *, state: StreamState | None = None):
-        """Run one stream given as arrays; ``labels`` uses -1 for "not known yet".
-
-        Returns ``(RunOutput, StreamState)``; pass the state back in to resume exactly where the
-        stream stopped (k chunks with state carried = one pass).
-        """
-        scores = np.asarray(scores, dtype=np.float64)
-        labels = np.asarray(labels, dtype=np.int64)
-        n_classes = 2 if scores.ndim == 1 else scores.shape[1]
-        if state is None:
-            bstate = self.initial_state(1, n_classes)
-            prior = StreamState(self.name, self.fingerprint(n_classes), n_classes)
-        else:
-            self.check_state(state.config_fingerprint, state.method, n_classes)
-            bstate = self.state_from_vectors(
-                np.asarray([state.weights]), np.array([state.log10_martingale]), n_classes
-            )
-            prior = state
-        n = scores.shape[0]
-        op_kind = np.where(labels < 0, K.OP_FORECAST, K.OP_STEP).astype(np.int8)
-        out, new = self.run_batch(
-            self.prepare_scores(scores), np.maximum(labels, 0), np.arange(n, dtype=np.int64),
-            op_kind, np.array([0, n], dtype=np.int64), bstate,
-        )  # fmt: skip
-        peak = float(np.max(out.log10_martingale, initial=prior.log10_martingale_max))
-        return out, StreamState(
-            method=self.name,
-            config_fingerprint=prior.config_fingerprint,
-            n_classes=n_classes,
-            n_events=prior.n_events + n,
-            n_labelled=prior.n_labelled + int(np.sum(labels >= 0)),
-            log10_martingale=float(new.log10m[0]),
-            log10_martingale_max=peak,
-            weights=new.vectors()[0].tolist(),
-        )
-
-    def check_state(self, fingerprint: str, method: str, n_classes: int) -> None:
-        expected = self.fingerprint(n_classes)
-        if fingerprint != expected:
-            raise StateError(
-                f"state was written by method {method!r} with config fingerprint {fingerprint}, "
-                f"but this run is {self.name!r} with fingerprint {expected} (K = {n_classes}); "
-                "loading a state under another configuration is an error, never a silent reset"
-            )
 
     def serving_map(self, state: BatchState, scores: np.ndarray) -> np.ndarray:
         """p -> p' of each stream's current state applied to ``scores`` (S, n) or (S, n, K).
@@ -466,6 +409,10 @@ class CompositeJumper(ProtectedCalibrator):
     def pi(self) -> float:
         return float(self.params["pi"])
 
+    @property
+    def extra_outputs(self) -> tuple[str, ...]:  # type: ignore[override]
+        return ("log10_martingale_by_rate",) if self.loss == "brier" else ()
+
     def _check_cross(self) -> None:
         super()._check_cross()
         if self.loss == "brier":
@@ -519,7 +466,7 @@ class CompositeJumper(ProtectedCalibrator):
             return super().prepare_scores(scores)
         return np.ascontiguousarray(scores, dtype=np.float64)  # Brier mode clips nothing
 
-    def run_batch(self, scores, labels, op_event, op_kind, op_offsets, state):
+    def run_batch(self, scores, labels, op_event, op_kind, op_offsets, state, inputs=None):
         if self.loss == "log":
             return super().run_batch(scores, labels, op_event, op_kind, op_offsets, state)
         binary = scores.ndim == 1
@@ -531,21 +478,10 @@ class CompositeJumper(ProtectedCalibrator):
             state.passive, state.active, state.capital, state.log_sj,
         )  # fmt: skip
         log10m = K._log10_cj_rows(lsj)
-        out = RunOutput(p[:, 1].copy() if binary else p, cj, sj)
+        out = RunOutput(p[:, 1].copy() if binary else p, cj, {"log10_martingale_by_rate": sj})
         return out, BatchState(pw, a, log10m, cap, lsj)
 
 
-METHODS: dict[str, type[ProtectedCalibrator]] = {
+PROTECTED_METHODS: dict[str, type[ProtectedCalibrator]] = {
     cls.name: cls for cls in (Jumper, MeanJumper, CompositeJumper)
 }
-
-
-def make_calibrator(method: str, **params) -> ProtectedCalibrator:
-    """The calibrator called ``method`` with ``params`` validated against its table."""
-    try:
-        cls = METHODS[method]
-    except KeyError:
-        raise ParameterError(
-            f"unknown method {method!r}; expected one of {', '.join(METHODS)}"
-        ) from None
-    return cls(**params)

@@ -1,0 +1,336 @@
+"""The calibrator protocol every method implements, and the state containers it runs on.
+
+A calibrator is a validated configuration (one parameter table per method, :mod:`._params`) around
+one or more kernels. :func:`calpipe.protect` drives every method the same way:
+
+1. ``prepare_scores(base)``: the base scores as the calibrator consumes them;
+2. ``initial_state(S, K)`` or ``state_from_flat(...)`` for the carried state of each stream;
+3. ``run_batch(scores, labels, op_event, op_kind, op_offsets, state)``: all streams of a batch in
+   one call over the operation list of :mod:`calpipe.kernels.protected` (step / forecast /
+   delayed update, grouped by stream), returning a :class:`RunOutput` and the new state;
+4. ``state.flat()``: one float64 vector per stream, stored as the ``weights`` list column.
+
+Every method reports ``log10_martingale``: the running log10 likelihood ratio
+sum_i log10 p'_i(y_i) - log10 p_i(y_i) of its forecasts p' against the base forecasts p. For the
+protected methods it is the test martingale of their papers; for every other method it is also a
+test martingale of the base forecasts, because each p'_i is fixed before y_i is seen (a prequential
+forecast's likelihood ratio against the null is a nonnegative martingale under the null with
+initial value 1), so the same alarm applies to all methods. Non-protected methods compute it with
+both forecasts clipped to [clip, 1 - clip] (their ``clip`` parameter), which keeps it finite when a
+batch calibrator outputs exactly 0 or 1; their outputs themselves are not clipped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+from numba import njit
+
+from calpipe import config
+from calpipe.calibrators._params import Param, number_in, validate
+from calpipe.errors import StateError
+
+
+@dataclass
+class RunOutput:
+    """Outputs of a batch, one row per event of the batch's event arrays.
+
+    ``protected`` (n,) binary or (n, K); ``log10_martingale`` (n,); ``extra``: further output
+    columns of the method by name (``p_lower``/``p_upper`` of the Venn methods, the Brier mode's
+    ``log10_martingale_by_rate``, a stack's ``base_method_score``), each (n,) or (n, K) / (n, R).
+    """
+
+    protected: np.ndarray
+    log10_martingale: np.ndarray
+    extra: dict[str, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def log10_martingale_by_rate(self) -> np.ndarray | None:
+        return self.extra.get("log10_martingale_by_rate")
+
+
+@dataclass
+class StreamState:
+    """Serializable state of one stream: what a nightly job stores and the next night loads."""
+
+    method: str
+    config_fingerprint: str
+    n_classes: int
+    n_events: int = 0
+    n_labelled: int = 0
+    log10_martingale: float = 0.0
+    log10_martingale_max: float = 0.0
+    weights: list[float] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> StreamState:
+        return cls(**json.loads(text))
+
+
+@dataclass
+class FlatState:
+    """State of S streams as ragged float64 vectors: stream s is ``values[offsets[s]:offsets[s+1]]``.
+
+    The container of every method whose state length varies by stream (a batch calibrator's
+    window and fitted map) or that does not need a structured layout.
+    """
+
+    values: np.ndarray  # (sum of lengths,)
+    offsets: np.ndarray  # (S + 1,) int64
+    log10m: np.ndarray  # (S,)
+
+    @property
+    def n_streams(self) -> int:
+        return int(self.log10m.shape[0])
+
+    def flat(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.values, self.offsets
+
+    def vector(self, s: int) -> np.ndarray:
+        return self.values[self.offsets[s] : self.offsets[s + 1]]
+
+    @classmethod
+    def from_vectors(cls, vectors: list[np.ndarray], log10m: np.ndarray) -> FlatState:
+        lengths = np.array([v.shape[0] for v in vectors], dtype=np.int64)
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        values = np.concatenate(vectors) if vectors else np.zeros(0)
+        return cls(np.ascontiguousarray(values, dtype=np.float64), offsets, log10m)
+
+    def scatter(self, idx: np.ndarray, loaded: FlatState) -> FlatState:
+        """This state with streams ``idx`` replaced by the streams of ``loaded`` (in order)."""
+        src_of = np.full(self.n_streams, -1, dtype=np.int64)
+        src_of[idx] = np.arange(idx.shape[0])
+        vectors = [
+            loaded.vector(int(src_of[s])) if src_of[s] >= 0 else self.vector(s)
+            for s in range(self.n_streams)
+        ]
+        log10m = self.log10m.copy()
+        log10m[idx] = loaded.log10m
+        return FlatState.from_vectors(vectors, log10m)
+
+
+def weights_series(values: np.ndarray, offsets: np.ndarray) -> pl.Series:
+    """The ``weights`` list column of S state vectors, built without a Python loop."""
+    arr = pa.LargeListArray.from_arrays(pa.array(offsets, pa.int64()), pa.array(values))
+    return pl.Series("weights", pl.from_arrow(arr)).cast(pl.List(pl.Float64))
+
+
+@njit(cache=True)
+def _segment_gale(contrib, op_offsets, log10m0):
+    """Running sum of ``contrib`` within each op segment, starting at ``log10m0[s]``.
+
+    Sequential adds in op order, so a stream split into chunks (state carried) gives bit-identical
+    sums: the invariant "k chunks = one pass" of DESIGN §4.
+    """
+    out = np.empty(contrib.shape[0])
+    end = log10m0.copy()
+    for s in range(op_offsets.shape[0] - 1):
+        m = log10m0[s]
+        for o in range(op_offsets[s], op_offsets[s + 1]):
+            m += contrib[o]
+            out[o] = m
+        end[s] = m
+    return out, end
+
+
+def prob_of_label(p: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """B_p({y}): p if y = 1 else 1 - p (binary (n,)); p[i, y_i] (K classes (n, K))."""
+    if p.ndim == 1:
+        return np.where(y == 1, p, 1.0 - p)
+    return np.take_along_axis(p, y[:, None], axis=1)[:, 0]
+
+
+def likelihood_gale(
+    forecast: np.ndarray,
+    base: np.ndarray,
+    labels: np.ndarray,
+    is_update: np.ndarray,
+    op_offsets: np.ndarray,
+    log10m0: np.ndarray,
+    clip: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """log10 S after each op: S multiplies by clip(p')(y) / clip(p)(y) at each update op.
+
+    ``forecast`` and ``base`` are per op (the calibrated forecast made at that op, and the base);
+    binary forecasts are clipped to [clip, 1 - clip]; K-class vectors have each entry floored at
+    ``clip`` and are renormalised (the rule of :meth:`ProtectedCalibrator.prepare_scores`).
+    """
+    f = clip_probabilities(forecast, clip)
+    b = clip_probabilities(base, clip)
+    y = np.maximum(labels, 0)
+    contrib = np.where(
+        is_update, np.log10(prob_of_label(f, y)) - np.log10(prob_of_label(b, y)), 0.0
+    )
+    return _segment_gale(np.ascontiguousarray(contrib), op_offsets, log10m0)
+
+
+def clip_probabilities(p: np.ndarray, eps: float) -> np.ndarray:
+    """Binary: min(max(p, eps), 1 - eps). K classes: max(p_c, eps) renormalised."""
+    if p.ndim == 1:
+        return np.clip(p, eps, 1.0 - eps)
+    q = np.maximum(p, eps)
+    return q / q.sum(axis=1, keepdims=True)
+
+
+# Shared parameter of every non-protected method: the clip of the likelihood-ratio martingale.
+CLIP_PARAM = Param(
+    config.DEFAULT_CLIP_EPS,
+    number_in(0.0, 0.5),
+    "a number in (0, 0.5)",
+    "clip of base and calibrated forecasts in log10_martingale only (outputs are not clipped)",
+)
+
+
+class Calibrator:
+    """Base of every method: parameter validation, configuration fingerprint, state checks.
+
+    Subclasses set ``name``, ``summary``, ``parameters`` (the one table that validates them and
+    that ``calpipe methods`` prints), ``classes`` ("binary", "multiclass" or "both"), and
+    implement ``initial_state``, ``state_from_flat`` and ``run_batch``.
+    """
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    parameters: ClassVar[dict[str, Param]]
+    #: Which base scores the method takes: "binary", "multiclass" or "both".
+    classes: ClassVar[str] = "both"
+    #: Extra output columns (besides the forecast and log10_martingale), by name.
+    extra_outputs: ClassVar[tuple[str, ...]] = ()
+    #: Whether the method can take labels that arrive late (``label_time``) across batches.
+    supports_label_time: ClassVar[bool] = True
+
+    def __init__(self, **params):
+        self.params = validate(self.name, self.parameters, params)
+        self._check_cross()
+
+    def _check_cross(self) -> None:
+        """Checks that involve several parameters (none by default)."""
+
+    # -- configuration -------------------------------------------------------------------------
+    def check_classes(self, n_classes: int) -> None:
+        from calpipe.errors import ParameterError
+
+        if self.classes == "binary" and n_classes != 2:
+            raise ParameterError(
+                f"method {self.name!r} is binary-only; the frame has K = {n_classes} classes "
+                "(give a binary `score` column, or use a multiclass method)"
+            )
+        if self.classes == "multiclass" and n_classes == 2 and not self.binary_as_two_classes:
+            raise ParameterError(f"method {self.name!r} needs K >= 3 class scores")
+
+    binary_as_two_classes: ClassVar[bool] = True
+
+    def config(self, n_classes: int) -> dict[str, Any]:
+        """Canonical configuration: everything that changes the outputs (and nothing else)."""
+        return {"method": self.name, "n_classes": n_classes, "params": _jsonable(self.params)}
+
+    def fingerprint(self, n_classes: int) -> str:
+        blob = json.dumps(self.config(n_classes), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    def check_state(self, fingerprint: str, method: str, n_classes: int) -> None:
+        expected = self.fingerprint(n_classes)
+        if fingerprint != expected:
+            raise StateError(
+                f"state was written by method {method!r} with config fingerprint {fingerprint}, "
+                f"but this run is {self.name!r} with fingerprint {expected} (K = {n_classes}); "
+                "loading a state under another configuration is an error, never a silent reset"
+            )
+
+    # -- state ---------------------------------------------------------------------------------
+    def state_size(self, n_classes: int) -> int | None:
+        """Length of every stream's state vector, or None if it varies by stream."""
+        return None
+
+    def initial_state(self, n_streams: int, n_classes: int):
+        raise NotImplementedError
+
+    def state_from_flat(self, values, offsets, log10m, n_classes: int):
+        """Inverse of ``state.flat()``; raises StateError on a malformed vector."""
+        return FlatState(
+            np.ascontiguousarray(values, dtype=np.float64),
+            np.ascontiguousarray(offsets, dtype=np.int64),
+            np.ascontiguousarray(log10m, dtype=np.float64),
+        )
+
+    # -- running -------------------------------------------------------------------------------
+    def prepare_scores(self, scores: np.ndarray) -> np.ndarray:
+        """Base probabilities as the method consumes them (as given, by default)."""
+        return np.ascontiguousarray(scores, dtype=np.float64)
+
+    def martingale_base(self, scores: np.ndarray) -> np.ndarray:
+        """The base forecasts ``log10_martingale`` bets against, as the method sees them."""
+        return clip_probabilities(np.asarray(scores, dtype=np.float64), self.params["clip"])
+
+    def input_columns(self) -> dict[str, str]:
+        """Extra event columns the method reads: kernel argument -> column name (e.g. a user
+        taxonomy ``categories`` column). :func:`calpipe.protect` validates and passes them."""
+        return {}
+
+    def n_categories_input(self) -> int | None:
+        """Number of categories of the ``categories`` input column (its values: 0 .. n - 1)."""
+        return None
+
+    def run_batch(self, scores, labels, op_event, op_kind, op_offsets, state, inputs=None):
+        """All streams of a batch: ``inputs`` maps :meth:`input_columns` keys to event arrays."""
+        raise NotImplementedError
+
+    def run(self, scores, labels, *, state: StreamState | None = None):
+        """Run one stream given as arrays; ``labels`` uses -1 for "not known yet".
+
+        Returns ``(RunOutput, StreamState)``; pass the state back in to resume exactly where the
+        stream stopped (k chunks with state carried = one pass).
+        """
+        from calpipe.kernels.protected import OP_FORECAST, OP_STEP
+
+        scores = np.asarray(scores, dtype=np.float64)
+        labels = np.asarray(labels, dtype=np.int64)
+        n_classes = 2 if scores.ndim == 1 else scores.shape[1]
+        self.check_classes(n_classes)
+        if state is None:
+            st = self.initial_state(1, n_classes)
+            prior = StreamState(self.name, self.fingerprint(n_classes), n_classes)
+        else:
+            self.check_state(state.config_fingerprint, state.method, n_classes)
+            w = np.asarray(state.weights, dtype=np.float64)
+            st = self.state_from_flat(
+                w, np.array([0, w.shape[0]]), np.array([state.log10_martingale]), n_classes
+            )
+            prior = state
+        n = scores.shape[0]
+        op_kind = np.where(labels < 0, OP_FORECAST, OP_STEP).astype(np.int8)
+        out, new = self.run_batch(
+            self.prepare_scores(scores), np.maximum(labels, 0), np.arange(n, dtype=np.int64),
+            op_kind, np.array([0, n], dtype=np.int64), st,
+        )  # fmt: skip
+        values, offsets = new.flat()
+        peak = float(np.max(out.log10_martingale, initial=prior.log10_martingale_max))
+        return out, StreamState(
+            method=self.name,
+            config_fingerprint=prior.config_fingerprint,
+            n_classes=n_classes,
+            n_events=prior.n_events + n,
+            n_labelled=prior.n_labelled + int(np.sum(labels >= 0)),
+            log10_martingale=float(new.log10m[0]),
+            log10_martingale_max=peak,
+            weights=values[offsets[0] : offsets[1]].tolist(),
+        )
+
+
+def _jsonable(v):
+    if isinstance(v, dict):
+        return {k: _jsonable(x) for k, x in v.items()}
+    if isinstance(v, tuple | list):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, np.generic):
+        return v.item()
+    return v

@@ -1,0 +1,82 @@
+"""The batch calibrators of the literature, each a kernel pair run by :class:`WindowedCalibrator`.
+
+Every method here is fitted on a stream's calibration window (the last ``window`` labels learnt;
+refitted every ``refit_every`` labels, or frozen after the first fit) and applied prequentially to
+the events after it (see :mod:`calpipe.calibrators.windowed`). The maths and citations are in the
+kernels' docstrings (:mod:`calpipe.kernels`).
+
+>>> import numpy as np
+>>> from calpipe.calibrators import make_calibrator
+>>> rng = np.random.default_rng(0)
+>>> p = rng.uniform(0.05, 0.95, 400)
+>>> y = (rng.uniform(size=400) < p**2).astype(np.int64)  # the base is overconfident
+>>> out, state = make_calibrator("platt", window=200).run(p, y)
+>>> bool(np.all(out.protected[:200] == p[:200]))  # passes the base through until fitted
+True
+>>> bool(out.log10_martingale[-1] > 2)  # Platt's forecasts beat the base by a factor > 100
+True
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from calpipe.calibrators._params import Param, one_of
+from calpipe.calibrators.windowed import WINDOW_PARAMS, WindowedCalibrator
+from calpipe.kernels import parametric
+
+
+class Platt(WindowedCalibrator):
+    """Platt scaling: p' = sigmoid(a logit(p) + b), maximum likelihood (Platt 1999)."""
+
+    name = "platt"
+    summary = "Platt scaling: logistic regression on the base log-odds (Platt 1999), batch"
+    classes = "binary"
+    fit = staticmethod(parametric.platt_fit)
+    predict = staticmethod(parametric.platt_predict)
+    fit_params = ("platt_targets",)
+    parameters: ClassVar[dict[str, Param]] = {
+        **WINDOW_PARAMS,
+        "platt_targets": Param(
+            False,
+            one_of(True, False),
+            "True or False",
+            "Platt's smoothed targets (N+ + 1)/(N+ + 2), 1/(N- + 2) instead of the labels",
+        ),
+    }
+
+
+class Beta(WindowedCalibrator):
+    """Beta calibration: p' = sigmoid(a ln p - b ln(1 - p) + c) (Kull et al. 2017)."""
+
+    name = "beta"
+    summary = "beta calibration (Kull, Silva Filho & Flach 2017), batch"
+    classes = "binary"
+    fit = staticmethod(parametric.beta_fit)
+    predict = staticmethod(parametric.beta_predict)
+    fit_params = ("parameters",)
+    parameters: ClassVar[dict[str, Param]] = {
+        **WINDOW_PARAMS,
+        "parameters": Param(
+            "abm",
+            one_of(*parametric.BETA_PARAMETERS),
+            f"one of {', '.join(parametric.BETA_PARAMETERS)}",
+            "betacal's parameterisation: abm = a, b, m free; ab = m fixed at 1/2; am = a = b "
+            "(Platt on the log-odds); a = one shape",
+        ),
+    }
+
+
+class Temperature(WindowedCalibrator):
+    """Temperature scaling: p'_c proportional to p_c^(1/T) (Guo et al. 2017)."""
+
+    name = "temperature"
+    summary = "temperature scaling p' = softmax(ln p / T) (Guo et al. 2017), batch"
+    fit = staticmethod(parametric.temperature_fit)
+    predict = staticmethod(parametric.temperature_predict)
+    parameters: ClassVar[dict[str, Param]] = {**WINDOW_PARAMS}
+
+
+BATCH_METHODS = (Platt, Beta, Temperature)
+
+__all__ = ["BATCH_METHODS", "Beta", "Platt", "Temperature"]

@@ -1,0 +1,123 @@
+"""Stacking: protect the output of another calibrator (``--base-method``).
+
+``Stacked(base, top)`` runs ``base`` on the events and feeds its forecasts to ``top`` as the base
+probabilities, in one pass over the same operation list: both see exactly the labels a
+prequential run allows, so the stack is prequential too. With a protected ``top`` (the Composite
+Jumper), paper 001's insurance applies to the base calibrator's forecasts: the stack's cumulative
+log loss is at most that of ``base`` (clipped as ``top`` clips its base) plus ln(1/pi).
+
+The state of a stream is ``[L, log10 S_base, base vector (L), top vector]``; ``log10_martingale``
+is the top's (its test martingale of the base calibrator's forecasts), and the extra column
+``base_method_score`` holds the base calibrator's forecast as the top consumed it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import numpy as np
+
+from calpipe.calibrators.base import Calibrator, FlatState, RunOutput
+
+
+class Stacked(Calibrator):
+    """``top`` applied to the forecasts of ``base`` (both already-validated calibrators)."""
+
+    supports_label_time = False  # a pending label's base forecast is not kept across batches
+    summary = "a calibrator protecting (or recalibrating) the output of another one"
+    parameters = {}  # noqa: RUF012 (each part validates its own table)
+
+    def __init__(self, base: Calibrator, top: Calibrator):
+        self.base, self.top = base, top
+        self.name = f"{top.name}+{base.name}"
+        self.params = {"base": base.params, "top": top.params}
+
+    @property
+    def classes(self) -> str:  # type: ignore[override]
+        return "binary" if "binary" in (self.base.classes, self.top.classes) else "both"
+
+    @property
+    def extra_outputs(self) -> tuple[str, ...]:  # type: ignore[override]
+        return (*self.top.extra_outputs, "base_method_score")
+
+    def check_classes(self, n_classes: int) -> None:
+        self.base.check_classes(n_classes)
+        self.top.check_classes(n_classes)
+
+    def config(self, n_classes: int) -> dict:
+        return {"stack": [self.base.config(n_classes), self.top.config(n_classes)]}
+
+    def fingerprint(self, n_classes: int) -> str:
+        blob = json.dumps(self.config(n_classes), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    # -- state: [L, log10 S_base, base (L), top] -----------------------------------------------
+    def initial_state(self, n_streams: int, n_classes: int) -> FlatState:
+        return self._join(
+            self.base.initial_state(n_streams, n_classes),
+            self.top.initial_state(n_streams, n_classes),
+        )
+
+    @staticmethod
+    def _join(bst, tst) -> FlatState:
+        bv, bo = bst.flat()
+        tv, to = tst.flat()
+        vectors = [
+            np.concatenate(
+                [[bo[s + 1] - bo[s], bst.log10m[s]], bv[bo[s] : bo[s + 1]], tv[to[s] : to[s + 1]]]
+            )
+            for s in range(bst.n_streams)
+        ]
+        return FlatState.from_vectors(vectors, np.asarray(tst.log10m, dtype=np.float64))
+
+    def _split(self, st: FlatState, n_classes: int):
+        bvec, tvec, blm = [], [], np.empty(st.n_streams)
+        for s in range(st.n_streams):
+            v = st.vector(s)
+            n_base = int(v[0])
+            blm[s] = v[1]
+            bvec.append(v[2 : 2 + n_base])
+            tvec.append(v[2 + n_base :])
+        b = FlatState.from_vectors(bvec, blm)
+        t = FlatState.from_vectors(tvec, st.log10m)
+        return (
+            self.base.state_from_flat(b.values, b.offsets, b.log10m, n_classes),
+            self.top.state_from_flat(t.values, t.offsets, t.log10m, n_classes),
+        )
+
+    def state_from_flat(self, values, offsets, log10m, n_classes: int) -> FlatState:
+        st = super().state_from_flat(values, offsets, log10m, n_classes)
+        self._split(st, n_classes)  # validates both parts
+        return st
+
+    # -- running -------------------------------------------------------------------------------
+    def prepare_scores(self, scores: np.ndarray) -> np.ndarray:
+        return self.base.prepare_scores(scores)
+
+    def martingale_base(self, scores: np.ndarray) -> np.ndarray:
+        raise TypeError("a stack's martingale bets against its base_method_score output")
+
+    def input_columns(self) -> dict[str, str]:
+        return {**self.base.input_columns(), **self.top.input_columns()}
+
+    def n_categories_input(self) -> int | None:
+        return self.base.n_categories_input() or self.top.n_categories_input()
+
+    def run_batch(self, scores, labels, op_event, op_kind, op_offsets, state, inputs=None):
+        n_classes = 2 if scores.ndim == 1 else scores.shape[1]
+        bst, tst = self._split(state, n_classes)
+        args = (labels, op_event, op_kind, op_offsets)
+        bout, bnew = self.base.run_batch(scores, *args, bst, inputs)
+        top_in = self.top.prepare_scores(bout.protected)
+        tout, tnew = self.top.run_batch(top_in, *args, tst, inputs)
+        extra = {**tout.extra, "base_method_score": self.top.martingale_base(bout.protected)}
+        return RunOutput(tout.protected, tout.log10_martingale, extra), self._join(bnew, tnew)
+
+    def serving_map(self, state: FlatState, scores: np.ndarray) -> np.ndarray:
+        """The base method's current map, then the top's, applied to ``scores``."""
+        n_classes = 2 if scores.ndim == 2 else scores.shape[2]
+        bst, tst = self._split(state, n_classes)
+        mid = self.base.serving_map(bst, scores)
+        flat = self.top.prepare_scores(mid.reshape((-1, *mid.shape[2:])))
+        return self.top.serving_map(tst, flat.reshape(mid.shape))

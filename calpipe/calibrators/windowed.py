@@ -1,0 +1,261 @@
+"""Batch calibrators applied prequentially: fit on a window of labelled events, apply to later ones.
+
+A batch method (Venn-ABERS, isotonic, Platt, ...) is a pair of kernel functions
+``fit(scores, labels, **kw) -> fitted vector`` and ``predict(fitted, scores, **kw) -> Prediction``
+(the contract of :mod:`calpipe.kernels._prediction`). :class:`WindowedCalibrator` turns such a pair
+into a calibrator of the streaming protocol (:mod:`calpipe.calibrators.base`):
+
+* labelled events enter a stream's calibration window in the order their labels are learnt
+  (the op list's updates), which keeps the last ``window`` of them;
+* the first fit happens right after the ``window``-th label; with ``refit_every = M`` the map is
+  refitted on the trailing window after every further M labels, otherwise it stays frozen (the
+  inductive setting: "calibrate on the first N events");
+* each event is forecast with the map in force when it is forecast (so, prequentially, only on
+  labels learnt strictly before it); before the first fit the base score passes through.
+
+With u = the number of labels a stream has learnt before an operation, W = ``window`` and
+M = ``refit_every``, the map in force is the one fitted after label
+
+    j*(u) = -1 (no fit yet) if u < W;   W if M is None;   W + M * floor((u - W) / M) otherwise,
+
+on labels j* - W + 1 .. j*. The state of a stream is one float vector
+``[u, b, f, window scores (b * C), window labels (b), fitted (f)]`` (b = min(u, W) kept labels,
+C = 1 for binary scores, K otherwise; f = length of the fitted vector, 0 before the first fit),
+so running a stream in chunks with the state carried gives exactly the one-pass outputs.
+
+Fits run once per (stream, refit); forecasts are one vectorised ``predict`` call per
+(stream, refit) run of operations, never a Python loop per event.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import numpy as np
+
+from calpipe.calibrators._params import Param
+from calpipe.calibrators.base import (
+    CLIP_PARAM,
+    Calibrator,
+    FlatState,
+    RunOutput,
+    likelihood_gale,
+)
+from calpipe.errors import StateError
+from calpipe.kernels._prediction import Prediction
+from calpipe.kernels.protected import OP_FORECAST, OP_UPDATE
+
+_HEADER = 3  # u, b, f
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int | np.integer) and not isinstance(v, bool)
+
+
+def _positive_int(v) -> bool:
+    return _is_int(v) and v >= 1
+
+
+WINDOW_PARAMS: dict[str, Param] = {
+    "window": Param(
+        1000,
+        _positive_int,
+        "an integer >= 1",
+        "labelled events in the calibration window (the last `window` labels learnt)",
+    ),
+    "refit_every": Param(
+        None,
+        lambda v: v is None or _positive_int(v),
+        "None (fit once, on the first `window` labels) or an integer >= 1",
+        "refit on the trailing window after every `refit_every` further labels",
+    ),
+    "clip": CLIP_PARAM,
+}
+
+
+def fit_point(u: np.ndarray, window: int, refit_every: int | None) -> np.ndarray:
+    """j*(u): the label count after which the map in force was fitted (-1 = none yet)."""
+    u = np.asarray(u, dtype=np.int64)
+    if refit_every is None:
+        return np.where(u >= window, window, -1)
+    return np.where(u >= window, window + refit_every * ((u - window) // refit_every), -1)
+
+
+class WindowedCalibrator(Calibrator):
+    """A batch method (``fit``/``predict`` kernel pair) run over a stream's calibration window.
+
+    Subclasses set ``fit``, ``predict``, ``fit_params``/``predict_params`` (the parameters passed
+    on to the kernels), and their table: :data:`WINDOW_PARAMS` plus the method's own parameters.
+    """
+
+    fit: ClassVar[Callable[..., np.ndarray]]
+    predict: ClassVar[Callable[..., Prediction]]
+    #: Parameters passed on to ``fit`` and to ``predict`` (by name).
+    fit_params: ClassVar[tuple[str, ...]] = ()
+    predict_params: ClassVar[tuple[str, ...]] = ()
+
+    # -- configuration -------------------------------------------------------------------------
+    @property
+    def window(self) -> int:
+        return int(self.params["window"])
+
+    @property
+    def refit_every(self) -> int | None:
+        r = self.params["refit_every"]
+        return None if r is None else int(r)
+
+    def fit_kwargs(self, n_classes: int) -> dict[str, Any]:
+        return {k: self.params[k] for k in self.fit_params}
+
+    def predict_kwargs(self, n_classes: int) -> dict[str, Any]:
+        return {k: self.params[k] for k in self.predict_params}
+
+    def _fit(self, scores: np.ndarray, labels: np.ndarray, n_classes: int) -> np.ndarray:
+        fitted = type(self).fit(scores, labels, **self.fit_kwargs(n_classes))
+        return np.ascontiguousarray(fitted, dtype=np.float64)
+
+    def _predict(self, fitted: np.ndarray, scores: np.ndarray, n_classes: int) -> Prediction:
+        return type(self).predict(fitted, scores, **self.predict_kwargs(n_classes))
+
+    # -- state ---------------------------------------------------------------------------------
+    def initial_state(self, n_streams: int, n_classes: int) -> FlatState:
+        values = np.zeros(n_streams * _HEADER)
+        offsets = np.arange(0, n_streams * _HEADER + 1, _HEADER, dtype=np.int64)
+        return FlatState(values, offsets, np.zeros(n_streams))
+
+    def state_from_flat(self, values, offsets, log10m, n_classes: int) -> FlatState:
+        st = super().state_from_flat(values, offsets, log10m, n_classes)
+        c = 1 if n_classes == 2 else n_classes
+        for s in range(st.n_streams):  # header check: one read per stream, no per-event work
+            v = st.vector(s)
+            ok = v.shape[0] >= _HEADER
+            if ok:
+                u, b, f = v[:_HEADER]
+                ok = (
+                    u >= 0
+                    and b == min(u, self.window)
+                    and f >= 0
+                    and v.shape[0] == _HEADER + int(b) * (c + 1) + int(f)
+                )
+            if not ok:
+                raise StateError(
+                    f"method {self.name!r}: state vector {s} does not have the layout "
+                    f"[u, b, f, scores (b*{c}), labels (b), fitted (f)] with b = min(u, "
+                    f"window={self.window})"
+                )
+        return st
+
+    def _unpack(self, st: FlatState, s: int, c: int):
+        v = st.vector(s)
+        u, b, f = (int(x) for x in v[:_HEADER])
+        sc = v[_HEADER : _HEADER + b * c]
+        lab = v[_HEADER + b * c : _HEADER + b * (c + 1)].astype(np.int64)
+        fitted = v[_HEADER + b * (c + 1) : _HEADER + b * (c + 1) + f]
+        return u, sc.reshape(b, c) if c > 1 else sc, lab, fitted
+
+    # -- running -------------------------------------------------------------------------------
+    def run_batch(
+        self, scores, labels, op_event, op_kind, op_offsets, state: FlatState, inputs=None
+    ):
+        n_classes = 2 if scores.ndim == 1 else scores.shape[1]
+        c = 1 if n_classes == 2 else n_classes
+        n_streams = op_offsets.shape[0] - 1
+        n_ops = op_event.shape[0]
+        counts = np.diff(op_offsets)
+        sid = np.repeat(np.arange(n_streams), counts)
+        is_upd = op_kind != OP_FORECAST
+        cum = np.cumsum(is_upd)
+        seg_base = np.concatenate([[0], cum])[op_offsets[:-1]]  # updates before each segment
+        u0 = np.array([int(state.vector(s)[0]) for s in range(n_streams)], dtype=np.int64)
+        u_before = u0[sid] + (cum - is_upd) - seg_base[sid]  # labels learnt before each op
+        epoch = fit_point(u_before, self.window, self.refit_every)
+        u_end = u0 + (cum[op_offsets[1:] - 1] - seg_base if n_ops else 0)
+        u_end = np.where(counts > 0, u_end, u0)
+
+        forecast = np.empty((n_ops,) if c == 1 else (n_ops, n_classes))
+        lower = np.empty_like(forecast)
+        upper = np.empty_like(forecast)
+        new_vectors = []
+        upd_ops = np.flatnonzero(is_upd)
+        upd_bounds = np.searchsorted(upd_ops, op_offsets)
+        for s in range(n_streams):
+            u, win_s, win_y, fitted = self._unpack(state, s, c)
+            lo, hi = op_offsets[s], op_offsets[s + 1]
+            ops_u = upd_ops[upd_bounds[s] : upd_bounds[s + 1]]
+            new_s = scores[op_event[ops_u]]
+            new_y = labels[op_event[ops_u]]
+            all_s = np.concatenate([win_s, new_s]) if new_s.size else win_s
+            all_y = np.concatenate([win_y, new_y]) if new_y.size else win_y
+            first = u - win_y.shape[0] + 1  # label number of all_s[0] (1-based)
+            fits = {int(fit_point(u, self.window, self.refit_every)): fitted}
+
+            def fitted_at(j: int, all_s=all_s, all_y=all_y, first=first, fits=fits):
+                if j not in fits:
+                    stop = j - first + 1
+                    fits[j] = self._fit(
+                        all_s[stop - self.window : stop],
+                        all_y[stop - self.window : stop],
+                        n_classes,
+                    )
+                return fits[j]
+
+            # Runs of consecutive ops that share a map: one predict call each.
+            ep = epoch[lo:hi]
+            cuts = np.flatnonzero(np.diff(ep)) + 1
+            for a, b in zip(np.r_[0, cuts], np.r_[cuts, hi - lo], strict=True):
+                j = int(ep[a])
+                ev = op_event[lo + a : lo + b]
+                sl = slice(lo + a, lo + b)
+                if j < 0:
+                    forecast[sl] = lower[sl] = upper[sl] = scores[ev]
+                    continue
+                pred = self._predict(fitted_at(j), np.ascontiguousarray(scores[ev]), n_classes)
+                forecast[sl] = pred.p
+                lower[sl] = pred.p if pred.p_lower is None else pred.p_lower
+                upper[sl] = pred.p if pred.p_upper is None else pred.p_upper
+            j_end = int(fit_point(u_end[s], self.window, self.refit_every))
+            fit_end = fitted_at(j_end) if j_end >= 0 else np.zeros(0)
+            keep = min(int(u_end[s]), self.window)
+            tail_s = all_s[all_s.shape[0] - keep :]
+            tail_y = all_y[all_y.shape[0] - keep :]
+            head = np.array([u_end[s], keep, fit_end.shape[0]], dtype=np.float64)
+            new_vectors.append(
+                np.concatenate([head, tail_s.ravel(), tail_y.astype(np.float64), fit_end])
+            )
+
+        log10m_op, log10m_end = likelihood_gale(
+            forecast, self.martingale_base(scores[op_event]), labels[op_event], is_upd,
+            op_offsets, state.log10m, self.params["clip"],
+        )  # fmt: skip
+        return self._outputs(scores, op_event, op_kind, forecast, lower, upper, log10m_op), (
+            FlatState.from_vectors(new_vectors, log10m_end)
+        )
+
+    def _outputs(self, scores, op_event, op_kind, forecast, lower, upper, log10m_op) -> RunOutput:
+        """Per-event outputs from per-op values: an event's forecast is made at its forecast op."""
+        shown = op_kind != OP_UPDATE
+        ev = op_event[shown]
+        out_p = np.full(scores.shape, np.nan)
+        out_m = np.full(scores.shape[0], np.nan)
+        out_p[ev] = forecast[shown]
+        out_m[ev] = log10m_op[shown]
+        extra = {}
+        if "p_lower" in self.extra_outputs:
+            lo = np.full(scores.shape, np.nan)
+            hi = np.full(scores.shape, np.nan)
+            lo[ev], hi[ev] = lower[shown], upper[shown]
+            extra = {"p_lower": lo, "p_upper": hi}
+        return RunOutput(out_p, out_m, extra)
+
+    def serving_map(self, state: FlatState, scores: np.ndarray) -> np.ndarray:
+        """Each stream's current map applied to ``scores`` (S, n) or (S, n, K)."""
+        n_classes = 2 if scores.ndim == 2 else scores.shape[2]
+        c = 1 if n_classes == 2 else n_classes
+        out = np.empty(scores.shape)
+        for s in range(state.n_streams):
+            _, _, _, fitted = self._unpack(state, s, c)
+            out[s] = (
+                scores[s] if fitted.size == 0 else self._predict(fitted, scores[s], n_classes).p
+            )
+        return out
