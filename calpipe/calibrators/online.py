@@ -1,0 +1,319 @@
+"""Online calibrators: they learn from every label as it arrives (no calibration window).
+
+* :class:`VennPredictor` — the Venn predictor of paper 002 (Vovk, Shafer & Nouretdinov 2003) with
+  a taxonomy on the base score (bins) or on a user column of integer categories: each event's
+  multiprobability [p_lower, p_upper] comes from the labels of all earlier events of its category
+  (kernel :func:`calpipe.kernels.venn.venn_online`).
+* :class:`CalibratedRegression` — paper 004's Algorithm 2 (Foster & Kakade): online ridge
+  regression of the label on test functions of the forecast itself (and of the base score, and
+  indicators of a user column: calibration on subsequences, §IV), forecasting the fixed point
+  y^ = clip(theta . f(y^)) (kernel :func:`calpipe.kernels.calibrated_regression.calibrated_regression_online`).
+
+Both keep a fixed-length state per stream (counts; A and b of the ridge regression), so a stream
+run in chunks with the state carried equals one pass bit for bit.
+
+>>> import numpy as np
+>>> from calpipe.calibrators import make_calibrator
+>>> out, st = make_calibrator("venn-predictor", n_bins=2).run(
+...     np.array([0.2, 0.3, 0.8, 0.25]), np.array([0, 1, 1, -1]))
+>>> out.extra["p_lower"].round(3).tolist(), out.extra["p_upper"].round(3).tolist()
+([0.0, 0.0, 0.0, 0.333], [1.0, 0.5, 1.0, 0.667])
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import numpy as np
+
+from calpipe import config
+from calpipe.calibrators._params import Param, number_in, one_of
+from calpipe.calibrators.base import CLIP_PARAM, Calibrator, FlatState, RunOutput, likelihood_gale
+from calpipe.errors import ParameterError, StateError
+from calpipe.kernels import calibrated_regression as CR
+from calpipe.kernels import venn as V
+from calpipe.kernels.protected import OP_FORECAST, OP_UPDATE
+
+
+def _int_at_least(lo: int):
+    return lambda v: isinstance(v, int | np.integer) and not isinstance(v, bool) and v >= lo
+
+
+def _edges_ok(v) -> bool:
+    if v is None:
+        return True
+    try:
+        a = np.asarray(v, dtype=float)
+    except (TypeError, ValueError):
+        return False
+    return a.ndim == 1 and np.all(np.isfinite(a)) and np.all(np.diff(a) > 0)
+
+
+_CATEGORY_COLUMN = Param(
+    None,
+    lambda v: v is None or (isinstance(v, str) and v != ""),
+    "None or the name of an integer column",
+    "user column of integer categories in [0, n_categories) (a taxonomy / subsequences)",
+)
+
+
+class OnlineCalibrator(Calibrator):
+    """A method with a fixed-length state vector per stream and a sequential op-list kernel.
+
+    Subclasses implement ``_state_size``, ``_initial_vector`` and ``_kernel`` (forecasts of every
+    forecast op from the state arrays). The martingale of an update op uses the forecast the
+    method would make at that op: for an update without its own forecast (a delayed label), a
+    forecast-only op on a copy of the event is inserted just before it.
+    """
+
+    @property
+    def category_column(self) -> str | None:
+        return self.params.get("category_column")
+
+    @property
+    def supports_label_time(self) -> bool:  # type: ignore[override]
+        # Pending labels carry their score, not their category: a category column needs them all.
+        return self.category_column is None
+
+    def input_columns(self) -> dict[str, str]:
+        c = self.category_column
+        return {} if c is None else {"categories": c}
+
+    def n_categories_input(self) -> int | None:
+        return self.params.get("n_categories") if self.category_column else None
+
+    def state_size(self, n_classes: int) -> int:
+        return self._state_size(n_classes)
+
+    def initial_state(self, n_streams: int, n_classes: int) -> FlatState:
+        v = np.tile(self._initial_vector(n_classes), n_streams)
+        size = self._state_size(n_classes)
+        return FlatState(v, np.arange(0, v.size + 1, size, dtype=np.int64), np.zeros(n_streams))
+
+    def state_from_flat(self, values, offsets, log10m, n_classes: int) -> FlatState:
+        st = super().state_from_flat(values, offsets, log10m, n_classes)
+        size = self._state_size(n_classes)
+        lengths = np.diff(st.offsets)
+        if lengths.size and (lengths.min() != size or lengths.max() != size):
+            raise StateError(
+                f"method {self.name!r}: state weights have length {lengths.min()}..{lengths.max()}, "
+                f"its state needs {size}"
+            )
+        return st
+
+    def run_batch(self, scores, labels, op_event, op_kind, op_offsets, state, inputs=None):
+        inputs = inputs or {}
+        n = scores.shape[0]
+        n_classes = 2 if scores.ndim == 1 else scores.shape[1]
+        size = self._state_size(n_classes)
+        upd_only = op_kind == OP_UPDATE
+        m = int(upd_only.sum())
+        # Insert a forecast op on a copy (event n + i) before each update-only op.
+        slots = 1 + upd_only.astype(np.int64)
+        pos = np.cumsum(slots) - 1  # position of each original op in the extended list
+        ext_event = np.empty(pos[-1] + 1 if pos.size else 0, dtype=np.int64)
+        ext_kind = np.empty_like(ext_event, dtype=np.int8)
+        ext_event[pos] = op_event
+        ext_kind[pos] = op_kind
+        pseudo = n + np.arange(m, dtype=np.int64)
+        ext_event[pos[upd_only] - 1] = pseudo
+        ext_kind[pos[upd_only] - 1] = OP_FORECAST
+        ext_offsets = np.concatenate([[0], np.cumsum(slots)])[op_offsets]
+        src = np.concatenate([np.arange(n), op_event[upd_only]])
+        x = np.ascontiguousarray(scores[src])
+        y = np.ascontiguousarray(labels[src])
+        ext_inputs = {k: np.ascontiguousarray(v[src]) for k, v in inputs.items()}
+        vectors = state.values.reshape(-1, size)
+        p, lower, upper, new_vectors = self._kernel(
+            x, y, ext_event, ext_kind, ext_offsets, vectors, n_classes, ext_inputs
+        )
+        # The forecast in force at each original op (update-only ops: their inserted copy).
+        at_op = np.where(upd_only, 0, op_event)
+        at_op[upd_only] = pseudo
+        log10m_op, log10m_end = likelihood_gale(
+            p[at_op], self.martingale_base(scores[op_event]), labels[op_event],
+            op_kind != OP_FORECAST, op_offsets, state.log10m, self.params["clip"],
+        )  # fmt: skip
+        shown = op_kind != OP_UPDATE
+        out_m = np.full(n, np.nan)
+        out_m[op_event[shown]] = log10m_op[shown]
+        extra = {}
+        if "p_lower" in self.extra_outputs:
+            extra = {"p_lower": lower[:n], "p_upper": upper[:n]}
+        new = FlatState(np.ascontiguousarray(new_vectors.ravel()), state.offsets.copy(), log10m_end)
+        return RunOutput(p[:n], out_m, extra), new
+
+    def serving_map(self, state: FlatState, scores: np.ndarray) -> np.ndarray:
+        """Each stream's next forecast for ``scores`` (S, n) or (S, n, K), no category column."""
+        if self.category_column is not None:
+            raise ParameterError(
+                f"method {self.name!r} with category_column: the serving map needs the category"
+            )
+        s, n = scores.shape[:2]
+        flat = np.ascontiguousarray(scores.reshape((s * n, *scores.shape[2:])))
+        offsets = np.arange(0, s * n + 1, n, dtype=np.int64)
+        out, _ = self.run_batch(
+            flat, np.zeros(s * n, dtype=np.int64), np.arange(s * n, dtype=np.int64),
+            np.full(s * n, OP_FORECAST, dtype=np.int8), offsets, state,
+        )  # fmt: skip
+        return out.protected.reshape(scores.shape)
+
+
+class VennPredictor(OnlineCalibrator):
+    """Venn predictor (paper 002, §3), online: each event's multiprobability from the labels of all
+    earlier events in its category.
+
+    With n_k earlier labelled events in the event's category and n_{k,c} of them in class c, the
+    Venn multiprobability is {(n_{k,c} + [c = y]) / (n_k + 1) : y}: p_lower_c = n_{k,c}/(n_k + 1),
+    p_upper_c = (n_{k,c} + 1)/(n_k + 1). The point forecast is the minimax log-loss merge (binary:
+    p1 / (1 - p0 + p1) = (n_{k,1} + 1)/(n_k + 2); see :mod:`calpipe.kernels.venn`).
+
+    Taxonomy: the base score's bin (``n_bins`` equal-width bins on [0, 1], or explicit ``edges``;
+    K classes: predicted class x confidence bin), or ``category_column``. The bins are fixed in
+    advance, as Venn validity needs (a taxonomy must not depend on the labels); equal-mass bins
+    fitted on a calibration window are the batch method ``venn``.
+    """
+
+    name = "venn-predictor"
+    summary = "Venn predictor (paper 002), online, taxonomy on score bins or a user column"
+    extra_outputs = ("p_lower", "p_upper")
+    parameters: ClassVar[dict[str, Param]] = {
+        "n_bins": Param(
+            config.VENN_DEFAULT_N_BINS,
+            _int_at_least(1),
+            "an integer >= 1",
+            "equal-width bins of the base score (of the top class probability for K classes)",
+        ),
+        "edges": Param(
+            None,
+            _edges_ok,
+            "None or increasing interior bin edges",
+            "explicit interior bin edges (instead of n_bins), e.g. equal-mass edges of past data",
+            lambda v: v if v is None or not isinstance(v, list | tuple) else tuple(map(float, v)),
+        ),
+        "category_column": _CATEGORY_COLUMN,
+        "n_categories": Param(
+            None,
+            lambda v: v is None or _int_at_least(1)(v),
+            "None or an integer >= 1 (required with category_column)",
+            "number of categories of category_column",
+        ),
+        "clip": CLIP_PARAM,
+    }
+
+    def _check_cross(self) -> None:
+        if (self.params["category_column"] is None) != (self.params["n_categories"] is None):
+            raise ParameterError(
+                "method 'venn-predictor': category_column and n_categories go together"
+            )
+
+    def edges(self) -> np.ndarray:
+        e = self.params["edges"]
+        if e is not None:
+            return np.asarray(e, dtype=np.float64)
+        b = self.params["n_bins"]
+        return np.arange(1, b, dtype=np.float64) / b
+
+    def _n_cat(self, n_classes: int) -> int:
+        if self.category_column is not None:
+            return int(self.params["n_categories"])
+        return V.n_categories_of(self.edges(), n_classes, multiclass=n_classes > 2)
+
+    def _state_size(self, n_classes: int) -> int:
+        return self._n_cat(n_classes) * n_classes
+
+    def _initial_vector(self, n_classes: int) -> np.ndarray:
+        return np.zeros(self._state_size(n_classes))
+
+    def _kernel(self, x, y, ev, kind, off, vectors, n_classes, inputs):
+        counts = vectors.reshape(-1, self._n_cat(n_classes), n_classes)
+        cats = inputs.get("categories")
+        edges = None if cats is not None else self.edges()
+        p, lo, hi, new = V.venn_online(x, cats, y, ev, kind, off, counts, edges=edges)
+        return p, lo, hi, new.reshape(vectors.shape[0], -1)
+
+
+class CalibratedRegression(OnlineCalibrator):
+    """Calibrated regression (paper 004, Algorithm 2): online ridge regression on test functions
+    of the forecast y^, the base score and indicator columns, forecasting the fixed point
+    y^ = clip_[0,1](theta . f(y^)), theta = A^{-1} b, A = I + sum f f^T, b = sum y f.
+
+    Guarantee (paper 004, Thm. 3.3 / Cor. 4.1): on each subsequence i (indicator test function),
+    |sum_t x_i(t) (y^_t - y_t)| <= 2 sqrt((T_i + 1)(d + 1) ln(T + 1)).
+    """
+
+    name = "calibrated-regression"
+    summary = "calibrated regression with test functions (paper 004, Alg. 2), online"
+    classes = "binary"
+    parameters: ClassVar[dict[str, Param]] = {
+        "powers": Param(
+            config.CALREG_DEFAULT_POWERS,
+            _int_at_least(1),
+            "an integer >= 1",
+            "test functions y^, y^2, ..., y^powers of the forecast",
+        ),
+        "tents": Param(
+            0,
+            lambda v: _int_at_least(0)(v) and v != 1,
+            "0 or an integer >= 2",
+            "tent functions on y^ at that many equally spaced knots of [0, 1]",
+        ),
+        "intercept": Param(
+            True, one_of(True, False), "True or False", "the constant test function 1"
+        ),
+        "base_score": Param(
+            True,
+            one_of(True, False),
+            "True or False",
+            "the base score s as a test function (context)",
+        ),
+        "score_tents": Param(
+            0,
+            lambda v: _int_at_least(0)(v) and v != 1,
+            "0 or an integer >= 2",
+            "tent functions on the base score at that many knots",
+        ),
+        "category_column": _CATEGORY_COLUMN,
+        "n_categories": Param(
+            0,
+            _int_at_least(0),
+            "an integer >= 0 (>= 1 with category_column)",
+            "indicator test functions of category_column: calibration on subsequences (§IV)",
+        ),
+        "clip": CLIP_PARAM,
+    }
+
+    def _check_cross(self) -> None:
+        if (self.params["category_column"] is None) != (self.params["n_categories"] == 0):
+            raise ParameterError(
+                "method 'calibrated-regression': category_column and n_categories >= 1 go together"
+            )
+
+    def _kw(self) -> dict:
+        return {k: self.params[k] for k in ("powers", "tents", "intercept", "base_score",
+                                             "score_tents", "n_categories")}  # fmt: skip
+
+    def _state_size(self, n_classes: int) -> int:
+        d = CR.feature_dim(**self._kw())
+        return 1 + d * d + d
+
+    def _initial_vector(self, n_classes: int) -> np.ndarray:
+        return CR.initial_state(1, CR.feature_dim(**self._kw()))[0]
+
+    def _kernel(self, x, y, ev, kind, off, vectors, n_classes, inputs):
+        p, new = CR.calibrated_regression_online(
+            x, y, ev, kind, off, np.ascontiguousarray(vectors),
+            categories=inputs.get("categories"), **self._kw(),
+        )  # fmt: skip
+        return p, p, p, new
+
+
+ONLINE_METHODS = (VennPredictor, CalibratedRegression)
+
+__all__ = [
+    "ONLINE_METHODS",
+    "CalibratedRegression",
+    "OnlineCalibrator",
+    "VennPredictor",
+    "number_in",
+]
