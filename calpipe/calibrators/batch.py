@@ -23,7 +23,9 @@ from typing import ClassVar
 
 from calpipe.calibrators._params import Param, one_of
 from calpipe.calibrators.windowed import WINDOW_PARAMS, WindowedCalibrator
+from calpipe import config
 from calpipe.kernels import parametric
+from calpipe.kernels import venn as venn_kernel
 
 
 class Platt(WindowedCalibrator):
@@ -77,6 +79,27 @@ class Temperature(WindowedCalibrator):
     parameters: ClassVar[dict[str, Param]] = {**WINDOW_PARAMS}
 
 
-BATCH_METHODS = (Platt, Beta, Temperature)
+class Venn(WindowedCalibrator):
+    """Inductive Venn predictor (paper 002): equal-mass bins of the window's base scores as the
+    taxonomy, the window's label counts per bin; [p_lower, p_upper] and the minimax merge."""
 
-__all__ = ["BATCH_METHODS", "Beta", "Platt", "Temperature"]
+    name = "venn"
+    summary = "inductive Venn predictor (paper 002): equal-mass score bins fitted on the window"
+    extra_outputs = ("p_lower", "p_upper")
+    fit = staticmethod(venn_kernel.fit)
+    predict = staticmethod(venn_kernel.predict)
+    fit_params = ("n_bins",)
+    parameters: ClassVar[dict[str, Param]] = {
+        **WINDOW_PARAMS,
+        "n_bins": Param(
+            config.VENN_DEFAULT_N_BINS,
+            lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+            "an integer >= 1",
+            "equal-mass bins of the window's scores (fewer if ties force it)",
+        ),
+    }
+
+
+BATCH_METHODS = (Platt, Beta, Temperature, Venn)
+
+__all__ = ["BATCH_METHODS", "Beta", "Platt", "Temperature", "Venn"]
