@@ -92,11 +92,6 @@ PLATT_CLIP_EPS: float = 1e-12
 BETA_CLIP_EPS: float = 2.220446049250313e-16
 
 #: Ridge lambda / 2 * ||theta||^2 (intercept included) added to the *summed* log loss of the
-#: Platt and beta Newton fits: keeps the Hessian invertible and theta finite on separable,
-#: single-class or all-tied data; on ordinary data it moves theta by ~lambda / n relative,
-#: far below the 1e-6 oracle tolerance (betacal's own C = 1e11 is lambda = 1e-11 on a, b).
-LOGREG_RIDGE: float = 1e-8
-
 #: Newton stops when the full step is below this times (1 + max |theta|): quadratic convergence
 #: reaches it from ~1e-6 in one more step, and it sits above float64 rounding of the gradient.
 LOGREG_NEWTON_TOL: float = 1e-12
@@ -131,7 +126,7 @@ HISTOGRAM_PRIOR_STRENGTH: float = 0.0
 
 #: Newton also stops when half the Newton decrement (the predicted decrease of the objective) is
 #: below this times (1 + |F|): near float64 rounding of F; needed on degenerate sets where a
-#: direction of curvature ~LOGREG_RIDGE leaves the step at gradient-rounding / ridge forever.
+#: direction of curvature ~LOGREG_RIDGE_MEAN leaves the step at gradient-rounding / ridge forever.
 LOGREG_DECREMENT_TOL: float = 1e-14
 
 # --- calpipe.kernels.venn_abers ---
@@ -147,7 +142,7 @@ VENN_ABERS_MERGE: str = "log"
 #: estimator path (VennAbersMultiClass) always does and its manual path's default.
 VENN_ABERS_MULTICLASS: str = "ovo"
 
-#: Supersedes LOGREG_RIDGE above (unused; to be deleted): the Platt and beta Newton fits add
+#: The Platt and beta Newton fits add
 #: lambda / 2 * ||theta||^2 (centred intercept included) to the *mean* log loss. This keeps the
 #: Hessian invertible and theta finite on separable, single-class or tied data (forecasts then
 #: within ~1e-10 of 0/1 where the MLE is infinite), makes the fit invariant to duplicating the

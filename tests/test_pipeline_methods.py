@@ -31,6 +31,7 @@ CASES = {
     "beta": {"window": 30},
     "temperature": {"window": 30, "refit_every": 25},
     "venn-predictor": {"n_bins": 4},
+    "histogram": {"window": 40, "n_bins": 5, "prior_strength": 1.0},
     "venn": {"window": 40, "n_bins": 4},
     "calibrated-regression": {"powers": 2},
 }
@@ -38,7 +39,9 @@ STACK = ("composite-jumper", {"base_method": "platt", "base_params": {"window": 
 
 
 def test_every_binary_method_is_run_here():
-    binary = {n for n, c in METHODS.items() if n not in PROTECTED_METHODS and c.classes != "multiclass"}
+    binary = {
+        n for n, c in METHODS.items() if n not in PROTECTED_METHODS and c.classes != "multiclass"
+    }
     assert binary <= set(CASES)
 
 
@@ -50,9 +53,7 @@ def landing(tmp_path_factory):
     return tmp, events
 
 
-@pytest.mark.parametrize(
-    ("method", "params"), [*CASES.items(), STACK], ids=[*CASES, "stack"]
-)
+@pytest.mark.parametrize(("method", "params"), [*CASES.items(), STACK], ids=[*CASES, "stack"])
 def test_chain_equals_one_pass_and_keeps_the_martingale_identity(landing, method, params):
     tmp, events = landing
     settings = Settings.make(method, **params)

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from calpipe.calibrators._params import Param, one_of
+from calpipe.calibrators._params import Param, number_in, one_of
 from calpipe.calibrators.windowed import WINDOW_PARAMS, WindowedCalibrator
 from calpipe import config
-from calpipe.kernels import parametric
+from calpipe.kernels import histogram, parametric
 from calpipe.kernels import venn as venn_kernel
 
 
@@ -100,6 +100,32 @@ class Venn(WindowedCalibrator):
     }
 
 
-BATCH_METHODS = (Platt, Beta, Temperature, Venn)
+class Histogram(WindowedCalibrator):
+    """Histogram binning (Zadrozny & Elkan 2001): equal-mass bins of the window's scores, each
+    mapped to its (m-estimate smoothed) label frequency; K classes one-vs-rest, renormalised."""
 
-__all__ = ["BATCH_METHODS", "Beta", "Platt", "Temperature", "Venn"]
+    name = "histogram"
+    summary = "histogram binning: equal-mass bins, mean label per bin (Zadrozny & Elkan 2001)"
+    fit = staticmethod(histogram.fit)
+    predict = staticmethod(histogram.predict)
+    fit_params = ("n_bins", "prior_strength")
+    parameters: ClassVar[dict[str, Param]] = {
+        **WINDOW_PARAMS,
+        "n_bins": Param(
+            config.HISTOGRAM_N_BINS,
+            lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+            "an integer >= 1",
+            "equal-mass bins of the window's scores (tied scores never split, so maybe fewer)",
+        ),
+        "prior_strength": Param(
+            config.HISTOGRAM_PRIOR_STRENGTH,
+            number_in(0.0, float("inf"), lo_open=False),
+            "a number >= 0",
+            "m of the m-estimate (k + m r) / (n + m), r = the window's label frequency",
+        ),
+    }
+
+
+BATCH_METHODS = (Platt, Beta, Temperature, Venn, Histogram)
+
+__all__ = ["BATCH_METHODS", "Beta", "Histogram", "Platt", "Temperature", "Venn"]
