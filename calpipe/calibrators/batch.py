@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from calpipe import config
 from calpipe.calibrators._params import Param, number_in, one_of
 from calpipe.calibrators.windowed import WINDOW_PARAMS, WindowedCalibrator
-from calpipe import config
 from calpipe.kernels import histogram, parametric
 from calpipe.kernels import venn as venn_kernel
 
