@@ -1,0 +1,205 @@
+"""Issue 4, items 5-6: the nightly run against the I/O floor, and its memory.
+
+``python -m benchmarks.pipeline [--size smoke|full]`` prints two markdown tables:
+
+5. ``calpipe run`` of one daily partition (Parquet landing file in -> DuckDB ``protected_scores``,
+   ``calibrator_state``, monitoring, alarms and map out; checks included) against DuckDB loading the
+   same Parquet file into a table (``CREATE TABLE t AS SELECT * FROM read_parquet(...)``), each in
+   a fresh child process on a fresh database file, same run;
+6. memory: peak RSS of that child against the in-memory (Arrow) size of the partition, and the
+   peak RSS of a 30-day backfill against a single day of the same size: memory bounded by a
+   partition (one commit chunk), not by history.
+
+Every child is a new Python process (``--child``), so its ``ru_maxrss`` is its own peak. Inputs are
+generated from a fixed seed. Sizes: full = 10M events in the day over 1,000 streams and a 30-day
+backfill at 1M events per day (the issue's sizes); smoke = 200k and 20k (CI keeps it working).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+SEED = 20240607
+SIZES = {
+    "smoke": {"day": 200_000, "streams": 1_000, "backfill_per_day": 20_000, "backfill_days": 30},
+    "full": {
+        "day": 10_000_000,
+        "streams": 1_000,
+        "backfill_per_day": 1_000_000,
+        "backfill_days": 30,
+    },
+}
+DAY0 = dt.date(2024, 3, 1)
+
+
+def day_events(n: int, n_streams: int, day: dt.date, seed: int):
+    """One day of scored events: streams s0000.., event times spread over the day, a miscalibrated
+    base (truth p^0.7), 90 % labelled. Event ids are unique per stream across days."""
+    import polars as pl
+
+    rng = np.random.default_rng(seed)
+    stream = rng.integers(0, n_streams, n)
+    micros = np.sort(rng.integers(0, 86_400_000_000, n))
+    p = rng.beta(2.0, 3.0, n)
+    y = (rng.random(n) < p**0.7).astype(np.int32)
+    labelled = rng.random(n) < 0.9
+    start = np.datetime64(day.isoformat(), "us")
+    return pl.DataFrame(
+        {
+            "stream": pl.Series(stream).cast(pl.String).str.zfill(4).str.replace(r"^", "s"),
+            "event_id": (day.toordinal() * 100_000_000 + np.arange(n)).astype(np.int64),
+            "event_time": start + micros.astype("timedelta64[us]"),
+            "score": p,
+            "label": pl.Series(np.where(labelled, y, 0))
+            .cast(pl.Int32)
+            .set(pl.Series(~labelled), None),
+        }
+    )
+
+
+def write_days(root: Path, per_day: int, n_streams: int, n_days: int) -> Path:
+    from calpipe import store
+
+    for i in range(n_days):
+        d = DAY0 + dt.timedelta(days=i)
+        store.write_landing(day_events(per_day, n_streams, d, SEED + i), root)
+    return root
+
+
+# ----------------------------------------------------------------------------------------------
+# Children: each measures itself and prints one JSON line.
+# ----------------------------------------------------------------------------------------------
+def _peak_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def child(spec: dict) -> dict:
+    import duckdb
+
+    kind, landing, db = spec["kind"], spec["landing"], spec["db"]
+    if kind == "calpipe_run":  # imports and numba cache loads are start-up, measured in item 8
+        from calpipe import pipeline, store  # noqa: F401
+        import calpipe.kernels.protected  # noqa: F401
+    t0 = time.perf_counter()
+    if kind == "duckdb_load":
+        con = duckdb.connect(db)
+        files = sorted(Path(landing).glob("date=*/events.parquet"))
+        con.execute(f"CREATE TABLE t AS SELECT * FROM read_parquet({[str(f) for f in files]!r})")
+        rows = con.sql("SELECT count(*) FROM t").fetchall()[0][0]
+        con.close()
+    elif kind == "calpipe_run":
+        from calpipe import pipeline, store
+
+        con = store.connect(db)
+        s = pipeline.run_range(con, store.EventSource.parse(landing))
+        rows = s.events
+        con.close()
+    elif kind == "arrow_size":
+        import polars as pl
+
+        files = sorted(Path(landing).glob("date=*/events.parquet"))
+        rows = 0
+        size = 0
+        for f in files:
+            df = pl.read_parquet(f)
+            rows, size = rows + df.height, max(size, df.estimated_size())
+        return {"rows": rows, "arrow_mib": size / 2**20}
+    else:
+        raise ValueError(kind)
+    return {"rows": rows, "seconds": time.perf_counter() - t0, "peak_mib": _peak_mib()}
+
+
+def run_child(spec: dict) -> dict:
+    cmd = [sys.executable, "-m", "benchmarks.pipeline", "--child", json.dumps(spec)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def measure(size: str, repeat: int = 1) -> list[dict]:
+    cfg = SIZES[size]
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="calpipe-bench-") as tmp:
+        tmp = Path(tmp)
+        one = write_days(tmp / "one_day", cfg["day"], cfg["streams"], 1)
+        arrow = run_child({"kind": "arrow_size", "landing": str(one), "db": ""})
+        best: dict[str, dict] = {}
+        for r in range(repeat):
+            for kind in ("duckdb_load", "calpipe_run"):
+                res = run_child(
+                    {"kind": kind, "landing": str(one), "db": str(tmp / f"{kind}{r}.duckdb")}
+                )
+                if kind not in best or res["seconds"] < best[kind]["seconds"]:
+                    best[kind] = res
+        load, run = best["duckdb_load"], best["calpipe_run"]
+        rows.append({
+            "item": "5", "what": "calpipe run, one day", "events": run["rows"],
+            "streams": cfg["streams"], "seconds": run["seconds"],
+            "events_per_s": run["rows"] / run["seconds"], "peak_mib": run["peak_mib"],
+            "figure": f"{run['seconds'] / load['seconds']:.2f}x the DuckDB load (target <= 3x)",
+        })  # fmt: skip
+        rows.append({
+            "item": "5", "what": "DuckDB CTAS read_parquet, same file", "events": load["rows"],
+            "streams": cfg["streams"], "seconds": load["seconds"],
+            "events_per_s": load["rows"] / load["seconds"], "peak_mib": load["peak_mib"],
+            "figure": "the I/O floor",
+        })  # fmt: skip
+        rows.append({
+            "item": "6", "what": "peak RSS of the nightly run / Arrow size of the day",
+            "events": run["rows"], "streams": cfg["streams"], "seconds": float("nan"),
+            "events_per_s": float("nan"), "peak_mib": run["peak_mib"],
+            "figure": f"{run['peak_mib'] / arrow['arrow_mib']:.2f}x of {arrow['arrow_mib']:.0f} MiB (target <= 4x)",
+        })  # fmt: skip
+
+        per_day, n_days = cfg["backfill_per_day"], cfg["backfill_days"]
+        single = write_days(tmp / "single", per_day, cfg["streams"], 1)
+        month = write_days(tmp / "month", per_day, cfg["streams"], n_days)
+        r1 = run_child({"kind": "calpipe_run", "landing": str(single), "db": str(tmp / "s.duckdb")})
+        r30 = run_child({"kind": "calpipe_run", "landing": str(month), "db": str(tmp / "m.duckdb")})
+        rows.append({
+            "item": "6", "what": f"backfill of {n_days} days vs 1 day ({per_day:,} events/day)",
+            "events": r30["rows"], "streams": cfg["streams"], "seconds": r30["seconds"],
+            "events_per_s": r30["rows"] / r30["seconds"], "peak_mib": r30["peak_mib"],
+            "figure": f"peak {r30['peak_mib']:.0f} vs {r1['peak_mib']:.0f} MiB = "
+                      f"{r30['peak_mib'] / r1['peak_mib'] - 1:+.0%} (target within +-20 %)",
+        })  # fmt: skip
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    head = "| item | measurement | events | streams | wall s | events/s | peak RSS MiB | figure |"
+    lines = [head, "|---|---|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        secs = "" if np.isnan(r["seconds"]) else f"{r['seconds']:.2f}"
+        eps = "" if np.isnan(r["events_per_s"]) else f"{r['events_per_s'] / 1e6:.2f}M"
+        lines.append(
+            f"| {r['item']} | {r['what']} | {r['events']:,} | {r['streams']:,} | {secs} | {eps} "
+            f"| {r['peak_mib']:.0f} | {r['figure']} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size", choices=sorted(SIZES), default="smoke")
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(json.loads(args.child))))
+        return 0
+    print(markdown(measure(args.size, args.repeat)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
