@@ -88,8 +88,8 @@ def child(spec: dict) -> dict:
 
     kind, landing, db = spec["kind"], spec["landing"], spec["db"]
     if kind == "calpipe_run":  # imports and numba cache loads are start-up, measured in item 8
-        from calpipe import pipeline, store  # noqa: F401
         import calpipe.kernels.protected  # noqa: F401
+        from calpipe import pipeline, store
     t0 = time.perf_counter()
     if kind == "duckdb_load":
         con = duckdb.connect(db)
