@@ -32,6 +32,8 @@ CASES: dict[str, tuple[str, dict, tuple[int, ...]]] = {
     "temperature": ("temperature", {"window": 5, "refit_every": 4}, (2, 3)),
     "venn-predictor": ("venn-predictor", {"n_bins": 3}, (2, 3)),
     "histogram": ("histogram", {"window": 8, "refit_every": 4, "n_bins": 3}, (2, 3)),
+    "isotonic": ("isotonic", {"window": 8, "refit_every": 4}, (2,)),
+    "roc-isotonic": ("roc-isotonic", {"window": 9, "refit_every": 5, "max_regions": 3}, (2, 3)),
     "venn": ("venn", {"window": 8, "refit_every": 5, "n_bins": 2}, (2, 3)),
     "calibrated-regression": ("calibrated-regression", {"powers": 2, "score_tents": 3}, (2,)),
     "cj+platt": ("composite-jumper", {"base_method": "platt", "base_params": {"window": 5}}, (2,)),

@@ -32,6 +32,8 @@ CASES = {
     "temperature": {"window": 30, "refit_every": 25},
     "venn-predictor": {"n_bins": 4},
     "histogram": {"window": 40, "n_bins": 5, "prior_strength": 1.0},
+    "isotonic": {"window": 40, "interpolation": "step"},
+    "roc-isotonic": {"window": 40, "min_region_size": 5},
     "venn": {"window": 40, "n_bins": 4},
     "calibrated-regression": {"powers": 2},
 }

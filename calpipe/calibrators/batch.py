@@ -24,7 +24,7 @@ from typing import ClassVar
 from calpipe import config
 from calpipe.calibrators._params import Param, number_in, one_of
 from calpipe.calibrators.windowed import WINDOW_PARAMS, WindowedCalibrator
-from calpipe.kernels import histogram, parametric
+from calpipe.kernels import histogram, isotonic, parametric
 from calpipe.kernels import venn as venn_kernel
 
 
@@ -126,6 +126,75 @@ class Histogram(WindowedCalibrator):
     }
 
 
-BATCH_METHODS = (Platt, Beta, Temperature, Venn, Histogram)
+def _int_ge(lo: int):
+    return lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= lo
 
-__all__ = ["BATCH_METHODS", "Beta", "Histogram", "Platt", "Temperature", "Venn"]
+
+class Isotonic(WindowedCalibrator):
+    """Isotonic regression (PAV): the non-decreasing map of the score closest to the labels in
+    squared error; ``linear`` interpolation between thresholds is scikit-learn's
+    ``IsotonicRegression(out_of_bounds="clip")``, ``step`` the piecewise-constant map."""
+
+    name = "isotonic"
+    summary = "isotonic regression (PAV), equal to scikit-learn's IsotonicRegression, batch"
+    classes = "binary"
+    fit = staticmethod(isotonic.isotonic_fit)
+    predict = staticmethod(isotonic.isotonic_predict)
+    fit_params = ("interpolation",)
+    parameters: ClassVar[dict[str, Param]] = {
+        **WINDOW_PARAMS,
+        "interpolation": Param(
+            config.DEFAULT_ISOTONIC_INTERPOLATION,
+            one_of("linear", "step"),
+            "'linear' or 'step'",
+            "between thresholds: linear (scikit-learn) or step (piecewise constant)",
+        ),
+    }
+
+
+class RocIsotonic(WindowedCalibrator):
+    """ROC-regularized isotonic regression (paper 003, Algorithm 2): recursive partitioning of
+    the score space into ROC-monotone regions, each mapped to its label frequency. Binary and
+    unregularised it is step isotonic regression, whose ROC curve is the convex hull of the
+    base's; ``max_regions``/``min_region_size`` regularise; K classes split the simplex."""
+
+    name = "roc-isotonic"
+    summary = "ROC-regularized isotonic regression (paper 003, Alg. 2), binary and K classes"
+    fit = staticmethod(isotonic.rrir_fit)
+    predict = staticmethod(isotonic.rrir_predict)
+    fit_params = ("max_regions", "min_region_size", "max_candidates")
+    parameters: ClassVar[dict[str, Param]] = {
+        **WINDOW_PARAMS,
+        "max_regions": Param(
+            config.DEFAULT_RRIR_MAX_REGIONS,
+            lambda v: v is None or _int_ge(1)(v),
+            "None or an integer >= 1",
+            "regularisation: at most this many (non-empty) regions",
+        ),
+        "min_region_size": Param(
+            config.DEFAULT_RRIR_MIN_REGION_SIZE,
+            _int_ge(1),
+            "an integer >= 1",
+            "regularisation: no region with fewer calibration points",
+        ),
+        "max_candidates": Param(
+            config.DEFAULT_RRIR_MAX_CANDIDATES,
+            _int_ge(1),
+            "an integer >= 1",
+            "split candidates tried per region (exact below it; a speed cap for big windows)",
+        ),
+    }
+
+
+BATCH_METHODS = (Platt, Beta, Temperature, Venn, Histogram, Isotonic, RocIsotonic)
+
+__all__ = [
+    "BATCH_METHODS",
+    "Beta",
+    "Histogram",
+    "Isotonic",
+    "Platt",
+    "RocIsotonic",
+    "Temperature",
+    "Venn",
+]
