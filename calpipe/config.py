@@ -130,8 +130,8 @@ HISTOGRAM_PRIOR_STRENGTH: float = 0.0
 LOGREG_DECREMENT_TOL: float = 1e-14
 
 # --- calpipe.kernels.venn_abers ---
-#: Default number of folds of the cross Venn-ABERS predictor (CVAP): K = 5 is the value used in
-#: the experiments of Vovk, Petej & Fedorova (2015, Section 5) and the package's documented default.
+#: Default number of folds of the cross Venn-ABERS predictor (CVAP): 5, the documented default
+#: n_splits of the reference package venn-abers 1.5.4 (so results compare with it as shipped).
 VENN_ABERS_N_FOLDS: int = 5
 
 #: Default merge of the Venn-ABERS multiprobabilities [p0, p1] into one p: "log" is the log-loss

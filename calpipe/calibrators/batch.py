@@ -21,10 +21,12 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import numpy as np
+
 from calpipe import config
 from calpipe.calibrators._params import Param, number_in, one_of
 from calpipe.calibrators.windowed import WINDOW_PARAMS, WindowedCalibrator
-from calpipe.kernels import histogram, isotonic, parametric
+from calpipe.kernels import histogram, isotonic, parametric, venn_abers
 from calpipe.kernels import venn as venn_kernel
 
 
@@ -186,7 +188,56 @@ class RocIsotonic(WindowedCalibrator):
     }
 
 
-BATCH_METHODS = (Platt, Beta, Temperature, Venn, Histogram, Isotonic, RocIsotonic)
+class VennAbers(WindowedCalibrator):
+    """Venn-ABERS predictors (Vovk & Petej 2014; fast algorithm of Vovk, Petej & Fedorova 2015):
+    the two isotonic fits with the test score added with label 0 and 1 give [p0, p1]; the point
+    forecast is the log-loss merge p1 / (1 - p0 + p1) (or the Brier merge). ``cross=True`` is the
+    cross version on fixed scores: an IVAP per fold of the window (fold i mod ``n_folds``),
+    merged. K classes: one-vs-one pairwise coupling or one-vs-rest (no bounds then)."""
+
+    name = "venn-abers"
+    summary = "Venn-ABERS (IVAP / CVAP): [p0, p1] and merged p; equal to venn-abers 1.5.4, batch"
+    extra_outputs = ("p_lower", "p_upper")
+    fit = staticmethod(venn_abers.fit)
+    predict = staticmethod(venn_abers.predict)
+    fit_params = ("cross", "n_folds", "merge", "multiclass")
+    parameters: ClassVar[dict[str, Param]] = {
+        **WINDOW_PARAMS,
+        "cross": Param(
+            False,
+            one_of(True, False),
+            "True or False",
+            "False: inductive (IVAP) on the whole window; True: cross (CVAP) over n_folds folds",
+        ),
+        "n_folds": Param(
+            config.VENN_ABERS_N_FOLDS,
+            _int_ge(2),
+            "an integer >= 2",
+            "folds of the CVAP (label i of the window goes to fold i mod n_folds)",
+        ),
+        "merge": Param(
+            config.VENN_ABERS_MERGE,
+            one_of("log", "brier"),
+            "'log' or 'brier'",
+            "point forecast from [p0, p1]: log-loss merge (geometric means) or Brier merge",
+        ),
+        "multiclass": Param(
+            config.VENN_ABERS_MULTICLASS,
+            one_of("ovo", "ovr"),
+            "'ovo' or 'ovr'",
+            "K >= 3 classes: one-vs-one pairwise coupling or one-vs-rest, renormalised",
+        ),
+    }
+
+    def _predict(self, fitted, scores, n_classes):
+        pred = super()._predict(fitted, scores, n_classes)
+        if pred.p_lower is None:  # multiclass: coupling gives no class bounds (NaN, not a lie)
+            nan = np.full(pred.p.shape, np.nan)
+            return pred._replace(p_lower=nan, p_upper=nan)
+        return pred
+
+
+BATCH_METHODS = (Platt, Beta, Temperature, Venn, Histogram, Isotonic, RocIsotonic, VennAbers)
 
 __all__ = [
     "BATCH_METHODS",
