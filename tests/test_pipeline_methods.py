@@ -8,6 +8,7 @@ is the next forecast.
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 
 import numpy as np
@@ -90,3 +91,30 @@ def test_chain_equals_one_pass_and_keeps_the_martingale_identity(landing, method
     mapped = pipeline.serving_map(last, fresh, settings)
     assert mapped["protected_score"].is_not_null().all()
     assert mapped["protected_score"].is_between(0, 1).all()
+
+
+def test_cli_run_stacks_a_batch_method_and_resumes(landing, capsys):
+    from calpipe import cli
+
+    tmp, events = landing
+    db = tmp / "cli-stack.duckdb"
+    argv = ["run", "--events", str(tmp / "landing"), "--db", str(db), "--base-method",
+            "venn-abers", "--base-param", "window=40", "--base-param", "refit_every=20"]  # fmt: skip
+    last = events["event_time"].max().date()
+    assert cli.main([*argv, "--end", (last - dt.timedelta(days=2)).isoformat()]) == 0
+    assert cli.main(argv) == 0  # the nightly increment resumes the stacked state
+    con = store.connect(db)
+    try:
+        chain = con.sql("SELECT * FROM protected_scores").pl()
+    finally:
+        con.close()
+    one = calpipe.protect(events, base_method="venn-abers",
+                          base_params={"window": 40, "refit_every": 20})  # fmt: skip
+    j = one.join(chain, on=["stream", "event_id"], suffix="_c")
+    assert j.height == events.height
+    assert (j["protected_score"] - j["protected_score_c"]).abs().max() == 0.0
+    assert (j["base_method_score"] == j["base_score"]).all()
+    # another base configuration on the same chain is refused
+    other = [*argv[:-2], "--base-param", "refit_every=30", "--start", last.isoformat()]
+    assert cli.main(other) == 2
+    assert "fingerprint" in capsys.readouterr().err
