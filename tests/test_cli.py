@@ -246,7 +246,9 @@ def test_bad_input_exits_2_and_leaves_output_untouched(tmp_path, capsys, existin
     ("extra", "words"),
     [
         (["--pi", "0"], ["pi=0.0", "(0, 1)"]),
-        (["--method", "venn"], ["unknown method 'venn'"]),
+        (["--method", "vennabers"], ["unknown method 'vennabers'"]),
+        (["--method", "platt", "--window", "0"], ["window=0", "an integer >= 1"]),
+        (["--window", "5"], ["unknown parameter(s) 'window'", "composite-jumper"]),
         (["--jumping-rates", "1.5"], ["jumping_rates", "(0, 1]"]),
         (["--family", "cox", "--family-params", "x"], ["--family-params", "'x'"]),
         (["--loss", "brier", "--clip", "0.01"], ["clip", "brier"]),

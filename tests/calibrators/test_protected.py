@@ -314,4 +314,4 @@ def test_documented_defaults_of_design_section_4():
 
 def test_make_calibrator_unknown_method():
     with pytest.raises(ParameterError, match="unknown method"):
-        calpipe.make_calibrator("venn-abers")
+        calpipe.make_calibrator("venn-aber")
