@@ -237,7 +237,8 @@ def _venn_row(cnt, lower, upper, point, order):
     for i in range(k):
         c = order[i]
         if i < m:
-            point[c] = (cnt[c] + 1.0) * scale
+            # In [lower, upper] exactly (the maths guarantees it; rounding could miss by an ulp).
+            point[c] = min(max((cnt[c] + 1.0) * scale, lower[c]), upper[c])
         else:
             point[c] = lower[c]
 
