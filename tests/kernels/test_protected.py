@@ -608,3 +608,195 @@ def test_composite_jumper_log10_cj_rows_match_package_log_mean():
     expected = [naive._log_mean([0.0, naive._log_mean(list(row))]) for row in lsj]
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-12)
     assert np.isfinite(got).all()
+
+
+# ----------------------------------------------------------------------------------------------
+# Speed engines (issue 4): the multi-stream lanes engine of _mixture_binary, its hand-back of
+# long streams to the one-stream engine, the libm-free log10 and the cached multiclass powers
+# ----------------------------------------------------------------------------------------------
+LANE_STREAMS = 2 * K._LANES + 9  # _mixture_binary runs batches of >= 2 * _LANES streams in lanes
+
+
+def many_streams_batch(seed: int, *, n_long: int = 0, long_len: int = 300) -> Batch:
+    """LANE_STREAMS short streams of unequal lengths (events at random positions; OP_STEP,
+    unlabelled OP_FORECAST, or OP_FORECAST with its OP_UPDATE 1-3 operations later); the first
+    ``n_long`` streams are ``long_len`` events long, so the lanes run nearly empty while they
+    are still going and must hand them back."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 20, LANE_STREAMS)
+    lengths[:n_long] = long_len
+    n = int(lengths.sum())
+    p = _scores(rng, n, 2, 1e-3)
+    y = _labels(rng, p)
+    positions = rng.permutation(n)
+    op_event, op_kind, offsets, start = [], [], [0], 0
+    for length in lengths:
+        ops: list[tuple[int, int]] = []
+        late: list[tuple[int, int]] = []
+        for e in positions[start : start + length].tolist():
+            u = rng.random()
+            kind = K.OP_STEP if u < 0.7 else K.OP_FORECAST
+            ops.append((e, kind))
+            if 0.85 <= u:
+                late.append((len(ops) + int(rng.integers(1, 4)), e))
+            for due, ev in list(late):
+                if due <= len(ops):
+                    ops.append((ev, K.OP_UPDATE))
+                    late.remove((due, ev))
+        ops += [(ev, K.OP_UPDATE) for _, ev in late]
+        start += length
+        op_event += [e for e, _ in ops]
+        op_kind += [kd for _, kd in ops]
+        offsets.append(len(op_event))
+    return Batch(
+        p, y, np.array(op_event, np.int64), np.array(op_kind, np.int8),
+        np.array(offsets, np.int64), LANE_STREAMS,
+    )  # fmt: skip
+
+
+def stream_alone(batch: Batch, s: int) -> Batch:
+    """Stream s of ``batch`` as a batch of its own (the one-stream engine runs it)."""
+    lo, hi = batch.op_offsets[s], batch.op_offsets[s + 1]
+    return Batch(
+        batch.p, batch.y, batch.op_event[lo:hi], batch.op_kind[lo:hi],
+        np.array([0, hi - lo], np.int64), 1,
+    )  # fmt: skip
+
+
+def _state_slice(state, s: int):
+    return tuple(np.ascontiguousarray(x[s : s + 1]) for x in state)
+
+
+LANE_CASES = {  # name: (family, rates, state builder (n_streams, n_fun) -> state)
+    "composite-jumper": ("cox2", CJ_RATES, lambda s, t: cj_state(s, 3, t, 0.5)),
+    "jumper-quadratic": ("quadratic", [0.01], jumper_state),
+    "jumper-cubic": ("cubic", [0.1], jumper_state),
+    "mean-jumper-cox": ("cox", [1.0, 0.1, 0.01, 0.001], lambda s, t: mean_jumper_state(s, 4, t)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LANE_CASES))
+@pytest.mark.parametrize("n_long", [0, 3])
+def test_stream_outputs_are_bit_identical_alone_and_in_a_lanes_batch(case, n_long):
+    """The lanes engine (many streams) and the one-stream engine run the same operations: a
+    stream's forecasts, martingale and end state do not depend on its batch, to the bit; long
+    streams handed back from the lanes to the one-stream engine mid-way included."""
+    name, rates, make_state = LANE_CASES[case]
+    batch = many_streams_batch(31 + n_long, n_long=n_long)
+    fam = families.binary_family(name)
+    state = make_state(batch.n_streams, fam.size)
+    together = run_binary(batch, fam, rates, state)
+    for s in [*range(n_long), *range(n_long, batch.n_streams, 11)]:
+        alone = run_binary(stream_alone(batch, s), fam, rates, _state_slice(state, s))
+        lo, hi = batch.op_offsets[s], batch.op_offsets[s + 1]
+        seen = batch.op_event[lo:hi][batch.op_kind[lo:hi] != K.OP_UPDATE]
+        np.testing.assert_array_equal(alone[0][seen], together[0][seen])
+        np.testing.assert_array_equal(alone[1][seen], together[1][seen])
+        for x, z in zip(alone[2:], together[2:], strict=True):
+            np.testing.assert_array_equal(x[0], z[s])
+
+
+@pytest.mark.parametrize("n_long", [0, 2])
+def test_lanes_engine_composite_jumper_equals_paper001_algorithm1(n_long):
+    batch = many_streams_batch(47, n_long=n_long, long_len=150)
+    fam = families.binary_family("cox2")
+    fs = naive.binary_functions("cox2", fam.params)
+    out_p, out_m, passive, _, log10m = run_binary(
+        batch, fam, CJ_RATES, cj_state(batch.n_streams, 3, fam.size, 0.3)
+    )
+    for s in [*range(n_long), *range(n_long, batch.n_streams, 9)]:
+        ps, ys, who = naive_inputs(batch, s)
+        exp_p, exp_m = naive.composite_jumper(ps, ys, fs, CJ_RATES, 0.3, identity=0)
+        compare_stream(batch, s, out_p, out_m, exp_p, exp_m, who)
+        assert log10m[s] == pytest.approx(exp_m[-1], abs=ATOL)
+    assert np.all((passive > 0) & (passive <= 1))
+
+
+def test_lanes_engine_jumper_equals_paper000_algorithms_1_and_2():
+    batch = many_streams_batch(53)
+    fam = families.binary_family("quadratic")
+    fs = naive.binary_functions("quadratic", fam.params)
+    out_p, out_m, *_ = run_binary(batch, fam, [0.05], jumper_state(batch.n_streams, fam.size))
+    for s in range(0, batch.n_streams, 13):
+        ps, ys, who = naive_inputs(batch, s)
+        exp_p = naive.jumper_predictor(ps, ys, fs, 0.05)
+        exp_m = naive.jumper_martingale(ps, ys, fs, 0.05)
+        compare_stream(batch, s, out_p, out_m, exp_p, exp_m, who)
+
+
+@FEW
+@given(seed=SEEDS, cut=st.floats(0.0, 1.0))
+def test_lanes_two_chunks_with_state_carried_equal_one_pass_bit_for_bit(seed, cut):
+    """Resumable (DESIGN §4) through the lanes engine: the chunked run is the one pass, exactly."""
+    batch = many_streams_batch(seed % 1000)
+    fam = families.binary_family("cox2")
+    state = cj_state(batch.n_streams, 3, fam.size)
+    one = run_binary(batch, fam, CJ_RATES, state)
+    firsts, seconds, off1, off2 = [], [], [0], [0]
+    for s in range(batch.n_streams):
+        ops = batch.stream_ops(s)
+        c = round(cut * len(ops))
+        firsts += ops[:c]
+        seconds += ops[c:]
+        off1.append(len(firsts))
+        off2.append(len(seconds))
+
+    def part(ops, off):
+        return Batch(
+            batch.p, batch.y, np.array([e for e, _ in ops], np.int64).reshape(-1),
+            np.array([kd for _, kd in ops], np.int8).reshape(-1), np.array(off, np.int64),
+            batch.n_streams,
+        )  # fmt: skip
+
+    r1 = run_binary(part(firsts, off1), fam, CJ_RATES, state)
+    r2 = run_binary(part(seconds, off2), fam, CJ_RATES, r1[2:])
+    np.testing.assert_array_equal(np.where(np.isnan(r2[0]), r1[0], r2[0]), one[0])
+    np.testing.assert_array_equal(np.where(np.isnan(r2[1]), r1[1], r2[1]), one[1])
+    for x, z in zip(r2[2:], one[2:], strict=True):
+        np.testing.assert_array_equal(x, z)
+
+
+def _log10_at(values) -> np.ndarray:
+    x = np.ascontiguousarray(values, dtype=np.float64)
+    mant = np.empty_like(x)
+    return np.array(
+        [K._log10_at(x, x.view(np.int64), mant.view(np.int64), mant, i) for i in range(x.size)]
+    )
+
+
+@settings(max_examples=60, deadline=None)
+@given(x=st.floats(min_value=2.3e-308, max_value=1e308, allow_subnormal=False))
+def test_log10_at_is_within_2_ulp_of_libm_log10(x):
+    got = _log10_at([x])[0]
+    expected = np.log10(x)
+    assert abs(got - expected) <= 2 * np.spacing(abs(expected)) or got == expected
+
+
+def test_log10_at_on_the_martingale_range_and_exact_points():
+    rng = np.random.default_rng(3)
+    x = np.concatenate([rng.uniform(0.5, 2.0, 2000), 1.0 + rng.normal(0, 1e-9, 500),
+                        np.exp(rng.uniform(-12, 8, 2000))])  # fmt: skip
+    got, expected = _log10_at(x), np.log10(x)
+    np.testing.assert_array_less(np.abs(got - expected), 2.01 * np.spacing(np.abs(expected)))
+    assert _log10_at([1.0])[0] == 0.0  # log10 S does not drift while forecasts equal the base
+    np.testing.assert_allclose(_log10_at([10.0, 0.1, 1e5]), [1.0, -1.0, 5.0], rtol=1e-15)
+    assert K._is_normal(np.float64(1.0).view(np.int64))
+    for bad in (0.0, 5e-324, np.inf, np.nan):
+        assert not K._is_normal(np.float64(bad).view(np.int64))
+
+
+def test_multiclass_cached_powers_with_an_unordered_custom_grid_equal_paper001_algorithm1():
+    """p_c^beta is computed once per distinct beta: a grid whose betas repeat out of order and
+    include a general exponent must give the same mixture as evaluating every function."""
+    k = 4
+    fam = families.multiclass_family(k, "cox2", betas=[1.3, 0.5, 1.0], alpha_shifts=[0.5])
+    assert len(np.unique(fam.betas)) == 3 and fam.betas[0] == 1.3
+    batch = make_batch(61, k, max_streams=3, max_len=30)
+    fs = naive.multiclass_functions(fam.alphas, fam.betas)
+    identity = int(np.flatnonzero((fam.alphas == 0).all(axis=1) & (fam.betas == 1.0))[0])
+    state = cj_state(batch.n_streams, 3, fam.size, identity=identity)
+    out_p, out_m, *_ = run_multiclass(batch, fam.betas, fam.alphas, CJ_RATES, state)
+    for s in range(batch.n_streams):
+        ps, ys, who = naive_inputs(batch, s)
+        exp_p, exp_m = naive.composite_jumper(ps, ys, fs, CJ_RATES, 0.5, identity=identity)
+        compare_stream(batch, s, out_p, out_m, exp_p, exp_m, who)
