@@ -42,13 +42,9 @@ check-defs: setup
 test: setup-dev lint             ## set up, lint, run the whole test suite, smoke-run the benchmarks
 	$(BIN)/pytest
 	$(BIN)/python -m benchmarks.run --size smoke --repeat 1 --out $(VENV)/BENCHMARKS.smoke.md
-	$(BIN)/python -m benchmarks.pipeline --size smoke
-	$(BIN)/python -m benchmarks.venn_abers --size smoke
 
-bench: setup-dev                 ## full benchmark suite -> BENCHMARKS.md (+ pipeline, Venn-ABERS)
+bench: setup-dev                 ## full benchmark suite (items 1-8 + Venn-ABERS) -> BENCHMARKS.md
 	$(BIN)/python -m benchmarks.run --size full --out BENCHMARKS.md
-	$(BIN)/python -m benchmarks.pipeline --size full
-	$(BIN)/python -m benchmarks.venn_abers --size full
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis .dagster_home

@@ -55,9 +55,7 @@ def rows(score: str, window: int, refit_every: int | None) -> list[dict]:
     base = ev.sort(order)[score].to_numpy()
     out = [{"method": f"base ({score})", **_metrics(base, y), "log10_S": 0.0, "seconds": 0.0}]
     for name, cls in METHODS.items():
-        if cls.classes == "multiclass" or (
-            name in PROTECTED_METHODS and name != "composite-jumper"
-        ):
+        if name in PROTECTED_METHODS and name != "composite-jumper":
             continue
         params = (
             {"window": window, "refit_every": refit_every}

@@ -13,9 +13,11 @@ Measurements (numbering of issue 4):
    functions of the default grid on the same scores;
 3. ``calpipe.protect`` end to end on a polars frame (time-ordered input, and presorted input);
 4. versus the reference package ``protected-classification`` 0.1.5 (identical outputs, speed);
-5. nightly run vs DuckDB load, 6. memory of a nightly run: not yet measured (need ``calpipe run``);
+5. nightly ``calpipe run`` vs DuckDB loading the same Parquet file, 6. memory of a nightly run and
+   of a 30-day backfill (both from :mod:`benchmarks.pipeline`);
 7. scaling in events and in streams;
-8. start-up: first ``protect`` call of a fresh process, numba cache cold vs warm.
+8. start-up: first ``protect`` call of a fresh process, numba cache cold vs warm;
+and issue 5's Venn-ABERS speed against the ``venn-abers`` package (:mod:`benchmarks.venn_abers`).
 
 ``protect`` measurements run in a child process each (``--child``), so that the peak RSS
 reported is that of one input frame plus one ``protect`` call, not of the whole benchmark.
@@ -466,7 +468,9 @@ def main(argv=None) -> None:
         return
 
     size = SIZES[args.size]
-    only = set(args.only.split(",")) if args.only else {"1", "2", "3", "4", "7", "8"}
+    only = (
+        set(args.only.split(",")) if args.only else {"1", "2", "3", "4", "5", "6", "7", "8", "va"}
+    )
     t_suite = time.perf_counter()
     parts = [
         f"## calpipe benchmarks ({args.size}: {size['n']:,} events, seed {SEED})\n",
@@ -488,15 +492,20 @@ def main(argv=None) -> None:
             emit(tab)
     if "4" in only:
         emit(measure_reference(args.repeat))
-    missing = Table(
-        "5-6. Nightly pipeline",
-        ["measurement", "status"],
-        [["5. nightly `calpipe run` vs DuckDB load of the same partition",
-          "not yet measured: needs `calpipe run` (pipeline)"],
-         ["6. peak memory of a nightly run (bounded by one partition)",
-          "not yet measured: needs `calpipe run` (pipeline)"]],
-    )  # fmt: skip
-    emit(missing)
+    if only & {"5", "6"}:  # child processes of their own (benchmarks/pipeline.py)
+        from benchmarks import pipeline as bench_pipeline
+
+        text = "### 5-6. Nightly pipeline: `calpipe run` vs the DuckDB load, memory\n\n"
+        text += bench_pipeline.markdown(bench_pipeline.measure(args.size)) + "\n"
+        print(text, flush=True)
+        parts.append(text)
+    if "va" in only:  # issue 5: Venn-ABERS against the venn-abers package
+        from benchmarks import venn_abers as bench_va
+
+        text = "### Venn-ABERS vs venn-abers 1.5.4 (fit + predict)\n\n"
+        text += bench_va.markdown(bench_va.run(args.size, args.repeat)) + "\n"
+        print(text, flush=True)
+        parts.append(text)
     if "8" in only:
         emit(measure_startup(args.repeat))
     total = f"Suite wall time: {time.perf_counter() - t_suite:.0f} s (`--size {args.size}`).\n"

@@ -28,7 +28,7 @@ from calpipe.calibrators.windowed import WindowedCalibrator
 ORDER = ("event_date", "event_id")
 #: The demo copy the project ships (same rows as shared/data's, see data/README.md).
 BANK = Path(__file__).resolve().parents[1] / "data" / "bank_marketing_scored.parquet"
-OTHERS = [m for m, c in METHODS.items() if m not in PROTECTED_METHODS and c.classes != "multiclass"]
+OTHERS = [m for m in METHODS if m not in PROTECTED_METHODS]  # every method takes a binary score
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from calpipe.errors import ParameterError
 
 
@@ -37,6 +39,15 @@ def number_in(lo: float, hi: float, lo_open: bool = True, hi_open: bool = True) 
         ok_lo = v > lo if lo_open else v >= lo
         ok_hi = v < hi if hi_open else v <= hi
         return ok_lo and ok_hi
+
+    return check
+
+
+def int_at_least(lo: int) -> Callable:
+    """An integer (Python or numpy, not bool) >= ``lo``."""
+
+    def check(v) -> bool:
+        return isinstance(v, int | np.integer) and not isinstance(v, bool) and v >= lo
 
     return check
 

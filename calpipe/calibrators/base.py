@@ -34,7 +34,7 @@ from numba import njit
 
 from calpipe import config
 from calpipe.calibrators._params import Param, number_in, validate
-from calpipe.errors import StateError
+from calpipe.errors import ParameterError, StateError
 
 
 @dataclass
@@ -194,14 +194,14 @@ class Calibrator:
     """Base of every method: parameter validation, configuration fingerprint, state checks.
 
     Subclasses set ``name``, ``summary``, ``parameters`` (the one table that validates them and
-    that ``calpipe methods`` prints), ``classes`` ("binary", "multiclass" or "both"), and
+    that ``calpipe methods`` prints), ``classes`` ("binary" or "both"), and
     implement ``initial_state``, ``state_from_flat`` and ``run_batch``.
     """
 
     name: ClassVar[str]
     summary: ClassVar[str]
     parameters: ClassVar[dict[str, Param]]
-    #: Which base scores the method takes: "binary", "multiclass" or "both".
+    #: Which base scores the method takes: "binary" (a score) or "both" (a score or K classes).
     classes: ClassVar[str] = "both"
     #: Extra output columns (besides the forecast and log10_martingale), by name.
     extra_outputs: ClassVar[tuple[str, ...]] = ()
@@ -217,17 +217,11 @@ class Calibrator:
 
     # -- configuration -------------------------------------------------------------------------
     def check_classes(self, n_classes: int) -> None:
-        from calpipe.errors import ParameterError
-
         if self.classes == "binary" and n_classes != 2:
             raise ParameterError(
                 f"method {self.name!r} is binary-only; the frame has K = {n_classes} classes "
                 "(give a binary `score` column, or use a multiclass method)"
             )
-        if self.classes == "multiclass" and n_classes == 2 and not self.binary_as_two_classes:
-            raise ParameterError(f"method {self.name!r} needs K >= 3 class scores")
-
-    binary_as_two_classes: ClassVar[bool] = True
 
     def config(self, n_classes: int) -> dict[str, Any]:
         """Canonical configuration: everything that changes the outputs (and nothing else)."""

@@ -24,7 +24,7 @@ from typing import ClassVar
 import numpy as np
 
 from calpipe import config
-from calpipe.calibrators._params import Param, number_in, one_of
+from calpipe.calibrators._params import Param, int_at_least, number_in, one_of
 from calpipe.calibrators.windowed import WINDOW_PARAMS, WindowedCalibrator
 from calpipe.kernels import histogram, isotonic, parametric, venn_abers
 from calpipe.kernels import venn as venn_kernel
@@ -95,7 +95,7 @@ class Venn(WindowedCalibrator):
         **WINDOW_PARAMS,
         "n_bins": Param(
             config.VENN_DEFAULT_N_BINS,
-            lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+            int_at_least(1),
             "an integer >= 1",
             "equal-mass bins of the window's scores (fewer if ties force it)",
         ),
@@ -115,7 +115,7 @@ class Histogram(WindowedCalibrator):
         **WINDOW_PARAMS,
         "n_bins": Param(
             config.HISTOGRAM_N_BINS,
-            lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+            int_at_least(1),
             "an integer >= 1",
             "equal-mass bins of the window's scores (tied scores never split, so maybe fewer)",
         ),
@@ -126,10 +126,6 @@ class Histogram(WindowedCalibrator):
             "m of the m-estimate (k + m r) / (n + m), r = the window's label frequency",
         ),
     }
-
-
-def _int_ge(lo: int):
-    return lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= lo
 
 
 class Isotonic(WindowedCalibrator):
@@ -169,19 +165,19 @@ class RocIsotonic(WindowedCalibrator):
         **WINDOW_PARAMS,
         "max_regions": Param(
             config.DEFAULT_RRIR_MAX_REGIONS,
-            lambda v: v is None or _int_ge(1)(v),
+            lambda v: v is None or int_at_least(1)(v),
             "None or an integer >= 1",
             "regularisation: at most this many (non-empty) regions",
         ),
         "min_region_size": Param(
             config.DEFAULT_RRIR_MIN_REGION_SIZE,
-            _int_ge(1),
+            int_at_least(1),
             "an integer >= 1",
             "regularisation: no region with fewer calibration points",
         ),
         "max_candidates": Param(
             config.DEFAULT_RRIR_MAX_CANDIDATES,
-            _int_ge(1),
+            int_at_least(1),
             "an integer >= 1",
             "split candidates tried per region (exact below it; a speed cap for big windows)",
         ),
@@ -211,7 +207,7 @@ class VennAbers(WindowedCalibrator):
         ),
         "n_folds": Param(
             config.VENN_ABERS_N_FOLDS,
-            _int_ge(2),
+            int_at_least(2),
             "an integer >= 2",
             "folds of the CVAP (label i of the window goes to fold i mod n_folds)",
         ),

@@ -27,16 +27,12 @@ from typing import ClassVar
 import numpy as np
 
 from calpipe import config
-from calpipe.calibrators._params import Param, number_in, one_of
+from calpipe.calibrators._params import Param, int_at_least, one_of
 from calpipe.calibrators.base import CLIP_PARAM, Calibrator, FlatState, RunOutput, likelihood_gale
 from calpipe.errors import ParameterError, StateError
 from calpipe.kernels import calibrated_regression as CR
 from calpipe.kernels import venn as V
 from calpipe.kernels.protected import OP_FORECAST, OP_UPDATE
-
-
-def _int_at_least(lo: int):
-    return lambda v: isinstance(v, int | np.integer) and not isinstance(v, bool) and v >= lo
 
 
 def _edges_ok(v) -> bool:
@@ -180,7 +176,7 @@ class VennPredictor(OnlineCalibrator):
     parameters: ClassVar[dict[str, Param]] = {
         "n_bins": Param(
             config.VENN_DEFAULT_N_BINS,
-            _int_at_least(1),
+            int_at_least(1),
             "an integer >= 1",
             "equal-width bins of the base score (of the top class probability for K classes)",
         ),
@@ -194,7 +190,7 @@ class VennPredictor(OnlineCalibrator):
         "category_column": _CATEGORY_COLUMN,
         "n_categories": Param(
             None,
-            lambda v: v is None or _int_at_least(1)(v),
+            lambda v: v is None or int_at_least(1)(v),
             "None or an integer >= 1 (required with category_column)",
             "number of categories of category_column",
         ),
@@ -248,13 +244,13 @@ class CalibratedRegression(OnlineCalibrator):
     parameters: ClassVar[dict[str, Param]] = {
         "powers": Param(
             config.CALREG_DEFAULT_POWERS,
-            _int_at_least(1),
+            int_at_least(1),
             "an integer >= 1",
             "test functions y^, y^2, ..., y^powers of the forecast",
         ),
         "tents": Param(
             0,
-            lambda v: _int_at_least(0)(v) and v != 1,
+            lambda v: int_at_least(0)(v) and v != 1,
             "0 or an integer >= 2",
             "tent functions on y^ at that many equally spaced knots of [0, 1]",
         ),
@@ -269,14 +265,14 @@ class CalibratedRegression(OnlineCalibrator):
         ),
         "score_tents": Param(
             0,
-            lambda v: _int_at_least(0)(v) and v != 1,
+            lambda v: int_at_least(0)(v) and v != 1,
             "0 or an integer >= 2",
             "tent functions on the base score at that many knots",
         ),
         "category_column": _CATEGORY_COLUMN,
         "n_categories": Param(
             0,
-            _int_at_least(0),
+            int_at_least(0),
             "an integer >= 0 (>= 1 with category_column)",
             "indicator test functions of category_column: calibration on subsequences (§IV)",
         ),
@@ -315,5 +311,4 @@ __all__ = [
     "CalibratedRegression",
     "OnlineCalibrator",
     "VennPredictor",
-    "number_in",
 ]

@@ -13,9 +13,6 @@ is the top's (its test martingale of the base calibrator's forecasts), and the e
 
 from __future__ import annotations
 
-import hashlib
-import json
-
 import numpy as np
 
 from calpipe.calibrators.base import Calibrator, FlatState, RunOutput
@@ -47,10 +44,6 @@ class Stacked(Calibrator):
 
     def config(self, n_classes: int) -> dict:
         return {"stack": [self.base.config(n_classes), self.top.config(n_classes)]}
-
-    def fingerprint(self, n_classes: int) -> str:
-        blob = json.dumps(self.config(n_classes), sort_keys=True).encode()
-        return hashlib.sha256(blob).hexdigest()[:16]
 
     # -- state: [L, log10 S_base, base (L), top] -----------------------------------------------
     def initial_state(self, n_streams: int, n_classes: int) -> FlatState:

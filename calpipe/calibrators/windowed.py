@@ -34,7 +34,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from calpipe.calibrators._params import Param
+from calpipe.calibrators._params import Param, int_at_least
 from calpipe.calibrators.base import (
     CLIP_PARAM,
     Calibrator,
@@ -49,24 +49,16 @@ from calpipe.kernels.protected import OP_FORECAST, OP_UPDATE
 _HEADER = 3  # u, b, f
 
 
-def _is_int(v) -> bool:
-    return isinstance(v, int | np.integer) and not isinstance(v, bool)
-
-
-def _positive_int(v) -> bool:
-    return _is_int(v) and v >= 1
-
-
 WINDOW_PARAMS: dict[str, Param] = {
     "window": Param(
         1000,
-        _positive_int,
+        int_at_least(1),
         "an integer >= 1",
         "labelled events in the calibration window (the last `window` labels learnt)",
     ),
     "refit_every": Param(
         None,
-        lambda v: v is None or _positive_int(v),
+        lambda v: v is None or int_at_least(1)(v),
         "None (fit once, on the first `window` labels) or an integer >= 1",
         "refit on the trailing window after every `refit_every` further labels",
     ),
@@ -165,17 +157,16 @@ class WindowedCalibrator(Calibrator):
         counts = np.diff(op_offsets)
         sid = np.repeat(np.arange(n_streams), counts)
         is_upd = op_kind != OP_FORECAST
-        cum = np.cumsum(is_upd)
-        seg_base = np.concatenate([[0], cum])[op_offsets[:-1]]  # updates before each segment
-        u0 = np.array([int(state.vector(s)[0]) for s in range(n_streams)], dtype=np.int64)
-        u_before = u0[sid] + (cum - is_upd) - seg_base[sid]  # labels learnt before each op
+        cum = np.concatenate([[0], np.cumsum(is_upd)])  # cum[o] = updates before op o
+        u0 = state.values[state.offsets[:-1]].astype(np.int64)  # labels learnt before the batch
+        u_before = u0[sid] + cum[:-1] - cum[op_offsets[:-1]][sid]  # ... and before each op
         epoch = fit_point(u_before, self.window, self.refit_every)
-        u_end = u0 + (cum[op_offsets[1:] - 1] - seg_base if n_ops else 0)
-        u_end = np.where(counts > 0, u_end, u0)
+        u_end = u0 + cum[op_offsets[1:]] - cum[op_offsets[:-1]]
 
         forecast = np.empty((n_ops,) if c == 1 else (n_ops, n_classes))
-        lower = np.empty_like(forecast)
-        upper = np.empty_like(forecast)
+        interval = "p_lower" in self.extra_outputs
+        lower = np.empty_like(forecast) if interval else forecast  # point methods: no bounds
+        upper = np.empty_like(forecast) if interval else forecast
         new_vectors = []
         upd_ops = np.flatnonzero(is_upd)
         upd_bounds = np.searchsorted(upd_ops, op_offsets)
@@ -207,13 +198,15 @@ class WindowedCalibrator(Calibrator):
                 j = int(ep[a])
                 ev = op_event[lo + a : lo + b]
                 sl = slice(lo + a, lo + b)
-                if j < 0:
-                    forecast[sl] = lower[sl] = upper[sl] = scores[ev]
+                if j < 0:  # no fit yet: the base passes through (bounds = the base too)
+                    forecast[sl] = scores[ev]
+                    if interval:
+                        lower[sl] = upper[sl] = scores[ev]
                     continue
                 pred = self._predict(fitted_at(j), np.ascontiguousarray(scores[ev]), n_classes)
                 forecast[sl] = pred.p
-                lower[sl] = pred.p if pred.p_lower is None else pred.p_lower
-                upper[sl] = pred.p if pred.p_upper is None else pred.p_upper
+                if interval:
+                    lower[sl], upper[sl] = pred.p_lower, pred.p_upper
             j_end = int(fit_point(u_end[s], self.window, self.refit_every))
             fit_end = fitted_at(j_end) if j_end >= 0 else np.zeros(0)
             keep = min(int(u_end[s]), self.window)

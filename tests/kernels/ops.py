@@ -21,29 +21,35 @@ class Ops:
         return list(zip(self.op_event[lo:hi].tolist(), self.op_kind[lo:hi].tolist(), strict=True))
 
 
+def stream_ops(rng, events, p_unlabelled: float, p_delayed: float) -> list[tuple[int, int]]:
+    """One stream's ops over ``events`` (in order): each event is, at random, an OP_STEP; an
+    OP_FORECAST never updated; or an OP_FORECAST whose OP_UPDATE comes 1..5 operations later
+    (possibly after the stream's last event)."""
+    ops: list[tuple[int, int]] = []
+    pending: list[tuple[int, int]] = []  # (due at op count, event)
+    for e in events:
+        u = rng.random()
+        if u < p_unlabelled:
+            ops.append((int(e), K.OP_FORECAST))
+        elif u < p_unlabelled + p_delayed:
+            ops.append((int(e), K.OP_FORECAST))
+            pending.append((len(ops) + int(rng.integers(1, 6)), int(e)))
+        else:
+            ops.append((int(e), K.OP_STEP))
+        for due, ev in sorted(pending):
+            if due <= len(ops):
+                ops.append((ev, K.OP_UPDATE))
+                pending.remove((due, ev))
+    return ops + [(ev, K.OP_UPDATE) for _, ev in sorted(pending)]
+
+
 def make_ops(rng, n: int, n_streams: int, *, p_unlabelled=0.15, p_delayed=0.15) -> Ops:
-    """Each of the n events (at random positions) goes to a random stream as an OP_STEP, an
-    OP_FORECAST never updated, or an OP_FORECAST whose OP_UPDATE comes 1..5 operations later."""
+    """Each of the n events (at random positions) goes to a random stream (:func:`stream_ops`)."""
     owner = rng.integers(0, n_streams, n)
     positions = rng.permutation(n)
     op_event, op_kind, offsets = [], [], [0]
     for s in range(n_streams):
-        ops: list[tuple[int, int]] = []
-        pending: list[tuple[int, int]] = []
-        for e in positions[owner[positions] == s]:
-            u = rng.random()
-            if u < p_unlabelled:
-                ops.append((int(e), K.OP_FORECAST))
-            elif u < p_unlabelled + p_delayed:
-                ops.append((int(e), K.OP_FORECAST))
-                pending.append((len(ops) + int(rng.integers(1, 6)), int(e)))
-            else:
-                ops.append((int(e), K.OP_STEP))
-            for due, ev in sorted(pending):
-                if due <= len(ops):
-                    ops.append((ev, K.OP_UPDATE))
-                    pending.remove((due, ev))
-        ops += [(ev, K.OP_UPDATE) for _, ev in sorted(pending)]
+        ops = stream_ops(rng, positions[owner[positions] == s], p_unlabelled, p_delayed)
         op_event += [e for e, _ in ops]
         op_kind += [k for _, k in ops]
         offsets.append(len(op_event))

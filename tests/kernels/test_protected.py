@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from calpipe import families
 from calpipe.kernels import protected as K
 from tests import naive
+from tests.kernels.ops import stream_ops
 
 ATOL = 1e-12
 SEEDS = st.integers(0, 2**32 - 1)
@@ -100,22 +101,7 @@ def make_batch(
     for length in lengths:
         events = positions[start : start + length]
         start += length
-        ops: list[tuple[int, int]] = []
-        pending: list[tuple[int, int]] = []  # (due at op count, event)
-        for e in events:
-            u = rng.random()
-            if u < p_unlabelled:
-                ops.append((int(e), K.OP_FORECAST))
-            elif u < p_unlabelled + p_delayed:
-                ops.append((int(e), K.OP_FORECAST))
-                pending.append((len(ops) + int(rng.integers(1, 6)), int(e)))
-            else:
-                ops.append((int(e), K.OP_STEP))
-            for due, ev in sorted(pending):
-                if due <= len(ops):
-                    ops.append((ev, K.OP_UPDATE))
-                    pending.remove((due, ev))
-        ops += [(ev, K.OP_UPDATE) for _, ev in sorted(pending)]
+        ops = stream_ops(rng, events, p_unlabelled, p_delayed)
         op_event += [e for e, _ in ops]
         op_kind += [kind for _, kind in ops]
         offsets.append(len(op_event))
@@ -468,14 +454,8 @@ def test_brier_forecast_then_update_on_same_event_equals_step(k):
         np.testing.assert_allclose(x, z, rtol=0, atol=ATOL)
 
 
-@FEW
-@given(seed=SEEDS, cut=st.floats(0.0, 1.0))
-def test_two_chunks_with_state_carried_equal_one_pass(seed, cut):
-    """Resumable (DESIGN §4): ops split anywhere per stream, state of chunk 1 fed to chunk 2."""
-    batch = make_batch(seed, max_streams=3)
-    fam = families.binary_family("cox2")
-    state = cj_state(batch.n_streams, 3, fam.size)
-    one = run_binary(batch, fam, CJ_RATES, state)
+def split_each_stream(batch: Batch, cut: float) -> tuple[Batch, Batch]:
+    """The batch as two chunks: each stream's first ``cut`` fraction of ops, then the rest."""
     firsts, seconds, off1, off2 = [], [], [0], [0]
     for s in range(batch.n_streams):
         ops = batch.stream_ops(s)
@@ -492,8 +472,20 @@ def test_two_chunks_with_state_carried_equal_one_pass(seed, cut):
             batch.n_streams,
         )  # fmt: skip
 
-    r1 = run_binary(part(firsts, off1), fam, CJ_RATES, state)
-    r2 = run_binary(part(seconds, off2), fam, CJ_RATES, r1[2:])
+    return part(firsts, off1), part(seconds, off2)
+
+
+@FEW
+@given(seed=SEEDS, cut=st.floats(0.0, 1.0))
+def test_two_chunks_with_state_carried_equal_one_pass(seed, cut):
+    """Resumable (DESIGN §4): ops split anywhere per stream, state of chunk 1 fed to chunk 2."""
+    batch = make_batch(seed, max_streams=3)
+    fam = families.binary_family("cox2")
+    state = cj_state(batch.n_streams, 3, fam.size)
+    one = run_binary(batch, fam, CJ_RATES, state)
+    first, second = split_each_stream(batch, cut)
+    r1 = run_binary(first, fam, CJ_RATES, state)
+    r2 = run_binary(second, fam, CJ_RATES, r1[2:])
     got_p = np.where(np.isnan(r2[0]), r1[0], r2[0])
     got_m = np.where(np.isnan(r2[1]), r1[1], r2[1])
     np.testing.assert_allclose(got_p, one[0], rtol=0, atol=ATOL)
@@ -732,24 +724,9 @@ def test_lanes_two_chunks_with_state_carried_equal_one_pass_bit_for_bit(seed, cu
     fam = families.binary_family("cox2")
     state = cj_state(batch.n_streams, 3, fam.size)
     one = run_binary(batch, fam, CJ_RATES, state)
-    firsts, seconds, off1, off2 = [], [], [0], [0]
-    for s in range(batch.n_streams):
-        ops = batch.stream_ops(s)
-        c = round(cut * len(ops))
-        firsts += ops[:c]
-        seconds += ops[c:]
-        off1.append(len(firsts))
-        off2.append(len(seconds))
-
-    def part(ops, off):
-        return Batch(
-            batch.p, batch.y, np.array([e for e, _ in ops], np.int64).reshape(-1),
-            np.array([kd for _, kd in ops], np.int8).reshape(-1), np.array(off, np.int64),
-            batch.n_streams,
-        )  # fmt: skip
-
-    r1 = run_binary(part(firsts, off1), fam, CJ_RATES, state)
-    r2 = run_binary(part(seconds, off2), fam, CJ_RATES, r1[2:])
+    first, second = split_each_stream(batch, cut)
+    r1 = run_binary(first, fam, CJ_RATES, state)
+    r2 = run_binary(second, fam, CJ_RATES, r1[2:])
     np.testing.assert_array_equal(np.where(np.isnan(r2[0]), r1[0], r2[0]), one[0])
     np.testing.assert_array_equal(np.where(np.isnan(r2[1]), r1[1], r2[1]), one[1])
     for x, z in zip(r2[2:], one[2:], strict=True):
