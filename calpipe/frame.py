@@ -26,6 +26,7 @@ from calpipe import config
 from calpipe.calibrators import Calibrator, make_calibrator
 from calpipe.calibrators.base import weights_series
 from calpipe.errors import InputError, ParameterError, StateError
+from calpipe.kernels import grouping as G
 from calpipe.kernels import protected as K
 
 _TIME_US = pl.Datetime("us")
@@ -136,8 +137,13 @@ def check_rules(df: pl.DataFrame, rules: Sequence[Rule]) -> None:
             raise InputError(r.column, int(row), f"{r.rule} (value: {value!r})")
 
 
-def validate_frame(df: pl.DataFrame, cols: Columns) -> int:
-    """Check the data contract (DESIGN §3); return K (2 for a binary score). Raises InputError."""
+def validate_frame(df: pl.DataFrame, cols: Columns, *, check_duplicates: bool = True) -> int:
+    """Check the data contract (DESIGN §3); return K (2 for a binary score). Raises InputError.
+
+    ``check_duplicates=False`` leaves out the rule "(stream, event id) unique", the one rule that
+    needs a hash of every row: :func:`protect_with_state` checks it after grouping the streams,
+    where strictly increasing event ids prove it in one vectorised pass (:func:`_check_unique`).
+    """
     schema = df.schema
     rules = [
         Rule(c, "null in a stream or order key", pl.col(c).is_null())
@@ -204,14 +210,20 @@ def validate_frame(df: pl.DataFrame, cols: Columns) -> int:
                  pl.col(lt).cast(_TIME_US) < pl.col(t0).cast(_TIME_US)),
         ]  # fmt: skip
 
-    key = [*cols.by, cols.order_by[-1]]
-    rules.append(
-        Rule(cols.order_by[-1],
-             f"duplicate ({', '.join(key)}): each event must be unique within its stream",
-             ~pl.struct(key).is_first_distinct(), pl.struct(key))
-    )  # fmt: skip
+    if check_duplicates:
+        rules.append(_duplicate_rule(cols))
     check_rules(df, rules)
     return n_classes
+
+
+def _duplicate_rule(cols: Columns) -> Rule:
+    key = [*cols.by, cols.order_by[-1]]
+    return Rule(
+        cols.order_by[-1],
+        f"duplicate ({', '.join(key)}): each event must be unique within its stream",
+        ~pl.struct(key).is_first_distinct(),
+        pl.struct(key),
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -396,7 +408,11 @@ def protect_with_state(
         df.columns, score=score, scores=scores, label=label, label_time=label_time,
         by=by, order_by=order_by,
     )  # fmt: skip
-    n_classes = validate_frame(df, cols) if df.height else _empty_n_classes(df, cols)
+    n_classes = (
+        validate_frame(df, cols, check_duplicates=False)
+        if df.height
+        else _empty_n_classes(df, cols)
+    )
     cal.check_classes(n_classes)
     if cols.label_time is not None and not cal.supports_label_time:
         raise ParameterError(
@@ -453,57 +469,60 @@ def _run(
     df: pl.DataFrame, cols: Columns, cal: Calibrator, n_classes: int, state0: pl.DataFrame
 ) -> ProtectResult:
     binary = cols.score is not None
-    order = _replay_order(df, cols)
-    needed = [*cols.by, *cols.order_by, cols.base, cols.label]
-    needed += [cols.label_time] if cols.label_time and cols.label_time not in needed else []
-    needed += list(cal.input_columns().values())
-    sub = df.select(list(dict.fromkeys(needed)))  # only the columns the replay reads
-    sorted_df = sub if order is None else sub[order]
-    n = sorted_df.height
-
-    # Stream segments of the sorted rows: sid[i] is the stream of sorted row i.
-    if cols.by:
-        sid = sorted_df.select(pl.struct(cols.by).rle_id()).to_series().to_numpy().astype(np.int64)
-    else:
-        sid = np.zeros(n, dtype=np.int64)
-    counts = np.bincount(sid)
+    replay = replay_order(df, cols)
+    order, counts = replay.order, replay.counts
+    n = df.height
     n_streams = counts.shape[0]
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
     ends = starts + counts - 1
-    streams = sorted_df[starts.tolist()].select(cols.by) if cols.by else pl.DataFrame()
-    first_rows = sorted_df[starts.tolist()]
-    last_rows = sorted_df[ends.tolist()]
+    first_idx = starts if order is None else order[starts]  # input rows
+    last_idx = ends if order is None else order[ends]
+    first_rows = df.select([*cols.by, *cols.order_by])[first_idx]
+    streams = first_rows.select(cols.by) if cols.by else pl.DataFrame()
+    last_rows = df.select(cols.order_by)[last_idx]
 
-    # Base forecasts and labels as contiguous arrays, in sorted order.
+    # Event arrays. Without label_time they stay in the input's row order: the operation list
+    # names input rows stream by stream (op_event = the replay permutation), so the kernels read
+    # each event where it is and write its outputs in place, and nothing is gathered into replay
+    # order and back. Delayed labels need per-stream time arithmetic, so there the events are
+    # put in replay order (event i = sorted row i) and the outputs put back at the end.
+    delayed = cols.label_time is not None
+    needed = [cols.base, cols.label]
+    needed += [cols.order_by[0], cols.label_time] if delayed else []
+    needed += list(cal.input_columns().values())
+    events = df.select(list(dict.fromkeys(needed)))
+    if delayed and order is not None:
+        events = events[order]
+    ev_sid = np.repeat(np.arange(n_streams, dtype=np.int64), counts) if delayed else replay.ids
     if binary:
-        base = sorted_df[cols.score].cast(pl.Float64).to_numpy()
+        base = events[cols.score].cast(pl.Float64).to_numpy()
     else:
         v = pl.col(cols.scores)
         as_arr = v if isinstance(df.schema[cols.scores], pl.Array) else v.list.to_array(n_classes)
-        base = sorted_df.select(as_arr.cast(pl.Array(pl.Float64, n_classes))).to_series().to_numpy()
+        base = events.select(as_arr.cast(pl.Array(pl.Float64, n_classes))).to_series().to_numpy()
     base = np.ascontiguousarray(base, dtype=np.float64)
-    lab_s = sorted_df[cols.label].cast(pl.Int64)
+    lab_s = events[cols.label].cast(pl.Int64)
     labelled = lab_s.is_not_null().to_numpy()
-    labels = lab_s.fill_null(-1).to_numpy().astype(np.int64)
+    labels = lab_s.fill_null(-1).to_numpy()
 
     # Carried state: join on the stream keys, check config and order.
     bstate, prev = _join_state(cal, cols, n_classes, streams, first_rows, state0, n_streams)
-    kernel_scores = cal.prepare_scores(base)
 
-    if cols.label_time is None:
-        op_event = np.arange(n, dtype=np.int64)
-        op_kind = np.where(labelled, K.OP_STEP, K.OP_FORECAST).astype(np.int8)
+    if not delayed:
+        op_event = np.arange(n, dtype=np.int64) if order is None else order
+        op_labelled = labelled if order is None else labelled[order]
+        op_kind = np.where(op_labelled, K.OP_STEP, K.OP_FORECAST).astype(np.int8)
         op_offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        ext_scores, ext_labels = kernel_scores, np.maximum(labels, 0)
-        applied = np.bincount(sid, weights=labelled, minlength=n_streams).astype(np.int64)
+        ext_scores, ext_labels = cal.prepare_scores(base), np.maximum(labels, 0)
+        applied = np.bincount(ev_sid[labelled], minlength=n_streams)
         pending = prev.select(["pending_label_time", "pending_scores", "pending_labels"])
     else:
         (op_event, op_kind, op_offsets, ext_scores, ext_labels, applied, pending) = _delayed_ops(
-            cal, cols, sorted_df, sid, counts, base, labels, labelled, prev, n_classes
+            cal, cols, events, ev_sid, counts, base, labels, labelled, prev, n_classes
         )
 
     inputs = {
-        key: np.ascontiguousarray(sorted_df[col].cast(pl.Int64).to_numpy())
+        key: np.ascontiguousarray(events[col].cast(pl.Int64).to_numpy())
         for key, col in cal.input_columns().items()
     }
     out, new_state = cal.run_batch(
@@ -512,25 +531,29 @@ def _run(
     protected = out.protected[:n]
     log10m = out.log10_martingale[:n]
 
-    # Outputs back in input row order.
+    def in_input_order(values: np.ndarray) -> np.ndarray:
+        """Event outputs at their input rows (events in replay order: out[order[i]] = v[i])."""
+        if not delayed or order is None:
+            return values
+        back = np.empty_like(values)
+        back[order] = values
+        return back
+
     if binary:
-        out_series = pl.Series(cols.out, protected)
+        out_series = pl.Series(cols.out, in_input_order(protected))
     else:
-        out_series = pl.Series(cols.out, protected).cast(pl.Array(pl.Float64, n_classes))
+        out_series = pl.Series(cols.out, in_input_order(protected))
+        out_series = out_series.cast(pl.Array(pl.Float64, n_classes))
         if isinstance(df.schema[cols.scores], pl.List):
             out_series = out_series.cast(pl.List(pl.Float64))
-    new_cols = [out_series, pl.Series("log10_martingale", log10m)]
+    new_cols = [out_series, pl.Series("log10_martingale", in_input_order(log10m))]
     for name in cal.extra_outputs:
-        new_cols.append(_output_series(name, out.extra[name][:n], out_series.dtype))
-    if order is None:  # the input was already in replay order: nothing to put back
-        scored = df.with_columns(new_cols)
-    else:
-        inverse = np.empty(n, dtype=np.int64)
-        inverse[order] = np.arange(n)
-        scored = df.with_columns([s.gather(inverse) for s in new_cols])
+        values = in_input_order(out.extra[name][:n])
+        new_cols.append(_output_series(name, values, out_series.dtype))
+    scored = df.with_columns(new_cols)
 
     # New state rows.
-    peak = np.maximum.reduceat(log10m, starts)
+    peak = G.group_max(log10m, ev_sid, prev["log10_martingale_max"].to_numpy())
     new_rows = pl.DataFrame(
         {
             "method": pl.repeat(cal.name, n_streams, dtype=pl.String, eager=True),
@@ -541,7 +564,7 @@ def _run(
             "n_events": prev["n_events"].to_numpy() + counts,
             "n_labelled": prev["n_labelled"].to_numpy() + applied,
             "log10_martingale": new_state.log10m,
-            "log10_martingale_max": np.maximum(prev["log10_martingale_max"].to_numpy(), peak),
+            "log10_martingale_max": peak,
             "weights": weights_series(*new_state.flat()),
         }
     )
@@ -569,41 +592,114 @@ def _output_series(name: str, values: np.ndarray, forecast_dtype: pl.DataType) -
     return series.cast(forecast_dtype)
 
 
-def _lex_increasing(df: pl.DataFrame, keys: Sequence[str]) -> bool:
-    """True if the rows are in strictly increasing lexicographic order of ``keys`` (one pass)."""
-    cur = [pl.col(k) for k in keys]
-    expr = _lex_greater(cur, [c.shift(1) for c in cur])
-    return bool(df.select(expr.slice(1).all()).item())
+@dataclass(frozen=True)
+class Replay:
+    """How the rows of a frame replay: ``order`` sorts them by (stream, order keys) (None: they
+    already do), and the sorted rows are ``counts[0]`` rows of stream 0, then stream 1, ...;
+    ``ids[i]`` is the stream of input row i."""
+
+    order: np.ndarray | None
+    counts: np.ndarray
+    ids: np.ndarray
 
 
-def _replay_order(df: pl.DataFrame, cols: Columns) -> np.ndarray | None:
-    """Row permutation that sorts ``df`` by (stream keys, order keys), or None if already sorted.
+def stream_ids(df: pl.DataFrame, by: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, first_row): a dense id per row for its stream (rows with equal ``by`` keys), numbered
+    in order of first appearance, and the first row of each stream. O(n), no sort.
 
-    The keys are unique (validated: no duplicate (stream, event id)), so any correct sort gives
-    the same permutation; only the streams' relative order may differ, and nothing depends on it
-    (streams are independent and the state frame is sorted by its keys at the end). Cheapest first:
-
-    1. already sorted (a vectorised neighbour comparison): no sort, no gather back;
-    2. sorted by the order keys across streams (an event log in time order) with one stream key:
-       a stable argsort of an integer stream code groups the streams and keeps time order;
-    3. otherwise a multi-key polars sort (no ``maintain_order``: the keys are unique).
+    The ids come from a 64-bit hash of the keys (:func:`calpipe.kernels.grouping.dense_ids`).
+    Every row's keys are then compared with its stream's first row, so a hash collision cannot
+    merge two streams: if one ever did, the ids are recomputed by a sort of the keys.
     """
-    keys = [*cols.by, *cols.order_by]
-    if _lex_increasing(df, keys):
-        return None
-    if len(cols.by) == 1 and _lex_increasing(df, cols.order_by):
-        key = df[cols.by[0]]
-        if key.dtype == pl.String or key.dtype == pl.Categorical:
-            code = key.cast(pl.Categorical).to_physical().to_numpy()
-        elif key.dtype.is_integer():
-            code = key.to_numpy()
-        else:
-            code = None
-        if code is not None:
-            if code.dtype.itemsize > 2 and code.size and 0 <= code.min() and code.max() < 65536:
-                code = code.astype(np.uint16)  # numpy sorts 16-bit keys by radix: O(n)
-            return np.argsort(code, kind="stable")
-    return df.select(pl.arg_sort_by(keys)).to_series().to_numpy().astype(np.int64)
+    if not by:
+        return np.zeros(df.height, np.int64), np.zeros(min(df.height, 1), np.int64)
+    key = pl.col(by[0]) if len(by) == 1 else pl.struct(list(by))
+    hashes = df.select(key.hash()).to_series().to_numpy()
+    ids, first = G.dense_ids(hashes)
+    if not _same_keys_as(df, by, first[ids]):
+        ids, first = _stream_ids_by_sort(df, by)
+    return ids, first
+
+
+def _same_keys_as(df: pl.DataFrame, by: Sequence[str], rep: np.ndarray) -> bool:
+    """Whether row i has the same ``by`` keys as row ``rep[i]``, for every row."""
+    idx = pl.Series(rep)
+    same = [pl.col(c).eq_missing(pl.col(c).gather(idx)) for c in by]
+    return bool(df.select(pl.all_horizontal(same).all()).item())
+
+
+def _stream_ids_by_sort(df: pl.DataFrame, by: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`stream_ids` by a dense rank of the keys (a sort): the fallback after a collision."""
+    key = pl.col(by[0]) if len(by) == 1 else pl.struct(list(by))
+    ids = df.select(key.rank("dense")).to_series().to_numpy().astype(np.int64) - 1
+    _, first = np.unique(ids, return_index=True)
+    return ids, first.astype(np.int64)
+
+
+def replay_order(df: pl.DataFrame, cols: Columns) -> Replay:
+    """Group the rows by stream and order each stream by ``order_by``; check that every
+    (stream, event id) is unique (the data contract's last rule, left out of
+    :func:`validate_frame` by :func:`protect_with_state`).
+
+    Cheapest first, each step O(n) but the last:
+
+    1. stream ids by hashing (:func:`stream_ids`);
+    2. rows already grouped by stream (ids never decrease): no permutation; otherwise a stable
+       counting sort by stream id, which keeps the input's order within each stream;
+    3. if within every stream the order keys now increase strictly (the usual case: an event log
+       in time order, or a presorted frame), that is the replay order; otherwise a sort by
+       (stream id, order keys).
+
+    Streams are numbered by first appearance, not by key; nothing depends on their relative
+    order (streams are independent, and the state frame is sorted by its keys at the end). The
+    order keys are unique within a stream (validated), so every correct sort gives the same
+    rows in the same order.
+    """
+    ids, first = stream_ids(df, cols.by)
+    n_streams = first.shape[0]
+    order = None
+    if n_streams > 1 and bool(np.any(ids[1:] < ids[:-1])):
+        order, counts = G.counting_sort(ids, n_streams)
+    else:
+        counts = np.bincount(ids, minlength=n_streams)
+    # Order keys increasing over the whole input (an event log in time order) stay increasing in
+    # every stream after a stable grouping: one sequential pass decides it.
+    increasing, ids_increasing = _within_stream_increasing(df, cols.order_by, None, None)
+    if not (increasing and ids_increasing):
+        increasing, ids_increasing = _within_stream_increasing(df, cols.order_by, ids, order)
+    if not increasing:
+        keyed = df.select(cols.order_by).with_columns(pl.Series("__sid", ids))
+        order = keyed.select(pl.arg_sort_by(["__sid", *cols.order_by])).to_series().to_numpy()
+        order = order.astype(np.int64)
+        increasing, ids_increasing = _within_stream_increasing(df, cols.order_by, ids, order)
+    if not ids_increasing:  # event ids not increasing in replay order: check by hashing
+        check_rules(df, [_duplicate_rule(cols)])
+    return Replay(order, counts, ids)
+
+
+def _within_stream_increasing(
+    df: pl.DataFrame,
+    order_by: Sequence[str],
+    ids: np.ndarray | None,
+    order: np.ndarray | None,
+) -> tuple[bool, bool]:
+    """In the row order ``order`` (None: as given), with rows grouped by stream id ``ids`` (None:
+    all rows as one sequence): do the order keys increase strictly (lexicographically) within
+    every stream, and does the last order key (the event id) alone? The second implies that
+    (stream, event id) is unique."""
+    keys = df.select(order_by)
+    if ids is not None:
+        keys = keys.with_columns(pl.Series("__sid", ids))
+    if order is not None:
+        keys = keys[order]
+    cur = [pl.col(c) for c in order_by]
+    lex = _lex_greater(cur, [c.shift(1) for c in cur])
+    last = cur[-1] > cur[-1].shift(1)
+    if ids is not None:
+        new_stream = pl.col("__sid") != pl.col("__sid").shift(1)
+        lex, last = new_stream | lex, new_stream | last
+    row = keys.select(lex.slice(1).all(), last.slice(1).all().alias("__last")).row(0)
+    return bool(row[0]), bool(row[1])
 
 
 def state_from_rows(cal: Calibrator, rows: pl.DataFrame, n_classes: int):
@@ -623,6 +719,18 @@ def state_from_rows(cal: Calibrator, rows: pl.DataFrame, n_classes: int):
     )
 
 
+def _empty_lists(n: int, inner: pl.DataType) -> pl.Series:
+    """n empty lists (one broadcast, not a Python list of n lists)."""
+    return pl.Series([[]], dtype=pl.List(inner)).new_from_index(0, n)
+
+
+def _list_series(values: np.ndarray, offsets: np.ndarray, inner: pl.DataType) -> pl.Series:
+    """The list column whose row s is ``values[offsets[s]:offsets[s + 1]]``, built from Arrow
+    buffers (no Python loop over rows). Datetime values are given as int64 microseconds."""
+    arr = pa.LargeListArray.from_arrays(pa.array(offsets, pa.int64()), pa.array(values))
+    return pl.Series(pl.from_arrow(arr)).cast(pl.List(inner))
+
+
 def _join_state(cal, cols, n_classes, streams, first_rows, state0, n_streams):
     """Initial kernel state of each stream in the batch and its previous state row (or zeros)."""
     bstate = cal.initial_state(n_streams, n_classes)
@@ -631,9 +739,9 @@ def _join_state(cal, cols, n_classes, streams, first_rows, state0, n_streams):
             "n_events": np.zeros(n_streams, np.int64),
             "n_labelled": np.zeros(n_streams, np.int64),
             "log10_martingale_max": np.zeros(n_streams),
-            "pending_label_time": pl.Series([[]] * n_streams, dtype=pl.List(_TIME_US)),
-            "pending_scores": pl.Series([[]] * n_streams, dtype=pl.List(pl.Float64)),
-            "pending_labels": pl.Series([[]] * n_streams, dtype=pl.List(pl.Int64)),
+            "pending_label_time": _empty_lists(n_streams, _TIME_US),
+            "pending_scores": _empty_lists(n_streams, pl.Float64),
+            "pending_labels": _empty_lists(n_streams, pl.Int64),
         }
     )
     if state0.height == 0:
@@ -761,17 +869,14 @@ def _delayed_ops(cal, cols, sorted_df, sid, counts, base, labels, labelled, prev
     o = np.lexsort((d_seq, d_t, d_sid))
     d_sid, d_t, d_ev = d_sid[o], d_t[o], d_ev[o]
     d_scores = raw_scores[d_ev]
-    d_counts = np.bincount(d_sid, minlength=n_streams)
-    split = np.cumsum(d_counts)[:-1]
+    d_offsets = np.concatenate([[0], np.cumsum(np.bincount(d_sid, minlength=n_streams))])
     pending = pl.DataFrame(
-        {
-            "pending_label_time": pl.Series(np.split(d_t, split))
-            .cast(pl.List(pl.Int64))
-            .cast(pl.List(_TIME_US)),
-            "pending_scores": pl.Series([x.ravel() for x in np.split(d_scores, split)]).cast(
-                pl.List(pl.Float64)
-            ),
-            "pending_labels": pl.Series(np.split(ext_labels[d_ev], split)).cast(pl.List(pl.Int64)),
-        }
+        [
+            _list_series(d_t, d_offsets, pl.Int64)
+            .cast(pl.List(_TIME_US))
+            .alias("pending_label_time"),
+            _list_series(d_scores.ravel(), d_offsets * width, pl.Float64).alias("pending_scores"),
+            _list_series(ext_labels[d_ev], d_offsets, pl.Int64).alias("pending_labels"),
+        ]
     )
     return op_event, op_kind, op_offsets, ext_scores, ext_labels, applied, pending

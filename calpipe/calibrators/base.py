@@ -107,15 +107,18 @@ class FlatState:
 
     def scatter(self, idx: np.ndarray, loaded: FlatState) -> FlatState:
         """This state with streams ``idx`` replaced by the streams of ``loaded`` (in order)."""
-        src_of = np.full(self.n_streams, -1, dtype=np.int64)
-        src_of[idx] = np.arange(idx.shape[0])
-        vectors = [
-            loaded.vector(int(src_of[s])) if src_of[s] >= 0 else self.vector(s)
-            for s in range(self.n_streams)
-        ]
+        # Vector s comes from `loaded` (at src[s] in the concatenation [self.values,
+        # loaded.values]) or from self: one gather over the concatenation, no loop over streams.
+        lengths = np.diff(self.offsets)
+        src = self.offsets[:-1].copy()
+        lengths[idx] = np.diff(loaded.offsets)
+        src[idx] = self.values.shape[0] + loaded.offsets[:-1]
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        take = np.repeat(src - offsets[:-1], lengths) + np.arange(offsets[-1], dtype=np.int64)
+        values = np.concatenate([self.values, loaded.values])[take]
         log10m = self.log10m.copy()
         log10m[idx] = loaded.log10m
-        return FlatState.from_vectors(vectors, log10m)
+        return FlatState(np.ascontiguousarray(values, dtype=np.float64), offsets, log10m)
 
 
 def weights_series(values: np.ndarray, offsets: np.ndarray) -> pl.Series:

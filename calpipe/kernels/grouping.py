@@ -1,0 +1,159 @@
+"""Stream grouping in O(n): dense stream ids from row hashes, and a stable counting sort.
+
+:func:`calpipe.protect` needs, for every row, the stream it belongs to and a replay order that
+groups the streams while keeping each stream's rows in time order. A comparison sort of the
+stream keys (strings, usually) costs O(n log n) string comparisons; these kernels do it in two
+linear passes over a 64-bit hash of the keys:
+
+* :func:`_dense_ids`: an open-addressing hash table maps each distinct hash to 0, 1, 2, ... in
+  order of first appearance;
+* :func:`_counting_sort`: the stable permutation that groups rows by id (a counting sort).
+
+A hash collision (two different keys with one 64-bit hash) would merge two streams, so the caller
+verifies every row's key against its stream's first row (:func:`calpipe.frame.stream_ids`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True, inline="always")
+def _mix(x):
+    """splitmix64's finaliser: a bijection of uint64 whose low bits depend on all input bits."""
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+@njit(cache=True)
+def _dense_ids(h):
+    """(ids, first_row): ``ids[i]`` numbers the distinct values of ``h`` (uint64, (n,)) in order
+    of first appearance; ``first_row[k]`` is the first row with id k.
+
+    Linear probing in a power-of-two table kept at most half full (doubled and re-inserted when
+    it fills). Slots come from :func:`_mix` of the value, so structured inputs (integer stream
+    keys, category codes) spread over the table as well as hashes do. Slot arithmetic stays in
+    uint64 (mixing signed and unsigned integers would make numba go through float64).
+    """
+    n = h.shape[0]
+    cap = 1024
+    keys = np.zeros(cap, np.uint64)
+    vals = np.full(cap, -1, np.int64)
+    ids = np.empty(n, np.int64)
+    first = np.empty(n, np.int64)
+    n_ids = 0
+    i = 0
+    while i < n:
+        mask = np.uint64(cap - 1)
+        full = False
+        while i < n:  # the hot loop: one probe sequence per row
+            key = h[i]
+            slot = _mix(key) & mask
+            v = vals[slot]
+            while v >= 0 and keys[slot] != key:
+                slot = (slot + np.uint64(1)) & mask
+                v = vals[slot]
+            if v < 0:  # a new stream
+                v = n_ids
+                keys[slot] = key
+                vals[slot] = v
+                first[v] = i
+                n_ids += 1
+                full = 2 * n_ids > cap
+            ids[i] = v
+            i += 1
+            if full:
+                break
+        if full:  # keep the load factor <= 1/2: double the table and re-insert
+            new_cap = 2 * cap
+            new_keys = np.zeros(new_cap, np.uint64)
+            new_vals = np.full(new_cap, -1, np.int64)
+            new_mask = np.uint64(new_cap - 1)
+            for j in range(cap):
+                if vals[j] >= 0:
+                    s = _mix(keys[j]) & new_mask
+                    while new_vals[s] >= 0:
+                        s = (s + np.uint64(1)) & new_mask
+                    new_keys[s] = keys[j]
+                    new_vals[s] = vals[j]
+            cap, keys, vals = new_cap, new_keys, new_vals
+    return ids, first[:n_ids].copy()
+
+
+@njit(cache=True)
+def _counting_sort(ids, n_ids):
+    """(order, counts): the stable permutation sorting rows by ``ids`` (int64 in [0, n_ids)), and
+    the number of rows of each id. Rows of one id keep their relative order."""
+    counts = np.zeros(n_ids, np.int64)
+    for i in range(ids.shape[0]):
+        counts[ids[i]] += 1
+    pos = np.empty(n_ids, np.int64)
+    acc = 0
+    for k in range(n_ids):
+        pos[k] = acc
+        acc += counts[k]
+    order = np.empty(ids.shape[0], np.int64)
+    for i in range(ids.shape[0]):
+        k = ids[i]
+        order[pos[k]] = i
+        pos[k] += 1
+    return order, counts
+
+
+@njit(cache=True)
+def _group_max(values, ids, n_ids, init):
+    """out[k] = max(init[k], max of values[i] over rows i with ids[i] == k); NaN values skipped."""
+    out = init.copy()
+    for i in range(values.shape[0]):
+        v = values[i]
+        k = ids[i]
+        if v > out[k]:
+            out[k] = v
+    return out
+
+
+def group_max(values: np.ndarray, ids: np.ndarray, init: np.ndarray) -> np.ndarray:
+    """Running maximum per group: ``init[k]`` and every ``values[i]`` with ``ids[i] == k``.
+
+    One sequential pass (no sort, no per-group Python); NaN values are ignored.
+
+    Example
+    -------
+    >>> import numpy as np
+    >>> group_max(np.array([1.0, 5.0, 2.0, np.nan]), np.array([0, 1, 0, 1]), np.zeros(2)).tolist()
+    [2.0, 5.0]
+    """
+    return _group_max(
+        np.ascontiguousarray(values, dtype=np.float64),
+        np.ascontiguousarray(ids, dtype=np.int64),
+        init.shape[0],
+        np.ascontiguousarray(init, dtype=np.float64),
+    )
+
+
+def dense_ids(h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Dense ids of the values of ``h`` in order of first appearance, and each id's first row.
+
+    Example
+    -------
+    >>> import numpy as np
+    >>> ids, first = dense_ids(np.array([7, 3, 7, 9, 3], dtype=np.uint64))
+    >>> ids.tolist(), first.tolist()
+    ([0, 1, 0, 2, 1], [0, 1, 3])
+    """
+    return _dense_ids(np.ascontiguousarray(h, dtype=np.uint64))
+
+
+def counting_sort(ids: np.ndarray, n_ids: int) -> tuple[np.ndarray, np.ndarray]:
+    """Stable permutation grouping rows by ``ids`` (ints in [0, n_ids)), and the group sizes.
+
+    Example
+    -------
+    >>> import numpy as np
+    >>> order, counts = counting_sort(np.array([1, 0, 1, 0, 2]), 3)
+    >>> order.tolist(), counts.tolist()
+    ([1, 3, 0, 2, 4], [2, 2, 1])
+    """
+    return _counting_sort(np.ascontiguousarray(ids, dtype=np.int64), int(n_ids))

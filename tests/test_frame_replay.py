@@ -1,0 +1,150 @@
+"""How :func:`calpipe.frame.replay_order` groups and orders rows: every path (presorted, a time-
+ordered event log, per-stream clocks, shuffled rows, event ids that do not follow time) gives
+the forecasts of running each stream alone in (event_time, event_id) order; a hash collision of
+stream keys cannot merge streams; duplicates are caught on every path."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import numpy as np
+import polars as pl
+import pytest
+
+import calpipe
+from calpipe import frame
+from calpipe.calibrators import make_calibrator
+from calpipe.errors import InputError
+
+T0 = dt.datetime(2024, 1, 1)
+
+
+def events(n: int = 400, n_streams: int = 7, seed: int = 0) -> pl.DataFrame:
+    """A time-ordered event log: streams interleaved, ids increasing with time."""
+    rng = np.random.default_rng(seed)
+    return pl.DataFrame(
+        {
+            "stream": [f"s{k}" for k in rng.integers(0, n_streams, n)],
+            "event_time": [
+                T0 + dt.timedelta(seconds=int(s)) for s in np.sort(rng.integers(0, 500, n))
+            ],
+            "event_id": np.arange(n, dtype=np.int64),
+            "score": rng.uniform(0.02, 0.98, n),
+            "label": rng.integers(0, 2, n),
+        }
+    )
+
+
+def per_stream_reference(df: pl.DataFrame) -> dict[int, tuple[float, float]]:
+    """event_id -> (protected, log10 martingale), each stream run alone through the calibrator."""
+    cal = make_calibrator("composite-jumper")
+    out = {}
+    for _, g in df.sort("event_time", "event_id").group_by("stream", maintain_order=True):
+        res, _ = cal.run(cal.prepare_scores(g["score"].to_numpy()), g["label"].to_numpy())
+        for eid, p, m in zip(g["event_id"], res.protected, res.log10_martingale, strict=True):
+            out[eid] = (p, m)
+    return out
+
+
+def assert_matches_reference(df: pl.DataFrame) -> None:
+    out = calpipe.protect(df)
+    ref = per_stream_reference(df)
+    got = {
+        e: (p, m)
+        for e, p, m in out.select("event_id", "protected_score", "log10_martingale").iter_rows()
+    }
+    assert got == ref  # bit for bit
+
+
+def test_time_ordered_log():
+    df = events()
+    replay = frame.replay_order(df, _cols(df))
+    assert replay.order is not None  # streams interleaved: a counting sort groups them
+    assert_matches_reference(df)
+
+
+def test_presorted_frame_needs_no_permutation():
+    df = events().sort("stream", "event_time", "event_id")
+    assert frame.replay_order(df, _cols(df)).order is None
+    assert_matches_reference(df)
+
+
+def test_streams_grouped_in_any_order_need_no_permutation():
+    df = events().sort("stream", "event_time", "event_id", descending=[True, False, False])
+    assert frame.replay_order(df, _cols(df)).order is None
+    assert_matches_reference(df)
+
+
+def test_per_stream_clocks_not_globally_ordered():
+    # Each stream in time order, but the streams' rows interleaved out of global time order.
+    df = (
+        events()
+        .sort("stream", "event_time")
+        .with_columns(pl.int_range(pl.len()).over("stream").alias("k"))
+        .sort("k", "stream")
+        .drop("k")
+    )
+    assert_matches_reference(df)
+
+
+def test_shuffled_rows_and_ids_against_time():
+    df = events()
+    rng = np.random.default_rng(1)
+    df = df.with_columns(pl.Series("event_id", rng.permutation(df.height)))  # ids not in time order
+    df = df[rng.permutation(df.height)]
+    assert_matches_reference(df)
+
+
+def test_a_hash_collision_cannot_merge_streams(monkeypatch):
+    df = events()[np.random.default_rng(2).permutation(400)]
+    want = calpipe.protect(df)
+    used = []
+    real = frame._stream_ids_by_sort
+
+    def spy(*a):
+        used.append(True)
+        return real(*a)
+
+    # Every key hashes to one id: the row-by-row key check must see it and fall back to a sort.
+    monkeypatch.setattr(
+        frame.G, "dense_ids", lambda h: (np.zeros(h.shape[0], np.int64), np.zeros(1, np.int64))
+    )
+    monkeypatch.setattr(frame, "_stream_ids_by_sort", spy)
+    got = calpipe.protect(df)
+    assert used
+    assert got.equals(want)
+
+
+def test_stream_ids_number_streams_by_first_appearance_with_several_keys():
+    df = pl.DataFrame({"a": ["x", "y", "x", "x", None], "b": [1, 1, 1, 2, 1]})
+    ids, first = frame.stream_ids(df, ("a", "b"))
+    assert ids.tolist() == [0, 1, 0, 2, 3]
+    assert first.tolist() == [0, 1, 3, 4]
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_duplicate_event_id_is_caught_on_every_path(shuffle):
+    df = events(n=50, n_streams=2)
+    # Row 30 takes the id of the earlier row 10 of the same stream, later in time.
+    s10 = df["stream"][10]
+    row = next(i for i in range(30, 50) if df["stream"][i] == s10)
+    df = df.with_columns(
+        pl.when(pl.int_range(pl.len()) == row)
+        .then(10)
+        .otherwise(pl.col("event_id"))
+        .alias("event_id")
+    )
+    if shuffle:
+        df = df.reverse()
+    with pytest.raises(InputError) as e:
+        calpipe.protect(df)
+    assert e.value.column == "event_id"
+    assert e.value.row == (df.height - 1 - 10 if shuffle else row)
+    assert "duplicate" in str(e.value)
+
+
+def _cols(df):
+    return frame.resolve_columns(
+        df.columns, score=None, scores=None, label="label", label_time=None, by=None,
+        order_by=("event_time", "event_id"),
+    )  # fmt: skip
