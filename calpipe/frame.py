@@ -6,11 +6,13 @@ per-stream state that makes nightly partitions and backfills resumable (DESIGN Â
 How a batch runs (no Python loop per event or per stream):
 
 1. validate the frame against the data contract (first offending row, column and rule);
-2. sort by (stream keys, order keys) and cut the sorted rows into stream segments;
+2. group the rows by stream and order each stream by the order keys (:func:`replay_order`: O(n)
+   hashing and a counting sort; a sort only when rows are out of time order within a stream);
 3. join the carried state of each stream (config fingerprint and order checked);
-4. build the operation list (forecast/update per event; with ``label_time``, updates at the label's
-   time, carrying not-yet-applied labels in the state) and call the kernel once for all streams;
-5. put the outputs back in the input's row order and write one state row per stream.
+4. build the operation list (forecast/update per event, naming the input rows in replay order;
+   with ``label_time``, updates at the label's time, carrying not-yet-applied labels in the state)
+   and call the kernel once for all streams; it writes each event's outputs at its input row;
+5. write one state row per stream.
 """
 
 from __future__ import annotations
