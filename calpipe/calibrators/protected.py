@@ -370,7 +370,8 @@ class CompositeJumper(ProtectedCalibrator):
 
     ``loss="log"`` (default) is Algorithm 1 itself; ``loss="brier"`` is the Brier-loss aggregating
     algorithm of the reference package ``protected-classification`` 0.1.5 (see
-    :func:`calpipe.kernels.protected._brier_compat`), offered for compatibility.
+    :func:`calpipe.kernels.protected._brier_compat`; binary scores run through its two-class
+    form :func:`calpipe.kernels.protected._brier_binary`), offered for compatibility.
     """
 
     name = "composite-jumper"
@@ -470,16 +471,19 @@ class CompositeJumper(ProtectedCalibrator):
         if self.loss == "log":
             return super().run_batch(scores, labels, op_event, op_kind, op_offsets, state)
         binary = scores.ndim == 1
-        p2 = np.ascontiguousarray(np.column_stack([1.0 - scores, scores])) if binary else scores
-        fam = self.family(p2.shape[1])
-        p, cj, sj, pw, a, cap, lsj = K._brier_compat(
-            p2, labels.astype(np.int64), op_event, op_kind, op_offsets,
+        fam = self.family(2 if binary else scores.shape[1])
+        # Binary: the fast two-class kernel (same recursion, libm-free exp/log, SIMD lanes);
+        # its log10 CJ comes from _cj_rows, so the end state's is computed the same way.
+        kernel, cj_rows = (
+            (K._brier_binary, K._cj_rows) if binary else (K._brier_compat, K._log10_cj_rows)
+        )
+        p, cj, sj, pw, a, cap, lsj = kernel(
+            scores, labels.astype(np.int64, copy=False), op_event, op_kind, op_offsets,
             np.ascontiguousarray(fam.betas), fam.alphas, self.rates,
             state.passive, state.active, state.capital, state.log_sj,
         )  # fmt: skip
-        log10m = K._log10_cj_rows(lsj)
-        out = RunOutput(p[:, 1].copy() if binary else p, cj, {"log10_martingale_by_rate": sj})
-        return out, BatchState(pw, a, log10m, cap, lsj)
+        out = RunOutput(p, cj, {"log10_martingale_by_rate": sj})
+        return out, BatchState(pw, a, cj_rows(lsj), cap, lsj)
 
 
 PROTECTED_METHODS: dict[str, type[ProtectedCalibrator]] = {
