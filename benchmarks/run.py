@@ -221,9 +221,11 @@ def measure_kernels(size: dict, repeat: int) -> tuple[Table, Table]:
         "a fresh initial state per call."
     )
     t1.notes.append(
-        "Binary log-loss batches of >= 128 streams run 64 streams at a time in SIMD lanes "
-        "(`calpipe.kernels.protected._binary_lanes`); a stream's outputs are bit-identical to "
-        "running it alone. The multiclass and Brier kernels run one stream at a time."
+        "Binary batches of >= 128 streams run 64 streams at a time in SIMD lanes "
+        "(`calpipe.kernels.protected._binary_lanes`, `_brier_lanes`); a stream's outputs are "
+        "bit-identical to running it alone. The binary Brier kernel evaluates its e^-Brier "
+        "factors with a libm-free exp (within 1 ulp) so they vectorise. The multiclass kernels "
+        "run one stream at a time."
     )
     del pm, ym
 
