@@ -572,13 +572,19 @@ def _run(
     )
     last_keys = last_rows.select([pl.col(c).alias(f"last_{c}") for c in cols.order_by])
     new_state_df = pl.concat([streams, new_rows, last_keys, pending], how="horizontal")
-    new_state_df = new_state_df.select(empty_state(df.schema, cols).columns)
-    untouched = (
-        state0.join(streams, on=list(cols.by), how="anti", nulls_equal=True)
-        if cols.by
-        else state0.clear()
-    )
-    state_out = pl.concat([untouched.cast(new_state_df.schema), new_state_df])
+    # empty_state's column order: keys, the five bookkeeping columns, last keys, the rest.
+    state_columns = [*cols.by, *STATE_FIXED_COLUMNS[:5]]
+    state_columns += [f"last_{c}" for c in cols.order_by] + list(STATE_FIXED_COLUMNS[5:])
+    new_state_df = new_state_df.select(state_columns)
+    if state0.height == 0:
+        state_out = new_state_df
+    else:
+        untouched = (
+            state0.join(streams, on=list(cols.by), how="anti", nulls_equal=True)
+            if cols.by
+            else state0.clear()
+        )
+        state_out = pl.concat([untouched.cast(new_state_df.schema), new_state_df])
     if cols.by:
         state_out = state_out.sort(list(cols.by))
     return ProtectResult(scored, state_out)
