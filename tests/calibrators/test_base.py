@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
+import polars as pl
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from calpipe.calibrators.base import FlatState
+from calpipe.calibrators.base import FlatState, weights_series
 
 
 def ragged(lengths, start):
@@ -32,3 +33,14 @@ def test_scatter_replaces_exactly_the_chosen_streams(lengths, data):
     assert [got.vector(s).tolist() for s in range(got.n_streams)] == [w.tolist() for w in want]
     assert got.log10m.tolist() == want_m.tolist()
     assert got.offsets[0] == 0 and got.offsets[-1] == got.values.shape[0]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(0, 4), min_size=0, max_size=8), st.booleans())
+def test_weights_series_holds_each_vector(lengths, equal):
+    if equal and lengths:
+        lengths = [lengths[0]] * len(lengths)  # the matrix path (all streams one length)
+    state = ragged(lengths, 0.25)
+    series = weights_series(*state.flat())
+    assert series.dtype == pl.List(pl.Float64)
+    assert series.to_list() == [state.vector(s).tolist() for s in range(len(lengths))]
