@@ -185,3 +185,32 @@ TEMPERATURE_DERIV_ROUNDING: float = 1e-14
 #: If Cholesky of the (ridge-regularised) Newton Hessian fails by rounding on nearly collinear
 #: features, the diagonal is shifted by this times its largest entry, doubling until it succeeds.
 LOGREG_CHOLESKY_SHIFT: float = 1e-14
+
+# --- calpipe.store / calpipe.pipeline (nightly run, issue 4 items 5-6) ---
+
+#: A partition writer sends a table's buffered rows to DuckDB once it holds this many: small
+#: days (the demo's) are inserted a chunk at a time (a few INSERTs, not one per day and table),
+#: while a big day is inserted at once and freed, so memory stays bounded by about a day.
+WRITE_FLUSH_ROWS: int = 500_000
+
+#: The nightly run protects a day in batches of whole streams of about this many events (streams
+#: are independent): memory is then bounded by a batch plus the day's events, not by the day's
+#: working set, and the engine's per-row costs stay those of a cache-friendly 2M-event frame.
+PROTECT_BATCH_ROWS: int = 2_000_000
+
+#: DuckDB buffer pool of a read-write calpipe connection. DuckDB caches every block it writes up
+#: to its memory_limit (default 80 % of RAM), so a backfill's memory would grow with the history
+#: written; the pipeline never reads those blocks back, and its own queries (checks, alarm joins)
+#: stay within this or spill to disk.
+DUCKDB_MEMORY_LIMIT: str = "256MB"
+
+#: A pipeline transaction spans whole days up to about this many events (at least one day):
+#: measured, a transaction's peak RSS grows ~350 bytes per event it holds (DuckDB's uncommitted
+#: rows and the small tables' buffers), so 20k-event days share 5-day transactions (+24 % over a
+#: day's peak instead of +75 % for a 30-day one) and 1M-event days commit one by one.
+TRANSACTION_ROWS: int = 100_000
+
+#: INSERTs a background partition writer may have queued: 2 lets DuckDB write a batch's events
+#: and the previous batch's protected rows while the engine runs (10M-event day: -5 % time),
+#: and bounds the frames held for it to two batches.
+WRITE_MAX_PENDING: int = 2

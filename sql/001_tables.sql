@@ -14,27 +14,33 @@ CREATE TABLE IF NOT EXISTS scored_events (
     label             INTEGER              -- 0/1; NULL = not known (forecast, no update)
 );
 
--- Protected scores: the scored events plus the protected probability and the running test
--- martingale of the stream after the event. The martingale bets against base_score (score
--- clipped to [eps, 1 - eps] in log-loss mode), so base metrics are computed on base_score.
+-- Protected scores: the outputs of the engine per scored event, keyed like scored_events by
+-- (event_date, stream, event_id). The event's other inputs (event_time, score) and the day's
+-- method and config fingerprint are not copied here (writing them again cost more than the
+-- protection itself): the view v_protected_scores joins them back from scored_events and
+-- pipeline_days. The martingale bets against base_score (score clipped to [eps, 1 - eps] in
+-- log-loss mode, or a stack's base-method forecast), so base metrics are computed on base_score;
+-- label is kept for the monitoring metrics.
 CREATE TABLE IF NOT EXISTS protected_scores (
     event_date         DATE      NOT NULL,
     stream             VARCHAR   NOT NULL,
-    event_id           BIGINT    NOT NULL,
-    event_time         TIMESTAMP NOT NULL,
-    score              DOUBLE    NOT NULL,  -- base probability as landed
+    event_id           BIGINT    NOT NULL,  -- with stream and event_date: the scored event
     base_score         DOUBLE    NOT NULL,  -- the base as the engine used it (clipped in log loss)
     label              INTEGER,
     protected_score    DOUBLE    NOT NULL,
-    log10_martingale   DOUBLE    NOT NULL,
-    method             VARCHAR   NOT NULL,
-    config_fingerprint VARCHAR   NOT NULL,
+    log10_martingale   DOUBLE    NOT NULL,  -- the stream's running log10 test martingale after it
     p_lower            DOUBLE,              -- Venn methods: the multiprobability [p_lower, p_upper]
     p_upper            DOUBLE
 );
 -- Databases created before the Venn methods existed gain the interval columns.
 ALTER TABLE protected_scores ADD COLUMN IF NOT EXISTS p_lower DOUBLE;
 ALTER TABLE protected_scores ADD COLUMN IF NOT EXISTS p_upper DOUBLE;
+-- Databases created before protected_scores held only the outputs lose the copied inputs (the
+-- view v_protected_scores still shows them, from scored_events and pipeline_days).
+ALTER TABLE protected_scores DROP COLUMN IF EXISTS event_time;
+ALTER TABLE protected_scores DROP COLUMN IF EXISTS score;
+ALTER TABLE protected_scores DROP COLUMN IF EXISTS method;
+ALTER TABLE protected_scores DROP COLUMN IF EXISTS config_fingerprint;
 
 -- Calibrator state at the END of `date`, one row per stream seen so far (streams without events
 -- that day are carried unchanged). Day d is computed from the rows of day d - 1.

@@ -1,14 +1,20 @@
 -- Views for analysts. Installed by calpipe.store.connect() (CREATE OR REPLACE).
 
--- Protected scores with the improvement of the protected forecast over the base one.
+-- Protected scores with their events' inputs, the day's method and configuration, and the
+-- improvement of the protected forecast over the base one: one row per protected_scores row.
 CREATE OR REPLACE VIEW v_protected_scores AS
 SELECT
-    event_date, stream, event_id, event_time, score, base_score, label, protected_score,
-    protected_score - base_score AS adjustment,
-    log10_martingale,
-    log10_martingale >= 2 AS at_alarm_level,
-    method, config_fingerprint
-FROM protected_scores;
+    p.event_date, p.stream, p.event_id, e.event_time, e.score, p.base_score, p.label,
+    p.protected_score,
+    p.protected_score - p.base_score AS adjustment,
+    p.log10_martingale,
+    p.log10_martingale >= 2 AS at_alarm_level,
+    d.method, d.config_fingerprint,
+    p.p_lower, p.p_upper
+FROM protected_scores p
+LEFT JOIN scored_events e
+       ON e.event_date = p.event_date AND e.stream = p.stream AND e.event_id = p.event_id
+LEFT JOIN pipeline_days d ON d.date = p.event_date;
 
 -- Daily monitoring with the gains of protection (positive = protection helped).
 CREATE OR REPLACE VIEW v_calibration_daily AS

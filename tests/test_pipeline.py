@@ -148,7 +148,7 @@ def test_alarm_rows_are_the_first_crossings(demo):
     _, con = demo
     first = store.query(
         con,
-        """SELECT stream, event_date AS date, event_id, log10_martingale FROM protected_scores
+        """SELECT stream, event_date AS date, event_id, log10_martingale FROM v_protected_scores
            WHERE log10_martingale >= 2
            QUALIFY row_number() OVER (PARTITION BY stream ORDER BY event_time, event_id) = 1
            ORDER BY stream""",
@@ -175,7 +175,8 @@ def test_calibration_daily_matches_numpy(demo):
     for stream, d in picks:
         rows = store.query(
             con,
-            "SELECT * FROM protected_scores WHERE stream = ? AND event_date = ? ORDER BY event_time, event_id",
+            "SELECT * FROM v_protected_scores WHERE stream = ? AND event_date = ? "
+            "ORDER BY event_time, event_id",
             [stream, d],
         )
         got = daily.filter((pl.col("stream") == stream) & (pl.col("date") == d)).row(0, named=True)
@@ -441,6 +442,177 @@ def test_chunked_backfill_equals_single_days(small, monkeypatch):
             assert table(con2, t).equals(chunked[t]), t
     finally:
         con2.close()
+
+
+# ----------------------------------------------------------------------------------------------
+# The nightly run (run_range: one pass per day from memory) writes exactly the stages' rows
+# ----------------------------------------------------------------------------------------------
+DRIFTING = (
+    StreamSpec("calm", events_per_day=40),
+    StreamSpec("hot", "overconfident", 0, 60, strength=4.0),
+    StreamSpec("late", "shift", 4, 50, strength=2.5),
+    StreamSpec("quiet", events_per_day=3),
+)
+
+
+@pytest.fixture
+def drifting(tmp_path):
+    """8 days of streams that cross the alarm level on different days; event times are
+    truncated to the hour, so the event id orders many events of a stream (ties in time)."""
+    events = generate.generate(n_days=8, streams=DRIFTING, seed=11).with_columns(
+        pl.col("event_time").dt.truncate("1h")
+    )
+    return events, tmp_path
+
+
+@pytest.mark.parametrize(
+    ("batch_rows", "transaction_rows", "label_dtype"),
+    [
+        (10**9, 10**9, pl.Int32),  # one batch per day, the whole range in one transaction
+        (25, 1, pl.Int32),  # batches of streams, a transaction per day
+        (60, 200, pl.Int64),  # another label type: events cast after the engine validated them
+    ],
+)
+def test_nightly_run_writes_exactly_the_rows_of_the_stages(
+    drifting, monkeypatch, batch_rows, transaction_rows, label_dtype
+):
+    events, tmp = drifting
+    store.write_landing(events.with_columns(pl.col("label").cast(label_dtype)), tmp / "landing")
+    source = store.EventSource.parse(str(tmp / "landing"))
+    monkeypatch.setattr(config, "PROTECT_BATCH_ROWS", batch_rows)
+    monkeypatch.setattr(config, "TRANSACTION_ROWS", transaction_rows)
+    monkeypatch.setattr(pipeline, "CHUNK_DAYS", 5)
+    fused, staged = store.connect(tmp / "fused.duckdb"), store.connect(tmp / "staged.duckdb")
+    try:
+        summary = pipeline.run_range(fused, source)
+        assert (summary.days, summary.events) == (8, events.height)
+        stages(staged, source, day(0), day(7))
+        for t in ALL_TABLES:
+            assert table(fused, t).equals(table(staged, t)), t
+        # the alarms are there (the test could not pass with empty tables) and are the first
+        # crossings in replay order (event_time, then event_id)
+        alarms = table(fused, "martingale_alarms")
+        assert set(alarms["stream"]) >= {"hot", "late"}
+        first = (
+            table(fused, "v_protected_scores")
+            .filter(pl.col("log10_martingale") >= config.ALARM_LOG10_THRESHOLD)
+            .sort("stream", "event_time", "event_id")
+            .group_by("stream", maintain_order=True)
+            .first()
+        )
+        assert alarms.select("stream", "event_id", "log10_martingale").equals(
+            first.select("stream", "event_id", "log10_martingale")
+        )
+        # and the engine's one pass over all the events
+        one = calpipe.protect(events).join(
+            table(fused, "protected_scores"), on=["stream", "event_id"], suffix="_c"
+        )
+        assert one.height == events.height
+        assert (one["protected_score"] - one["protected_score_c"]).abs().max() <= TOL
+    finally:
+        fused.close()
+        staged.close()
+
+
+def test_transactions_span_whole_days_up_to_the_event_budget(monkeypatch):
+    """A transaction starts at a day and takes as many days as fit in TRANSACTION_ROWS at that
+    day's size (at least one, at most CHUNK_DAYS): what bounds a backfill's memory."""
+    sizes = [5, 5, 50, 5, 5, 5, 5, 0]
+    spans, written = [], []
+
+    @contextlib.contextmanager
+    def replacing(_con, start, end, tables, *, background=False):
+        spans.append((start, end))
+
+        class Writer:
+            rows = dict.fromkeys(tables, 0)
+
+            def wait(self):
+                pass
+
+        yield Writer()
+
+    monkeypatch.setattr(store, "replacing_partitions", replacing)
+    monkeypatch.setattr(store, "drop_block_cache", lambda _con: None)
+    monkeypatch.setattr(config, "TRANSACTION_ROWS", 10)
+    monkeypatch.setattr(pipeline, "CHUNK_DAYS", 3)
+    pipeline._write_days(
+        None, day(0), day(7), ["scored_events"],
+        lambda d: pl.DataFrame({"x": range(sizes[(d - START).days])}),
+        lambda _w, d, data: written.append(((d - START).days, data.height)),
+    )  # fmt: skip
+    assert [((a - START).days, (b - START).days) for a, b in spans] == [
+        (0, 1), (2, 2), (3, 4), (5, 6), (7, 7),
+    ]  # fmt: skip
+    assert written == list(enumerate(sizes))
+
+
+def test_daily_metrics_equal_the_metrics_expressions():
+    """The per-group sums of daily_metrics against calpipe.metrics' polars expressions (the
+    definitions), with a group without labels (nulls) and clipped log losses."""
+    rng = np.random.default_rng(3)
+    n = 5_000
+    label = pl.Series((rng.random(n) < 0.4).astype(np.int32)).set(
+        pl.Series(rng.random(n) < 0.2), None
+    )
+    scores = pl.DataFrame(
+        {
+            "stream": rng.choice(["a", "b", "c"], n),
+            "base_score": np.where(rng.random(n) < 0.01, 0.0, rng.random(n)),
+            "protected_score": rng.random(n),
+            "label": label,
+            "log10_martingale": rng.normal(size=n),
+        }
+    ).vstack(
+        pl.DataFrame(
+            {"stream": ["d"] * 2, "base_score": [0.5, 0.6], "protected_score": [0.4, 0.7],
+             "label": [None, None], "log10_martingale": [0.1, 0.3]},
+            schema_overrides={"label": pl.Int32},
+        )
+    )  # fmt: skip
+    got = pipeline.daily_metrics(scores, keys=["stream"])
+    b, p, y = "base_score", "protected_score", "label"
+    want = (
+        scores.group_by("stream")
+        .agg(
+            pl.len().cast(pl.Int64).alias("n_events"),
+            pl.col(y).is_not_null().sum().cast(pl.Int64).alias("n_labelled"),
+            *calpipe.metrics.base_vs_protected(b, p, y),
+            calpipe.metrics.ece(b, y, n_bins=pipeline.ECE_BINS).alias("base_ece"),
+            calpipe.metrics.ece(p, y, n_bins=pipeline.ECE_BINS).alias("protected_ece"),
+            pl.col(b).mean().alias("mean_score"),
+            pl.col(p).mean().alias("mean_protected"),
+            pl.col(y).cast(pl.Float64).mean().alias("mean_label"),
+            pl.col("log10_martingale").max().alias("log10_martingale_max"),
+        )
+        .sort("stream")
+        .select(got.columns)
+    )
+    assert got.select("stream", "n_events", "n_labelled").equals(
+        want.select("stream", "n_events", "n_labelled")
+    )
+    for c in got.columns[3:]:
+        g, w = got[c].to_numpy(), want[c].to_numpy()
+        assert np.array_equal(np.isnan(g), np.isnan(w)), c  # null -> NaN in both
+        assert np.allclose(g[~np.isnan(g)], w[~np.isnan(w)], rtol=1e-12, atol=0), c
+    assert got.filter(pl.col("stream") == "d")["base_log_loss"].is_null().all()
+
+
+def test_a_bad_event_in_a_batched_day_names_its_event_and_writes_nothing(small, monkeypatch):
+    con, source, _events, tmp = small
+    monkeypatch.setattr(config, "PROTECT_BATCH_ROWS", 10)
+    pipeline.run_range(con, source, day(0), day(1))
+    before = snapshot(con)
+    target = tmp / "landing" / f"date={day(2).isoformat()}" / "events.parquet"
+    good = pl.read_parquet(target)
+    bad_id = good.filter(pl.col("stream") == "b")["event_id"][1]
+    good.with_columns(
+        pl.when(pl.col("event_id") == bad_id).then(None).otherwise(pl.col("score")).alias("score")
+    ).write_parquet(target)
+    with pytest.raises(InputError, match=rf"day {day(2)}, stream 'b', event {bad_id}: null score"):
+        pipeline.run_range(con, source, day(2), day(3))
+    for t in ALL_TABLES:
+        assert table(con, t).equals(before[t]), t
 
 
 # ----------------------------------------------------------------------------------------------

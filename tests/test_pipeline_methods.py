@@ -62,7 +62,7 @@ def test_chain_equals_one_pass_and_keeps_the_martingale_identity(landing, method
     con = store.connect(tmp / f"{method}-{len(params)}.duckdb")
     try:
         pipeline.run_range(con, store.EventSource.parse(str(tmp / "landing")), settings=settings)
-        chain = con.sql("SELECT * FROM protected_scores").pl()
+        chain = con.sql("SELECT * FROM v_protected_scores").pl()
         state = con.sql("SELECT * FROM calibrator_state").pl()
     finally:
         con.close()
@@ -103,7 +103,7 @@ def test_cli_run_stacks_a_batch_method_and_resumes(landing, capsys):
     assert cli.main(argv) == 0  # the nightly increment resumes the stacked state
     con = store.connect(db)
     try:
-        chain = con.sql("SELECT * FROM protected_scores").pl()
+        chain = con.sql("SELECT * FROM v_protected_scores").pl()
     finally:
         con.close()
     one = calpipe.protect(events, base_method="venn-abers",

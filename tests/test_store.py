@@ -10,10 +10,11 @@ import sys
 import textwrap
 
 import duckdb
+import numpy as np
 import polars as pl
 import pytest
 
-from calpipe import store
+from calpipe import config, store
 from calpipe.errors import InputError
 
 D1, D2, D3 = dt.date(2024, 3, 1), dt.date(2024, 3, 2), dt.date(2024, 3, 3)
@@ -142,13 +143,141 @@ def test_rows_outside_the_partitions_are_refused(con):
 def test_a_failed_write_rolls_back_every_table(con):
     store.replace_partitions(con, D1, D1, {"scored_events": events_of(D1, 3)})
     before = table_rows(con, "scored_events")
-    broken = events_of(D1, 2).drop("score")  # NOT NULL score missing: the second insert fails
+    # protected rows without their NOT NULL protected_score: the second insert fails
+    broken = pl.DataFrame(
+        {"event_date": [D1], "stream": ["s"], "event_id": [1], "base_score": [0.2],
+         "log10_martingale": [0.0]}
+    )  # fmt: skip
     with pytest.raises(duckdb.ConstraintException):
         store.replace_partitions(
             con, D1, D1, {"scored_events": events_of(D1, 7), "protected_scores": broken}
         )
     assert table_rows(con, "scored_events").equals(before)
     assert table_rows(con, "protected_scores").height == 0
+
+
+def registered_views(con) -> list[str]:
+    return [
+        r[0]
+        for r in con.execute(
+            "SELECT view_name FROM duckdb_views() WHERE view_name LIKE '__calpipe_insert%'"
+        ).fetchall()
+    ]
+
+
+def protected_of(day: dt.date, n: int, *, score: float = 0.5) -> pl.DataFrame:
+    """``n`` protected_scores rows of one day (the table's NOT NULL columns)."""
+    return pl.DataFrame(
+        {"event_date": [day] * n, "stream": ["s"] * n, "event_id": list(range(1, n + 1)),
+         "base_score": [0.25] * n, "protected_score": [score] * n, "log10_martingale": [0.0] * n}
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_streamed_replace_writes_every_insert_in_one_transaction(con, monkeypatch, background):
+    monkeypatch.setattr(config, "WRITE_FLUSH_ROWS", 4)  # some inserts buffered, some sent
+    store.replace_partitions(con, D1, D3, {"scored_events": events_of(D2, 9)})
+    parts = [events_of(D1, 3), events_of(D2, 5, stream="a"), events_of(D3, 2)]
+    with store.replacing_partitions(con, D1, D3, ["scored_events"], background=background) as w:
+        for part in parts:
+            w.insert("scored_events", part, sort=False)
+        assert w.rows == {"scored_events": 10}
+    rows = table_rows(con, "scored_events")
+    assert rows.equals(pl.concat(parts).sort(pl.all()))  # the old D2 rows are gone
+    assert registered_views(con) == []
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_a_failed_streamed_insert_rolls_back_every_day(con, background):
+    store.replace_partitions(con, D1, D2, {"scored_events": events_of(D1, 3)})
+    before = table_rows(con, "scored_events")
+    with pytest.raises(duckdb.ConstraintException):  # NOT NULL protected_score missing
+        with store.replacing_partitions(
+            con, D1, D2, ["scored_events", "protected_scores"], background=background
+        ) as w:
+            w.insert("scored_events", events_of(D2, 300_000), sort=False)  # row groups on disk
+            w.insert("protected_scores", protected_of(D2, 2).drop("protected_score"))
+            w.flush()
+            w.wait()
+    assert table_rows(con, "scored_events").equals(before)
+    assert table_rows(con, "protected_scores").height == 0
+    assert registered_views(con) == []
+    # an error in the caller's block, with an INSERT still running, rolls back too
+    with pytest.raises(RuntimeError, match="caller"):
+        with store.replacing_partitions(con, D1, D2, ["scored_events"], background=True) as w:
+            w.insert("scored_events", events_of(D2, 300_000), sort=False)
+            w.flush()
+            raise RuntimeError("caller")
+    assert table_rows(con, "scored_events").equals(before)
+
+
+def test_writer_refuses_tables_it_does_not_replace(con):
+    with pytest.raises(store.StoreError, match="not among the tables"):
+        with store.replacing_partitions(con, D1, D1, ["scored_events"]) as w:
+            w.insert("protected_scores", protected_of(D1, 1))
+
+
+def test_protected_scores_keeps_outputs_and_the_view_joins_the_inputs(con):
+    ev = events_of(D1, 3, score=0.3)
+    day = {
+        "date": D1, "first_day": D1, "method": "composite-jumper", "config_fingerprint": "f00d",
+        "config_json": "{}", "n_events": 3, "n_streams": 1, "n_active_streams": 1,
+    }  # fmt: skip
+    store.replace_partitions(
+        con, D1, D1,
+        {"scored_events": ev, "protected_scores": protected_of(D1, 3, score=0.4),
+         "pipeline_days": pl.DataFrame([day])},
+    )  # fmt: skip
+    view = store.query(con, "SELECT * FROM v_protected_scores ORDER BY event_id")
+    assert view.height == 3
+    assert view["event_time"].equals(ev["event_time"])
+    assert view["score"].to_list() == [0.3] * 3
+    assert view["adjustment"].to_list() == pytest.approx([0.4 - 0.25] * 3)
+    assert set(view["method"]) == {"composite-jumper"} and set(view["config_fingerprint"]) == {
+        "f00d"
+    }
+    assert {"p_lower", "p_upper", "at_alarm_level"} <= set(view.columns)
+
+
+def test_the_old_protected_scores_layout_is_migrated(tmp_path):
+    path = tmp_path / "old.duckdb"
+    raw = duckdb.connect(str(path))
+    raw.execute(  # the layout before protected_scores kept only the outputs
+        """CREATE TABLE protected_scores (
+               event_date DATE NOT NULL, stream VARCHAR NOT NULL, event_id BIGINT NOT NULL,
+               event_time TIMESTAMP NOT NULL, score DOUBLE NOT NULL, base_score DOUBLE NOT NULL,
+               label INTEGER, protected_score DOUBLE NOT NULL, log10_martingale DOUBLE NOT NULL,
+               method VARCHAR NOT NULL, config_fingerprint VARCHAR NOT NULL);
+           INSERT INTO protected_scores VALUES (DATE '2024-03-01', 's', 1,
+               TIMESTAMP '2024-03-01 00:00:00', 0.3, 0.3, 1, 0.4, 0.1, 'composite-jumper', 'f')"""
+    )
+    raw.close()
+    con = store.connect(path)
+    try:
+        cols = store.query(con, "SELECT * FROM protected_scores").columns
+        assert cols == [
+            "event_date", "stream", "event_id", "base_score", "label", "protected_score",
+            "log10_martingale", "p_lower", "p_upper",
+        ]  # fmt: skip
+        store.replace_partitions(con, D1, D1, {"protected_scores": protected_of(D1, 2)})
+        assert store.query(con, "SELECT count(*) FROM v_protected_scores").item() == 2
+    finally:
+        con.close()
+
+
+def test_connect_limits_duckdb_memory_and_the_cache_can_be_dropped(con):
+    limit = store.fetch_one(con, "SELECT current_setting('memory_limit')")[0]
+    con.execute(f"SET memory_limit = '{config.DUCKDB_MEMORY_LIMIT}'")
+    assert store.fetch_one(con, "SELECT current_setting('memory_limit')")[0] == limit
+    rng = np.random.default_rng(0)
+    rows = events_of(D1, 300_000).with_columns(pl.Series("score", rng.random(300_000)))
+    store.replace_partitions(con, D1, D1, {"scored_events": rows}, sort=False)
+    cached = "SELECT sum(memory_usage_bytes) FROM duckdb_memory()"
+    assert store.fetch_one(con, cached)[0] > 1_000_000
+    store.drop_block_cache(con)
+    assert store.fetch_one(con, cached)[0] < 1_000_000
+    assert store.fetch_one(con, "SELECT current_setting('memory_limit')")[0] == limit
+    assert table_rows(con, "scored_events").height == 300_000  # evicted, not lost
 
 
 def test_unknown_table_is_refused(con):
@@ -160,7 +289,7 @@ KILL_CHILD = textwrap.dedent(
     """
     import datetime as dt, sys, time
     import polars as pl
-    from calpipe import store
+    from calpipe import config, store
 
     class PauseAtCommit:
         # A connection that stops inside the transaction, just before COMMIT.
