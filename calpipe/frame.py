@@ -503,9 +503,11 @@ def _run(
         as_arr = v if isinstance(df.schema[cols.scores], pl.Array) else v.list.to_array(n_classes)
         base = events.select(as_arr.cast(pl.Array(pl.Float64, n_classes))).to_series().to_numpy()
     base = np.ascontiguousarray(base, dtype=np.float64)
-    lab_s = events[cols.label].cast(pl.Int64)
+    lab_s = events[cols.label]
     labelled = lab_s.is_not_null().to_numpy()
-    labels = lab_s.fill_null(-1).to_numpy()
+    # Unknown labels read as class 0: the kernels read a label only at an update operation, and
+    # there is none for an unlabelled event. One int64 array (no -1 marker, no clamped copy).
+    labels = lab_s.fill_null(0).cast(pl.Int64).to_numpy()
 
     # Carried state: join on the stream keys, check config and order.
     bstate, prev = _join_state(cal, cols, n_classes, streams, first_rows, state0, n_streams)
@@ -515,7 +517,7 @@ def _run(
         op_labelled = labelled if order is None else labelled[order]
         op_kind = np.where(op_labelled, K.OP_STEP, K.OP_FORECAST).astype(np.int8)
         op_offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        ext_scores, ext_labels = cal.prepare_scores(base), np.maximum(labels, 0)
+        ext_scores, ext_labels = cal.prepare_scores(base), labels
         applied = np.bincount(ev_sid[labelled], minlength=n_streams)
         pending = prev.select(["pending_label_time", "pending_scores", "pending_labels"])
     else:
@@ -871,7 +873,7 @@ def _delayed_ops(cal, cols, sorted_df, sid, counts, base, labels, labelled, prev
 
     raw_scores = np.concatenate([base, p_sc])
     ext_scores = cal.prepare_scores(raw_scores)
-    ext_labels = np.concatenate([np.maximum(labels, 0), p_lab])
+    ext_labels = np.concatenate([labels, p_lab])
     applied = np.bincount(a_sid, minlength=n_streams).astype(np.int64)
 
     # Deferred updates become the new pending lists (in apply order).
