@@ -211,6 +211,9 @@ def _cmd_ui(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------------------------
 def _cmd_sql(args: argparse.Namespace) -> int:
     con = store.connect(args.db)
+    # A user's query gets DuckDB's default memory limit, not the small buffer pool the pipeline's
+    # writes use (config.DUCKDB_MEMORY_LIMIT): analytical queries should not spill needlessly.
+    con.execute("RESET memory_limit")
     try:
         rel = con.sql(args.query)
         if rel is None:  # a statement without a result (CREATE, INSERT, ...)

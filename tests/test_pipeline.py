@@ -10,6 +10,7 @@ import contextlib
 import datetime as dt
 import io
 
+import duckdb
 import numpy as np
 import polars as pl
 import pytest
@@ -850,3 +851,16 @@ def test_docstring_examples_run(module):
     mod = importlib.import_module(f"calpipe.{module}")
     result = doctest.testmod(mod, optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_cli_sql_queries_run_with_duckdbs_default_memory_limit(tmp_path, capsys):
+    """The pipeline's read-write connections use a small buffer pool; a user's query does not."""
+    db = tmp_path / "q.duckdb"
+    store.connect(db).close()
+    assert (
+        cli.main(["sql", "SELECT current_setting('memory_limit') AS m", "--db", str(db), "--csv"])
+        == 0
+    )
+    shown = capsys.readouterr().out.strip().splitlines()[-1]
+    default = duckdb.connect().sql("SELECT current_setting('memory_limit')").fetchall()[0][0]
+    assert shown == default
