@@ -85,7 +85,7 @@ def write_days(root: Path, per_day: int, n_streams: int, n_days: int) -> Path:
 # ----------------------------------------------------------------------------------------------
 # Children: each measures itself and prints one JSON line.
 # ----------------------------------------------------------------------------------------------
-def _peak_mib() -> float:
+def peak_rss_mib() -> float:
     """This process's peak RSS: VmHWM, the high-water mark of its own memory map. (ru_maxrss is
     inherited through fork + exec: a child would report at least the parent's RSS, which holds
     the generated events.)"""
@@ -147,7 +147,7 @@ def child(spec: dict) -> dict:
         return {"rows": rows, "arrow_mib": size / 2**20}
     else:
         raise ValueError(kind)
-    return {"rows": rows, "seconds": time.perf_counter() - t0, "peak_mib": _peak_mib()}
+    return {"rows": rows, "seconds": time.perf_counter() - t0, "peak_mib": peak_rss_mib()}
 
 
 def run_child(spec: dict) -> dict:

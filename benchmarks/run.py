@@ -124,9 +124,9 @@ def best_of(fn, repeat: int) -> float:
 
 def rss_mib() -> float:
     """Peak resident set size of this process so far (VmHWM; see :func:`reset_peak_rss`)."""
-    from benchmarks.pipeline import _peak_mib
+    from benchmarks.pipeline import peak_rss_mib
 
-    return _peak_mib()
+    return peak_rss_mib()
 
 
 def reset_peak_rss() -> None:

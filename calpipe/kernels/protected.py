@@ -417,6 +417,36 @@ def _lane_sums(A, sum_a, lane):
         sum_a[j, lane] = tot
 
 
+@njit(cache=True, inline="always")
+def _next_stream(order, k, start, op_offsets):
+    """First position >= k in ``order`` whose stream has operations left (``len(order)`` if none):
+    the lane engines' refill scan."""
+    while k < order.shape[0] and start[order[k]] >= op_offsets[order[k] + 1]:
+        k += 1
+    return k
+
+
+@njit(cache=True, inline="always")
+def _steps_to_first_end(busy, lane_op, lane_end, n_lanes):
+    """Steps all lanes can take together before the first busy lane runs out of operations: the
+    lane engines step that many times without any bookkeeping inside the steps."""
+    steps = -1
+    for lane in range(n_lanes):
+        if busy[lane] != 0 and (steps < 0 or lane_end[lane] - lane_op[lane] < steps):
+            steps = lane_end[lane] - lane_op[lane]
+    return steps
+
+
+@njit(cache=True, inline="always")
+def _binary_lane_out(lane, s, A, PW, M, active, passive, log10m):
+    """Write lane ``lane``'s state back to stream ``s`` (on retiring it or handing it back)."""
+    for j in range(A.shape[0]):
+        for t in range(A.shape[1]):
+            active[s, j, t] = A[j, t, lane]
+    passive[s] = PW[lane]
+    log10m[s] = M[lane]
+
+
 @njit(cache=True, error_model="numpy")
 def _binary_lanes(
     p, y, op_event, op_kind, op_offsets, order, start, code, params, rates,
@@ -486,8 +516,7 @@ def _binary_lanes(
         for lane in range(nl):  # refill idle lanes
             if busy[lane] != 0:
                 continue
-            while k < n_streams and start[order[k]] >= op_offsets[order[k] + 1]:
-                k += 1
+            k = _next_stream(order, k, start, op_offsets)
             if k == n_streams:
                 lane_op[lane] = 0
                 lane_end[lane] = 0
@@ -507,10 +536,7 @@ def _binary_lanes(
             M[lane] = log10m[s]
         if n_busy == 0 or (k == n_streams and 2 * n_busy < nl):
             break
-        steps = -1  # run until the first busy lane finishes: no bookkeeping inside the steps
-        for lane in range(nl):
-            if busy[lane] != 0 and (steps < 0 or lane_end[lane] - lane_op[lane] < steps):
-                steps = lane_end[lane] - lane_op[lane]
+        steps = _steps_to_first_end(busy, lane_op, lane_end, nl)
         for _ in range(steps):
             for lane in range(nl):
                 o = lane_op[lane]
@@ -582,24 +608,14 @@ def _binary_lanes(
                     out_m[lane_event[lane]] = M[lane]
         for lane in range(nl):  # retire finished lanes
             if busy[lane] != 0 and lane_op[lane] == lane_end[lane]:
-                s = lane_stream[lane]
-                for j in range(n_rates):
-                    for t in range(n_fun):
-                        active[s, j, t] = A[j, t, lane]
-                passive[s] = PW[lane]
-                log10m[s] = M[lane]
-                start[s] = lane_end[lane]
+                _binary_lane_out(lane, lane_stream[lane], A, PW, M, active, passive, log10m)
+                start[lane_stream[lane]] = lane_end[lane]
                 busy[lane] = 0
                 n_busy -= 1
     for lane in range(nl):  # hand the busy streams back to the one-stream engine
         if busy[lane] != 0:
-            s = lane_stream[lane]
-            for j in range(n_rates):
-                for t in range(n_fun):
-                    active[s, j, t] = A[j, t, lane]
-            passive[s] = PW[lane]
-            log10m[s] = M[lane]
-            start[s] = lane_op[lane]
+            _binary_lane_out(lane, lane_stream[lane], A, PW, M, active, passive, log10m)
+            start[lane_stream[lane]] = lane_op[lane]
 
 
 def _mixture_binary(
@@ -1520,8 +1536,7 @@ def _brier_lanes_body(
         for lane in range(nl):  # refill idle lanes
             if busy[lane] != 0:
                 continue
-            while k < n_streams and start[order[k]] >= op_offsets[order[k] + 1]:
-                k += 1
+            k = _next_stream(order, k, start, op_offsets)
             if k == n_streams:
                 lane_op[lane] = 0
                 lane_end[lane] = 0
@@ -1541,10 +1556,7 @@ def _brier_lanes_body(
             PW[lane] = passive[s]
         if n_busy == 0 or (k == n_streams and 2 * n_busy < nl):
             break
-        steps = -1  # run until the first busy lane finishes: no bookkeeping inside the steps
-        for lane in range(nl):
-            if busy[lane] != 0 and (steps < 0 or lane_end[lane] - lane_op[lane] < steps):
-                steps = lane_end[lane] - lane_op[lane]
+        steps = _steps_to_first_end(busy, lane_op, lane_end, nl)
         for _ in range(steps):
             for lane in range(nl):
                 o = lane_op[lane]
@@ -1651,25 +1663,27 @@ def _brier_lanes_body(
         for lane in range(nl):  # retire finished lanes
             if busy[lane] != 0 and lane_op[lane] == lane_end[lane]:
                 s = lane_stream[lane]
-                for j in range(n_rates):
-                    for t in range(n_fun):
-                        active[s, j, t] = A[j, t, lane]
-                        capital[s, j, t] = CAP[j, t, lane]
-                    log_sj[s, j] = LSJ[j, lane]
-                passive[s] = PW[lane]
+                _brier_lane_out(lane, s, n_fun, A, CAP, LSJ, PW, active, capital, log_sj, passive)
                 start[s] = lane_end[lane]
                 busy[lane] = 0
                 n_busy -= 1
     for lane in range(nl):  # hand the busy streams back to the one-stream engine
         if busy[lane] != 0:
             s = lane_stream[lane]
-            for j in range(n_rates):
-                for t in range(n_fun):
-                    active[s, j, t] = A[j, t, lane]
-                    capital[s, j, t] = CAP[j, t, lane]
-                log_sj[s, j] = LSJ[j, lane]
-            passive[s] = PW[lane]
+            _brier_lane_out(lane, s, n_fun, A, CAP, LSJ, PW, active, capital, log_sj, passive)
             start[s] = lane_op[lane]
+
+
+@njit(cache=True, inline="always")
+def _brier_lane_out(lane, s, n_fun, A, CAP, LSJ, PW, active, capital, log_sj, passive):
+    """Write lane ``lane``'s state back to stream ``s`` (on retiring it or handing it back); the
+    lane arrays are padded past ``n_fun`` functions, the stream's are not."""
+    for j in range(A.shape[0]):
+        for t in range(n_fun):
+            active[s, j, t] = A[j, t, lane]
+            capital[s, j, t] = CAP[j, t, lane]
+        log_sj[s, j] = LSJ[j, lane]
+    passive[s] = PW[lane]
 
 
 @njit(cache=True, inline="always")
