@@ -122,6 +122,6 @@ class Stacked(Calibrator[FlatState]):
         """The base method's current map, then the top's, applied to ``scores``."""
         n_classes = 2 if scores.ndim == 2 else scores.shape[2]
         bst, tst = self._split(state, n_classes)
-        mid = self.base.serving_map(bst, scores)
-        flat = self.top.prepare_scores(mid.reshape((-1, *mid.shape[2:])))
-        return self.top.serving_map(tst, flat.reshape(mid.shape))
+        # The top's serving map prepares the base's forecasts itself, as run_batch does once:
+        # preparing twice is not the identity for K classes (floor and renormalise).
+        return self.top.serving_map(tst, self.base.serving_map(bst, scores))
