@@ -29,7 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Generic, Protocol, TypeVar
+from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
 
 import numpy as np
 import polars as pl
@@ -257,7 +257,7 @@ class Calibrator(Generic[StateT]):
     #: small windows and bins, so that every fit, refit and branch happens in a short test stream.
     check_params: ClassVar[tuple[dict[str, Any], ...]] = ({},)
     #: Which base scores the method takes: "binary" (a score) or "both" (a score or K classes).
-    classes: str = "both"
+    classes: Literal["binary", "both"] = "both"
     #: Extra output columns (besides the forecast and log10_martingale), by name.
     extra_outputs: tuple[str, ...] = ()
     #: Whether the method can take labels that arrive late (``label_time``) across batches:
