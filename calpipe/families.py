@@ -34,8 +34,6 @@ array([0.2   , 0.3333, 0.0588])
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -106,9 +104,6 @@ class Family:
             "params": self.params.tolist(),
             "alphas": self.alphas.tolist(),
         }
-
-    def fingerprint(self) -> str:
-        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _probe_points(k: int) -> np.ndarray:

@@ -16,7 +16,8 @@ import polars as pl
 import pytest
 
 import calpipe
-from calpipe import cli, cli_pipeline, config, generate, pipeline, store
+from calpipe import cli, config, generate, pipeline, store
+from calpipe.cli import pipeline as cli_pipeline
 from calpipe.errors import InputError, ParameterError, StateError
 from calpipe.generate import StreamSpec
 from calpipe.pipeline import Settings

@@ -8,7 +8,11 @@ one or more kernels. :func:`calpipe.protect` drives every method the same way:
 3. ``run_batch(scores, labels, op_event, op_kind, op_offsets, state)``: all streams of a batch in
    one call over the operation list of :mod:`calpipe.kernels.protected` (step / forecast /
    delayed update, grouped by stream), returning a :class:`RunOutput` and the new state;
-4. ``state.flat()``: one float64 vector per stream, stored as the ``weights`` list column.
+4. ``state.flat()``: one float64 vector per stream, stored as the ``weights`` list column;
+5. ``serving_map(state, scores)``: each stream's next forecast of fresh scores, learning nothing
+   (:func:`calpipe.pipeline.serving_map`).
+
+:func:`calpipe.calibrators.checks.check_calibrator` checks these steps' invariants on any method.
 
 Every method reports ``log10_martingale``: the running log10 likelihood ratio
 sum_i log10 p'_i(y_i) - log10 p_i(y_i) of its forecasts p' against the base forecasts p. For the
@@ -25,7 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
 
 import numpy as np
 import polars as pl
@@ -35,6 +39,7 @@ from numba import njit
 from calpipe import config
 from calpipe.calibrators._params import Param, number_in, validate
 from calpipe.errors import ParameterError, StateError
+from calpipe.kernels.protected import OP_FORECAST, OP_STEP
 
 
 @dataclass
@@ -49,10 +54,6 @@ class RunOutput:
     protected: np.ndarray
     log10_martingale: np.ndarray
     extra: dict[str, np.ndarray] = field(default_factory=dict)
-
-    @property
-    def log10_martingale_by_rate(self) -> np.ndarray | None:
-        return self.extra.get("log10_martingale_by_rate")
 
 
 @dataclass
@@ -199,33 +200,91 @@ CLIP_PARAM = Param(
 )
 
 
-class Calibrator:
-    """Base of every method: parameter validation, configuration fingerprint, state checks.
+class CalibratorState(Protocol):
+    """What the state of S streams provides, whatever its layout (:class:`FlatState`, the
+    protected methods' :class:`~calpipe.calibrators.protected.BatchState`).
 
-    Subclasses set ``name``, ``summary``, ``parameters`` (the one table that validates them and
-    that ``calpipe methods`` prints), ``classes`` ("binary" or "both"), and
-    implement ``initial_state``, ``state_from_flat`` and ``run_batch``.
+    A state is a value: :meth:`Calibrator.run_batch` never writes the state it is given (it
+    returns a new one); only :meth:`scatter` may reuse ``self``.
     """
 
-    name: ClassVar[str]
-    summary: ClassVar[str]
+    #: (S,) log10 of each stream's test martingale after its last operation.
+    log10m: np.ndarray
+
+    @property
+    def n_streams(self) -> int:
+        """S, the number of streams."""
+        ...
+
+    def flat(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(values, offsets)``: stream s's float64 vector is ``values[offsets[s]:offsets[s+1]]``
+        (the ``weights`` column of a state frame); :meth:`Calibrator.state_from_flat` inverts it."""
+        ...
+
+    def scatter(self, idx: np.ndarray, loaded: Any) -> Any:
+        """This state with streams ``idx`` replaced by the streams of ``loaded`` (in order)."""
+        ...
+
+
+StateT = TypeVar("StateT", bound=CalibratorState)
+
+
+class Calibrator(Generic[StateT]):
+    """The protocol every method implements, with the parts all methods share.
+
+    ``StateT`` is the method's state container (:class:`FlatState` unless it has its own).
+
+    A method is a subclass that sets the class attributes below and implements
+    :meth:`initial_state`, :meth:`state_from_flat` (if its state is not a plain
+    :class:`FlatState`) and :meth:`run_batch`; everything else has a default that is right for
+    most methods. :func:`calpipe.calibrators.checks.check_calibrator` verifies the invariants
+    of the protocol on any method (prequential forecasts, chunks = one pass, streams independent,
+    valid outputs, state round trips, the serving map).
+
+    Capabilities that depend on the parameters (a stack's ``classes``, the Brier mode's extra
+    output, a category column's refusal of delayed labels) are set on the instance by the
+    subclass's ``__init__``: the class attributes are the defaults every instance starts from.
+    """
+
+    #: The method's name: ``--method NAME``, the registry key, the state frame's ``method``.
+    name: str
+    #: One line for ``calpipe methods``.
+    summary: str
+    #: The one table that validates the constructor's keywords and that ``calpipe methods``
+    #: prints (:mod:`calpipe.calibrators._params`).
     parameters: ClassVar[dict[str, Param]]
+    #: Keyword sets :func:`~calpipe.calibrators.checks.check_calibrator` builds the method with:
+    #: small windows and bins, so that every fit, refit and branch happens in a short test stream.
+    check_params: ClassVar[tuple[dict[str, Any], ...]] = ({},)
     #: Which base scores the method takes: "binary" (a score) or "both" (a score or K classes).
-    classes: ClassVar[str] = "both"
+    classes: Literal["binary", "both"] = "both"
     #: Extra output columns (besides the forecast and log10_martingale), by name.
-    extra_outputs: ClassVar[tuple[str, ...]] = ()
-    #: Whether the method can take labels that arrive late (``label_time``) across batches.
-    supports_label_time: ClassVar[bool] = True
+    extra_outputs: tuple[str, ...] = ()
+    #: Whether the method can take labels that arrive late (``label_time``) across batches:
+    #: ``OP_UPDATE`` operations of events forecast earlier, maybe in an earlier batch.
+    supports_label_time: bool = True
 
     def __init__(self, **params):
-        self.params = validate(self.name, self.parameters, params)
-        self._check_cross()
+        #: The validated parameters (defaults filled in): everything :meth:`config` reads.
+        self.params = self._cross_checked(validate(self.name, self.parameters, params))
 
-    def _check_cross(self) -> None:
-        """Checks that involve several parameters (none by default)."""
+    def _cross_checked(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Checks that involve several parameters: ``params``, or a copy with values derived
+        from the others filled in. Raises ParameterError; never modifies ``params``."""
+        return params
+
+    def __repr__(self) -> str:
+        """The class and the parameters that differ from their defaults."""
+        changed = [
+            f"{k}={v!r}"
+            for k, v in self.params.items()
+            if k not in self.parameters or v != self.parameters[k].default
+        ]
+        return f"{type(self).__name__}({', '.join(changed)})"
 
     # -- configuration -------------------------------------------------------------------------
     def check_classes(self, n_classes: int) -> None:
+        """Raise ParameterError unless the method takes K = ``n_classes`` (2 = a binary score)."""
         if self.classes == "binary" and n_classes != 2:
             raise ParameterError(
                 f"method {self.name!r} is binary-only; the frame has K = {n_classes} classes "
@@ -237,10 +296,12 @@ class Calibrator:
         return {"method": self.name, "n_classes": n_classes, "params": _jsonable(self.params)}
 
     def fingerprint(self, n_classes: int) -> str:
+        """Hash of :meth:`config`: a stored state is loaded only under the same fingerprint."""
         blob = json.dumps(self.config(n_classes), sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
     def check_state(self, fingerprint: str, method: str, n_classes: int) -> None:
+        """Raise StateError unless a state written by ``method`` with ``fingerprint`` is ours."""
         expected = self.fingerprint(n_classes)
         if fingerprint != expected:
             raise StateError(
@@ -254,11 +315,15 @@ class Calibrator:
         """Length of every stream's state vector, or None if it varies by stream."""
         return None
 
-    def initial_state(self, n_streams: int, n_classes: int):
+    def initial_state(self, n_streams: int, n_classes: int) -> StateT:
+        """The state of ``n_streams`` streams that have seen nothing (log10 martingale 0)."""
         raise NotImplementedError
 
-    def state_from_flat(self, values, offsets, log10m, n_classes: int):
-        """Inverse of ``state.flat()``; raises StateError on a malformed vector."""
+    def state_from_flat(
+        self, values: np.ndarray, offsets: np.ndarray, log10m: np.ndarray, n_classes: int
+    ) -> StateT:
+        """Inverse of ``state.flat()`` (with each stream's log10 martingale); raises StateError
+        on a vector that does not fit the method's layout. The default is a :class:`FlatState`."""
         return FlatState(
             np.ascontiguousarray(values, dtype=np.float64),
             np.ascontiguousarray(offsets, dtype=np.int64),
@@ -267,7 +332,8 @@ class Calibrator:
 
     # -- running -------------------------------------------------------------------------------
     def prepare_scores(self, scores: np.ndarray) -> np.ndarray:
-        """Base probabilities as the method consumes them (as given, by default)."""
+        """Base probabilities as the method consumes them (as given, by default): callers pass
+        :meth:`run_batch` the prepared scores. (n,) binary or (n, K), float64, contiguous."""
         return np.ascontiguousarray(scores, dtype=np.float64)
 
     def martingale_base(self, scores: np.ndarray) -> np.ndarray:
@@ -283,9 +349,52 @@ class Calibrator:
         """Number of categories of the ``categories`` input column (its values: 0 .. n - 1)."""
         return None
 
-    def run_batch(self, scores, labels, op_event, op_kind, op_offsets, state, inputs=None):
-        """All streams of a batch: ``inputs`` maps :meth:`input_columns` keys to event arrays."""
+    def run_batch(
+        self,
+        scores: np.ndarray,
+        labels: np.ndarray,
+        op_event: np.ndarray,
+        op_kind: np.ndarray,
+        op_offsets: np.ndarray,
+        state: StateT,
+        inputs: dict[str, np.ndarray] | None = None,
+    ) -> tuple[RunOutput, StateT]:
+        """All streams of a batch in one call: ``(RunOutput, new state)``.
+
+        ``scores`` (n,) or (n, K) are prepared (:meth:`prepare_scores`); ``labels`` (n,) int64
+        class indices, read only at update operations; the operations (``op_event`` indexes the
+        event arrays, ``op_kind`` is ``OP_STEP`` / ``OP_FORECAST`` / ``OP_UPDATE`` of
+        :mod:`calpipe.kernels.protected`) are grouped by stream, stream s's (at least one) in
+        ``op_offsets[s]:op_offsets[s + 1]`` in replay order, starting from stream s of
+        ``state``; ``inputs`` maps :meth:`input_columns` keys to event arrays. Row i of each
+        output belongs to event i, written by its forecast (``OP_STEP`` or ``OP_FORECAST``)
+        operation: a forecast uses only labels of earlier updates; the log10 martingale is the
+        one after that operation. ``state`` is not modified.
+        """
         raise NotImplementedError
+
+    def serving_map(self, state: StateT, scores: np.ndarray) -> np.ndarray:
+        """The map p -> p' each stream's state applies to fresh scores: its next forecast.
+
+        ``scores`` (S, n) binary or (S, n, K), raw (as :meth:`prepare_scores` takes them), row s
+        for stream s of ``state``; returns the same shape: what an unlabelled event with that
+        score would be forecast, learning nothing (``state`` is not modified). This default runs
+        forecast-only operations through :meth:`run_batch`; a method may compute the same values
+        more directly. A method that reads :meth:`input_columns` has no map of the score alone.
+        """
+        if self.input_columns():
+            raise ParameterError(
+                f"method {self.name!r} reads {sorted(self.input_columns().values())}: its "
+                "serving map needs them too (it takes scores only)"
+            )
+        s, n = scores.shape[:2]
+        flat = np.ascontiguousarray(scores.reshape((s * n, *scores.shape[2:])))
+        out, _ = self.run_batch(
+            self.prepare_scores(flat), np.zeros(s * n, dtype=np.int64),
+            np.arange(s * n, dtype=np.int64), np.full(s * n, OP_FORECAST, dtype=np.int8),
+            np.arange(0, s * n + 1, n, dtype=np.int64), state,
+        )  # fmt: skip
+        return out.protected.reshape(scores.shape)
 
     def run(self, scores, labels, *, state: StreamState | None = None):
         """Run one stream given as arrays; ``labels`` uses -1 for "not known yet".
@@ -293,8 +402,6 @@ class Calibrator:
         Returns ``(RunOutput, StreamState)``; pass the state back in to resume exactly where the
         stream stopped (k chunks with state carried = one pass).
         """
-        from calpipe.kernels.protected import OP_FORECAST, OP_STEP
-
         scores = np.asarray(scores, dtype=np.float64)
         labels = np.asarray(labels, dtype=np.int64)
         n_classes = 2 if scores.ndim == 1 else scores.shape[1]

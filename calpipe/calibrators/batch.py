@@ -39,6 +39,7 @@ class Platt(WindowedCalibrator):
     fit = staticmethod(parametric.platt_fit)
     predict = staticmethod(parametric.platt_predict)
     fit_params = ("platt_targets",)
+    check_params = ({"window": 5, "refit_every": 3}, {"window": 6, "platt_targets": True})
     parameters: ClassVar[dict[str, Param]] = {
         **WINDOW_PARAMS,
         "platt_targets": Param(
@@ -59,6 +60,7 @@ class Beta(WindowedCalibrator):
     fit = staticmethod(parametric.beta_fit)
     predict = staticmethod(parametric.beta_predict)
     fit_params = ("parameters",)
+    check_params = ({"window": 6}, {"window": 5, "refit_every": 4, "parameters": "am"})
     parameters: ClassVar[dict[str, Param]] = {
         **WINDOW_PARAMS,
         "parameters": Param(
@@ -78,6 +80,7 @@ class Temperature(WindowedCalibrator):
     summary = "temperature scaling p' = softmax(ln p / T) (Guo et al. 2017), batch"
     fit = staticmethod(parametric.temperature_fit)
     predict = staticmethod(parametric.temperature_predict)
+    check_params = ({"window": 5, "refit_every": 4},)
     parameters: ClassVar[dict[str, Param]] = {**WINDOW_PARAMS}
 
 
@@ -91,6 +94,7 @@ class Venn(WindowedCalibrator):
     fit = staticmethod(venn_kernel.fit)
     predict = staticmethod(venn_kernel.predict)
     fit_params = ("n_bins",)
+    check_params = ({"window": 8, "refit_every": 5, "n_bins": 2},)
     parameters: ClassVar[dict[str, Param]] = {
         **WINDOW_PARAMS,
         "n_bins": Param(
@@ -111,6 +115,7 @@ class Histogram(WindowedCalibrator):
     fit = staticmethod(histogram.fit)
     predict = staticmethod(histogram.predict)
     fit_params = ("n_bins", "prior_strength")
+    check_params = ({"window": 8, "refit_every": 4, "n_bins": 3},)
     parameters: ClassVar[dict[str, Param]] = {
         **WINDOW_PARAMS,
         "n_bins": Param(
@@ -139,6 +144,7 @@ class Isotonic(WindowedCalibrator):
     fit = staticmethod(isotonic.isotonic_fit)
     predict = staticmethod(isotonic.isotonic_predict)
     fit_params = ("interpolation",)
+    check_params = ({"window": 8, "refit_every": 4}, {"window": 6, "interpolation": "step"})
     parameters: ClassVar[dict[str, Param]] = {
         **WINDOW_PARAMS,
         "interpolation": Param(
@@ -161,6 +167,7 @@ class RocIsotonic(WindowedCalibrator):
     fit = staticmethod(isotonic.rrir_fit)
     predict = staticmethod(isotonic.rrir_predict)
     fit_params = ("max_regions", "min_region_size", "max_candidates")
+    check_params = ({"window": 9, "refit_every": 5, "max_regions": 3},)
     parameters: ClassVar[dict[str, Param]] = {
         **WINDOW_PARAMS,
         "max_regions": Param(
@@ -197,6 +204,10 @@ class VennAbers(WindowedCalibrator):
     fit = staticmethod(venn_abers.fit)
     predict = staticmethod(venn_abers.predict)
     fit_params = ("cross", "n_folds", "merge", "multiclass")
+    check_params = (
+        {"window": 8, "refit_every": 4},
+        {"window": 10, "cross": True, "n_folds": 3, "merge": "brier"},
+    )
     parameters: ClassVar[dict[str, Param]] = {
         **WINDOW_PARAMS,
         "cross": Param(

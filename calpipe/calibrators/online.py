@@ -22,7 +22,7 @@ run in chunks with the state carried equals one pass bit for bit.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -53,7 +53,7 @@ _CATEGORY_COLUMN = Param(
 )
 
 
-class OnlineCalibrator(Calibrator):
+class OnlineCalibrator(Calibrator[FlatState]):
     """A method with a fixed-length state vector per stream and a sequential op-list kernel.
 
     Subclasses implement ``_state_size``, ``_initial_vector`` and ``_kernel`` (forecasts of every
@@ -62,14 +62,12 @@ class OnlineCalibrator(Calibrator):
     forecast-only op on a copy of the event is inserted just before it.
     """
 
-    @property
-    def category_column(self) -> str | None:
-        return self.params.get("category_column")
-
-    @property
-    def supports_label_time(self) -> bool:  # type: ignore[override]
+    def __init__(self, **params):
+        super().__init__(**params)
+        #: The user column of integer categories the method reads, if any.
+        self.category_column: str | None = self.params.get("category_column")
         # Pending labels carry their score, not their category: a category column needs them all.
-        return self.category_column is None
+        self.supports_label_time = self.category_column is None
 
     def input_columns(self) -> dict[str, str]:
         c = self.category_column
@@ -139,21 +137,6 @@ class OnlineCalibrator(Calibrator):
         new = FlatState(np.ascontiguousarray(new_vectors.ravel()), state.offsets.copy(), log10m_end)
         return RunOutput(p[:n], out_m, extra), new
 
-    def serving_map(self, state: FlatState, scores: np.ndarray) -> np.ndarray:
-        """Each stream's next forecast for ``scores`` (S, n) or (S, n, K), no category column."""
-        if self.category_column is not None:
-            raise ParameterError(
-                f"method {self.name!r} with category_column: the serving map needs the category"
-            )
-        s, n = scores.shape[:2]
-        flat = np.ascontiguousarray(scores.reshape((s * n, *scores.shape[2:])))
-        offsets = np.arange(0, s * n + 1, n, dtype=np.int64)
-        out, _ = self.run_batch(
-            flat, np.zeros(s * n, dtype=np.int64), np.arange(s * n, dtype=np.int64),
-            np.full(s * n, OP_FORECAST, dtype=np.int8), offsets, state,
-        )  # fmt: skip
-        return out.protected.reshape(scores.shape)
-
 
 class VennPredictor(OnlineCalibrator):
     """Venn predictor (paper 002, §3), online: each event's multiprobability from the labels of all
@@ -197,11 +180,18 @@ class VennPredictor(OnlineCalibrator):
         "clip": CLIP_PARAM,
     }
 
-    def _check_cross(self) -> None:
-        if (self.params["category_column"] is None) != (self.params["n_categories"] is None):
+    check_params = (
+        {"n_bins": 3},
+        {"edges": (0.3, 0.6)},
+        {"category_column": "segment", "n_categories": 3},
+    )
+
+    def _cross_checked(self, params: dict[str, Any]) -> dict[str, Any]:
+        if (params["category_column"] is None) != (params["n_categories"] is None):
             raise ParameterError(
                 "method 'venn-predictor': category_column and n_categories go together"
             )
+        return params
 
     def edges(self) -> np.ndarray:
         e = self.params["edges"]
@@ -279,11 +269,17 @@ class CalibratedRegression(OnlineCalibrator):
         "clip": CLIP_PARAM,
     }
 
-    def _check_cross(self) -> None:
-        if (self.params["category_column"] is None) != (self.params["n_categories"] == 0):
+    check_params = (
+        {"powers": 2, "score_tents": 3},
+        {"tents": 3, "intercept": False, "category_column": "segment", "n_categories": 2},
+    )
+
+    def _cross_checked(self, params: dict[str, Any]) -> dict[str, Any]:
+        if (params["category_column"] is None) != (params["n_categories"] == 0):
             raise ParameterError(
                 "method 'calibrated-regression': category_column and n_categories >= 1 go together"
             )
+        return params
 
     def _kw(self) -> dict:
         return {k: self.params[k] for k in ("powers", "tents", "intercept", "base_score",

@@ -23,7 +23,7 @@ Example
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -35,7 +35,7 @@ from calpipe.calibrators._params import (
     one_of,
     tuple_of,
 )
-from calpipe.calibrators.base import Calibrator, RunOutput
+from calpipe.calibrators.base import Calibrator, RunOutput, clip_probabilities
 from calpipe.errors import ParameterError, StateError
 from calpipe.families import (
     BINARY_FAMILIES,
@@ -125,7 +125,7 @@ def _family_rule_error(method: str, family: str, params, rule: str) -> Parameter
     )
 
 
-class ProtectedCalibrator(Calibrator):
+class ProtectedCalibrator(Calibrator[BatchState]):
     """Base of the log-loss mixture predictors (one kernel, three initial states)."""
 
     # -- configuration -------------------------------------------------------------------------
@@ -141,11 +141,11 @@ class ProtectedCalibrator(Calibrator):
     def pi(self) -> float:
         return 0.0
 
-    def _check_cross(self) -> None:
+    def _cross_checked(self, params: dict[str, Any]) -> dict[str, Any]:
         """Checks that involve several parameters (the family grid and its ranges)."""
-        fam, grid = self.params["family"], self.params["family_params"]
+        fam, grid = params["family"], params["family_params"]
         if grid is None:
-            return
+            return params
         try:
             arr = np.asarray(grid, dtype=float)
         except (TypeError, ValueError):
@@ -163,6 +163,7 @@ class ProtectedCalibrator(Calibrator):
                 raise _family_rule_error(self.name, fam, grid, "betas > 0")
         elif fam == "cox2" and (arr.ndim != 2 or arr.shape[1] != 2 or np.any(arr[:, 1] <= 0)):
             raise _family_rule_error(self.name, fam, grid, "(alpha, beta) pairs with beta > 0")
+        return params
 
     def family(self, n_classes: int) -> Family:
         """The calibrating functions used for K = ``n_classes`` (2 = binary score)."""
@@ -258,11 +259,9 @@ class ProtectedCalibrator(Calibrator):
         Binary: p -> min(max(p, eps), 1 - eps). K classes: q_c = max(p_c, eps), renormalised, so
         no class has probability 0 and the vector still sums to 1.
         """
-        eps = self.params["clip"]
-        if scores.ndim == 1:
-            return np.ascontiguousarray(np.clip(scores, eps, 1.0 - eps), dtype=np.float64)
-        q = np.maximum(scores, eps)
-        return np.ascontiguousarray(q / q.sum(axis=1, keepdims=True), dtype=np.float64)
+        return np.ascontiguousarray(
+            clip_probabilities(scores, self.params["clip"]), dtype=np.float64
+        )
 
     def run_batch(
         self,
@@ -406,35 +405,40 @@ class CompositeJumper(ProtectedCalibrator):
         ),
     }
 
+    check_params = ({}, {"loss": "brier"})
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        if self.loss == "brier":  # the package's per-rate martingales, output in that mode only
+            self.extra_outputs = ("log10_martingale_by_rate",)
+
     @property
     def pi(self) -> float:
         return float(self.params["pi"])
 
-    @property
-    def extra_outputs(self) -> tuple[str, ...]:  # type: ignore[override]
-        return ("log10_martingale_by_rate",) if self.loss == "brier" else ()
-
-    def _check_cross(self) -> None:
-        super()._check_cross()
-        if self.loss == "brier":
-            if self.params["family"] != "cox2" or self.params["family_params"] is not None:
+    def _cross_checked(self, params: dict[str, Any]) -> dict[str, Any]:
+        params = super()._cross_checked(params)
+        if params["loss"] == "brier":
+            if params["family"] != "cox2" or params["family_params"] is not None:
                 raise ParameterError(
                     "method 'composite-jumper': loss='brier' reproduces protected-classification "
                     "0.1.5 and uses its Cox grid: family must be 'cox2' with family_params=None"
                 )
-            if self.params["clip"] is not None:
+            if params["clip"] is not None:
                 raise ParameterError(
-                    f"method 'composite-jumper': clip={self.params['clip']!r} is invalid with "
+                    f"method 'composite-jumper': clip={params['clip']!r} is invalid with "
                     "loss='brier': the Brier compatibility mode clips nothing (leave clip=None)"
                 )
-        elif self.params["clip"] is None:
-            self.params["clip"] = config.DEFAULT_CLIP_EPS
-        fam = self.family(2)
+            return params  # the package's grid (package_grid) starts on the identity
+        if params["clip"] is None:  # the log loss's default clip, stored in the configuration
+            params = {**params, "clip": config.DEFAULT_CLIP_EPS}
+        fam = binary_family(params["family"], params["family_params"])
         if fam.identity_index is None:
             raise ParameterError(
                 "method 'composite-jumper': the family must contain the identity, on which the "
                 "active weights start (paper 001 Alg. 1, line 2)"
             )
+        return params
 
     def family(self, n_classes: int) -> Family:
         if self.loss == "brier":

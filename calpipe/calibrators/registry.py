@@ -6,6 +6,7 @@ from calpipe.calibrators.base import Calibrator
 from calpipe.calibrators.batch import BATCH_METHODS
 from calpipe.calibrators.online import ONLINE_METHODS
 from calpipe.calibrators.protected import PROTECTED_METHODS
+from calpipe.calibrators.stacked import Stacked
 from calpipe.errors import ParameterError
 
 METHODS: dict[str, type[Calibrator]] = {
@@ -30,8 +31,6 @@ def make_calibrator(
         if base_params:
             raise ParameterError("base_params given without base_method")
         return top
-    from calpipe.calibrators.stacked import Stacked
-
     return Stacked(_make(base_method, dict(base_params or {})), top)
 
 

@@ -13,30 +13,41 @@ is the top's (its test martingale of the base calibrator's forecasts), and the e
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import numpy as np
 
+from calpipe.calibrators._params import Param
 from calpipe.calibrators.base import Calibrator, FlatState, RunOutput
+from calpipe.calibrators.batch import Platt, Temperature
+from calpipe.calibrators.protected import CompositeJumper, Jumper
 
 
-class Stacked(Calibrator):
+def _is_calibrator(v) -> bool:
+    return isinstance(v, Calibrator)
+
+
+class Stacked(Calibrator[FlatState]):
     """``top`` applied to the forecasts of ``base`` (both already-validated calibrators)."""
 
-    supports_label_time = False  # a pending label's base forecast is not kept across batches
+    name = "stacked"  # of the class; an instance is named "top+base"
     summary = "a calibrator protecting (or recalibrating) the output of another one"
-    parameters = {}  # noqa: RUF012 (each part validates its own table)
+    supports_label_time = False  # a pending label's base forecast is not kept across batches
+    parameters: ClassVar[dict[str, Param]] = {
+        "base": Param(None, _is_calibrator, "a calibrator", "the method whose forecasts go on"),
+        "top": Param(None, _is_calibrator, "a calibrator", "the method run on those forecasts"),
+    }
+    check_params = (
+        {"base": Platt(window=5, refit_every=3), "top": CompositeJumper()},
+        {"base": Temperature(window=5, refit_every=4), "top": Jumper()},
+    )
 
     def __init__(self, base: Calibrator, top: Calibrator):
+        super().__init__(base=base, top=top)  # each part has validated its own table
         self.base, self.top = base, top
         self.name = f"{top.name}+{base.name}"
-        self.params = {"base": base.params, "top": top.params}
-
-    @property
-    def classes(self) -> str:  # type: ignore[override]
-        return "binary" if "binary" in (self.base.classes, self.top.classes) else "both"
-
-    @property
-    def extra_outputs(self) -> tuple[str, ...]:  # type: ignore[override]
-        return (*self.top.extra_outputs, "base_method_score")
+        self.classes = "binary" if "binary" in (base.classes, top.classes) else "both"
+        self.extra_outputs = (*top.extra_outputs, "base_method_score")
 
     def check_classes(self, n_classes: int) -> None:
         self.base.check_classes(n_classes)
@@ -111,6 +122,6 @@ class Stacked(Calibrator):
         """The base method's current map, then the top's, applied to ``scores``."""
         n_classes = 2 if scores.ndim == 2 else scores.shape[2]
         bst, tst = self._split(state, n_classes)
-        mid = self.base.serving_map(bst, scores)
-        flat = self.top.prepare_scores(mid.reshape((-1, *mid.shape[2:])))
-        return self.top.serving_map(tst, flat.reshape(mid.shape))
+        # The top's serving map prepares the base's forecasts itself, as run_batch does once:
+        # preparing twice is not the identity for K classes (floor and renormalise).
+        return self.top.serving_map(tst, self.base.serving_map(bst, scores))

@@ -74,7 +74,7 @@ def fit_point(u: np.ndarray, window: int, refit_every: int | None) -> np.ndarray
     return np.where(u >= window, window + refit_every * ((u - window) // refit_every), -1)
 
 
-class WindowedCalibrator(Calibrator):
+class WindowedCalibrator(Calibrator[FlatState]):
     """A batch method (``fit``/``predict`` kernel pair) run over a stream's calibration window.
 
     Subclasses set ``fit``, ``predict``, ``fit_params``/``predict_params`` (the parameters passed

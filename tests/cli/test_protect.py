@@ -13,7 +13,7 @@ import pytest
 from polars.testing import assert_frame_equal
 
 import calpipe
-from calpipe.cli import build_parser, main, parse_value, stream_summary
+from calpipe.cli import main, stream_summary
 from tests.conftest import make_events
 
 SUMMARY_COLUMNS = [
@@ -323,41 +323,6 @@ def test_methods_json_is_the_methods_table(capsys):
     assert table == json.loads(json.dumps(calpipe.methods(), default=str))
     assert set(table) == set(calpipe.calibrators.METHODS)
     assert {"jumper", "mean-jumper", "composite-jumper", "platt"} <= set(table)
-
-
-def test_every_option_methods_prints_is_accepted_by_protect():
-    """`calpipe methods` advertises each parameter as --option: protect must accept it."""
-    parser = build_parser()
-    values = {
-        "family": ["cox"],
-        "family-params": ["1", "0.5"],
-        "jumping-rates": ["1", "0.1"],
-        "pi": ["0.3"],
-        "loss": ["log"],
-        "clip": ["0.01"],
-    }
-    for spec in calpipe.methods().values():
-        for p in spec["parameters"]:
-            opt = p.replace("_", "-")
-            args = parser.parse_args(
-                ["protect", "in.parquet", "out.parquet", f"--{opt}", *values.get(opt, ["1"])]
-            )
-            assert getattr(args, p) is not None
-
-
-def test_family_params_pair_with_a_negative_alpha_is_accepted():
-    """The default Cox grid has alpha = -1 (DESIGN §4), so `--family-params 0,1 1,1 -1,1` must
-    parse; argparse took "-1,1" for an unknown option and exited with a usage error."""
-    args = build_parser().parse_args(
-        ["protect", "in.parquet", "out.parquet", "--family-params", "0,1", "1,1", "-1,1"]
-    )
-    assert args.family_params == ["0,1", "1,1", "-1,1"]
-
-
-def test_generic_values_parse_to_what_the_tables_validate():
-    assert [parse_value(t) for t in ("none", "True", "5", "0.25", "1,2.5", "abm")] == [
-        None, True, 5, 0.25, (1, 2.5), "abm",
-    ]  # fmt: skip
 
 
 def test_protect_runs_a_batch_method_and_a_stack(tmp_path, capsys):

@@ -18,6 +18,7 @@ import duckdb
 import polars as pl
 
 from calpipe import pipeline, store
+from calpipe.cli.options import add_method_options, method_params
 
 #: Project-local dagster instance folder (git-ignored); the Makefile exports the same path.
 DAGSTER_HOME = store.PROJECT_ROOT / ".dagster_home"
@@ -108,8 +109,6 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 # run
 # ----------------------------------------------------------------------------------------------
 def _cmd_run(args: argparse.Namespace) -> int:
-    from calpipe.cli import method_params
-
     t0 = time.perf_counter()
     settings = pipeline.Settings.make(args.method, **method_params(args))
     columns = store.ColumnMap(
@@ -235,8 +234,6 @@ def _cmd_sql(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------------------------
 def register(sub) -> None:
     """Add ``demo``, ``run``, ``ui`` and ``sql`` to the ``calpipe`` sub-command parser."""
-    from calpipe.cli import add_method_options
-
     default_db = str(store.DEFAULT_DB)
     d = sub.add_parser(
         "demo", help="load the demo data into DuckDB and run every daily partition in order"

@@ -1,0 +1,53 @@
+"""The ``calpipe`` command (console script ``calpipe = calpipe.cli:main``).
+
+One module per group of sub-commands, each with a ``register(sub)`` that adds its commands:
+:mod:`.protect` (``protect``, ``methods``) and :mod:`.pipeline` (``demo``, ``run``, ``ui``,
+``sql``); :mod:`.options` holds the method options they share. This module only assembles the
+parser and runs a command; nothing here is imported back by the command modules.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from calpipe.cli import pipeline, protect
+from calpipe.cli.options import Parser, add_method_options, method_params, parse_value
+from calpipe.cli.protect import stream_summary
+from calpipe.errors import CalpipeError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``calpipe`` argument parser with every sub-command."""
+    parser = Parser(
+        prog="calpipe",
+        description="Protected probabilistic classification as a batch data pipeline.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    protect.register(sub)
+    pipeline.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``calpipe ARGV``; a calpipe error or a missing file is a message and exit code 2."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except CalpipeError as exc:
+        print(f"calpipe: error: {exc}", file=sys.stderr)
+        return 2
+    except FileNotFoundError as exc:
+        print(f"calpipe: error: {exc}", file=sys.stderr)
+        return 2
+
+
+__all__ = [
+    "add_method_options",
+    "build_parser",
+    "main",
+    "method_params",
+    "parse_value",
+    "stream_summary",
+]

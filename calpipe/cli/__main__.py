@@ -1,0 +1,7 @@
+"""``python -m calpipe.cli``: the ``calpipe`` command."""
+
+import sys
+
+from calpipe.cli import main
+
+sys.exit(main())
