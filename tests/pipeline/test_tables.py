@@ -13,8 +13,8 @@ from collections import Counter
 import pytest
 
 from calpipe import config, generate, pipeline, store
-from calpipe.generate import StreamSpec
 from calpipe.pipeline import tables
+from tests.test_pipeline import drifting  # noqa: F401  (the fixture)
 
 START = generate.DEFAULT_START
 
@@ -74,17 +74,13 @@ def test_an_entry_for_a_table_the_store_does_not_know_is_refused():
 # ----------------------------------------------------------------------------------------------
 # calpipe run goes through the registry
 # ----------------------------------------------------------------------------------------------
-STREAMS = (
-    StreamSpec("calm", events_per_day=30),
-    StreamSpec("hot", "overconfident", 0, 40, strength=4.0),
-)
-
-
 @pytest.fixture
-def landing(tmp_path):
-    events = generate.generate(n_days=5, streams=STREAMS, seed=3)
-    store.write_landing(events, tmp_path / "landing")
-    return store.EventSource.parse(str(tmp_path / "landing")), tmp_path
+def landing(request):
+    """8 days of streams that cross the alarm level on different days (test_pipeline's
+    ``drifting``), in a landing folder."""
+    events, tmp = request.getfixturevalue("drifting")
+    store.write_landing(events, tmp / "landing")
+    return store.EventSource.parse(str(tmp / "landing")), tmp
 
 
 def test_run_range_replaces_exactly_the_registered_tables_with_their_fused_writers(
@@ -128,7 +124,7 @@ def test_the_alarm_stage_in_chunks_equals_the_fused_rows(landing, monkeypatch):
     fused, staged = store.connect(tmp / "f.duckdb"), store.connect(tmp / "s.duckdb")
     try:
         pipeline.run_range(fused, source)
-        end = START + dt.timedelta(days=4)
+        end = START + dt.timedelta(days=7)
         pipeline.load_events(staged, source, START, end)
         pipeline.protect_days(staged, START, end, pipeline.Settings(), first_day=START)
         monkeypatch.setattr(config, "CHUNK_DAYS", 2)
