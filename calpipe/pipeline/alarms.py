@@ -15,8 +15,8 @@ import numpy as np
 import polars as pl
 
 from calpipe import config, store
-from calpipe.frame import stream_ids
 from calpipe.pipeline.chain import _require_chain
+from calpipe.pipeline.monitoring import _stream_groups
 from calpipe.pipeline.settings import StageResult, _as_date
 from calpipe.pipeline.transactions import day_range
 
@@ -51,7 +51,7 @@ def _first_crossings(
     ``log10_martingale`` (the engine's output in the fused run, or the stored candidate rows in
     :func:`alarm_days`; rows below the threshold may be left out, they are never chosen).
     Per-stream minima of event_time, then of event_id among the ties, instead of a sort.
-    ``groups``: :func:`calpipe.frame.stream_ids` of ``scores`` by stream, if known."""
+    ``groups``: ``_stream_groups(scores, ["stream"])``, if known."""
     thr = config.ALARM_LOG10_THRESHOLD
     hit = scores["log10_martingale"].to_numpy() >= thr
     if before is not None and before.height:
@@ -59,7 +59,7 @@ def _first_crossings(
         hit &= ~scores["stream"].is_in(hot.implode()).to_numpy()
     hits = np.flatnonzero(hit)
     if hits.size:
-        ids, first = stream_ids(scores, ["stream"]) if groups is None else groups
+        ids, first = _stream_groups(scores, ["stream"]) if groups is None else groups
         t = scores["event_time"].to_physical().to_numpy()
         t_first = np.full(first.shape[0], np.iinfo(np.int64).max)
         np.minimum.at(t_first, ids[hits], t[hits])

@@ -1,7 +1,7 @@
 """Stage ``calibration_map`` and the serving map: each stream's map p -> p' at the end of a day.
 
 Owns the map's SQL form (:func:`map_weights`, :func:`map_terms`: the weighted terms of the
-protected methods' mixture, which the ``calpipe_protect`` macros of ``sql/003_macros.sql``
+protected methods' mixture, which the ``calibrate_score`` macros of ``sql/003_macros.sql``
 evaluate), the table's rows (:func:`_map_rows`, written by the stage :func:`map_days` and by the
 fused run) and :func:`serving_map`, the map applied to fresh scores in polars for every method.
 """

@@ -41,12 +41,12 @@ import polars as pl
 
 from calpipe import store
 from calpipe.calibrators import Calibrator
-from calpipe.frame import ProtectResult, stream_ids
+from calpipe.frame import ProtectResult
 from calpipe.pipeline.alarms import _first_crossings, alarm_days
 from calpipe.pipeline.chain import _protected_rows, protect_days
 from calpipe.pipeline.events import _stored_events, load_events
 from calpipe.pipeline.mapping import _map_rows, map_days
-from calpipe.pipeline.monitoring import _daily_rows, monitor_days
+from calpipe.pipeline.monitoring import _daily_rows, _stream_groups, monitor_days
 from calpipe.pipeline.settings import Settings, StageResult
 
 #: When the fused run calls a table's fused writer, and with what: ``events`` with a
@@ -80,7 +80,7 @@ class FusedBatch:
     @cached_property
     def groups(self) -> tuple[np.ndarray, np.ndarray]:
         """Stream ids of the engine's output rows (= of :attr:`protected`'s, same order)."""
-        return stream_ids(self.protected, ["stream"])
+        return _stream_groups(self.protected, ["stream"])
 
 
 @dataclass
