@@ -214,3 +214,33 @@ TRANSACTION_ROWS: int = 100_000
 #: and the previous batch's protected rows while the engine runs (10M-event day: -5 % time),
 #: and bounds the frames held for it to two batches.
 WRITE_MAX_PENDING: int = 2
+
+# --- pipeline and monitoring (calpipe/pipeline/, calpipe/metrics.py, calpipe/plots.py) ---
+
+#: At most this many days per transaction when a stage runs over a range (fewer for big days,
+#: see TRANSACTION_ROWS); a month keeps a backfill's commits few while a chunk's small tables
+#: (state, monitoring, map: streams x days rows) stay small in memory.
+CHUNK_DAYS: int = 31
+
+#: Equal-width bins on [0, 1] of the ECE, the reliability tables and the reliability diagrams:
+#: the usual 10 (Naeini et al. 2015; the monitoring tables' documented ECE), coarse enough that a
+#: day of a small stream still has several labelled events per occupied bin.
+ECE_BINS: int = 10
+
+#: Reliability diagrams in the materialization metadata pool the last 30 days: one day of a
+#: small stream has too few events per bin to show anything.
+RELIABILITY_WINDOW_DAYS: int = 30
+
+#: At most this many streams get a panel of the reliability diagram (the busiest ones): beyond a
+#: dozen panels a PNG in the UI is unreadable.
+MAX_RELIABILITY_PANELS: int = 12
+
+#: Panels per row of the reliability diagram: four 3.2-inch panels fit a laptop-wide UI column.
+RELIABILITY_PANELS_PER_ROW: int = 4
+
+#: Figure resolution: sharp in the dagster UI, small enough (~50-150 kB) to embed in metadata.
+PLOT_DPI: int = 100
+
+#: The trajectory plot's y axis turns symmetric-log above this log10 S (linear below it): a
+#: stream at log10 S ~ 3600 (the bank stream) would otherwise flatten the ones near the alarm at 2.
+TRAJECTORY_SYMLOG_ABOVE: float = 10.0

@@ -30,18 +30,14 @@ from matplotlib.figure import Figure
 
 from calpipe import config, metrics
 
-#: At most this many streams get a panel of the reliability diagram (the busiest ones): beyond a
-#: dozen panels a PNG in the UI is unreadable.
-MAX_RELIABILITY_PANELS = 12
-
-#: Figure resolution: sharp in the dagster UI, small enough (~50-150 kB) to embed in metadata.
-DPI = 100
+# the plot limits live in calpipe.config with their reasons; this one stays importable here
+from calpipe.config import MAX_RELIABILITY_PANELS
 
 
 def to_png(fig: Figure) -> bytes:
     """The figure as PNG bytes (and close it)."""
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight")
+    fig.savefig(buf, format="png", dpi=config.PLOT_DPI, bbox_inches="tight")
     plt.close(fig)
     return buf.getvalue()
 
@@ -66,7 +62,7 @@ def martingale_trajectory(
 
     ``trajectory`` has one row per (stream, date). Streams whose martingale spans several orders
     of magnitude (the bank stream reaches log10 S ~ 3600) would flatten the others, so the y axis
-    is symmetric-log above 10.
+    is symmetric-log above :data:`calpipe.config.TRAJECTORY_SYMLOG_ABOVE`.
     """
     fig, ax = plt.subplots(figsize=(9, 4.5))
     streams = trajectory[stream].unique().sort().to_list()
@@ -76,8 +72,8 @@ def martingale_trajectory(
     ax.axhline(config.ALARM_LOG10_THRESHOLD, color="red", linestyle="--", linewidth=1,
                label="alarm: S = 100")  # fmt: skip
     top = trajectory[value].max() if trajectory.height else 0.0
-    if top is not None and top > 10:
-        ax.set_yscale("symlog", linthresh=10)
+    if top is not None and top > config.TRAJECTORY_SYMLOG_ABOVE:
+        ax.set_yscale("symlog", linthresh=config.TRAJECTORY_SYMLOG_ABOVE)
         bottom = min(float(trajectory[value].min()), 0.0)
         ax.set_ylim(bottom=bottom - 1.0)  # a calibrated stream's martingale stays near 0
     ax.set_xlabel(date)
@@ -97,7 +93,7 @@ def reliability_diagram(
     base: str = "base_score",
     protected: str = "protected_score",
     label: str = "label",
-    n_bins: int = 10,
+    n_bins: int = config.ECE_BINS,
     title: str = "Reliability: base vs protected",
 ) -> Figure:
     """One panel per stream: observed frequency vs mean forecast in ``n_bins`` equal-width bins,
@@ -106,7 +102,7 @@ def reliability_diagram(
     sizes = labelled.group_by(stream).len().sort(["len", stream], descending=[True, False])
     streams = sizes[stream].head(MAX_RELIABILITY_PANELS).sort().to_list()
     n = max(1, len(streams))
-    cols = min(4, n)
+    cols = min(config.RELIABILITY_PANELS_PER_ROW, n)
     rows = math.ceil(n / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 3.2 * rows), squeeze=False)
     for i, ax in enumerate(axes.ravel()):

@@ -297,3 +297,142 @@ def test_multiclass_metrics_accept_array_columns():
 def test_alarm_at_log10_martingale_2():
     df = pl.DataFrame({"m": [-1.0, 1.99, 2.0, 3.5]})
     assert df.select(metrics.alarm("m")).to_series().to_list() == [False, False, True, True]
+
+
+# ----------------------------------------------------------------------------------------------
+# Grouped numpy forms = the polars expressions per group
+# ----------------------------------------------------------------------------------------------
+def grouped_data(seed: int, n: int, k: int | None, null_frac: float, n_groups: int):
+    """Forecasts (binary if ``k`` is None, else K classes), NaN labels, and group ids in which
+    the last group has no labelled row and a group may have no row at all."""
+    p, y = binary_data(seed, n, null_frac) if k is None else multiclass_data(seed, n, k, null_frac)
+    g = np.random.default_rng(seed + 1).integers(0, n_groups - 1, size=n)
+    g[-2:] = n_groups - 1
+    y[-2:] = np.nan
+    return p, y, g
+
+
+def polars_per_group(df: pl.DataFrame, n_groups: int, exprs: dict) -> dict[str, np.ndarray]:
+    """Each expression of ``exprs`` per group ``g``, as arrays over 0..n_groups - 1 (NaN for a
+    group without rows or labels, where polars gives null or no row)."""
+    agg = df.group_by("g").agg(e.alias(name) for name, e in exprs.items())
+    out = {}
+    for name in exprs:
+        a = np.full(n_groups, np.nan)
+        vals = agg[name].cast(pl.Float64).fill_null(np.nan).to_numpy()
+        a[agg["g"].to_numpy()] = vals
+        out[name] = a
+    return out
+
+
+def assert_same(got: np.ndarray, want: np.ndarray, what: str) -> None:
+    assert np.array_equal(np.isnan(got), np.isnan(want)), what
+    ok = ~np.isnan(want)
+    np.testing.assert_allclose(got[ok], want[ok], rtol=REL, atol=1e-15, err_msg=what)
+
+
+@FAST
+@given(
+    seed=st.integers(0, 2**31),
+    n=st.integers(3, 300),
+    null_frac=st.sampled_from([0.0, 0.3, 0.7]),
+    n_groups=st.integers(2, 7),
+    n_bins=st.sampled_from([1, 3, metrics.config.ECE_BINS, 15]),
+)
+def test_grouped_binary_metrics_equal_the_expressions(seed, n, null_frac, n_groups, n_bins):
+    p, y, g = grouped_data(seed, n, None, null_frac, n_groups)
+    want = polars_per_group(
+        frame(p, y, g),
+        n_groups,
+        {
+            "ll": metrics.log_loss("p", "y"),
+            "brier": metrics.brier("p", "y"),
+            "acc": metrics.accuracy("p", "y"),
+            "ece": metrics.ece("p", "y", n_bins=n_bins),
+            "mean": pl.col("p").mean(),
+        },
+    )
+    assert_same(metrics.grouped_log_loss(p, y, g, n_groups), want["ll"], "log loss")
+    assert_same(metrics.grouped_brier(p, y, g, n_groups), want["brier"], "brier")
+    assert_same(metrics.grouped_accuracy(p, y, g, n_groups), want["acc"], "accuracy")
+    assert_same(metrics.grouped_ece(p, y, g, n_groups, n_bins=n_bins), want["ece"], "ece")
+    assert_same(metrics.grouped_mean(p, g, n_groups), want["mean"], "mean")
+    # the labelled rows alone give the same bits (what a caller that subsets once passes)
+    lab = ~np.isnan(y)
+    for f in (metrics.grouped_log_loss, metrics.grouped_brier, metrics.grouped_ece):
+        a, b = f(p, y, g, n_groups), f(p[lab], y[lab], g[lab], n_groups)
+        assert np.array_equal(a, b, equal_nan=True), f.__name__
+
+
+@FAST
+@given(
+    seed=st.integers(0, 2**31),
+    n=st.integers(3, 200),
+    null_frac=st.sampled_from([0.0, 0.3]),
+    n_groups=st.integers(2, 5),
+    n_bins=st.sampled_from([3, metrics.config.ECE_BINS]),
+)
+def test_grouped_reliability_equals_the_table(seed, n, null_frac, n_groups, n_bins):
+    p, y, g = grouped_data(seed, n, None, null_frac, n_groups)
+    count, mean_p, observed = metrics.grouped_reliability(p, y, g, n_groups, n_bins=n_bins)
+    assert count.shape == mean_p.shape == observed.shape == (n_groups, n_bins)
+    df = frame(p, y, g)
+    for k in range(n_groups):
+        table = metrics.reliability_table(df.filter(pl.col("g") == k), "p", "y", n_bins=n_bins)
+        bins = table["bin"].to_numpy()
+        assert count[k].sum() == table["count"].sum()
+        assert count[k][bins].tolist() == table["count"].to_list()
+        assert_same(mean_p[k][bins], table["mean_forecast"].to_numpy(), "mean_forecast")
+        assert_same(observed[k][bins], table["observed"].to_numpy(), "observed")
+        assert np.isnan(mean_p[k][count[k] == 0]).all()
+
+
+@FAST
+@given(
+    seed=st.integers(0, 2**31),
+    n=st.integers(3, 150),
+    k=st.integers(2, 4),
+    null_frac=st.sampled_from([0.0, 0.3]),
+    n_groups=st.integers(2, 5),
+)
+def test_grouped_multiclass_metrics_equal_the_expressions(seed, n, k, null_frac, n_groups):
+    p, y, g = grouped_data(seed, n, k, null_frac, n_groups)
+    want = polars_per_group(
+        frame(p, y, g),
+        n_groups,
+        {
+            "ll": metrics.log_loss("p", "y", multiclass=True),
+            "brier": metrics.brier("p", "y", multiclass=True),
+            "acc": metrics.accuracy("p", "y", multiclass=True),
+        },
+    )
+    assert_same(metrics.grouped_log_loss(p, y, g, n_groups), want["ll"], "log loss")
+    assert_same(metrics.grouped_brier(p, y, g, n_groups), want["brier"], "brier")
+    assert_same(metrics.grouped_accuracy(p, y, g, n_groups), want["acc"], "accuracy")
+
+
+def test_grouped_two_classes_equal_the_binary_forms():
+    """K = 2 as (1 - p, p) vectors: log loss and accuracy equal the binary forms, Brier twice
+    (away from p = 1/2, where the binary guess is 1 and the arg max the first class)."""
+    p, y, g = grouped_data(8, 120, None, 0.3, 4)
+    p[p == 0.5] = 0.55
+    two = np.column_stack([1 - p, p])
+    for f in (metrics.grouped_log_loss, metrics.grouped_accuracy):
+        assert_same(f(two, y, g, 4), f(p, y, g, 4), f.__name__)
+    assert_same(metrics.grouped_brier(two, y, g, 4), 2 * metrics.grouped_brier(p, y, g, 4), "b")
+
+
+def test_ece_bins_default_is_the_config_constant():
+    """One ECE bin count: the expressions, the grouped forms and the plots default to it, and
+    the DDL's comment on calibration_daily states it (SQL cannot import it)."""
+    import inspect
+    import re
+
+    from calpipe import config, plots, store
+
+    for f in (metrics.ece, metrics.reliability_table, metrics.grouped_ece,
+              metrics.grouped_reliability, plots.reliability_diagram):  # fmt: skip
+        assert inspect.signature(f).parameters["n_bins"].default == config.ECE_BINS, f.__name__
+    ddl = (store.SQL_DIR / "001_tables.sql").read_text()
+    stated = re.findall(r"base_ece\s+DOUBLE,\s*--\s*(\d+) equal-width bins", ddl)
+    assert stated == [str(config.ECE_BINS)]

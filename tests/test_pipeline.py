@@ -433,7 +433,7 @@ def test_duplicate_events_across_a_day_are_refused(small):
 
 def test_chunked_backfill_equals_single_days(small, monkeypatch):
     con, source, _, tmp = small
-    monkeypatch.setattr(pipeline, "CHUNK_DAYS", 3)  # 8 days = 3 transactions
+    monkeypatch.setattr(config, "CHUNK_DAYS", 3)  # 8 days = 3 transactions
     pipeline.run_range(con, source)
     chunked = snapshot(con)
     con2 = store.connect(tmp / "db2.duckdb")
@@ -483,7 +483,7 @@ def test_nightly_run_writes_exactly_the_rows_of_the_stages(
     source = store.EventSource.parse(str(tmp / "landing"))
     monkeypatch.setattr(config, "PROTECT_BATCH_ROWS", batch_rows)
     monkeypatch.setattr(config, "TRANSACTION_ROWS", transaction_rows)
-    monkeypatch.setattr(pipeline, "CHUNK_DAYS", 5)
+    monkeypatch.setattr(config, "CHUNK_DAYS", 5)
     fused, staged = store.connect(tmp / "fused.duckdb"), store.connect(tmp / "staged.duckdb")
     try:
         summary = pipeline.run_range(fused, source)
@@ -537,7 +537,7 @@ def test_transactions_span_whole_days_up_to_the_event_budget(monkeypatch):
     monkeypatch.setattr(store, "replacing_partitions", replacing)
     monkeypatch.setattr(store, "drop_block_cache", lambda _con: None)
     monkeypatch.setattr(config, "TRANSACTION_ROWS", 10)
-    monkeypatch.setattr(pipeline, "CHUNK_DAYS", 3)
+    monkeypatch.setattr(config, "CHUNK_DAYS", 3)
     pipeline._write_days(
         None, day(0), day(7), ["scored_events"],
         lambda d: pl.DataFrame({"x": range(sizes[(d - START).days])}),

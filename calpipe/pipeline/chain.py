@@ -1,0 +1,237 @@
+"""Stage ``protected_scores`` + ``calibrator_state`` + ``pipeline_days``: the chain of days.
+
+Owns the chain's rules (the first day, the state of day d - 1 that day d starts from, and the
+:class:`calpipe.errors.StateError` when it is missing or was computed under another
+configuration), :class:`_Chain` (the state carried in memory from day to day, one
+:func:`calpipe.protect_with_state` call per day or batch of streams), and the rows of the three
+tables (:func:`_protected_rows`, :func:`_state_rows`, :meth:`_Chain.day_row`), which the stage
+(:func:`protect_days`) and the fused run (``calpipe/pipeline/tables.py``) both write.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import polars as pl
+
+from calpipe import store
+from calpipe.calibrators import Calibrator
+from calpipe.errors import StateError
+from calpipe.frame import protect_with_state
+from calpipe.pipeline.events import _BY, _ORDER, _PROTECT_INPUT
+from calpipe.pipeline.settings import Settings, StageResult, _as_date
+from calpipe.pipeline.transactions import _write_days
+
+
+def chain_first_day(con) -> dt.date | None:
+    """The first day of the chain stored in this database (None before the first run)."""
+    row = store.fetch_one(con, "SELECT min(first_day) FROM pipeline_days")
+    return None if row is None else row[0]
+
+
+def _first_missing_day(con, first_day: dt.date, before: dt.date) -> dt.date | None:
+    done = {
+        r[0]
+        for r in con.execute(
+            "SELECT date FROM pipeline_days WHERE date BETWEEN ? AND ?", [first_day, before]
+        ).fetchall()
+    }
+    for d in store.iter_days(first_day, before):
+        if d not in done:
+            return d
+    return None
+
+
+def state_before(con, day: dt.date, settings: Settings, first_day: dt.date) -> pl.DataFrame | None:
+    """The calibrator state at the end of ``day - 1`` (None when ``day`` is the first day).
+
+    Raises StateError with what to do if ``day - 1`` has not been materialized, was computed under
+    another configuration, or belongs to a chain that starts on another day.
+    """
+    if day < first_day:
+        raise StateError(f"day {day} is before the chain's first day {first_day}")
+    if day == first_day:
+        recorded = chain_first_day(con)
+        if recorded is not None and recorded != first_day:
+            raise StateError(
+                f"cannot start a chain on {day}: this database's chain starts on {recorded} "
+                "(set the first day to it, e.g. CALPIPE_START_DATE, or use a new database)"
+            )
+        return None
+    prev = day - dt.timedelta(days=1)
+    row = store.fetch_one(
+        con,
+        "SELECT first_day, method, config_fingerprint, config_json FROM pipeline_days WHERE date = ?",
+        [prev],
+    )
+    if row is None:
+        missing = _first_missing_day(con, first_day, prev)
+        raise StateError(
+            f"cannot run day {day}: day {prev} has no calibrator state. The chain starts on "
+            f"{first_day}; materialize the days in order (first missing day: {missing}), or run a "
+            f"backfill from {missing} to {day}"
+        )
+    rec_first, method, fp, cfg = row
+    if rec_first != first_day:
+        raise StateError(
+            f"cannot run day {day}: this database's chain starts on {rec_first}, but this run "
+            f"says the first day is {first_day}"
+        )
+    if fp != settings.fingerprint:
+        raise StateError(
+            f"cannot run day {day}: day {prev} was computed by {method!r} with config "
+            f"fingerprint {fp} ({cfg}), this run is {settings.method!r} with fingerprint "
+            f"{settings.fingerprint} ({settings.to_json()}); loading a state under another "
+            "configuration is an error: use the same method options, or a new database"
+        )
+    state = store.query(
+        con, "SELECT * FROM calibrator_state WHERE date = ? ORDER BY stream", [prev]
+    )
+    return state.drop("date")
+
+
+def _martingale_base(cal: Calibrator, scores: pl.DataFrame) -> pl.Series:
+    """``base_score``: the forecast the martingale bets against (the clipped base, or a stack's
+    base-method forecast), so that base loss - protected loss = ln 10 * log10 S."""
+    if "base_method_score" in scores.columns:
+        return scores["base_method_score"].alias("base_score")
+    return pl.Series("base_score", cal.martingale_base(scores["score"].to_numpy()))
+
+
+#: A day's scored events in their stored order (the source's: deterministic, so the day's
+#: protected_scores rows, written in the same order, are too). No ORDER BY: calpipe.protect
+#: groups the streams by hashing and finds an event log already in time order without a sort,
+#: where a SQL sort by (stream, event_time, event_id) would cost more than the protection.
+_DAY_EVENTS_SQL = f"SELECT {', '.join(_PROTECT_INPUT)} FROM scored_events WHERE event_date = ?"
+
+#: Interval outputs of the Venn methods, stored when the method produces them.
+_INTERVAL_COLUMNS = ("p_lower", "p_upper")
+
+
+def _protected_rows(cal: Calibrator, scores: pl.DataFrame, day: dt.date) -> pl.DataFrame:
+    """The ``protected_scores`` rows of one day: the event key and the engine's outputs only
+    (``v_protected_scores`` joins the inputs, method and fingerprint back)."""
+    return scores.select(
+        pl.lit(day, pl.Date).alias("event_date"),
+        "stream",
+        "event_id",
+        _martingale_base(cal, scores),
+        pl.col("label").cast(pl.Int32),
+        "protected_score",
+        "log10_martingale",
+        *[c for c in _INTERVAL_COLUMNS if c in scores.columns],
+    )
+
+
+def _state_rows(state: pl.DataFrame, day: dt.date) -> pl.DataFrame:
+    """The ``calibrator_state`` rows of ``day``: the state frame at the end of the day, keyed by
+    the day (so day d + 1 finds it)."""
+    return state.with_columns(pl.lit(day, pl.Date).alias("date"))
+
+
+@dataclass
+class _Day:
+    """One day of a chain: the engine's output (input columns + outputs, in the input's row
+    order), its ``protected_scores`` rows, the state rows at the end of the day, the
+    ``pipeline_days`` row, and the state before the day (None on the chain's first day)."""
+
+    scores: pl.DataFrame
+    protected: pl.DataFrame
+    state: pl.DataFrame
+    day_row: dict[str, Any]
+    before: pl.DataFrame | None
+
+
+class _Chain:
+    """A chain run day after day: the settings, and the state carried in memory (one small row
+    per stream) from one day to the next."""
+
+    def __init__(self, settings: Settings, first_day: dt.date, state: pl.DataFrame | None):
+        self.settings, self.first_day, self.state = settings, first_day, state
+        self.cal = settings.calibrator()
+        self.fp = self.cal.fingerprint(2)
+        self.cfg = settings.to_json()
+
+    def protect(self, events: pl.DataFrame, state: pl.DataFrame | None):
+        """One :func:`calpipe.protect_with_state` call over the streams of ``events`` (columns
+        :data:`_PROTECT_INPUT`) from ``state``. Raises InputError for events that break the data
+        contract (validated there)."""
+        return protect_with_state(
+            events, score="score", label="label", by=_BY, order_by=_ORDER,
+            method=self.settings.method, state=state, **self.settings.kwargs,
+        )  # fmt: skip
+
+    def day_row(self, day: dt.date, n_events: int, n_active: int) -> dict[str, Any]:
+        """The ``pipeline_days`` row of ``day`` (call after the day: the state is the day's)."""
+        return {
+            "date": day, "first_day": self.first_day, "method": self.cal.name,
+            "config_fingerprint": self.fp, "config_json": self.cfg, "n_events": n_events,
+            "n_streams": 0 if self.state is None else self.state.height,
+            "n_active_streams": n_active,
+        }  # fmt: skip
+
+    def step(self, events: pl.DataFrame, day: dt.date) -> _Day:
+        """Run ``day``'s events (columns :data:`_PROTECT_INPUT`) from the carried state: one
+        :meth:`protect` call over all streams."""
+        r = self.protect(events, self.state)
+        before, self.state = self.state, r.state
+        return _Day(
+            r.scores,
+            _protected_rows(self.cal, r.scores, day),
+            _state_rows(r.state, day),
+            self.day_row(day, events.height, events["stream"].n_unique()),
+            before,
+        )
+
+
+def protect_days(
+    con,
+    start: dt.date,
+    end: dt.date,
+    settings: Settings,
+    *,
+    first_day: dt.date | None = None,
+    on_day: Callable[[dt.date], None] | None = None,
+) -> StageResult:
+    """Stage ``protected_scores`` + ``calibrator_state``: run the days [start, end] in order.
+
+    Day d starts from the state of d - 1 (read from the database for the first day of the range,
+    then carried in memory), runs one :func:`calpipe.protect_with_state` over all streams of the
+    day, and produces the day's protected rows, its state rows (keyed by d, one per stream seen
+    so far) and its ``pipeline_days`` row. Days are read and written one at a time, in
+    transactions of whole days (:func:`_write_days`): only one day's events and the small state
+    frame are held in memory. ``first_day`` is the chain's first day (default: the one stored,
+    else ``start``).
+    """
+    start, end = _as_date(start), _as_date(end)
+    if first_day is None:
+        first_day = chain_first_day(con) or start
+    first_day = _as_date(first_day)
+    chain = _Chain(settings, first_day, state_before(con, start, settings, first_day))
+
+    def write(writer: store.PartitionWriter, d: dt.date, events: pl.DataFrame) -> None:
+        day = chain.step(events, d)
+        # in the input's order (the engine keeps it): no sort of the day's rows
+        writer.insert("protected_scores", day.protected, sort=False)
+        writer.insert("calibrator_state", day.state)
+        writer.insert("pipeline_days", pl.DataFrame([day.day_row]))
+        if on_day is not None:
+            on_day(d)
+
+    tables = ["protected_scores", "calibrator_state", "pipeline_days"]
+    rows = _write_days(
+        con, start, end, tables, lambda d: store.query(con, _DAY_EVENTS_SQL, [d]), write
+    )
+    return StageResult(start, end, {t: rows[t] for t in tables[:2]})
+
+
+def _require_chain(con, start: dt.date, end: dt.date, what: str) -> None:
+    missing = _first_missing_day(con, start, end)
+    if missing is not None:
+        raise StateError(
+            f"cannot compute {what} for {missing}: protected_scores/calibrator_state of {missing} "
+            "have not been materialized"
+        )

@@ -1,0 +1,146 @@
+"""Data checks of a range of days: the dagster asset checks, and what ``calpipe run`` verifies.
+
+Each check is one query over the stored tables returning a :class:`CheckOutcome` (passed, a
+one-line description, a small frame of the offending rows); a failed warning check does not fail
+the job.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+import polars as pl
+
+from calpipe import config, store
+
+
+@dataclass
+class CheckOutcome:
+    """Result of a data check: ``passed``, a one-line ``description``, a small ``details`` frame."""
+
+    name: str
+    passed: bool
+    description: str
+    details: pl.DataFrame | None = None
+    warning: bool = False  # severity: a failed warning check does not fail the job
+
+
+def check_probabilities(con, start: dt.date, end: dt.date) -> CheckOutcome:
+    """Protected scores are finite probabilities in [0, 1] and the martingale is finite."""
+    bad = store.query(
+        con,
+        """WITH bad AS (
+               SELECT event_date, stream, event_id, protected_score, log10_martingale
+               FROM protected_scores
+               WHERE event_date BETWEEN $1 AND $2
+                 AND (protected_score IS NULL OR isnan(protected_score) OR protected_score < 0
+                      OR protected_score > 1 OR NOT isfinite(log10_martingale)))
+           SELECT b.* FROM bad b
+           LEFT JOIN scored_events e
+                  ON e.event_date = b.event_date AND e.stream = b.stream
+                 AND e.event_id = b.event_id AND e.event_date BETWEEN $1 AND $2
+           ORDER BY b.event_date, b.stream, e.event_time, b.event_id LIMIT 10""",
+        [start, end],
+    )
+    ok = bad.height == 0
+    return CheckOutcome(
+        "probabilities_valid", ok,
+        "every protected score is a probability in [0, 1]" if ok
+        else f"{bad.height}+ invalid protected scores (first: {bad.row(0)})",
+        bad,
+    )  # fmt: skip
+
+
+def check_row_counts(con, start: dt.date, end: dt.date) -> CheckOutcome:
+    """Each day has as many protected rows as scored events (per stream)."""
+    diff = store.query(
+        con,
+        """WITH i AS (SELECT event_date, stream, count(*) AS n_in FROM scored_events
+                      WHERE event_date BETWEEN $1 AND $2 GROUP BY ALL),
+                o AS (SELECT event_date, stream, count(*) AS n_out FROM protected_scores
+                      WHERE event_date BETWEEN $1 AND $2 GROUP BY ALL)
+           SELECT event_date, stream, coalesce(n_in, 0) AS n_in, coalesce(n_out, 0) AS n_out
+           FROM i FULL OUTER JOIN o USING (event_date, stream)
+           WHERE coalesce(n_in, 0) <> coalesce(n_out, 0)
+           ORDER BY event_date, stream""",
+        [start, end],
+    )
+    ok = diff.height == 0
+    return CheckOutcome(
+        "rows_in_equal_rows_out", ok,
+        "rows in = rows out for every day and stream" if ok
+        else f"{diff.height} (day, stream) with rows in != rows out, first {diff.row(0)}",
+        diff,
+    )  # fmt: skip
+
+
+def check_state_continuity(con, start: dt.date, end: dt.date) -> CheckOutcome:
+    """No gap in the chain: every day of the range (and the day before it, unless the range starts
+    the chain) has state, one configuration throughout, and each stream's event count grows by
+    exactly the day's events."""
+    problems: list[str] = []
+    days = store.query(
+        con,
+        "SELECT date, first_day, config_fingerprint FROM pipeline_days "
+        "WHERE date BETWEEN ? AND ? ORDER BY date",
+        [start - dt.timedelta(days=1), end],
+    )
+    have = set(days["date"].to_list())
+    first = days["first_day"].min() if days.height else None
+    lo = start if first is None or start <= first else start - dt.timedelta(days=1)
+    missing = [d for d in store.iter_days(lo, end) if d not in have]
+    if missing:
+        shown = ", ".join(d.isoformat() for d in missing[:5])
+        problems.append(f"days without state: {shown}{' ...' if len(missing) > 5 else ''}")
+    if days["config_fingerprint"].n_unique() > 1:
+        problems.append(f"several configurations: {days['config_fingerprint'].unique().to_list()}")
+    jumps = store.query(
+        con,
+        """WITH s AS (
+               SELECT date, stream, n_events,
+                      lag(n_events) OVER (PARTITION BY stream ORDER BY date) AS prev_events,
+                      lag(date) OVER (PARTITION BY stream ORDER BY date) AS prev_date
+               FROM calibrator_state WHERE date BETWEEN $1 - INTERVAL 1 DAY AND $2),
+           e AS (SELECT event_date AS date, stream, count(*) AS n_day FROM scored_events
+                 WHERE event_date BETWEEN $1 AND $2 GROUP BY ALL)
+           SELECT s.date, s.stream, s.prev_events, coalesce(e.n_day, 0) AS n_day, s.n_events
+           FROM s LEFT JOIN e USING (date, stream)
+           WHERE s.date >= $1 AND s.prev_date IS NOT NULL
+             AND (s.prev_date <> s.date - INTERVAL 1 DAY
+                  OR s.n_events <> s.prev_events + coalesce(e.n_day, 0))
+           ORDER BY s.date, s.stream LIMIT 10""",
+        [start, end],
+    )
+    if jumps.height:
+        r = jumps.row(0, named=True)
+        problems.append(
+            f"state counts do not follow the events: stream {r['stream']!r} on {r['date']} has "
+            f"n_events {r['n_events']}, expected {r['prev_events']} + {r['n_day']} events of the day"
+        )
+    ok = not problems
+    return CheckOutcome(
+        "state_continuity", ok,
+        f"the chain has no gap from {lo} to {end}" if ok else "; ".join(problems),
+        jumps if jumps.height else None,
+    )  # fmt: skip
+
+
+def check_alarms(con, start: dt.date, end: dt.date) -> CheckOutcome:
+    """Warning: streams whose test martingale has reached 100 (log10 S >= 2) by the end of
+    ``end``: their base forecasts are rejected as miscalibrated at the 1 % level (Ville)."""
+    hot = store.query(
+        con,
+        """SELECT s.stream, s.log10_martingale, s.log10_martingale_max, a.date AS alarm_date
+           FROM calibrator_state s LEFT JOIN martingale_alarms a USING (stream)
+           WHERE s.date = ? AND s.log10_martingale_max >= ?
+           ORDER BY s.stream""",
+        [end, config.ALARM_LOG10_THRESHOLD],
+    )
+    ok = hot.height == 0
+    return CheckOutcome(
+        "no_martingale_alarm", ok,
+        "no stream has reached log10 S >= 2" if ok
+        else f"{hot.height} stream(s) at alarm level (S >= 100): {', '.join(hot['stream'].to_list())}",
+        hot, warning=True,
+    )  # fmt: skip

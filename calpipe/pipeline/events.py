@@ -1,0 +1,125 @@
+"""Stage ``scored_events``: read a source's events of a day, check the data contract, store them.
+
+Owns the stored event schema (:data:`_EVENT_SCHEMA`), the columns and replay keys the engine
+reads (:data:`_PROTECT_INPUT`, :data:`_BY`, :data:`_ORDER`), and how a bad source row is named
+in an error (day, stream, event). :func:`_stored_events` is the table's rows in both paths: the
+stage (:func:`load_events`) and the fused run (``calpipe/pipeline/tables.py``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import polars as pl
+
+from calpipe import store
+from calpipe.errors import InputError
+from calpipe.frame import replay_order, resolve_columns, validate_frame
+from calpipe.pipeline.settings import StageResult, _as_date
+from calpipe.pipeline.transactions import _write_days
+from calpipe.store import EventSource
+
+#: Streams and replay order of the stored events (the data contract's default names).
+_BY = ("stream",)
+_ORDER = ("event_time", "event_id")
+
+_EVENT_SCHEMA = {
+    "event_date": pl.Date,
+    "stream": pl.String,
+    "event_id": pl.Int64,
+    "event_time": pl.Datetime("us"),
+    "score": pl.Float64,
+    "label": pl.Int32,
+}
+
+#: The columns calpipe.protect reads, in both paths (stored events, or fresh from the source).
+_PROTECT_INPUT = ("stream", "event_id", "event_time", "score", "label")
+
+
+def _read_source(con, source: EventSource, start: dt.date, end: dt.date) -> pl.DataFrame:
+    """The source's events of [start, end] in the data contract's names with ``event_date``,
+    each checked to lie on its day, but not yet validated nor cast to the stored types."""
+    raw = source.read_range(con, start, end)
+    if raw.height == 0:
+        return pl.DataFrame(schema=_EVENT_SCHEMA)
+    days = raw[store.DAY_COLUMN]
+    norm = store.normalize_events(raw.drop(store.DAY_COLUMN), source.columns)
+    del raw
+    chunk = norm.with_columns(days.alias("event_date"))
+    bad = chunk.filter(pl.col("event_time").cast(pl.Date) != pl.col("event_date"))
+    if bad.height:
+        r = bad.row(0, named=True)
+        raise InputError(
+            source.columns.event_time, None,
+            f"{source.describe()}, day {r['event_date']}: event {r['event_id']} of stream "
+            f"{r['stream']!r} has event_time {r['event_time']}, outside its day",
+        )  # fmt: skip
+    return chunk
+
+
+def _source_error(exc: InputError, source: EventSource, chunk: pl.DataFrame) -> InputError:
+    """``exc`` (raised on ``chunk``'s rows) restated with the source, day, stream and event."""
+    if exc.row is None:
+        return InputError(exc.column, None, f"{source.describe()}: {exc.rule}")
+    r = chunk.row(exc.row, named=True)
+    return InputError(
+        exc.column, None,
+        f"{source.describe()}, day {r['event_date']}, stream {r['stream']!r}, event "
+        f"{r['event_id']}: {exc.rule}",
+    )  # fmt: skip
+
+
+def _stored_events(chunk: pl.DataFrame) -> pl.DataFrame:
+    """``scored_events`` rows: the contract's columns cast to the stored types."""
+    return chunk.select([pl.col(c).cast(t) for c, t in _EVENT_SCHEMA.items()])
+
+
+def read_source_days(con, source: EventSource, start: dt.date, end: dt.date) -> pl.DataFrame:
+    """Validated scored events of [start, end] from ``source`` (the rows ``load_events`` stores).
+
+    Checks the data contract (DESIGN §3, via :func:`calpipe.frame.validate_frame` and
+    :func:`calpipe.frame.replay_order`: scores in [0, 1], integer labels in {0, 1}, unique
+    (stream, event_id), ...) and that each landing file's events fall on its folder's date.
+    Raises :class:`calpipe.errors.InputError` naming the day, stream and event of the first
+    offending row.
+    """
+    chunk = _read_source(con, source, start, end)
+    if chunk.height:
+        cols = resolve_columns(
+            chunk.columns, score="score", scores=None, label="label", label_time=None,
+            by=_BY, order_by=_ORDER,
+        )  # fmt: skip
+        try:
+            validate_frame(chunk, cols, check_duplicates=False)
+            # "(stream, event_id) unique" as calpipe.protect checks it: in an event log (time
+            # order) strictly increasing ids prove it in one pass, where hashing every key
+            # costs ~250 bytes a row
+            replay_order(chunk, cols)
+        except InputError as exc:
+            raise _source_error(exc, source, chunk) from None
+    return _stored_events(chunk)
+
+
+def load_events(con, source: EventSource, start: dt.date, end: dt.date) -> StageResult:
+    """Stage ``scored_events``: validate the source's events of [start, end] and store them.
+
+    A bad event fails the stage with a clear message and writes nothing for its chunk; a day
+    without events stores an empty partition (and is still a day of the chain). The result's
+    ``notes`` lists the days without events (a late landing shows up there).
+
+    Days are read, validated and written one at a time, in transactions of whole days
+    (:func:`_write_days`): memory is bounded by a day. Rows are stored in the source's order,
+    which is deterministic (re-running a day from the same files writes identical rows).
+    """
+    start, end = _as_date(start), _as_date(end)
+    res = StageResult(start, end)
+
+    def write(writer: store.PartitionWriter, d: dt.date, rows: pl.DataFrame) -> None:
+        if rows.height == 0:
+            res.notes.append(d.isoformat())
+        writer.insert("scored_events", rows, sort=False)
+
+    res.rows = _write_days(
+        con, start, end, ["scored_events"], lambda d: read_source_days(con, source, d, d), write
+    )
+    return res

@@ -1,0 +1,166 @@
+"""Stage ``calibration_map`` and the serving map: each stream's map p -> p' at the end of a day.
+
+Owns the map's SQL form (:func:`map_weights`, :func:`map_terms`: the weighted terms of the
+protected methods' mixture, which the ``calibrate_score`` macros of ``sql/003_macros.sql``
+evaluate), the table's rows (:func:`_map_rows`, written by the stage :func:`map_days` and by the
+fused run) and :func:`serving_map`, the map applied to fresh scores in polars for every method.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import numpy as np
+import polars as pl
+
+from calpipe import store
+from calpipe.calibrators import ProtectedCalibrator
+from calpipe.errors import StateError
+from calpipe.frame import state_from_rows
+from calpipe.pipeline.chain import _require_chain
+from calpipe.pipeline.settings import Settings, StageResult, _as_date
+from calpipe.pipeline.transactions import day_range
+
+
+def map_weights(state: pl.DataFrame, settings: Settings) -> tuple[np.ndarray, np.ndarray]:
+    """The serving map's weights of each state row: ``(P (n,), W (n, T))``.
+
+    The map is p' = P p + sum_theta W_theta f_theta(p) on the clipped p, where W_theta =
+    sum_J of the jump-mixed active weights (1 - J) A^J_theta + J / |Theta| sum_theta' A^J_theta'
+    (DESIGN §4: the mixture after the next jump-mixing step).
+    """
+    cal = settings.calibrator()
+    st = state_from_rows(cal, state, 2)
+    rates = cal.rates[None, :, None]
+    n_fun = st.active.shape[2]
+    mixed = (1.0 - rates) * st.active + st.active.sum(axis=2, keepdims=True) * rates / n_fun
+    return st.passive, mixed.sum(axis=1)
+
+
+#: Term family names in ``calibration_map`` (and the SQL macro ``calpipe_term``).
+_TERM_FAMILY = {"quadratic": "quadratic", "cubic": "cubic", "cox": "cox", "cox2": "cox"}
+
+
+def map_terms(state: pl.DataFrame, settings: Settings) -> pl.DataFrame:
+    """``calibration_map`` rows of state rows (columns ``date``/``stream`` kept): one passive term
+    (``identity``, weight P) and one term per calibrating function (weight W_theta)."""
+    cal = settings.calibrator()
+    fam = cal.family(2)
+    passive, w = map_weights(state, settings)
+    n, t = w.shape[0], fam.size
+    fam_name = _TERM_FAMILY[fam.name]
+    terms = pl.DataFrame(
+        {
+            "term": pl.Series(np.tile(np.arange(t + 1), n), dtype=pl.Int32),
+            "family": np.tile(np.array(["identity"] + [fam_name] * t), n),
+            "a": np.tile(np.concatenate([[0.0], fam.params[:, 0]]), n),
+            "b": np.tile(np.concatenate([[0.0], fam.params[:, 1]]), n),
+            "weight": np.column_stack([passive, w]).ravel(),
+        }
+    )
+    keys = state.select("date", "stream").select(pl.all().repeat_by(t + 1).explode())
+    return pl.concat([keys, terms], how="horizontal").with_columns(
+        pl.lit(float(cal.params["clip"])).alias("clip"),
+        pl.lit(cal.name).alias("method"),
+        pl.lit(cal.fingerprint(2)).alias("config_fingerprint"),
+    )
+
+
+def _map_rows(state: pl.DataFrame, settings: Settings) -> pl.DataFrame:
+    """``calibration_map`` rows of state rows: :func:`map_terms` for the protected methods; none
+    for the others (no SQL form of a fitted isotonic/Venn/... map: serve with serving_map())."""
+    if isinstance(settings.calibrator(), ProtectedCalibrator):
+        return map_terms(state, settings)
+    return pl.DataFrame(schema={"date": pl.Date, "stream": pl.String, "term": pl.Int32})
+
+
+def map_days(con, start: dt.date, end: dt.date, settings: Settings) -> StageResult:
+    """Stage ``calibration_map``: the serving map of every stream at the end of each day.
+
+    The map's SQL form (terms of the mixture, ``calpipe_protect`` macro) exists for the protected
+    methods; for the other methods the partitions are left empty (use :func:`serving_map`)."""
+    start, end = _as_date(start), _as_date(end)
+    _require_chain(con, start, end, "calibration_map")
+    fp = settings.fingerprint
+    res = StageResult(start, end, {"calibration_map": 0})
+    for c0, c1 in day_range(start, end):
+        state = store.read_partitions(con, "calibrator_state", c0, c1)
+        other = state.filter(pl.col("config_fingerprint") != fp)
+        if other.height:
+            r = other.row(0, named=True)
+            raise StateError(
+                f"calibrator_state of {r['date']} was written with config fingerprint "
+                f"{r['config_fingerprint']}, the map is asked for {fp}"
+            )
+        terms = _map_rows(state, settings)
+        store.replace_partitions(con, c0, c1, {"calibration_map": terms})
+        res.rows["calibration_map"] += terms.height
+    return res
+
+
+def serving_map(
+    state: pl.DataFrame,
+    scores: pl.DataFrame,
+    settings: Settings | None = None,
+    *,
+    score: str = "score",
+    stream: str = "stream",
+) -> pl.DataFrame:
+    """Apply each stream's serving map (its state's next forecast, DESIGN §4) to fresh scores.
+
+    ``state`` is a state frame (one row per stream, from :func:`calpipe.protect_with_state` or the
+    ``calibrator_state`` table); ``scores`` has the stream column and a ``score`` column (binary:
+    Float64; K classes: a list of K floats). Returns ``scores`` with ``protected_score`` (or
+    ``protected_scores``), null for streams without state. Uses the calibrator's own
+    :meth:`~calpipe.calibrators.protected.ProtectedCalibrator.serving_map` (the kernel), one
+    vectorized call for all rows.
+
+    >>> import calpipe, polars as pl
+    >>> ev = pl.DataFrame({"stream": ["a"] * 3, "event_time": [1, 2, 3], "event_id": [1, 2, 3],
+    ...                    "score": [0.2, 0.7, 0.4], "label": [0, 1, 1]})
+    >>> st = calpipe.protect_with_state(ev).state
+    >>> out = serving_map(st, pl.DataFrame({"stream": ["a", "b"], "score": [0.5, 0.5]}))
+    >>> round(out["protected_score"][0], 4), out["protected_score"][1]
+    (0.5005, None)
+    """
+    settings = settings or Settings()
+    cal = settings.calibrator()
+    multiclass = isinstance(scores.schema[score], pl.List | pl.Array)
+    out_name = "protected_scores" if multiclass else "protected_score"
+    joined = scores.with_row_index("__row").join(
+        state.select(stream, "method", "weights", "log10_martingale", "config_fingerprint"),
+        on=stream, how="left", maintain_order="left",
+    )  # fmt: skip
+    has = joined["weights"].is_not_null().to_numpy()
+    k = 2
+    if multiclass:
+        k = (
+            int(joined[score].list.len().max())
+            if isinstance(scores.schema[score], pl.List)
+            else scores.schema[score].size
+        )
+    fp = cal.fingerprint(k)
+    bad = joined.filter(
+        pl.col("config_fingerprint").is_not_null() & (pl.col("config_fingerprint") != fp)
+    )
+    if bad.height:
+        cal.check_state(bad["config_fingerprint"][0], bad["method"][0], k)
+    sub = joined.filter(pl.Series(has))
+    n = sub.height
+    result = np.full((joined.height, k) if multiclass else joined.height, np.nan)
+    if n:
+        bstate = state_from_rows(cal, sub, k)
+        if multiclass:
+            col_in = sub[score]
+            arr = col_in.list.to_array(k) if isinstance(col_in.dtype, pl.List) else col_in
+            x = arr.cast(pl.Array(pl.Float64, k)).to_numpy().reshape(n, 1, k)
+        else:
+            x = sub[score].cast(pl.Float64).to_numpy()[:, None]
+        mapped = cal.serving_map(bstate, np.ascontiguousarray(x))
+        result[has] = mapped[:, 0]
+    if multiclass:
+        col = pl.Series(out_name, result).cast(pl.Array(pl.Float64, k)).cast(pl.List(pl.Float64))
+        col = pl.select(pl.when(pl.Series(has)).then(col)).to_series().alias(out_name)
+    else:
+        col = pl.Series(out_name, result).fill_nan(None)
+    return scores.with_columns(col)

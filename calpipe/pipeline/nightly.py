@@ -1,0 +1,191 @@
+"""The nightly run without a daemon (``calpipe run``): every table of a day in one pass from memory.
+
+:func:`run_range` reads a day from the source once, protects it in batches of whole streams, and
+writes the rows of every table of the registry (``calpipe/pipeline/tables.py``) with its fused
+writer, in transactions of whole days (``calpipe/pipeline/transactions.py``); then it runs the
+data checks. It writes exactly the rows the stages write one after the other (tested).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import polars as pl
+
+from calpipe import config, store
+from calpipe.errors import CalpipeError, InputError
+from calpipe.pipeline.chain import _Chain, _state_rows, chain_first_day, state_before
+from calpipe.pipeline.checks import (
+    CheckOutcome,
+    check_alarms,
+    check_probabilities,
+    check_row_counts,
+    check_state_continuity,
+)
+from calpipe.pipeline.events import _EVENT_SCHEMA, _PROTECT_INPUT, _read_source, _source_error
+from calpipe.pipeline.settings import Settings, _as_date
+from calpipe.pipeline.tables import TABLES, FusedBatch, FusedDay, FusedSpan, write_fused
+from calpipe.pipeline.transactions import _write_days
+from calpipe.store import EventSource
+
+
+@dataclass
+class RunSummary:
+    """What :func:`run_range` did."""
+
+    start: dt.date | None
+    end: dt.date | None
+    days: int
+    events: int
+    checks: list[CheckOutcome] = field(default_factory=list)
+
+
+def default_range(con, source: EventSource) -> tuple[dt.date, dt.date] | None:
+    """The nightly default: from the day after the last day stored (or the source's first day)
+    to the source's last day. None if there is nothing to run."""
+    rng = source.date_range(con)
+    if rng is None:
+        return None
+    row = store.fetch_one(con, "SELECT max(date) FROM pipeline_days")
+    start = rng[0] if row is None or row[0] is None else row[0] + dt.timedelta(days=1)
+    return (start, rng[1]) if start <= rng[1] else None
+
+
+def _stream_bucket(streams: pl.Series, k: int) -> np.ndarray:
+    """Bucket 0..k-1 (k <= 256) of each stream name: a fixed hash, so a stream always lands in
+    one bucket; uint8, so that numpy's stable argsort of the buckets is a radix sort."""
+    return (streams.hash(seed=0) % k).cast(pl.UInt8).to_numpy()
+
+
+def _stream_batches(events: pl.DataFrame) -> tuple[int, list[np.ndarray] | None]:
+    """Split a day's events into k batches of whole streams of about
+    :data:`calpipe.config.PROTECT_BATCH_ROWS` events: (k, each batch's row indices in the
+    day's order), or (1, None) for a day that fits in one batch. Streams are independent, so
+    running the batches one after the other gives each stream exactly its one-pass rows."""
+    k = min(-(-events.height // config.PROTECT_BATCH_ROWS), 256)
+    if k <= 1:
+        return 1, None
+    bucket = _stream_bucket(events["stream"], k)
+    order = np.argsort(bucket, kind="stable")  # keeps each stream's rows in the day's order
+    bounds = np.searchsorted(bucket[order], np.arange(k + 1))
+    return k, [order[bounds[i] : bounds[i + 1]] for i in range(k)]
+
+
+def _run_day(
+    writer: store.PartitionWriter,
+    source: EventSource,
+    chain: _Chain,
+    d: dt.date,
+    chunk: pl.DataFrame,
+) -> pl.DataFrame:
+    """Day ``d`` of :func:`run_range`, its events ``chunk`` read from the source: one batch of
+    streams at a time (:func:`_stream_batches`), write its events, run the engine (which
+    validates the data contract), and write the rows of every registered table of the batch
+    from memory (:data:`calpipe.pipeline.tables.TABLES`); then the day's tables. Returns the
+    day's ``calibrator_state`` rows."""
+    # stored types already (the usual case): DuckDB writes a batch's events while the engine
+    # validates and protects them (an invalid day rolls the transaction back); other types are
+    # cast once validated, so that a bad type gets the contract's message. The events are
+    # stored batch after batch: grouped by stream, which DuckDB writes and checkpoints faster
+    # than streams interleaved in time (each stream keeps its rows in the source's order)
+    early = dict(chunk.schema) == _EVENT_SCHEMA
+    k, batches = _stream_batches(chunk)
+    before = chain.state
+    parts, n_active = [], 0
+    for i in range(k):
+        events = chunk if batches is None else chunk[batches[i]]
+        state = before
+        if k > 1 and before is not None:
+            state = before.filter(pl.Series(_stream_bucket(before["stream"], k) == i))
+        batch = FusedBatch(d, chain.cal, events, state)
+        if early:
+            write_fused(writer, "events", batch)
+        try:
+            batch.result = chain.protect(events.select(_PROTECT_INPUT), state)
+        except InputError as exc:
+            raise _source_error(exc, source, events) from None
+        if not early:
+            write_fused(writer, "events", batch)
+        write_fused(writer, "batch", batch)
+        parts.append(batch.result.state)
+        n_active += batch.groups[1].shape[0]  # the batch's streams
+        del events, batch  # free the batch before the next one
+    chain.state = parts[0] if k == 1 else pl.concat(parts).sort("stream")
+    day = FusedDay(d, _state_rows(chain.state, d), chain.day_row(d, chunk.height, n_active))
+    write_fused(writer, "day", day)
+    return day.state
+
+
+def run_range(
+    con,
+    source: EventSource,
+    start: dt.date | None = None,
+    end: dt.date | None = None,
+    settings: Settings | None = None,
+    *,
+    first_day: dt.date | None = None,
+    log: Callable[[str], None] | None = None,
+) -> RunSummary:
+    """The nightly job without a daemon (``calpipe run``): the five stages over [start, end], then
+    the data checks. Defaults: see :func:`default_range`; the chain's first day is the one stored,
+    else ``start``. Raises on the first failed (non-warning) check.
+
+    Writes the same rows as the stages of the table registry (:data:`TABLES`:
+    :func:`load_events`, :func:`protect_days`, :func:`monitor_days`, :func:`alarm_days` and
+    :func:`map_days`, what the dagster assets run) one after the other, with the same functions
+    on the same rows, each stream's rows in the same order, but one day at a time from memory
+    (:func:`_run_day`), every table of a day in one transaction (:func:`_write_days`):
+    a day is read from the source once, validated once and never read back; memory is bounded
+    by a batch of streams plus the day's events; and DuckDB writes a batch while the engine
+    protects the next one (the writer's background INSERTs)."""
+    settings = settings or Settings()
+    if start is None:
+        rng = default_range(con, source)
+        if rng is None:
+            return RunSummary(None, None, 0, 0)
+        start = rng[0]
+    if end is None:
+        rng = source.date_range(con)
+        if rng is None:
+            return RunSummary(None, None, 0, 0)
+        end = rng[1]
+    start, end = _as_date(start), _as_date(end)
+    if end < start:
+        return RunSummary(None, None, 0, 0)
+    first = _as_date(first_day or chain_first_day(con) or start)
+    say = log or (lambda _msg: None)
+    chain = _Chain(settings, first, state_before(con, start, settings, first))
+    empty_days: list[dt.date] = []
+    states: list[pl.DataFrame] = []
+
+    def write(writer: store.PartitionWriter, d: dt.date, chunk: pl.DataFrame) -> None:
+        if chunk.height == 0:
+            empty_days.append(d)
+        states.append(_run_day(writer, source, chain, d, chunk))
+
+    def finish(writer: store.PartitionWriter, _d0: dt.date, _d1: dt.date) -> None:
+        write_fused(writer, "transaction", FusedSpan(settings, pl.concat(states)))
+        states.clear()
+
+    # every registered table, each written by its fused writer: none is replaced without rows
+    rows = _write_days(
+        con, start, end, list(TABLES),
+        lambda d: _read_source(con, source, d, d), write, background=True, finish=finish,
+    )  # fmt: skip
+    empty = f", {len(empty_days)} day(s) without events" if empty_days else ""
+    say(f"scored_events: {rows['scored_events']} events, {start}..{end}{empty}")
+    say(f"protected_scores / calibrator_state: {rows['protected_scores']} rows")
+    checks = [
+        check_probabilities(con, start, end),
+        check_row_counts(con, start, end),
+        check_state_continuity(con, start, end),
+        check_alarms(con, start, end),
+    ]
+    for c in checks:
+        if not c.passed and not c.warning:
+            raise CalpipeError(f"check {c.name} failed: {c.description}")
+    days = (end - start).days + 1
+    return RunSummary(start, end, days, rows["scored_events"], checks)

@@ -1,0 +1,115 @@
+"""Reports: the materialization metadata's tables and plot frames, and the demo's summary.
+
+Read-only queries over the stored tables: per-stream quality of a range (:func:`day_report`,
+metrics from :func:`calpipe.pipeline.monitoring.daily_metrics`), the frames the plots of
+:mod:`calpipe.plots` draw, the whole-history :func:`stream_summary`, and :func:`markdown_table`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import polars as pl
+
+from calpipe import config, store
+from calpipe.pipeline.monitoring import daily_metrics
+
+
+def markdown_table(df: pl.DataFrame, *, float_digits: int = 4) -> str:
+    """A frame as a GitHub-markdown table (floats rounded), for dagster metadata and the README."""
+    if df.width == 0:
+        return "(empty)"
+
+    def fmt(v):
+        if v is None:
+            return ""
+        if isinstance(v, float):
+            return f"{v:.{float_digits}f}"
+        return str(v)
+
+    lines = ["| " + " | ".join(df.columns) + " |", "|" + "---|" * df.width]
+    lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in df.iter_rows()]
+    return "\n".join(lines)
+
+
+def day_report(con, start: dt.date, end: dt.date) -> pl.DataFrame:
+    """Per stream over [start, end]: events, base vs protected log loss / Brier / ECE, end and
+    max log10 martingale, alarm (the markdown table of a materialization)."""
+    scores = store.read_partitions(
+        con, "protected_scores", start, end,
+        columns=["stream", "base_score", "protected_score", "label", "log10_martingale"],
+    )  # fmt: skip
+    stats = daily_metrics(scores, keys=("stream",))
+    last = store.query(
+        con,
+        "SELECT stream, log10_martingale AS log10_S_end FROM calibrator_state WHERE date = ?",
+        [end],
+    )
+    return stats.join(last, on="stream", how="left").select(
+        "stream",
+        "n_events",
+        "base_log_loss",
+        "protected_log_loss",
+        "base_brier",
+        "protected_brier",
+        "base_ece",
+        "protected_ece",
+        "log10_S_end",
+        pl.col("log10_martingale_max").alias("log10_S_max"),
+        (pl.col("log10_martingale_max") >= config.ALARM_LOG10_THRESHOLD).alias("alarm"),
+    )
+
+
+def trajectory_frame(con, end: dt.date) -> pl.DataFrame:
+    """End-of-day log10 martingale per stream and day up to ``end`` (the trajectory plot)."""
+    return store.query(
+        con,
+        "SELECT date, stream, log10_martingale FROM calibrator_state WHERE date <= ? ORDER BY stream, date",
+        [end],
+    )
+
+
+def reliability_frame(
+    con, end: dt.date, days: int = config.RELIABILITY_WINDOW_DAYS
+) -> pl.DataFrame:
+    """Protected rows of the ``days`` days ending on ``end`` (the reliability diagram)."""
+    return store.read_partitions(
+        con, "protected_scores", end - dt.timedelta(days=days - 1), end,
+        columns=["stream", "base_score", "protected_score", "label"],
+    )  # fmt: skip
+
+
+def stream_summary(con) -> pl.DataFrame:
+    """Whole-history summary per stream (what ``calpipe demo`` prints): events, base vs protected
+    log loss / Brier / ECE, final and maximum log10 martingale, first alarm date."""
+    scores = store.query(
+        con,
+        "SELECT stream, base_score, protected_score, label, log10_martingale FROM protected_scores",
+    )
+    stats = daily_metrics(scores, keys=("stream",))
+    latest = store.query(
+        con,
+        """SELECT stream, log10_martingale AS final_log10_S, log10_martingale_max AS max_log10_S
+           FROM calibrator_state QUALIFY row_number() OVER (PARTITION BY stream ORDER BY date DESC) = 1""",
+    )
+    alarms = store.query(
+        con, "SELECT stream, min(date) AS first_alarm FROM martingale_alarms GROUP BY stream"
+    )
+    return (
+        stats.join(latest, on="stream", how="left")
+        .join(alarms, on="stream", how="left")
+        .select(
+            "stream",
+            pl.col("n_events").alias("events"),
+            pl.col("base_log_loss").alias("base_LL"),
+            pl.col("protected_log_loss").alias("prot_LL"),
+            pl.col("base_brier").alias("base_Brier"),
+            pl.col("protected_brier").alias("prot_Brier"),
+            pl.col("base_ece").alias("base_ECE"),
+            pl.col("protected_ece").alias("prot_ECE"),
+            "final_log10_S",
+            "max_log10_S",
+            "first_alarm",
+        )
+        .sort("stream")
+    )

@@ -1,0 +1,91 @@
+"""The chain's configuration and what a stage returns.
+
+:class:`Settings` is the calibrator a chain runs (a method name and its parameters, with the
+fingerprint that the state of every day records); :class:`StageResult` is what each stage
+function reports to its dagster asset or to ``calpipe run``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from calpipe.calibrators import Calibrator, make_calibrator
+from calpipe.errors import ParameterError
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The calibrator a chain runs: a method name and its parameters (validated on use).
+
+    The pipeline runs every method of :data:`calpipe.calibrators.METHODS` that takes a binary
+    ``score`` (``composite-jumper`` default), and stacks (``base_method``/``base_params``); the
+    Brier compatibility mode and multiclass scores are available in :func:`calpipe.protect` but
+    not stored by the pipeline. The SQL serving map (``calibration_map``) exists for the
+    protected methods; other methods serve through :func:`serving_map`.
+
+    >>> Settings().fingerprint == Settings.from_json(Settings().to_json()).fingerprint
+    True
+    """
+
+    method: str = "composite-jumper"
+    params: tuple[tuple[str, Any], ...] = ()
+
+    @classmethod
+    def make(cls, method: str = "composite-jumper", **params) -> Settings:
+        s = cls(method, tuple(sorted((k, _freeze(v)) for k, v in params.items())))
+        s.calibrator()  # validate now
+        return s
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        kw = dict(self.params)
+        if kw.get("base_params") is not None:
+            kw["base_params"] = dict(kw["base_params"])
+        return kw
+
+    def calibrator(self) -> Calibrator:
+        cal = make_calibrator(self.method, **self.kwargs)
+        cal.check_classes(2)
+        if getattr(cal, "loss", "log") != "log":
+            raise ParameterError(
+                "the pipeline runs the log-loss methods (its serving map and SQL macros are the "
+                "log-loss mixture); use calpipe.protect for loss='brier'"
+            )
+        return cal
+
+    @property
+    def fingerprint(self) -> str:
+        return self.calibrator().fingerprint(2)
+
+    def to_json(self) -> str:
+        return json.dumps({"method": self.method, "params": self.kwargs}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Settings:
+        d = json.loads(text)
+        return cls.make(d.get("method", "composite-jumper"), **d.get("params", {}))
+
+
+def _freeze(v):
+    if isinstance(v, dict):
+        return tuple(sorted((k, _freeze(x)) for k, x in v.items()))
+    if isinstance(v, list | tuple):
+        return tuple(_freeze(x) for x in v)
+    return v
+
+
+@dataclass
+class StageResult:
+    """What a stage wrote: the range, rows per table, and per-day notes for metadata."""
+
+    start: dt.date
+    end: dt.date
+    rows: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def _as_date(d: dt.date | str) -> dt.date:
+    return d if isinstance(d, dt.date) else dt.date.fromisoformat(d)

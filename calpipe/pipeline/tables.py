@@ -1,0 +1,199 @@
+"""The table registry: every table the pipeline writes, and how each of its two paths writes it.
+
+One :class:`OutputTable` per table: its DDL file in ``sql/``, its partition column and sort keys
+(the storage layout, which :mod:`calpipe.store` owns: the store sits below the pipeline and
+reads no pipeline module), the stage function that computes it (what its dagster asset runs),
+and the fused writer with which ``calpipe run`` computes the same rows from memory
+(:func:`calpipe.pipeline.nightly.run_range` iterates :data:`TABLES`, so it replaces exactly the
+registered tables). Adding a table is one entry here (and its DDL and layout);
+``tests/pipeline/test_tables.py`` fails if a table of the store or of the DDL has no entry, or
+an entry lacks a stage or a fused writer.
+
+Both paths compute a table's rows with one function, from the same rows in the same order:
+the stage after reading its inputs from DuckDB, the fused writer from what the fused run holds in
+memory (:class:`FusedBatch`, :class:`FusedDay`, :class:`FusedSpan`); so the two paths write
+identical tables (tested).
+
+=====================  ==========================  ===========================  =============
+table                  stage                       rows (both paths)            fused phase
+=====================  ==========================  ===========================  =============
+``scored_events``      ``load_events``             ``_stored_events``           events
+``protected_scores``   ``protect_days``            ``_protected_rows``          batch
+``calibrator_state``   ``protect_days``            ``_state_rows``              day
+``pipeline_days``      ``protect_days``            ``_Chain.day_row``           day
+``calibration_daily``  ``monitor_days``            ``_daily_rows``              batch
+``martingale_alarms``  ``alarm_days``              ``_first_crossings``         batch
+``calibration_map``    ``map_days``                ``_map_rows``                transaction
+=====================  ==========================  ===========================  =============
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from calpipe import store
+from calpipe.calibrators import Calibrator
+from calpipe.frame import ProtectResult
+from calpipe.pipeline.alarms import _first_crossings, alarm_days
+from calpipe.pipeline.chain import _protected_rows, protect_days
+from calpipe.pipeline.events import _stored_events, load_events
+from calpipe.pipeline.mapping import _map_rows, map_days
+from calpipe.pipeline.monitoring import _daily_rows, _stream_groups, monitor_days
+from calpipe.pipeline.settings import Settings, StageResult
+
+#: When the fused run calls a table's fused writer, and with what: ``events`` with a
+#: :class:`FusedBatch` as read (before the engine runs, so that DuckDB writes the events while
+#: the engine protects them), ``batch`` with a :class:`FusedBatch` after the engine ran,
+#: ``day`` with a :class:`FusedDay` once every batch of the day ran, ``transaction`` with a
+#: :class:`FusedSpan` at the end of each transaction's days.
+PHASES = ("events", "batch", "day", "transaction")
+
+
+@dataclass
+class FusedBatch:
+    """A batch of whole streams of one day in the fused run, as its fused writers see it.
+
+    ``events``: the batch's events as read from the source (the data contract's names and
+    ``event_date``); ``before``: the state of day - 1 of the batch's streams (None on the chain's
+    first day); ``result``: the engine's output (None until it ran). The protected rows and the
+    stream ids are computed once per batch, on first use."""
+
+    day: dt.date
+    cal: Calibrator
+    events: pl.DataFrame
+    before: pl.DataFrame | None
+    result: ProtectResult | None = None
+
+    @cached_property
+    def protected(self) -> pl.DataFrame:
+        """The batch's ``protected_scores`` rows (the monitoring reads them too)."""
+        return _protected_rows(self.cal, self.result.scores, self.day)
+
+    @cached_property
+    def groups(self) -> tuple[np.ndarray, np.ndarray]:
+        """Stream ids of the engine's output rows (= of :attr:`protected`'s, same order)."""
+        return _stream_groups(self.protected, ["stream"])
+
+
+@dataclass
+class FusedDay:
+    """A day of the fused run after all its batches: its ``calibrator_state`` rows (the state of
+    every stream at the end of the day, keyed by it) and its ``pipeline_days`` row."""
+
+    day: dt.date
+    state: pl.DataFrame
+    day_row: dict[str, Any]
+
+
+@dataclass
+class FusedSpan:
+    """The days of one transaction of the fused run: their ``calibrator_state`` rows."""
+
+    settings: Settings
+    states: pl.DataFrame
+
+
+def _fused_events(b: FusedBatch) -> pl.DataFrame:
+    return _stored_events(b.events)
+
+
+def _fused_protected(b: FusedBatch) -> pl.DataFrame:
+    return b.protected
+
+
+def _fused_state(d: FusedDay) -> pl.DataFrame:
+    return d.state
+
+
+def _fused_day_row(d: FusedDay) -> pl.DataFrame:
+    return pl.DataFrame([d.day_row])
+
+
+def _fused_daily(b: FusedBatch) -> pl.DataFrame:
+    return _daily_rows(b.protected, b.result.state, b.day, b.groups)
+
+
+def _fused_alarms(b: FusedBatch) -> pl.DataFrame:
+    return _first_crossings(b.result.scores, b.before, b.day, b.groups)
+
+
+def _fused_map(s: FusedSpan) -> pl.DataFrame:
+    return _map_rows(s.states, s.settings)
+
+
+@dataclass(frozen=True)
+class OutputTable:
+    """A table the pipeline writes (see the module's table).
+
+    ``stage`` is the stage function that writes it (several tables may share one); ``fused``
+    computes its rows in the fused run from the context of its ``phase`` (:data:`PHASES`);
+    ``sort``: whether the fused run inserts its rows in the table's sort keys' order (False for
+    the event-sized tables, whose rows come in a deterministic order that a sort of millions of
+    rows would only slow down)."""
+
+    name: str
+    ddl: str
+    stage: Callable[..., StageResult]
+    fused: Callable[[Any], pl.DataFrame]
+    phase: str
+    sort: bool = True
+
+    def __post_init__(self) -> None:
+        if self.name not in store.PARTITION_COLUMN:
+            raise ValueError(
+                f"table {self.name!r} has no storage layout: add it to calpipe.store's "
+                "PARTITION_COLUMN and SORT_KEYS"
+            )
+        for what in ("stage", "fused"):
+            if not callable(getattr(self, what)):
+                raise TypeError(f"table {self.name!r}: the registry needs its {what} writer")
+        if self.phase not in PHASES:
+            raise ValueError(f"table {self.name!r}: phase {self.phase!r} not in {PHASES}")
+
+    @property
+    def partition_column(self) -> str:
+        """The DATE column whose partitions a write replaces (from
+        :data:`calpipe.store.PARTITION_COLUMN`)."""
+        return store.PARTITION_COLUMN[self.name]
+
+    @property
+    def sort_keys(self) -> tuple[str, ...]:
+        """The table's row order (:data:`calpipe.store.SORT_KEYS`)."""
+        return store.SORT_KEYS[self.name]
+
+    @property
+    def ddl_path(self) -> Path:
+        """The ``sql/`` file that creates the table."""
+        return store.SQL_DIR / self.ddl
+
+
+#: Every table the pipeline writes, in the order the fused run computes them within a phase.
+TABLES: dict[str, OutputTable] = {
+    t.name: t
+    for t in (
+        OutputTable("scored_events", "001_tables.sql", load_events, _fused_events, "events",
+                    sort=False),
+        OutputTable("protected_scores", "001_tables.sql", protect_days, _fused_protected, "batch",
+                    sort=False),
+        OutputTable("calibrator_state", "001_tables.sql", protect_days, _fused_state, "day"),
+        OutputTable("pipeline_days", "001_tables.sql", protect_days, _fused_day_row, "day"),
+        OutputTable("calibration_daily", "001_tables.sql", monitor_days, _fused_daily, "batch"),
+        OutputTable("martingale_alarms", "001_tables.sql", alarm_days, _fused_alarms, "batch"),
+        OutputTable("calibration_map", "001_tables.sql", map_days, _fused_map, "transaction"),
+    )
+}  # fmt: skip
+
+
+def write_fused(writer: store.PartitionWriter, phase: str, context: Any) -> None:
+    """Insert the rows of every registered table of ``phase`` computed from ``context``."""
+    for t in TABLES.values():
+        if t.phase == phase:
+            writer.insert(t.name, t.fused(context), sort=t.sort)

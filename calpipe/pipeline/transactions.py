@@ -1,0 +1,76 @@
+"""Transactions of whole days: how every stage and ``calpipe run`` replace partitions.
+
+:func:`day_range` cuts a range into chunks of at most :data:`calpipe.config.CHUNK_DAYS` days (the
+stages vectorized over a chunk); :func:`_write_days` replaces the partitions of a range day by day
+in transactions of whole consecutive days, sized by :data:`calpipe.config.TRANSACTION_ROWS`
+events, so that a crash leaves whole days and memory is bounded by a day, not by the range.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Sequence
+
+import polars as pl
+
+from calpipe import config, store
+
+
+def day_range(start: dt.date, end: dt.date) -> list[tuple[dt.date, dt.date]]:
+    """[start, end] cut into consecutive chunks of at most :data:`calpipe.config.CHUNK_DAYS`
+    days."""
+    if end < start:
+        raise ValueError(f"empty range {start}..{end}")
+    out, d = [], start
+    while d <= end:
+        e = min(end, d + dt.timedelta(days=config.CHUNK_DAYS - 1))
+        out.append((d, e))
+        d = e + dt.timedelta(days=1)
+    return out
+
+
+_NO_DAY = pl.DataFrame()
+
+
+def _write_days(
+    con,
+    start: dt.date,
+    end: dt.date,
+    tables: Sequence[str],
+    read: Callable[[dt.date], pl.DataFrame],
+    write: Callable[[store.PartitionWriter, dt.date, pl.DataFrame], None],
+    *,
+    background: bool = False,
+    finish: Callable[[store.PartitionWriter, dt.date, dt.date], None] | None = None,
+) -> dict[str, int]:
+    """Replace the partitions of ``tables`` day by day over [start, end], in transactions of whole
+    consecutive days; returns the rows written per table.
+
+    Day d's input is ``read(d)`` and ``write(writer, d, input)`` writes its rows; ``finish`` is
+    called at the end of each transaction with its days. A transaction starts at a day whose
+    input is read first, and spans as many days as fit in :data:`calpipe.config.TRANSACTION_ROWS`
+    rows at that day's size (at least one day, at most :data:`calpipe.config.CHUNK_DAYS`):
+    DuckDB keeps a transaction's new rows in memory until the commit, so a month of a big
+    backfill in one transaction would hold a month, while small days still share a few commits.
+    Every day's partitions of every table are replaced in one transaction (a crash leaves whole
+    days)."""
+    rows = dict.fromkeys(tables, 0)
+    d = start
+    while d <= end:
+        data = read(d)
+        span = config.TRANSACTION_ROWS // max(data.height, 1)
+        e = min(end, d + dt.timedelta(days=min(max(span, 1), config.CHUNK_DAYS) - 1))
+        with store.replacing_partitions(con, d, e, tables, background=background) as writer:
+            for day in store.iter_days(d, e):
+                if day != d:
+                    writer.wait()  # the connection is free once the INSERTs sent so far are done
+                    data = read(day)
+                write(writer, day, data)
+                data = _NO_DAY  # free the day before reading the next one
+            if finish is not None:
+                finish(writer, d, e)
+        for table, n in writer.rows.items():
+            rows[table] += n
+        store.drop_block_cache(con)  # the days just committed are not read again
+        d = e + dt.timedelta(days=1)
+    return rows

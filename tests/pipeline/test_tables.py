@@ -1,0 +1,137 @@
+"""The table registry (calpipe/pipeline/tables.py): every table of the store and of the DDL has
+an entry with a stage and a fused writer, and ``calpipe run`` writes exactly the registered
+tables, each with its fused writer."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime as dt
+import re
+from collections import Counter
+
+import pytest
+
+from calpipe import config, generate, pipeline, store
+from calpipe.pipeline import tables
+from tests.test_pipeline import drifting  # noqa: F401  (the fixture)
+
+START = generate.DEFAULT_START
+
+#: Tables of sql/ that are not pipeline outputs: key-value facts about the database.
+NOT_OUTPUTS = {"calpipe_meta"}
+
+
+def ddl_tables() -> dict[str, str]:
+    """Every ``CREATE TABLE`` of sql/ -> the file that creates it."""
+    found = {}
+    for f in store.sql_files():
+        for name in re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", f.read_text()):
+            found[name] = f.name
+    return found
+
+
+def test_every_table_of_the_store_and_the_ddl_is_registered():
+    registered = set(tables.TABLES)
+    assert registered == set(store.PARTITION_COLUMN), "store tables without a registry entry"
+    assert registered == set(store.SORT_KEYS)
+    assert registered == set(ddl_tables()) - NOT_OUTPUTS, "DDL tables without a registry entry"
+
+
+def test_every_entry_has_its_ddl_layout_stage_and_fused_writer(tmp_path):
+    con = store.connect(tmp_path / "t.duckdb")
+    try:
+        for name, t in tables.TABLES.items():
+            assert t.name == name
+            assert ddl_tables()[name] == t.ddl and t.ddl_path.is_file(), name
+            columns = store.table_columns(con, name)
+            assert t.partition_column in columns, name
+            assert set(t.sort_keys) <= set(columns), name
+            assert t.sort_keys[0] == t.partition_column, name
+            assert callable(t.stage) and callable(t.fused), name
+            # the stage is a public function of calpipe.pipeline (what a dagster asset calls)
+            assert getattr(pipeline, t.stage.__name__) is t.stage, name
+            assert t.phase in tables.PHASES
+    finally:
+        con.close()
+
+
+@pytest.mark.parametrize("missing", ["stage", "fused"])
+def test_an_entry_without_a_writer_is_refused(missing):
+    t = tables.TABLES["calibration_daily"]
+    with pytest.raises(TypeError, match=f"needs its {missing} writer"):
+        dataclasses.replace(t, **{missing: None})
+
+
+def test_an_entry_for_a_table_the_store_does_not_know_is_refused():
+    t = tables.TABLES["calibration_daily"]
+    with pytest.raises(ValueError, match="no storage layout"):
+        dataclasses.replace(t, name="calibration_weekly")
+    with pytest.raises(ValueError, match="phase"):
+        dataclasses.replace(t, phase="hourly")
+
+
+# ----------------------------------------------------------------------------------------------
+# calpipe run goes through the registry
+# ----------------------------------------------------------------------------------------------
+@pytest.fixture
+def landing(request):
+    """8 days of streams that cross the alarm level on different days (test_pipeline's
+    ``drifting``), in a landing folder."""
+    events, tmp = request.getfixturevalue("drifting")
+    store.write_landing(events, tmp / "landing")
+    return store.EventSource.parse(str(tmp / "landing")), tmp
+
+
+def test_run_range_replaces_exactly_the_registered_tables_with_their_fused_writers(
+    landing, monkeypatch
+):
+    source, tmp = landing
+    calls: Counter[str] = Counter()
+    for name, t in list(tables.TABLES.items()):
+
+        def fused(context, t=t):
+            calls[t.name] += 1
+            return t.fused(context)
+
+        monkeypatch.setitem(tables.TABLES, name, dataclasses.replace(t, fused=fused))
+    replaced: list[list[str]] = []
+    real = store.replacing_partitions
+
+    @contextlib.contextmanager
+    def spy(con, start, end, names, **kw):
+        replaced.append(list(names))
+        with real(con, start, end, names, **kw) as writer:
+            yield writer
+
+    monkeypatch.setattr(store, "replacing_partitions", spy)
+    con = store.connect(tmp / "db.duckdb")
+    try:
+        pipeline.run_range(con, source)
+        assert replaced and all(names == list(tables.TABLES) for names in replaced)
+        assert set(calls) == set(tables.TABLES)
+        for name in tables.TABLES:  # every table got rows (the hot stream crosses the alarm)
+            assert store.query(con, f"SELECT count(*) AS n FROM {name}")["n"][0] > 0, name
+    finally:
+        con.close()
+
+
+def test_the_alarm_stage_in_chunks_equals_the_fused_rows(landing, monkeypatch):
+    """alarm_days computes each day with _first_crossings from the stored rows, as the fused run
+    does from memory; chunks of two days (a crossing day's state in another chunk) change
+    nothing."""
+    source, tmp = landing
+    fused, staged = store.connect(tmp / "f.duckdb"), store.connect(tmp / "s.duckdb")
+    try:
+        pipeline.run_range(fused, source)
+        end = START + dt.timedelta(days=7)
+        pipeline.load_events(staged, source, START, end)
+        pipeline.protect_days(staged, START, end, pipeline.Settings(), first_day=START)
+        monkeypatch.setattr(config, "CHUNK_DAYS", 2)
+        pipeline.alarm_days(staged, START, end)
+        want = store.query(fused, "SELECT * FROM martingale_alarms ORDER BY ALL")
+        got = store.query(staged, "SELECT * FROM martingale_alarms ORDER BY ALL")
+        assert want.height >= 1 and got.equals(want)
+    finally:
+        fused.close()
+        staged.close()
