@@ -1,11 +1,11 @@
-"""calpipe performance measurements (issue 4): ``python -m benchmarks.run [--size smoke|full]``.
+"""calpipe performance measurements (BENCHMARKS.md): ``python -m benchmarks.run [--size smoke|full]``.
 
 Every input is generated here from a fixed seed, so two runs measure the same work. Each timing is
 the best of ``--repeat`` runs (default 3) after a warm-up call that compiles (or loads from the
 numba cache) the kernel; ratios are always measured side by side in the same run, because the
 machine may be shared. Results are printed and written as markdown tables (``--out``).
 
-Measurements (numbering of issue 4):
+Measurements (the numbering of BENCHMARKS.md):
 
 1. kernel, one thread: binary Composite Jumper (log loss, defaults), Jumper with the quadratic
    family (5 functions), multiclass Composite Jumper K = 10 (63 functions), Brier compatibility;
@@ -17,7 +17,7 @@ Measurements (numbering of issue 4):
    of a 30-day backfill (both from :mod:`benchmarks.pipeline`);
 7. scaling in events and in streams;
 8. start-up: first ``protect`` call of a fresh process, numba cache cold vs warm;
-and issue 5's Venn-ABERS speed against the ``venn-abers`` package (:mod:`benchmarks.venn_abers`).
+and the Venn-ABERS speed against the ``venn-abers`` package (:mod:`benchmarks.venn_abers`).
 
 ``protect`` measurements run in a child process each (``--child``), so that the peak RSS
 reported is that of one input frame plus one ``protect`` call, not of the whole benchmark.
@@ -73,10 +73,10 @@ def multiclass_scores(n: int, k: int, seed: int = SEED) -> tuple[np.ndarray, np.
 
 def operations(n: int, n_streams: int):
     """Every event labelled at once (OP_STEP), streams of equal length, in stream order."""
-    from calpipe.kernels import protected as K
+    from calpipe.kernels import ops
 
     op_event = np.arange(n, dtype=np.int64)
-    op_kind = np.full(n, K.OP_STEP, dtype=np.int8)
+    op_kind = np.full(n, ops.OP_STEP, dtype=np.int8)
     op_offsets = np.linspace(0, n, n_streams + 1).astype(np.int64)
     return op_event, op_kind, op_offsets
 
@@ -233,7 +233,7 @@ def measure_kernels(size: dict, repeat: int) -> tuple[Table, Table]:
     )
     t1.notes.append(
         "Binary batches of >= 128 streams run 64 streams at a time in SIMD lanes "
-        "(`calpipe.kernels.protected._binary_lanes`, `_brier_lanes`); a stream's outputs are "
+        "(`calpipe.kernels.mixture._binary_lanes`, `calpipe.kernels.brier_binary.brier_lanes`); a stream's outputs are "
         "bit-identical to running it alone. The binary Brier kernel evaluates its e^-Brier "
         "factors with a libm-free exp (within 1 ulp) so they vectorise. The multiclass kernels "
         "run one stream at a time."
@@ -513,7 +513,7 @@ def main(argv=None) -> None:
         text += bench_pipeline.markdown(bench_pipeline.measure(args.size)) + "\n"
         print(text, flush=True)
         parts.append(text)
-    if "va" in only:  # issue 5: Venn-ABERS against the venn-abers package
+    if "va" in only:  # Venn-ABERS against the venn-abers package
         from benchmarks import venn_abers as bench_va
 
         text = "### Venn-ABERS vs venn-abers 1.5.4 (fit + predict)\n\n"

@@ -1,23 +1,28 @@
 """Numerical constants and defaults, each with the one-line reason it has this value.
 
 Everything that is a tolerance, a clip or a default grid lives here, so that a reader can see
-in one place what calpipe assumes about numbers.
+in one place what calpipe assumes about numbers. Sections follow the layers (docs/ARCHITECTURE.md
+§2): the data contract, the methods (kernels and calibrators), then the store, pipeline and
+monitoring.
 """
 
 from __future__ import annotations
 
+# --- The data contract ---
 #: Default clip of the base probability in log-loss mode, p -> min(max(p, eps), 1 - eps).
 #: A base forecast of exactly 0 for the label that occurs zeroes every Cox calibrator's capital
 #: (f(0) = 0 for all of them), so the martingale could never recover; 1e-3 bounds the log loss of
-#: one such event at ln(1000) = 6.9 nats and is the clip of data/PROVENANCE.md's reference run
-#: on ``score_rf1000`` (mean ln loss 0.5169 -> 0.2793).
+#: one such event at ln(1000) = 6.9 nats and is the clip of the reference run on ``score_rf1000``
+#: (mean ln loss 0.5169 -> 0.2793, docs/REFERENCE_DATA.md).
 DEFAULT_CLIP_EPS: float = 1e-3
 
 #: Multiclass score vectors must sum to 1 within this absolute tolerance. Float32 softmax outputs
 #: routinely miss 1 by ~1e-7; anything further off is a different vector, not a rounding error.
 SCORES_SUM_TOL: float = 1e-6
 
-#: Default passive weight pi of the Composite Jumper (paper 001 Alg. 1; DESIGN §4). The
+
+# --- Protected predictors and their families (calibrators/protected.py, families.py, kernels/mixture.py) ---
+#: Default passive weight pi of the Composite Jumper (paper 001 Alg. 1; docs/ARCHITECTURE.md §4). The
 #: protected log loss is at most ln(1/pi) = ln 2 above the base's: cheap insurance.
 DEFAULT_PI: float = 0.5
 
@@ -59,77 +64,20 @@ DEFAULT_CUBIC_AB: tuple[tuple[float, float], ...] = (
 #: agree to this tolerance on a fine grid of probabilities; exact duplicates differ by ~1e-16.
 FAMILY_DEDUP_TOL: float = 1e-12
 
+
+# --- The alarm (every method's test martingale) ---
 #: Threshold of the alarm: log10 S >= 2 means S >= 100, which by Ville's inequality has
-#: probability <= 1 % under calibrated base forecasts (DESIGN §1).
+#: probability <= 1 % under calibrated base forecasts (docs/ARCHITECTURE.md §1).
 ALARM_LOG10_THRESHOLD: float = 2.0
 
-# --- venn / calibrated_regression (kernels/venn.py, kernels/calibrated_regression.py) ---
 
+# --- Venn predictors (kernels/venn.py) ---
 #: Default number of equal-mass score bins of the Venn taxonomy (paper 002 §4: groups "as large as
 #: possible" yet homogeneous; 10 bins of a few hundred events give intervals of width < 1 %).
 VENN_DEFAULT_N_BINS: int = 10
 
-#: Bisection stops when the bracket of the fixed point y = clip(theta . f(y)) (paper 004 Alg. 2,
-#: step 2) is this narrow: 1e-12 is far below any meaningful probability difference, yet 40 halvings.
-CALREG_BISECTION_TOL: float = 1e-12
 
-#: Hard cap on bisection halvings (2^-60 < 1e-18 < any tolerance above, so it never binds first).
-CALREG_BISECTION_MAX_ITER: int = 60
-
-#: Default highest power of the forecast among the test functions y, y^2, ..., y^m (paper 004 §I:
-#: "low order polynomials"); 1 = only f_0(y) = y, the linear case solved in closed form (§IV).
-CALREG_DEFAULT_POWERS: int = 1
-
-# --- kernels.parametric (Platt, beta, temperature) and kernels.histogram ---
-
-#: Platt scaling clips p to [eps, 1 - eps] before z = logit(p): only to keep z finite at exactly
-#: 0 or 1 (|z| <= 27.6); it moves no score a float32 model emits, and on the bank data's
-#: score_rf100 (half exact zeros) it fits better than clipping at 1e-3 or 1e-6.
-PLATT_CLIP_EPS: float = 1e-12
-
-#: Beta calibration clips p to [eps, 1 - eps] with float64 machine epsilon, the clip of the
-#: betacal package (Kull et al. 2017's reference code), so that both fit the same features.
-BETA_CLIP_EPS: float = 2.220446049250313e-16
-
-#: Ridge lambda / 2 * ||theta||^2 (intercept included) added to the *summed* log loss of the
-#: Newton stops when the full step is below this times (1 + max |theta|): quadratic convergence
-#: reaches it from ~1e-6 in one more step, and it sits above float64 rounding of the gradient.
-LOGREG_NEWTON_TOL: float = 1e-12
-
-#: Newton iteration cap: ordinary data converge in < 10; separable data (theta growing like
-#: log(n / lambda) / margin) in < 60.
-LOGREG_MAX_ITER: int = 200
-
-#: Step halvings before a Newton step is declared numerically unimprovable (2^-60 ~ 1e-18).
-LOGREG_MAX_HALVINGS: int = 60
-
-#: Temperature scaling clips each class probability at eps before the log (p_c = 0 would make
-#: log p_c = -inf); same reasoning as PLATT_CLIP_EPS.
-TEMPERATURE_CLIP_EPS: float = 1e-12
-
-#: Largest inverse temperature 1/T (smallest T = 1e-3): the log-loss minimiser is infinite when
-#: the calibration argmax is always right; p^1000 is already an argmax for any practical use.
-TEMPERATURE_MAX_INV_T: float = 1e3
-
-#: Safeguarded Newton on d/d(1/T) log loss = 0 stops at this relative width of 1/T.
-TEMPERATURE_TOL: float = 1e-12
-
-#: Iteration cap of that Newton-bisection (bisection alone needs ~50 for 1e3 -> 1e-12).
-TEMPERATURE_MAX_ITER: int = 200
-
-#: Default number of equal-mass bins of histogram binning (Zadrozny & Elkan 2001 use 10).
-HISTOGRAM_N_BINS: int = 10
-
-#: Default m of the m-estimate (k + m b) / (n + m) of each bin (Zadrozny & Elkan 2001 §3);
-#: 0 = the plain mean label of the bin.
-HISTOGRAM_PRIOR_STRENGTH: float = 0.0
-
-#: Newton also stops when half the Newton decrement (the predicted decrease of the objective) is
-#: below this times (1 + |F|): near float64 rounding of F; needed on degenerate sets where a
-#: direction of curvature ~LOGREG_RIDGE_MEAN leaves the step at gradient-rounding / ridge forever.
-LOGREG_DECREMENT_TOL: float = 1e-14
-
-# --- calpipe.kernels.venn_abers ---
+# --- Venn-ABERS (kernels/venn_abers.py) ---
 #: Default number of folds of the cross Venn-ABERS predictor (CVAP): 5, the documented default
 #: n_splits of the reference package venn-abers 1.5.4 (so results compare with it as shipped).
 VENN_ABERS_N_FOLDS: int = 5
@@ -142,15 +90,94 @@ VENN_ABERS_MERGE: str = "log"
 #: estimator path (VennAbersMultiClass) always does and its manual path's default.
 VENN_ABERS_MULTICLASS: str = "ovo"
 
-#: The Platt and beta Newton fits add
-#: lambda / 2 * ||theta||^2 (centred intercept included) to the *mean* log loss. This keeps the
+
+# --- Calibrated regression (kernels/calibrated_regression.py) ---
+#: Bisection stops when the bracket of the fixed point y = clip(theta . f(y)) (paper 004 Alg. 2,
+#: step 2) is this narrow: 1e-12 is far below any meaningful probability difference, yet 40 halvings.
+CALREG_BISECTION_TOL: float = 1e-12
+
+#: Hard cap on bisection halvings (2^-60 < 1e-18 < any tolerance above, so it never binds first).
+CALREG_BISECTION_MAX_ITER: int = 60
+
+#: Default highest power of the forecast among the test functions y, y^2, ..., y^m (paper 004 §I:
+#: "low order polynomials"); 1 = only f_0(y) = y, the linear case solved in closed form (§IV).
+CALREG_DEFAULT_POWERS: int = 1
+
+#: Calibrated regression with nonlinear test functions: theta . f(y) - y is scanned on this many
+#: equal cells of [0, 1] and the first sign change is bisected, so the chosen fixed point (paper
+#: 004 allows "any") is the smallest interior one, deterministically; 64 cells separate the roots
+#: of low powers and tents with a few knots at the cost of 65 cheap evaluations per forecast.
+CALREG_ROOT_GRID: int = 64
+
+
+# --- Platt and beta calibration: the ridge-regularised Newton fit (kernels/parametric.py) ---
+#: Platt scaling clips p to [eps, 1 - eps] before z = logit(p): only to keep z finite at exactly
+#: 0 or 1 (|z| <= 27.6); it moves no score a float32 model emits, and on the bank data's
+#: score_rf100 (half exact zeros) it fits better than clipping at 1e-3 or 1e-6.
+PLATT_CLIP_EPS: float = 1e-12
+
+#: Beta calibration clips p to [eps, 1 - eps] with float64 machine epsilon, the clip of the
+#: betacal package (Kull et al. 2017's reference code), so that both fit the same features.
+BETA_CLIP_EPS: float = 2.220446049250313e-16
+
+#: The Platt and beta Newton fits add lambda / 2 * ||theta||^2 (centred intercept included) to the *mean* log loss. This keeps the
 #: Hessian invertible and theta finite on separable, single-class or tied data (forecasts then
 #: within ~1e-10 of 0/1 where the MLE is infinite), makes the fit invariant to duplicating the
 #: data, and moves ordinary fits by ~lambda / (mean curvature) ~ 1e-8 relative (betacal's
 #: C = 1e11 is a weaker penalty, which does not keep single-class fits finite).
 LOGREG_RIDGE_MEAN: float = 1e-10
 
-# --- isotonic (calpipe/kernels/isotonic.py) ---
+#: Newton stops when the full step is below this times (1 + max |theta|): quadratic convergence
+#: reaches it from ~1e-6 in one more step, and it sits above float64 rounding of the gradient.
+LOGREG_NEWTON_TOL: float = 1e-12
+
+#: Newton also stops when half the Newton decrement (the predicted decrease of the objective) is
+#: below this times (1 + |F|): near float64 rounding of F; needed on degenerate sets where a
+#: direction of curvature ~LOGREG_RIDGE_MEAN leaves the step at gradient-rounding / ridge forever.
+LOGREG_DECREMENT_TOL: float = 1e-14
+
+#: Newton iteration cap: ordinary data converge in < 10; separable data (theta growing like
+#: log(n / lambda) / margin) in < 60.
+LOGREG_MAX_ITER: int = 200
+
+#: Step halvings before a Newton step is declared numerically unimprovable (2^-60 ~ 1e-18).
+LOGREG_MAX_HALVINGS: int = 60
+
+#: If Cholesky of the (ridge-regularised) Newton Hessian fails by rounding on nearly collinear
+#: features, the diagonal is shifted by this times its largest entry, doubling until it succeeds.
+LOGREG_CHOLESKY_SHIFT: float = 1e-14
+
+
+# --- Temperature scaling (kernels/parametric.py) ---
+#: Temperature scaling clips each class probability at eps before the log (p_c = 0 would make
+#: log p_c = -inf); same reasoning as PLATT_CLIP_EPS.
+TEMPERATURE_CLIP_EPS: float = 1e-12
+
+#: Largest inverse temperature 1/T (smallest T = 1e-3): the log-loss minimiser is infinite when
+#: the calibration argmax is always right; p^1000 is already an argmax for any practical use.
+TEMPERATURE_MAX_INV_T: float = 1e3
+
+#: Safeguarded Newton on d/d(1/T) log loss = 0 stops at this relative width of 1/T.
+TEMPERATURE_TOL: float = 1e-12
+
+#: Temperature scaling stops when |dL/d(1/T)| <= this times sum_i |terms| (the rounding level of
+#: that sum): Newton steps below it are rounding noise and would only jitter inside the bracket.
+TEMPERATURE_DERIV_ROUNDING: float = 1e-14
+
+#: Iteration cap of that Newton-bisection (bisection alone needs ~50 for 1e3 -> 1e-12).
+TEMPERATURE_MAX_ITER: int = 200
+
+
+# --- Histogram binning (kernels/histogram.py) ---
+#: Default number of equal-mass bins of histogram binning (Zadrozny & Elkan 2001 use 10).
+HISTOGRAM_N_BINS: int = 10
+
+#: Default m of the m-estimate (k + m b) / (n + m) of each bin (Zadrozny & Elkan 2001 §3);
+#: 0 = the plain mean label of the bin.
+HISTOGRAM_PRIOR_STRENGTH: float = 0.0
+
+
+# --- Isotonic and ROC-regularized isotonic regression (kernels/isotonic.py) ---
 #: Sorted scores within this distance of the first score of their run are one tie group (pooled
 #: before PAV): scikit-learn's ``_make_unique`` rule (np.finfo(float64).resolution), so that
 #: isotonic_fit reproduces ``IsotonicRegression`` exactly, near-ties included.
@@ -172,22 +199,8 @@ DEFAULT_RRIR_MIN_REGION_SIZE: int = 1
 #: exact for regions of <= 512 points, and a split costs O(512 n_R K) instead of O(n_R^2 K).
 DEFAULT_RRIR_MAX_CANDIDATES: int = 512
 
-#: Calibrated regression with nonlinear test functions: theta . f(y) - y is scanned on this many
-#: equal cells of [0, 1] and the first sign change is bisected, so the chosen fixed point (paper
-#: 004 allows "any") is the smallest interior one, deterministically; 64 cells separate the roots
-#: of low powers and tents with a few knots at the cost of 65 cheap evaluations per forecast.
-CALREG_ROOT_GRID: int = 64
 
-#: Temperature scaling stops when |dL/d(1/T)| <= this times sum_i |terms| (the rounding level of
-#: that sum): Newton steps below it are rounding noise and would only jitter inside the bracket.
-TEMPERATURE_DERIV_ROUNDING: float = 1e-14
-
-#: If Cholesky of the (ridge-regularised) Newton Hessian fails by rounding on nearly collinear
-#: features, the diagonal is shifted by this times its largest entry, doubling until it succeeds.
-LOGREG_CHOLESKY_SHIFT: float = 1e-14
-
-# --- calpipe.store / calpipe.pipeline (nightly run, issue 4 items 5-6) ---
-
+# --- The store and the nightly run's memory (store.py, pipeline/; BENCHMARKS.md items 5-6) ---
 #: A partition writer sends a table's buffered rows to DuckDB once it holds this many: small
 #: days (the demo's) are inserted a chunk at a time (a few INSERTs, not one per day and table),
 #: while a big day is inserted at once and freed, so memory stays bounded by about a day.
@@ -215,13 +228,13 @@ TRANSACTION_ROWS: int = 100_000
 #: and bounds the frames held for it to two batches.
 WRITE_MAX_PENDING: int = 2
 
-# --- pipeline and monitoring (calpipe/pipeline/, calpipe/metrics.py, calpipe/plots.py) ---
-
 #: At most this many days per transaction when a stage runs over a range (fewer for big days,
 #: see TRANSACTION_ROWS); a month keeps a backfill's commits few while a chunk's small tables
 #: (state, monitoring, map: streams x days rows) stay small in memory.
 CHUNK_DAYS: int = 31
 
+
+# --- Monitoring and plots (metrics.py, pipeline/monitoring.py, plots.py) ---
 #: Equal-width bins on [0, 1] of the ECE, the reliability tables and the reliability diagrams:
 #: the usual 10 (Naeini et al. 2015; the monitoring tables' documented ECE), coarse enough that a
 #: day of a small stream still has several labelled events per occupied bin.
@@ -244,3 +257,16 @@ PLOT_DPI: int = 100
 #: The trajectory plot's y axis turns symmetric-log above this log10 S (linear below it): a
 #: stream at log10 S ~ 3600 (the bank stream) would otherwise flatten the ones near the alarm at 2.
 TRAJECTORY_SYMLOG_ABOVE: float = 10.0
+
+
+# --- The command line and the UI (cli/, dagster_project/) ---
+#: Port of ``calpipe ui``: dagster's own default, so the address people know from its docs works.
+UI_PORT: int = 3000
+
+#: Rows ``calpipe sql`` prints by default (``--max-rows``): a screenful; ``--csv`` prints all.
+SQL_PRINT_MAX_ROWS: int = 50
+
+#: Plots are embedded in the metadata only when a run covers at most this many days: dagster
+#: copies a range run's metadata onto every partition, and a 900-day backfill would store 900
+#: copies of each PNG in the event log. Longer runs get the file paths only.
+EMBED_PLOTS_MAX_DAYS: int = 1

@@ -12,7 +12,7 @@ class CalpipeError(ValueError):
 
 
 class InputError(CalpipeError):
-    """A row of the input breaks the data contract (DESIGN §3)."""
+    """A row of the input breaks the data contract (docs/ARCHITECTURE.md §3)."""
 
     def __init__(self, column: str | None, row: int | None, rule: str):
         self.column, self.row, self.rule = column, row, rule

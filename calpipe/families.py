@@ -16,7 +16,7 @@ cox2          p^beta e^alpha / (p^beta e^alpha + (1-p)^beta)            paper 00
 cox2, K       p_y^beta e^{alpha(y)} / sum_y' p_y'^beta e^{alpha(y')}     paper 001, eq. (1)
 ============  ======================================================  ===================
 
-Default grids (DESIGN §4): binary ``cox2`` is beta in {1, 0.5, 2} x alpha in {0, +1, -1} on class 1,
+Default grids (docs/ARCHITECTURE.md §4): binary ``cox2`` is beta in {1, 0.5, 2} x alpha in {0, +1, -1} on class 1,
 9 distinct functions with the identity first; for K >= 3 classes it is beta in {1, 0.5, 2} x
 alpha in {0} u {+e_k} u {-e_k}, 3(2K + 1) functions. (The K = 2 instance of the multiclass grid has
 15 slots of which 6 repeat: +e_0 is -e_1 after the softmax's shift invariance; the binary grid keeps

@@ -1,7 +1,7 @@
 """Polars transforms: partitioned (by stream), ordered (by time) application of the calibrators.
 
 :func:`protect` is the public entry point; :func:`protect_with_state` also takes and returns the
-per-stream state that makes nightly partitions and backfills resumable (DESIGN §3, §4).
+per-stream state that makes nightly partitions and backfills resumable (docs/ARCHITECTURE.md §3, §4).
 
 How a batch runs (no Python loop per event or per stream):
 
@@ -29,7 +29,7 @@ from calpipe.calibrators import Calibrator, make_calibrator
 from calpipe.calibrators.base import weights_series
 from calpipe.errors import InputError, ParameterError, StateError
 from calpipe.kernels import grouping as G
-from calpipe.kernels import protected as K
+from calpipe.kernels import ops
 
 _TIME_US = pl.Datetime("us")
 
@@ -140,7 +140,7 @@ def check_rules(df: pl.DataFrame, rules: Sequence[Rule]) -> None:
 
 
 def validate_frame(df: pl.DataFrame, cols: Columns, *, check_duplicates: bool = True) -> int:
-    """Check the data contract (DESIGN §3); return K (2 for a binary score). Raises InputError.
+    """Check the data contract (docs/ARCHITECTURE.md §3); return K (2 for a binary score). Raises InputError.
 
     ``check_duplicates=False`` leaves out the rule "(stream, event id) unique", the one rule that
     needs a hash of every row: :func:`protect_with_state` checks it after grouping the streams,
@@ -291,7 +291,7 @@ def protect(
     after that row. Forecasts are prequential: an event's forecast uses only labels of events
     strictly before it (or, with ``label_time``, labels whose ``label_time`` is before its time).
 
-    The default ``method="composite-jumper"`` is paper 001, Algorithm 1 (DESIGN §4): with passive
+    The default ``method="composite-jumper"`` is paper 001, Algorithm 1 (docs/ARCHITECTURE.md §4): with passive
     weight :math:`P`, active weights :math:`A^J_\theta` (start :math:`P=\pi`,
     :math:`A^J_{\mathrm{id}} = (1-\pi)/|\mathbf J|`), per labelled event
 
@@ -310,7 +310,7 @@ def protect(
     Parameters
     ----------
     frame : polars DataFrame or LazyFrame
-        Scored events (DESIGN §3). A LazyFrame is collected; the result is then lazy too.
+        Scored events (docs/ARCHITECTURE.md §3). A LazyFrame is collected; the result is then lazy too.
     score, scores : str
         Binary base probability of label 1, or a list/array column of K class probabilities
         summing to 1. Default ``score="score"``.
@@ -515,7 +515,7 @@ def _run(
     if not delayed:
         op_event = np.arange(n, dtype=np.int64) if order is None else order
         op_labelled = labelled if order is None else labelled[order]
-        op_kind = np.where(op_labelled, K.OP_STEP, K.OP_FORECAST).astype(np.int8)
+        op_kind = np.where(op_labelled, ops.OP_STEP, ops.OP_FORECAST).astype(np.int8)
         op_offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         ext_scores, ext_labels = cal.prepare_scores(base), labels
         applied = np.bincount(ev_sid[labelled], minlength=n_streams)
@@ -866,7 +866,7 @@ def _delayed_ops(cal, cols, sorted_df, sid, counts, base, labels, labelled, prev
     op_ev = np.concatenate([np.arange(n, dtype=np.int64), a_ev])
     order = np.lexsort((op_seq, op_kind_key, op_t, op_sid))
     op_event = np.ascontiguousarray(op_ev[order])
-    op_kind = np.where(op_kind_key[order] == 0, K.OP_FORECAST, K.OP_UPDATE).astype(np.int8)
+    op_kind = np.where(op_kind_key[order] == 0, ops.OP_FORECAST, ops.OP_UPDATE).astype(np.int8)
     op_offsets = np.concatenate([[0], np.cumsum(np.bincount(op_sid, minlength=n_streams))]).astype(
         np.int64
     )

@@ -94,7 +94,7 @@ def generate(
     start: dt.date = DEFAULT_START,
     streams: tuple[StreamSpec, ...] = DEFAULT_STREAMS,
 ) -> pl.DataFrame:
-    """Scored events of ``streams`` over ``n_days`` days from ``start`` (data contract, DESIGN §3).
+    """Scored events of ``streams`` over ``n_days`` days from ``start`` (data contract, docs/ARCHITECTURE.md §3).
 
     Columns ``stream`` (String), ``event_id`` (Int64, unique per stream, increasing in time),
     ``event_time`` (Datetime, uniform within the day), ``score`` (Float64 in (0, 1)), ``label``

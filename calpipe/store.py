@@ -1,6 +1,6 @@
 """DuckDB and Parquet I/O: connect (and install ``sql/``), read events, replace partitions.
 
-Everything calpipe writes lives in one embedded DuckDB file (DESIGN §5). Every table is
+Everything calpipe writes lives in one embedded DuckDB file (docs/ARCHITECTURE.md §5). Every table is
 partitioned by a ``DATE`` column (:data:`PARTITION_COLUMN`), and every write replaces whole
 partitions in **one transaction** (``BEGIN; DELETE ...; INSERT ...; COMMIT``): a crash or a
 ``SIGKILL`` in the middle leaves the previous contents of every table intact, and re-running a
@@ -10,7 +10,7 @@ a day, not by the range.
 
 Scored events come from a :class:`EventSource`: a Parquet landing folder with hive-style
 ``date=YYYY-MM-DD/`` sub-folders, a Parquet file (or glob), or a DuckDB table, with a column map
-onto the data contract (DESIGN §3).
+onto the data contract (docs/ARCHITECTURE.md §3).
 
 DuckDB allows one read-write *process* per database file at a time; connections within a process
 share the database.
@@ -454,7 +454,7 @@ def replace_partitions(
 # ----------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ColumnMap:
-    """Names of the data-contract columns in a source (DESIGN §3). ``stream=None`` or a source
+    """Names of the data-contract columns in a source (docs/ARCHITECTURE.md §3). ``stream=None`` or a source
     without the stream column means one stream, called ``default``."""
 
     stream: str | None = "stream"

@@ -25,7 +25,7 @@ from dagster import (
 )
 from dagster_duckdb import DuckDBResource
 
-from calpipe import pipeline, plots
+from calpipe import config, pipeline, plots
 from dagster_project.checks import ALARM_CHECKS, PROTECT_CHECKS, to_result
 from dagster_project.partitions import first_day_of, partition_range
 from dagster_project.resources import CalpipeResource, calpipe_connection
@@ -41,10 +41,7 @@ def _png_md(png: bytes, alt: str) -> MetadataValue:
     return MetadataValue.md(f"![{alt}](data:image/png;base64,{base64.b64encode(png).decode()})")
 
 
-#: Plots are embedded in the metadata only when a run covers at most this many days: dagster
-#: copies a range run's metadata onto every partition, and a 900-day backfill would store 900
-#: copies of each PNG in the event log. Longer runs get the file paths only.
-EMBED_PLOTS_MAX_DAYS = 1
+EMBED_PLOTS_MAX_DAYS = config.EMBED_PLOTS_MAX_DAYS  # why: see calpipe/config.py
 
 
 def _plot_metadata(con, duckdb: DuckDBResource, calpipe: CalpipeResource, start, end) -> dict:
@@ -87,7 +84,7 @@ def _build_assets(partitions_def: DailyPartitionsDefinition) -> list:
     @asset(
         partitions_def=partitions_def, backfill_policy=policy, group_name=GROUP, kinds={"duckdb"},
         description="Scored events of the day from the landing folder or table, validated "
-        "against the data contract (DESIGN §3) and stored in DuckDB.",
+        "against the data contract (docs/ARCHITECTURE.md §3) and stored in DuckDB.",
     )  # fmt: skip
     def scored_events(
         context: AssetExecutionContext, duckdb: DuckDBResource, calpipe: CalpipeResource
@@ -195,7 +192,7 @@ def _build_assets(partitions_def: DailyPartitionsDefinition) -> list:
     @asset(
         partitions_def=partitions_def, backfill_policy=policy, group_name=GROUP, kinds={"duckdb"},
         deps=["calibrator_state"],
-        description="Serving map of every stream at the end of the day (DESIGN §4), as exact "
+        description="Serving map of every stream at the end of the day (docs/ARCHITECTURE.md §4), as exact "
         "terms; apply it in SQL with calibrate_score(stream, score).",
     )  # fmt: skip
     def calibration_map(

@@ -1,4 +1,4 @@
-"""Daily partitions on ``event_time`` (DESIGN §5)."""
+"""Daily partitions on ``event_time`` (docs/ARCHITECTURE.md §5)."""
 
 from __future__ import annotations
 

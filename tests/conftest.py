@@ -1,4 +1,4 @@
-"""Shared test fixtures: small random scored-event frames (DESIGN §3).
+"""Shared test fixtures: small random scored-event frames (docs/ARCHITECTURE.md §3).
 
 ``make_events(seed, ...)`` builds a frame of scored events for several streams, in a shuffled
 physical row order (so the replay order (event_time, event_id) is never the row order), with

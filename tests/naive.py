@@ -14,7 +14,7 @@ Papers (``shared/papers`` beside the repository):
 * The reference package ``protected-classification`` 0.1.5, ``ProtectedClassification.calibrate_probs``
   (online branch, ``y is not None``): the Brier-loss compatibility recursion.
 
-Null labels (calpipe's convention, DESIGN §4 "Serving map"): a label ``None`` or ``< 0`` means the
+Null labels (calpipe's convention, docs/ARCHITECTURE.md §4 "Serving map"): a label ``None`` or ``< 0`` means the
 label is not known. Such an event gets a forecast but changes no state: the forecast is the mixture
 after the jump-mixing step of the next step, computed on copies of the weights and *not committed*,
 so the next event starts from exactly the state before the unlabelled one. The test martingale is
@@ -267,7 +267,7 @@ def composite_jumper(
 
     ``p`` holds floats (binary: P(y = 1), B as in paper 000) or probability vectors (K classes,
     B_q({y}) = q_y). Unlabelled events run lines 4-8 on copies and commit nothing.
-    The test martingale is the gale ratio of DESIGN §4, computed from the forecast of line 8:
+    The test martingale is the gale ratio of docs/ARCHITECTURE.md §4, computed from the forecast of line 8:
     log10 S_n = sum_{labelled i <= n} log10 p'_i(y_i) - log10 p_i(y_i). Returns (p'_n, log10 S_n).
     """
     n_fun = len(fs)

@@ -1,4 +1,4 @@
-"""Calibrating families: default grids (DESIGN §4), numpy ``evaluate`` against the naive formulas of
+"""Calibrating families: default grids (docs/ARCHITECTURE.md §4), numpy ``evaluate`` against the naive formulas of
 paper 000 eqs. (1), (3)-(5) and paper 001 eq. (1) (tests/naive.py), and ``identity_index``."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Properties of the public frame API, :func:`calpipe.protect` and :func:`calpipe.protect_with_state`
-(DESIGN §3 data contract, §4 decisions, §7 invariants), for every method, binary and K = 3.
+(docs/ARCHITECTURE.md §3 data contract, §4 decisions, §7 invariants), for every method, binary and K = 3.
 
 Each property is checked with hypothesis on random multi-stream frames from ``conftest.make_events``
 (shuffled rows, ties in event_time, null labels, some base forecasts exactly 0 or 1).
@@ -265,7 +265,7 @@ def test_outputs_are_probabilities(name, k, data):
 
 
 def clipped_base(df: pl.DataFrame, k: int, eps: float = 1e-3) -> np.ndarray:
-    """The base as log-loss mode sees it (DESIGN §4): binary clip to [eps, 1 - eps]; K classes
+    """The base as log-loss mode sees it (docs/ARCHITECTURE.md §4): binary clip to [eps, 1 - eps]; K classes
     max(p_c, eps) renormalised."""
     x = base_of(df, k)
     if k == 2:

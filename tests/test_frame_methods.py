@@ -1,6 +1,6 @@
 """Every non-protected method (batch, online, stacked) through :func:`calpipe.protect`.
 
-The invariants of DESIGN §7 on random multi-stream frames (shuffled rows, ties in time, null
+The invariants of docs/ARCHITECTURE.md §7 on random multi-stream frames (shuffled rows, ties in time, null
 labels, base forecasts exactly 0 or 1): prequential, k chunks with the state carried = one pass
 (bit for bit), row order irrelevant, streams independent, valid probabilities, intervals ordered.
 """

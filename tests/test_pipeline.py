@@ -109,7 +109,7 @@ def test_bank_protected_beats_base_and_raises_an_alarm(demo):
     bank = res.summary.filter(pl.col("stream") == pipeline.BANK_STREAM).row(0, named=True)
     assert bank["prot_LL"] < bank["base_LL"]
     assert bank["prot_Brier"] < bank["base_Brier"]
-    # cumulative log loss (not just the mean) and PROVENANCE's reference number
+    # cumulative log loss (not just the mean) and the reference number of docs/REFERENCE_DATA.md
     rows = store.query(
         con,
         "SELECT base_score, protected_score, label FROM protected_scores "
@@ -118,7 +118,7 @@ def test_bank_protected_beats_base_and_raises_an_alarm(demo):
     p, q, y = (rows[c].to_numpy() for c in ("base_score", "protected_score", "label"))
     cum = lambda f: -np.sum(np.log(np.clip(np.where(y == 1, f, 1 - f), 1e-15, 1)))  # noqa: E731
     assert cum(q) < cum(p)
-    # data/PROVENANCE.md: score_rf1000 clipped to [0.001, 0.999], mean ln loss 0.5169 -> 0.2793
+    # docs/REFERENCE_DATA.md: score_rf1000 clipped to [0.001, 0.999], mean ln loss 0.5169 -> 0.2793
     assert bank["base_LL"] == pytest.approx(0.5169, abs=5e-5)
     assert bank["prot_LL"] == pytest.approx(0.2793, abs=5e-5)
     # the martingale bets against the base the engine used: base - protected loss = ln 10 log10 S

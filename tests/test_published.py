@@ -1,4 +1,4 @@
-"""Published numbers and the reference package (DESIGN §7 oracles; data/PROVENANCE.md).
+"""Published numbers and the reference package (docs/ARCHITECTURE.md §7 oracles; docs/REFERENCE_DATA.md).
 
 * Jumper (paper 000 Alg. 2, martingale Alg. 1, quadratic family eq. (1)) on ``score_rf100_trunc``:
   final log10 test martingale and cumulative decimal log loss for J = 0.1, 0.01, 0.001.
@@ -19,7 +19,7 @@ import pytest
 
 import calpipe
 
-#: The project's reference data live in shared/ beside the repository (shared/data/PROVENANCE.md);
+#: The project's reference data live in shared/ beside the repository (docs/REFERENCE_DATA.md);
 #: CALPIPE_SHARED_DATA points elsewhere.
 DATA = Path(
     os.environ.get("CALPIPE_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data")

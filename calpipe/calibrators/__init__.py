@@ -1,4 +1,4 @@
-"""Configured calibrators around the kernels (DESIGN §2), and the registry of methods.
+"""Configured calibrators around the kernels (docs/ARCHITECTURE.md §2), and the registry of methods.
 
 Every method implements the protocol of :mod:`calpipe.calibrators.base`; :data:`METHODS` maps the
 name users give (``--method NAME``) to its class.

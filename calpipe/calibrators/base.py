@@ -6,7 +6,7 @@ one or more kernels. :func:`calpipe.protect` drives every method the same way:
 1. ``prepare_scores(base)``: the base scores as the calibrator consumes them;
 2. ``initial_state(S, K)`` or ``state_from_flat(...)`` for the carried state of each stream;
 3. ``run_batch(scores, labels, op_event, op_kind, op_offsets, state)``: all streams of a batch in
-   one call over the operation list of :mod:`calpipe.kernels.protected` (step / forecast /
+   one call over the operation list of :mod:`calpipe.kernels.ops` (step / forecast /
    delayed update, grouped by stream), returning a :class:`RunOutput` and the new state;
 4. ``state.flat()``: one float64 vector per stream, stored as the ``weights`` list column;
 5. ``serving_map(state, scores)``: each stream's next forecast of fresh scores, learning nothing
@@ -39,7 +39,7 @@ from numba import njit
 from calpipe import config
 from calpipe.calibrators._params import Param, number_in, validate
 from calpipe.errors import ParameterError, StateError
-from calpipe.kernels.protected import OP_FORECAST, OP_STEP
+from calpipe.kernels.ops import OP_FORECAST, OP_STEP
 
 
 @dataclass
@@ -139,7 +139,7 @@ def _segment_gale(contrib, op_offsets, log10m0):
     """Running sum of ``contrib`` within each op segment, starting at ``log10m0[s]``.
 
     Sequential adds in op order, so a stream split into chunks (state carried) gives bit-identical
-    sums: the invariant "k chunks = one pass" of DESIGN §4.
+    sums: the invariant "k chunks = one pass" of docs/ARCHITECTURE.md §4.
     """
     out = np.empty(contrib.shape[0])
     end = log10m0.copy()
@@ -364,7 +364,7 @@ class Calibrator(Generic[StateT]):
         ``scores`` (n,) or (n, K) are prepared (:meth:`prepare_scores`); ``labels`` (n,) int64
         class indices, read only at update operations; the operations (``op_event`` indexes the
         event arrays, ``op_kind`` is ``OP_STEP`` / ``OP_FORECAST`` / ``OP_UPDATE`` of
-        :mod:`calpipe.kernels.protected`) are grouped by stream, stream s's (at least one) in
+        :mod:`calpipe.kernels.ops`) are grouped by stream, stream s's (at least one) in
         ``op_offsets[s]:op_offsets[s + 1]`` in replay order, starting from stream s of
         ``state``; ``inputs`` maps :meth:`input_columns` keys to event arrays. Row i of each
         output belongs to event i, written by its forecast (``OP_STEP`` or ``OP_FORECAST``)

@@ -37,10 +37,10 @@ import numpy as np
 
 from calpipe.calibrators.base import Calibrator, RunOutput, StreamState
 from calpipe.errors import ParameterError
-from calpipe.kernels.protected import OP_FORECAST, OP_STEP, OP_UPDATE
+from calpipe.kernels.ops import OP_FORECAST, OP_STEP, OP_UPDATE
 
 #: Streams of the wide batch: more than twice the 64 lanes of the binary mixture kernels'
-#: multi-stream engine (:mod:`calpipe.kernels.protected`), which only then takes streams.
+#: multi-stream engine (:mod:`calpipe.kernels.mixture`), which only then takes streams.
 WIDE_STREAMS = 150
 #: Events of the three streams of the main batch: long enough for several fits and refits of
 #: the small windows of every method's ``check_params``.

@@ -32,7 +32,7 @@ from calpipe.calibrators.base import CLIP_PARAM, Calibrator, FlatState, RunOutpu
 from calpipe.errors import ParameterError, StateError
 from calpipe.kernels import calibrated_regression as CR
 from calpipe.kernels import venn as V
-from calpipe.kernels.protected import OP_FORECAST, OP_UPDATE
+from calpipe.kernels.ops import OP_FORECAST, OP_UPDATE
 
 
 def _edges_ok(v) -> bool:

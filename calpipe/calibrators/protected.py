@@ -1,6 +1,7 @@
 """Protected calibrators: Jumper, Mean Jumper and Composite Jumper (log loss or Brier compatibility).
 
-A calibrator is a validated configuration around one kernel of :mod:`calpipe.kernels.protected`.
+A calibrator is a validated configuration around one kernel of :mod:`calpipe.kernels.mixture` (log loss) or
+:mod:`calpipe.kernels.brier_compat` (Brier compatibility).
 It knows its parameter table, the calibrating family it uses for K classes, the initial state of a
 stream, the layout of the state vector, and how to run a batch of streams through its kernel.
 
@@ -44,7 +45,7 @@ from calpipe.families import (
     multiclass_family,
     package_grid,
 )
-from calpipe.kernels import protected as K
+from calpipe.kernels import brier_compat, mixture
 
 LOSSES = ("log", "brier")
 
@@ -109,7 +110,7 @@ _FAMILY_PARAMS = Param(
     None,
     lambda v: v is None or isinstance(v, tuple | list),
     "None (the default grid) or a sequence of parameters of the family",
-    "grid of the family: eps values (quadratic), (a, b) pairs (cubic), betas (cox), (alpha, beta) pairs (cox2); None = DESIGN §4 default",
+    "grid of the family: eps values (quadratic), (a, b) pairs (cubic), betas (cox), (alpha, beta) pairs (cox2); None = docs/ARCHITECTURE.md §4 default",
 )
 _CLIP = Param(
     config.DEFAULT_CLIP_EPS,
@@ -254,7 +255,7 @@ class ProtectedCalibrator(Calibrator[BatchState]):
 
     # -- running -------------------------------------------------------------------------------
     def prepare_scores(self, scores: np.ndarray) -> np.ndarray:
-        """Base probabilities as the kernel sees them: clipped in log-loss mode (DESIGN §4).
+        """Base probabilities as the kernel sees them: clipped in log-loss mode (docs/ARCHITECTURE.md §4).
 
         Binary: p -> min(max(p, eps), 1 - eps). K classes: q_c = max(p_c, eps), renormalised, so
         no class has probability 0 and the vector still sums to 1.
@@ -278,35 +279,33 @@ class ProtectedCalibrator(Calibrator[BatchState]):
         n_classes = 2 if scores.ndim == 1 else scores.shape[1]
         fam = self.family(n_classes)
         if scores.ndim == 1:
-            p, m, pw, a, lm = K._mixture_binary(
+            p, m, pw, a, lm = mixture.mixture_binary(
                 scores, labels.astype(np.int8), op_event, op_kind, op_offsets,
                 fam.code, fam.params, self.rates, state.passive, state.active, state.log10m,
             )  # fmt: skip
         else:
-            p, m, pw, a, lm = K._mixture_multiclass(
+            p, m, pw, a, lm = mixture.mixture_multiclass(
                 scores, labels, op_event, op_kind, op_offsets,
                 np.ascontiguousarray(fam.betas), fam.alphas, self.rates,
                 state.passive, state.active, state.log10m,
             )  # fmt: skip
         return RunOutput(p, m), BatchState(pw, a, lm)
 
-    def serving_map(self, state: BatchState, scores: np.ndarray) -> np.ndarray:
-        """p -> p' of each stream's current state applied to ``scores`` (S, n) or (S, n, K).
+    def map_weights(self, state: BatchState) -> tuple[np.ndarray, np.ndarray]:
+        """The log-loss serving map of each stream as weights: ``(P (S,), W (S, T))``.
 
-        The map is the mixture after the next jump-mixing step (DESIGN §4 serving map): exactly
-        the forecast an unlabelled event would get.
+        :meth:`serving_map` (the next forecast, docs/ARCHITECTURE.md §4) of the log-loss mixture
+        is linear in the calibrating functions: p' = P p + sum_t W_t f_t(p) on the clipped p,
+        with W_t = sum_J of the jump-mixed active weights
+        (:func:`calpipe.kernels.mixture.serving_weights`). This is the form the SQL macros of
+        ``sql/003_macros.sql`` evaluate. The Brier compatibility mode has no such form.
         """
-        s = state.n_streams
-        n = scores.shape[1]
-        flat = np.ascontiguousarray(scores.reshape((s * n, *scores.shape[2:])))
-        op_event = np.arange(s * n, dtype=np.int64)
-        op_kind = np.full(s * n, K.OP_FORECAST, dtype=np.int8)
-        offsets = np.arange(0, s * n + 1, n, dtype=np.int64)
-        labels = np.zeros(s * n, dtype=np.int64)
-        out, _ = self.run_batch(
-            self.prepare_scores(flat), labels, op_event, op_kind, offsets, state
-        )
-        return out.protected.reshape(scores.shape)
+        if self.loss != "log":
+            raise ParameterError(
+                f"method {self.name!r} with loss={self.loss!r} has no weighted-sum serving map "
+                "(only the log-loss mixture is linear in its calibrating functions)"
+            )
+        return state.passive, mixture.serving_weights(state.active, self.rates)
 
 
 class Jumper(ProtectedCalibrator):
@@ -369,8 +368,8 @@ class CompositeJumper(ProtectedCalibrator):
 
     ``loss="log"`` (default) is Algorithm 1 itself; ``loss="brier"`` is the Brier-loss aggregating
     algorithm of the reference package ``protected-classification`` 0.1.5 (see
-    :func:`calpipe.kernels.protected._brier_compat`; binary scores run through its two-class
-    form :func:`calpipe.kernels.protected._brier_binary`), offered for compatibility.
+    :func:`calpipe.kernels.brier_compat.brier_compat`; binary scores run through its two-class
+    form :func:`calpipe.kernels.brier_compat.brier_binary`), offered for compatibility.
     """
 
     name = "composite-jumper"
@@ -479,7 +478,9 @@ class CompositeJumper(ProtectedCalibrator):
         # Binary: the fast two-class kernel (same recursion, libm-free exp/log, SIMD lanes);
         # its log10 CJ comes from _cj_rows, so the end state's is computed the same way.
         kernel, cj_rows = (
-            (K._brier_binary, K._cj_rows) if binary else (K._brier_compat, K._log10_cj_rows)
+            (brier_compat.brier_binary, brier_compat.cj_rows)
+            if binary
+            else (brier_compat.brier_compat, brier_compat.log10_cj_rows)
         )
         p, cj, sj, pw, a, cap, lsj = kernel(
             scores, labels.astype(np.int64, copy=False), op_event, op_kind, op_offsets,

@@ -44,7 +44,7 @@ from calpipe.calibrators.base import (
 )
 from calpipe.errors import StateError
 from calpipe.kernels._prediction import Prediction
-from calpipe.kernels.protected import OP_FORECAST, OP_UPDATE
+from calpipe.kernels.ops import OP_FORECAST, OP_UPDATE
 
 _HEADER = 3  # u, b, f
 

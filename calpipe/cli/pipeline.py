@@ -17,7 +17,7 @@ from pathlib import Path
 import duckdb
 import polars as pl
 
-from calpipe import pipeline, store
+from calpipe import config, pipeline, store
 from calpipe.cli.options import add_method_options, method_params
 
 #: Project-local dagster instance folder (git-ignored); the Makefile exports the same path.
@@ -37,7 +37,7 @@ concurrency:
 
 #: The UI listens on the loopback interface only: it can launch jobs, so it must not be exposed.
 UI_HOST = "127.0.0.1"
-UI_PORT = 3000
+UI_PORT = config.UI_PORT
 
 EXAMPLE_QUERIES = (
     "SELECT stream, alarm_date, round(log10_martingale_at_alarm, 2) AS log10_S FROM v_alarms",
@@ -64,7 +64,7 @@ def _prog() -> str:
         return "calpipe"
 
 
-def _print_frame(df: pl.DataFrame, max_rows: int = 50) -> None:
+def _print_frame(df: pl.DataFrame, max_rows: int = config.SQL_PRINT_MAX_ROWS) -> None:
     with pl.Config(
         tbl_rows=max_rows, tbl_cols=30, float_precision=4, tbl_width_chars=250,
         tbl_hide_dataframe_shape=True, tbl_hide_column_data_types=True,
@@ -267,6 +267,6 @@ def register(sub) -> None:
     s = sub.add_parser("sql", help="run a SQL query on a calpipe database and print the result")
     s.add_argument("query", help='e.g. "SELECT * FROM v_alarms"')
     s.add_argument("--db", default=default_db, help=f"DuckDB file (default: {default_db})")
-    s.add_argument("--max-rows", type=int, default=50)
+    s.add_argument("--max-rows", type=int, default=config.SQL_PRINT_MAX_ROWS)
     s.add_argument("--csv", action="store_true", help="print CSV instead of a table")
     s.set_defaults(func=_cmd_sql)

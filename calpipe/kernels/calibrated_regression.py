@@ -63,7 +63,7 @@ definiteness over long streams, and it would make the state depend on the update
 
 Operations
 ----------
-As in :mod:`calpipe.kernels.protected` (OP_STEP, OP_FORECAST, OP_UPDATE). An update regresses on
+As in :mod:`calpipe.kernels.ops` (OP_STEP, OP_FORECAST, OP_UPDATE). An update regresses on
 f(y^) where y^ is the forecast the current state gives the event (the fixed point, recomputed):
 for OP_STEP, and for OP_FORECAST directly followed by OP_UPDATE, it is the forecast issued, so
 those agree bit for bit and Algorithm 2 is run exactly. With delayed labels (other updates in
@@ -76,8 +76,6 @@ State per stream: one float64 vector ``[n_updates, A (D x D, row-major), b (D)]`
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from numba import njit
 
@@ -87,7 +85,8 @@ from calpipe.config import (
     CALREG_DEFAULT_POWERS,
     CALREG_ROOT_GRID,
 )
-from calpipe.kernels.protected import OP_FORECAST, OP_STEP, OP_UPDATE
+from calpipe.kernels.numeric import cholesky_solve
+from calpipe.kernels.ops import OP_FORECAST, OP_STEP, OP_UPDATE
 
 __all__ = [
     "OP_FORECAST",
@@ -213,33 +212,6 @@ def _fixed_point(theta, c, f, powers, tents, grid, tol, max_iter):
     return 0.0 if g0 < 0.0 else 1.0
 
 
-@njit(cache=True, inline="always")
-def _solve(a, b, lower, z, theta):
-    """theta = A^{-1} b by Cholesky A = L L^T (A symmetric positive definite, eigenvalues >= 1)."""
-    dim = b.shape[0]
-    for j in range(dim):
-        s = a[j, j]
-        for k in range(j):
-            s -= lower[j, k] * lower[j, k]
-        d = math.sqrt(s)
-        lower[j, j] = d
-        for i in range(j + 1, dim):
-            s = a[i, j]
-            for k in range(j):
-                s -= lower[i, k] * lower[j, k]
-            lower[i, j] = s / d
-    for i in range(dim):  # L z = b
-        s = b[i]
-        for k in range(i):
-            s -= lower[i, k] * z[k]
-        z[i] = s / lower[i, i]
-    for i in range(dim - 1, -1, -1):  # L^T theta = z
-        s = z[i]
-        for k in range(i + 1, dim):
-            s -= lower[k, i] * theta[k]
-        theta[i] = s / lower[i, i]
-
-
 @njit(cache=True)
 def _calreg_online(
     p,
@@ -285,7 +257,9 @@ def _calreg_online(
             e = op_event[o]
             kind = op_kind[o]
             if stale:
-                _solve(a, b, lower, z, theta)  # theta_t: ridge on the updates so far (step 1)
+                cholesky_solve(
+                    a, b, lower, z, theta
+                )  # theta_t: ridge on the updates so far (step 1)
                 stale = False
             # Static test functions of the event's context x_t (items 3-6).
             j = n_dyn

@@ -45,6 +45,7 @@ from numba import njit
 
 from calpipe import config
 from calpipe.kernels._prediction import Prediction
+from calpipe.kernels.numeric import cholesky_solve
 
 #: Parameterisations of beta calibration, as in the betacal package.
 BETA_PARAMETERS = ("abm", "ab", "am", "a")
@@ -91,37 +92,6 @@ def _logreg_eval(x, t, theta, ridge, grad, hess):
 
 
 @njit(cache=True)
-def _cholesky_solve(h, g, out):
-    """Solve h out = g for a small symmetric positive definite h; False if h is not SPD."""
-    m = h.shape[0]
-    lo = np.zeros((m, m))
-    for j in range(m):
-        s = h[j, j]
-        for k in range(j):
-            s -= lo[j, k] * lo[j, k]
-        if not s > 0.0:
-            return False
-        lo[j, j] = math.sqrt(s)
-        for i in range(j + 1, m):
-            s = h[i, j]
-            for k in range(j):
-                s -= lo[i, k] * lo[j, k]
-            lo[i, j] = s / lo[j, j]
-    w = np.empty(m)
-    for i in range(m):  # lo w = g
-        s = g[i]
-        for k in range(i):
-            s -= lo[i, k] * w[k]
-        w[i] = s / lo[i, i]
-    for i in range(m - 1, -1, -1):  # lo^T out = w
-        s = w[i]
-        for k in range(i + 1, m):
-            s -= lo[k, i] * out[k]
-        out[i] = s / lo[i, i]
-    return True
-
-
-@njit(cache=True)
 def _logreg_newton(x, t, ridge, tol, dec_tol, max_iter, max_halvings, chol_shift):
     """Minimise F(theta) (module docstring) by Newton's method with step halving.
 
@@ -141,6 +111,8 @@ def _logreg_newton(x, t, ridge, tol, dec_tol, max_iter, max_halvings, chol_shift
     grad_t = np.empty(m)
     hess_t = np.empty((m, m))
     step = np.empty(m)
+    lower = np.zeros((m, m))  # scratch of cholesky_solve
+    z = np.empty(m)
     f = _logreg_eval(x, t, theta, ridge, grad, hess)
     it = 0
     converged = False
@@ -152,7 +124,7 @@ def _logreg_newton(x, t, ridge, tol, dec_tol, max_iter, max_halvings, chol_shift
         scale = 0.0
         for j in range(m):
             scale = max(scale, hess[j, j])
-        while not _cholesky_solve(hess, grad, step):
+        while not cholesky_solve(hess, grad, lower, z, step):
             shift = max(2.0 * shift, chol_shift * scale)
             for j in range(m):
                 hess[j, j] += shift

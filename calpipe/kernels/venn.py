@@ -55,7 +55,7 @@ lower <= q <= upper and sum_c q_c = 1.
 
 Operations (online kernel)
 --------------------------
-As in :mod:`calpipe.kernels.protected`: ``OP_STEP`` (forecast, then learn the label),
+As in :mod:`calpipe.kernels.ops`: ``OP_STEP`` (forecast, then learn the label),
 ``OP_FORECAST`` (forecast only), ``OP_UPDATE`` (learn the label). A forecast uses the counts of
 earlier updates only (prequential). The state of a stream is its count table n_{k,c} as float64
 (exact for counts below 2^53), shape (C, K): flattened category-major, entry k * K + c.
@@ -68,7 +68,7 @@ from numba import njit
 
 from calpipe.config import VENN_DEFAULT_N_BINS
 from calpipe.kernels._prediction import Prediction
-from calpipe.kernels.protected import OP_FORECAST, OP_STEP, OP_UPDATE
+from calpipe.kernels.ops import OP_FORECAST, OP_STEP, OP_UPDATE
 
 __all__ = [
     "OP_FORECAST",

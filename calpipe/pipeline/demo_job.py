@@ -22,14 +22,14 @@ from calpipe.pipeline.reports import stream_summary
 from calpipe.pipeline.settings import Settings
 from calpipe.store import EventSource
 
-#: The bank demo: stream name, the base score column, and the shipped file (DESIGN §3 columns).
+#: The bank demo: stream name, the base score column, and the shipped file (docs/ARCHITECTURE.md §3 columns).
 BANK_STREAM = "bank-telemarketing"
 BANK_SCORE = "score_rf1000"
 DATA_DIR = store.PROJECT_ROOT / "data"
 BANK_FILE = DATA_DIR / "bank_marketing_scored.parquet"
 GENERATED_FILE = DATA_DIR / "generated" / "synthetic_streams.parquet"
 
-#: The demo's daily partitions: the bank stream's first and last contact dates (PROVENANCE:
+#: The demo's daily partitions: the bank stream's first and last contact dates (docs/REFERENCE_DATA.md:
 #: 2008-06-09 .. 2010-11-17); the synthetic streams end on the same day.
 DEMO_FIRST_DAY = dt.date(2008, 6, 9)
 DEMO_LAST_DAY = dt.date(2010, 11, 17)

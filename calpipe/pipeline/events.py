@@ -77,7 +77,7 @@ def _stored_events(chunk: pl.DataFrame) -> pl.DataFrame:
 def read_source_days(con, source: EventSource, start: dt.date, end: dt.date) -> pl.DataFrame:
     """Validated scored events of [start, end] from ``source`` (the rows ``load_events`` stores).
 
-    Checks the data contract (DESIGN §3, via :func:`calpipe.frame.validate_frame` and
+    Checks the data contract (docs/ARCHITECTURE.md §3, via :func:`calpipe.frame.validate_frame` and
     :func:`calpipe.frame.replay_order`: scores in [0, 1], integer labels in {0, 1}, unique
     (stream, event_id), ...) and that each landing file's events fall on its folder's date.
     Raises :class:`calpipe.errors.InputError` naming the day, stream and event of the first

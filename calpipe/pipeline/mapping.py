@@ -23,18 +23,10 @@ from calpipe.pipeline.transactions import day_range
 
 
 def map_weights(state: pl.DataFrame, settings: Settings) -> tuple[np.ndarray, np.ndarray]:
-    """The serving map's weights of each state row: ``(P (n,), W (n, T))``.
-
-    The map is p' = P p + sum_theta W_theta f_theta(p) on the clipped p, where W_theta =
-    sum_J of the jump-mixed active weights (1 - J) A^J_theta + J / |Theta| sum_theta' A^J_theta'
-    (DESIGN §4: the mixture after the next jump-mixing step).
-    """
+    """The serving map's weights of each state row: ``(P (n,), W (n, T))``, from the calibrator
+    (:meth:`calpipe.calibrators.protected.ProtectedCalibrator.map_weights`)."""
     cal = settings.calibrator()
-    st = state_from_rows(cal, state, 2)
-    rates = cal.rates[None, :, None]
-    n_fun = st.active.shape[2]
-    mixed = (1.0 - rates) * st.active + st.active.sum(axis=2, keepdims=True) * rates / n_fun
-    return st.passive, mixed.sum(axis=1)
+    return cal.map_weights(state_from_rows(cal, state, 2))
 
 
 #: Term family names in ``calibration_map`` (and the SQL macro ``calpipe_term``).
@@ -106,7 +98,7 @@ def serving_map(
     score: str = "score",
     stream: str = "stream",
 ) -> pl.DataFrame:
-    """Apply each stream's serving map (its state's next forecast, DESIGN §4) to fresh scores.
+    """Apply each stream's serving map (its state's next forecast, docs/ARCHITECTURE.md §4) to fresh scores.
 
     ``state`` is a state frame (one row per stream, from :func:`calpipe.protect_with_state` or the
     ``calibrator_state`` table); ``scores`` has the stream column and a ``score`` column (binary:

@@ -12,7 +12,7 @@ from calpipe.calibrators.batch import Platt
 from calpipe.calibrators.checks import check_calibrator
 from calpipe.calibrators.protected import CompositeJumper
 from calpipe.calibrators.stacked import Stacked
-from calpipe.kernels.protected import OP_UPDATE
+from calpipe.kernels.ops import OP_UPDATE
 
 
 @pytest.mark.parametrize("cls", [*METHODS.values(), Stacked], ids=[*METHODS, "stacked"])

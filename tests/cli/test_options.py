@@ -28,7 +28,7 @@ def test_every_option_methods_prints_is_accepted_by_protect():
 
 
 def test_family_params_pair_with_a_negative_alpha_is_accepted():
-    """The default Cox grid has alpha = -1 (DESIGN §4), so `--family-params 0,1 1,1 -1,1` must
+    """The default Cox grid has alpha = -1 (docs/ARCHITECTURE.md §4), so `--family-params 0,1 1,1 -1,1` must
     parse; argparse took "-1,1" for an unknown option and exited with a usage error."""
     args = build_parser().parse_args(
         ["protect", "in.parquet", "out.parquet", "--family-params", "0,1", "1,1", "-1,1"]

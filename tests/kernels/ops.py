@@ -1,4 +1,4 @@
-"""Random operation lists for the op-list kernels' tests (calpipe.kernels.protected's convention:
+"""Random operation lists for the op-list kernels' tests (calpipe.kernels.ops convention:
 OP_STEP, OP_FORECAST, OP_UPDATE; one segment of ops per stream)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from calpipe.kernels import protected as K
+from calpipe.kernels import ops as K
 
 
 @dataclass

@@ -409,7 +409,7 @@ def test_bank_first_5000_events_calibrate_the_rest():
     The bank data drift: the positive rate is 5.3 % in the first 5000 events and 15.5 % after,
     with the scores not following (their mean falls), so a batch map fitted on the first window
     *raises* the log loss on the rest (e.g. ``score_rf1000``: 0.583 -> 0.648 nats, clipped at
-    1e-3) - the situation protection exists for (DESIGN §1). What holds and is asserted: finite
+    1e-3) - the situation protection exists for (docs/ARCHITECTURE.md §1). What holds and is asserted: finite
     clipped log loss on the rest; the sklearn equality there; a lower log loss than the base
     in-sample (IR minimises every proper loss among monotone maps, the identity among them) and
     on the next 5000 events, where the rate has barely moved (6.2 %); and on the rest when the

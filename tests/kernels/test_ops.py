@@ -1,0 +1,221 @@
+"""Operation-list semantics (calpipe/kernels/ops.py) for every recursive kernel: forecast then
+update equals a step, chunks with the state carried equal one pass, purity, valid outputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from calpipe import families
+from calpipe.kernels import brier_compat as B
+from calpipe.kernels import mixture as M
+from calpipe.kernels import ops as O
+from tests import naive
+from tests.kernels.kernel_cases import (
+    ATOL,
+    CJ_RATES,
+    FEW,
+    SEEDS,
+    Batch,
+    _labels,
+    _scores,
+    _snapshot,
+    brier_state,
+    cj_state,
+    make_batch,
+    run_binary,
+    run_brier,
+    run_multiclass,
+    split_each_stream,
+)
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_forecast_then_update_on_same_event_equals_step(k):
+    steps, split, mask = _step_and_split_batches(3 + k, k)
+    if k == 2:
+        fam = families.binary_family("cox2")
+        a = run_binary(steps, fam, CJ_RATES, cj_state(1, 3, fam.size))
+        b = run_binary(split, fam, CJ_RATES, cj_state(1, 3, fam.size))
+    else:
+        fam = families.multiclass_family(k)
+        a = run_multiclass(steps, fam.betas, fam.alphas, CJ_RATES, cj_state(1, 3, fam.size))
+        b = run_multiclass(split, fam.betas, fam.alphas, CJ_RATES, cj_state(1, 3, fam.size))
+    _assert_split_equals_step(a, b, mask, 1)
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_brier_forecast_then_update_on_same_event_equals_step(k):
+    steps, split, mask = _step_and_split_batches(30 + k, k, clip=None)
+    if k == 2:
+        steps.p = split.p = np.ascontiguousarray(np.column_stack([1 - steps.p, steps.p]))
+    alphas, betas = naive.package_grid(k)
+    a = run_brier(steps, betas, alphas, CJ_RATES, brier_state(1, 3, len(betas)))
+    b = run_brier(split, betas, alphas, CJ_RATES, brier_state(1, 3, len(betas)))
+    np.testing.assert_allclose(a[0], b[0], rtol=0, atol=ATOL)
+    before = np.vstack([np.zeros((1, 3)), a[2][:-1]])
+    np.testing.assert_allclose(b[2][~mask], a[2][~mask], rtol=0, atol=ATOL)
+    np.testing.assert_allclose(b[2][mask], before[mask], rtol=0, atol=ATOL)
+    for x, z in zip(a[3:], b[3:], strict=True):
+        np.testing.assert_allclose(x, z, rtol=0, atol=ATOL)
+
+
+@FEW
+@given(seed=SEEDS, cut=st.floats(0.0, 1.0))
+def test_two_chunks_with_state_carried_equal_one_pass(seed, cut):
+    """Resumable (docs/ARCHITECTURE.md §4): ops split anywhere per stream, state of chunk 1 fed to chunk 2."""
+    batch = make_batch(seed, max_streams=3)
+    fam = families.binary_family("cox2")
+    state = cj_state(batch.n_streams, 3, fam.size)
+    one = run_binary(batch, fam, CJ_RATES, state)
+    first, second = split_each_stream(batch, cut)
+    r1 = run_binary(first, fam, CJ_RATES, state)
+    r2 = run_binary(second, fam, CJ_RATES, r1[2:])
+    got_p = np.where(np.isnan(r2[0]), r1[0], r2[0])
+    got_m = np.where(np.isnan(r2[1]), r1[1], r2[1])
+    np.testing.assert_allclose(got_p, one[0], rtol=0, atol=ATOL)
+    np.testing.assert_allclose(got_m, one[1], rtol=0, atol=ATOL)
+    for x, z in zip(r2[2:], one[2:], strict=True):
+        np.testing.assert_allclose(x, z, rtol=0, atol=ATOL)
+
+
+def test_kernels_do_not_mutate_their_inputs():
+    batch = make_batch(21, max_streams=3)
+    fam = families.binary_family("cox2")
+    state = cj_state(batch.n_streams, 3, fam.size)
+    args = (batch.p, batch.y.astype(np.int8), batch.op_event, batch.op_kind, batch.op_offsets)
+    before = _snapshot(*args, fam.params, CJ_RATES, *state)
+    out = M.mixture_binary(*args, fam.code, fam.params, CJ_RATES, *state)
+    for x, z in zip(before, [*args, fam.params, CJ_RATES, *state], strict=True):
+        np.testing.assert_array_equal(x, z)
+    assert out[3] is not state[1] and not np.shares_memory(out[3], state[1])
+
+    mb = make_batch(22, 4, max_streams=2)
+    mf = families.multiclass_family(4)
+    mstate = cj_state(mb.n_streams, 3, mf.size)
+    margs = (mb.p, mb.y, mb.op_event, mb.op_kind, mb.op_offsets, mf.betas.copy(), mf.alphas)
+    before = _snapshot(*margs, CJ_RATES, *mstate)
+    M.mixture_multiclass(*margs, CJ_RATES, *mstate)
+    for x, z in zip(before, [*margs, CJ_RATES, *mstate], strict=True):
+        np.testing.assert_array_equal(x, z)
+
+    bstate = brier_state(mb.n_streams, 3, mf.size)
+    before = _snapshot(*margs, CJ_RATES, *bstate)
+    B.brier_compat(*margs, CJ_RATES, *bstate)
+    for x, z in zip(before, [*margs, CJ_RATES, *bstate], strict=True):
+        np.testing.assert_array_equal(x, z)
+
+
+@FEW
+@given(seed=SEEDS, k=st.sampled_from([2, 3, 6]))
+def test_family_holding_only_the_identity_returns_the_base(seed, k):
+    """Every mixture of copies of p is p: protected == base, log10 martingale == 0 (log loss);
+    Brier mode's substitution shortcut also returns p exactly when every expert predicts p."""
+    batch = make_batch(seed, k, max_streams=2, max_len=40)
+    seen = np.unique(batch.op_event[batch.op_kind != O.OP_UPDATE])
+    rates = [0.3, 1e-3]
+    if k == 2:
+        for fam in (
+            families.binary_family("quadratic", [0.0]),
+            families.binary_family("cox2", [(0.0, 1.0)]),
+            families.binary_family("cubic", [(0.0, 0.4)]),
+        ):
+            out_p, out_m, *_ = run_binary(batch, fam, rates, cj_state(batch.n_streams, 2, 1))
+            np.testing.assert_allclose(out_p[seen], batch.p[seen], rtol=0, atol=1e-14)
+            np.testing.assert_allclose(out_m[seen], 0.0, atol=1e-12)
+        p2 = np.column_stack([1 - batch.p, batch.p])
+    else:
+        out_p, out_m, *_ = run_multiclass(
+            batch, [1.0], np.zeros((1, k)), rates, cj_state(batch.n_streams, 2, 1)
+        )
+        np.testing.assert_allclose(out_p[seen], batch.p[seen], rtol=0, atol=1e-14)
+        np.testing.assert_allclose(out_m[seen], 0.0, atol=1e-12)
+        p2 = batch.p
+    out_p, out_cj, out_sj, *_ = run_brier(
+        batch, [1.0], np.zeros((1, k)), rates, brier_state(batch.n_streams, 2, 1)
+    )
+    np.testing.assert_allclose(out_p[seen], p2[seen], rtol=0, atol=1e-12)
+    np.testing.assert_allclose(out_sj[seen], 0.0, atol=1e-12)
+    np.testing.assert_allclose(out_cj[seen], 0.0, atol=1e-12)
+
+
+@FEW
+@given(seed=SEEDS, k=st.sampled_from([2, 3, 5]))
+def test_outputs_are_probabilities_summing_to_one(seed, k):
+    """Protected forecasts in [0, 1] (and rows summing to 1 for K classes), for every kernel,
+    including base forecasts at the clip edges (log loss) and exact 0 / 1 (Brier mode)."""
+    batch = make_batch(seed, k)
+    seen = np.unique(batch.op_event[batch.op_kind != O.OP_UPDATE])
+    unseen = np.setdiff1d(np.arange(batch.p.shape[0]), seen)
+    if k == 2:
+        fam = families.binary_family("cox2")
+        out_p, out_m, *_ = run_binary(batch, fam, CJ_RATES, cj_state(batch.n_streams, 3, 9))
+        assert np.all((out_p[seen] >= 0.0) & (out_p[seen] <= 1.0))
+    else:
+        fam = families.multiclass_family(k)
+        out_p, out_m, *_ = run_multiclass(
+            batch, fam.betas, fam.alphas, CJ_RATES, cj_state(batch.n_streams, 3, fam.size)
+        )
+        assert np.all((out_p[seen] >= 0.0) & (out_p[seen] <= 1.0))
+        np.testing.assert_allclose(out_p[seen].sum(axis=1), 1.0, atol=ATOL)
+    assert np.all(np.isfinite(out_m[seen]))
+    assert np.all(np.isnan(out_p[unseen]))  # events never forecast keep NaN
+
+    raw = make_batch(seed, k, clip=None)
+    alphas, betas = naive.package_grid(k)
+    b_p, b_cj, b_sj, *_ = run_brier(
+        raw, betas, alphas, CJ_RATES, brier_state(raw.n_streams, 3, len(betas))
+    )
+    seen = np.unique(raw.op_event[raw.op_kind != O.OP_UPDATE])
+    assert np.all((b_p[seen] >= 0.0) & (b_p[seen] <= 1.0))
+    np.testing.assert_allclose(b_p[seen].sum(axis=1), 1.0, atol=ATOL)
+    assert np.all(np.isfinite(b_cj[seen])) and np.all(np.isfinite(b_sj[seen]))
+
+
+def test_composite_jumper_log10_cj_rows_match_package_log_mean():
+    rng = np.random.default_rng(5)
+    lsj = rng.normal(0, 30, size=(6, 3))
+    lsj[0] = [-500.0, -800.0, -2.0]  # large negative: CJ -> log10(1/2)
+    lsj[1] = [900.0, 950.0, 10.0]  # large positive: no overflow
+    got = B.log10_cj_rows(np.ascontiguousarray(lsj))
+    expected = [naive._log_mean([0.0, naive._log_mean(list(row))]) for row in lsj]
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-12)
+    assert np.isfinite(got).all()
+
+
+# ----------------------------------------------------------------------------------------------
+# Operation semantics, purity, invariants
+# ----------------------------------------------------------------------------------------------
+def _step_and_split_batches(seed: int, k: int, clip: float | None = 1e-3):
+    """The same labelled stream twice: all OP_STEP; and with some steps split into OP_FORECAST
+    immediately followed by OP_UPDATE. Returns (steps, split, events that were split)."""
+    rng = np.random.default_rng(seed)
+    n = 80
+    p = _scores(rng, n, k, clip)
+    y = _labels(rng, p)
+    split_mask = rng.random(n) < 0.4
+    ev, kind = [], []
+    for e in range(n):
+        if split_mask[e]:
+            ev += [e, e]
+            kind += [O.OP_FORECAST, O.OP_UPDATE]
+        else:
+            ev.append(e)
+            kind.append(O.OP_STEP)
+    steps = Batch(p, y, np.arange(n, dtype=np.int64), np.zeros(n, np.int8), np.array([0, n]), 1)
+    split = Batch(p, y, np.array(ev, np.int64), np.array(kind, np.int8), np.array([0, len(ev)]), 1)
+    return steps, split, split_mask
+
+
+def _assert_split_equals_step(a, b, split_mask, martingale_idx: int):
+    """Forecasts and end states equal; the martingale at a split event is its value *before* the
+    label (the forecast op records it, the update does not), i.e. the previous event's value."""
+    np.testing.assert_allclose(a[0], b[0], rtol=0, atol=ATOL)
+    m_step, m_split = a[martingale_idx], b[martingale_idx]
+    before = np.concatenate([[0.0], m_step[:-1]])
+    np.testing.assert_allclose(m_split[~split_mask], m_step[~split_mask], rtol=0, atol=ATOL)
+    np.testing.assert_allclose(m_split[split_mask], before[split_mask], rtol=0, atol=ATOL)
+    for x, z in zip(a[-3:], b[-3:], strict=True):
+        np.testing.assert_allclose(x, z, rtol=0, atol=ATOL)
