@@ -1,4 +1,4 @@
--- calpipe tables (DESIGN §3, §5). Installed by calpipe.store.connect(); every statement is
+-- calpipe tables (docs/ARCHITECTURE.md §3, §5). Installed by calpipe.store.connect(); every statement is
 -- idempotent. No primary keys: uniqueness is validated by calpipe before a write, and DuckDB's
 -- constraint checks would only slow the DELETE + INSERT of a partition replace down.
 -- Every table is partitioned by a DATE column (event_date or date); calpipe replaces partitions
@@ -106,7 +106,7 @@ CREATE TABLE IF NOT EXISTS martingale_alarms (
     threshold        DOUBLE    NOT NULL
 );
 
--- Serving map at the end of `date` (DESIGN §4), exactly, as a weighted sum of terms:
+-- Serving map at the end of `date` (docs/ARCHITECTURE.md §4), exactly, as a weighted sum of terms:
 --   p' = sum_term weight * f_term(clip(p)),  f = p for 'identity' (the passive weight P),
 --   'quadratic' p + a p (1 - p), 'cubic' p + a p (p - b)(p - 1),
 --   'cox' e^a p^b / (e^a p^b + (1 - p)^b);

@@ -1,4 +1,4 @@
--- Macros that apply a stored serving map to fresh scores in plain SQL (DESIGN §4).
+-- Macros that apply a stored serving map to fresh scores in plain SQL (docs/ARCHITECTURE.md §4).
 -- They evaluate the calibrating functions exactly, so they equal calpipe's polars serving map
 -- (calpipe.pipeline.serving_map) to rounding.
 
