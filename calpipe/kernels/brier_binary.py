@@ -22,9 +22,9 @@ from calpipe.kernels.numeric import (
     ln_core,
     ln_fast,
     ln_ok,
-    next_stream,
     stack_empty,
     steps_to_first_end,
+    take_stream,
     tree_sum,
 )
 from calpipe.kernels.ops import OP_FORECAST, OP_UPDATE
@@ -451,18 +451,12 @@ def _brier_lanes_body(
         for lane in range(nl):  # refill idle lanes
             if busy[lane] != 0:
                 continue
-            k = next_stream(order, k, start, op_offsets)
-            if k == n_streams:
-                lane_op[lane] = 0
-                lane_end[lane] = 0
+            k, s = take_stream(
+                lane, order, k, start, op_offsets, busy, lane_stream, lane_op, lane_end
+            )
+            if s < 0:
                 continue
-            s = order[k]
-            k += 1
-            busy[lane] = 1
             n_busy += 1
-            lane_stream[lane] = s
-            lane_op[lane] = start[s]
-            lane_end[lane] = op_offsets[s + 1]
             for j in range(n_rates):
                 for t in range(n_fun):
                     A[j, t, lane] = active[s, j, t]

@@ -51,9 +51,9 @@ from calpipe.kernels.numeric import (
     LANES,
     is_normal,
     log10_core,
-    next_stream,
     stack_empty,
     steps_to_first_end,
+    take_stream,
 )
 from calpipe.kernels.ops import OP_FORECAST, OP_UPDATE
 
@@ -347,18 +347,12 @@ def _binary_lanes(
         for lane in range(nl):  # refill idle lanes
             if busy[lane] != 0:
                 continue
-            k = next_stream(order, k, start, op_offsets)
-            if k == n_streams:
-                lane_op[lane] = 0
-                lane_end[lane] = 0
+            k, s = take_stream(
+                lane, order, k, start, op_offsets, busy, lane_stream, lane_op, lane_end
+            )
+            if s < 0:
                 continue
-            s = order[k]
-            k += 1
-            busy[lane] = 1
             n_busy += 1
-            lane_stream[lane] = s
-            lane_op[lane] = start[s]
-            lane_end[lane] = op_offsets[s + 1]
             for j in range(n_rates):
                 for t in range(n_fun):
                     A[j, t, lane] = active[s, j, t]

@@ -14,7 +14,7 @@ Nothing here knows a calibrator. Every function is ``@njit(inline="always")`` (o
   straight-line arithmetic, loops of them vectorise, which a libm call prevents;
 * :func:`tree_sum` -- a sum in a fixed halving order (deterministic, log2 n dependent adds);
 * :func:`cholesky_solve` -- the small SPD solve of the Newton fits and of calibrated regression;
-* :func:`next_stream`, :func:`steps_to_first_end` -- the refill scan and step count of the
+* :func:`take_stream`, :func:`next_stream`, :func:`steps_to_first_end` -- the refill and step count of the
   engines that run ``LANES`` streams at a time (:mod:`calpipe.kernels.mixture`,
   :mod:`calpipe.kernels.brier_binary`).
 
@@ -265,6 +265,25 @@ def next_stream(order, k, start, op_offsets):
     while k < order.shape[0] and start[order[k]] >= op_offsets[order[k] + 1]:
         k += 1
     return k
+
+
+@njit(cache=True, inline="always")
+def take_stream(lane, order, k, start, op_offsets, busy, lane_stream, lane_op, lane_end):
+    """Give idle lane ``lane`` the next stream of ``order`` (from position ``k``) that has
+    operations left, and set its bookkeeping. Returns ``(next position, stream)``; the stream is
+    -1 when ``order`` is exhausted (the lane then stays idle on op 0). The engine loads the
+    stream's state into the lane itself (its layout is the engine's)."""
+    k = next_stream(order, k, start, op_offsets)
+    if k == order.shape[0]:
+        lane_op[lane] = 0
+        lane_end[lane] = 0
+        return k, -1
+    s = order[k]
+    busy[lane] = 1
+    lane_stream[lane] = s
+    lane_op[lane] = start[s]
+    lane_end[lane] = op_offsets[s + 1]
+    return k + 1, s
 
 
 @njit(cache=True, inline="always")
