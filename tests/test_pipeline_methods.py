@@ -38,6 +38,13 @@ CASES = {
     "venn-abers": {"window": 40, "refit_every": 20},
     "venn": {"window": 40, "n_bins": 4},
     "calibrated-regression": {"powers": 2},
+    "ops": {},
+    "tops": {"n_bins": 5},
+    "hops": {},
+    "obs": {"rho": 10.0},
+    "tobs": {},
+    "hobs": {"n_bins": 4},
+    "online-histogram": {"n_bins": 5},
 }
 STACK = ("composite-jumper", {"base_method": "platt", "base_params": {"window": 30}})
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 from calpipe.calibrators.base import Calibrator
 from calpipe.calibrators.batch import BATCH_METHODS
 from calpipe.calibrators.online import ONLINE_METHODS
+from calpipe.calibrators.online_scaling import ONLINE_SCALING_METHODS
 from calpipe.calibrators.protected import PROTECTED_METHODS
 from calpipe.calibrators.stacked import Stacked
 from calpipe.errors import ParameterError
 
 METHODS: dict[str, type[Calibrator]] = {
     **PROTECTED_METHODS,
-    **{cls.name: cls for cls in (*BATCH_METHODS, *ONLINE_METHODS)},
+    **{cls.name: cls for cls in (*BATCH_METHODS, *ONLINE_METHODS, *ONLINE_SCALING_METHODS)},
 }
 
 

@@ -1,0 +1,230 @@
+"""Online scaling with calibeating (Gupta & Ramdas, "Online Platt Scaling with Calibeating",
+ICML 2023): every label updates the map at once, no calibration window.
+
+==================  ==================================================================  =========
+method              forecast                                                           K classes
+==================  ==================================================================  =========
+``ops``             Online Platt Scaling: sigmoid(a logit p + b), (a, b) by the Online   vector
+                    Newton Step (G&R §2, Algorithm 1)                                    scaling
+``tops``            OPS + tracking calibeating (G&R §3.1)                               binary
+``hops``            OPS + hedging calibeating (G&R §3.2)                                binary
+``obs``             online beta scaling: sigmoid(a ln p - b ln(1 - p) + c) by the same  binary
+                    ONS (G&R §5)
+``tobs``, ``hobs``  online beta scaling + tracking / hedging calibeating (G&R §5)       binary
+``online-histogram`` online histogram binning: the mean label of earlier events in the    binary
+                    base forecast's equal-width bin (tracking calibeating of the base)
+==================  ==================================================================  =========
+
+K classes (``ops`` only): the multinomial analogue is **online vector scaling**, softmax of
+a_k ln p_k + b_k with (a, b) in R^2K learnt by the same ONS from the identity (a = 1, b = 0).
+It is the per-class form of Platt scaling of Guo et al. (2017); unlike one-vs-rest scaling with
+renormalisation it is a proper K-class likelihood, so the ONS regret bound holds as is, and b
+follows shifts of the class priors directly. Calibeating is defined for binary forecasts only.
+
+Regret (Hazan 2016, Thm. 4.5; G&R Thm. 2.1): the cumulative log loss of OPS/OBS exceeds that of
+the best fixed map with ||theta|| <= B in hindsight by O(d log T); tracking/hedging calibeating
+add calibration on top (G&R Thms. 3.1-3.2: the Brier score of TOPS beats OPS's by its sharpness
+term; HOPS is also calibrated for adversarial sequences, up to the grid width).
+
+Every method keeps a fixed-length state per stream ([theta, A, calibeating statistics]), so a
+stream run in chunks with the state carried equals one pass bit for bit. Kernel:
+:func:`calpipe.kernels.online_scaling.online_scaling`.
+
+>>> import numpy as np
+>>> from calpipe.calibrators import make_calibrator
+>>> out, st = make_calibrator("ops").run(np.array([0.9, 0.9, 0.9]), np.array([0, 0, -1]))
+>>> out.protected.round(3).tolist()  # the identity first, then it learns the zeros
+[0.9, 0.845, 0.776]
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import numpy as np
+
+from calpipe import config
+from calpipe.calibrators._params import Param, int_at_least, number_in
+from calpipe.calibrators.base import CLIP_PARAM
+from calpipe.calibrators.online import OnlineCalibrator
+from calpipe.kernels import online_scaling as OS
+
+_ONS_PARAMS: dict[str, Param] = {
+    "gamma": Param(
+        config.OPS_GAMMA,
+        number_in(0.0, np.inf),
+        "a number > 0",
+        "Online Newton Step: the step is A^-1 g / gamma (config.OPS_GAMMA)",
+    ),
+    "radius": Param(
+        config.OPS_RADIUS,
+        number_in(0.0, np.inf),
+        "a number > 0",
+        "the parameters are projected on the ball ||theta|| <= radius (config.OPS_RADIUS)",
+    ),
+    "rho": Param(
+        config.OPS_RHO,
+        number_in(0.0, np.inf),
+        "a number > 0",
+        "initial curvature A_0 = rho I of the Online Newton Step (config.OPS_RHO)",
+    ),
+    "score_clip": Param(
+        config.OPS_SCORE_CLIP,
+        number_in(0.0, 0.5),
+        "a number in (0, 0.5)",
+        "the base forecast is clipped to [score_clip, 1 - score_clip] in the features",
+    ),
+}
+_BINS = Param(
+    config.CALIBEATING_N_BINS,
+    int_at_least(1),
+    "an integer >= 1",
+    "equal-width bins of the expert's forecast (config.CALIBEATING_N_BINS)",
+)
+
+
+class OnlineScaling(OnlineCalibrator):
+    """A scaling model learnt online by the Online Newton Step, optionally calibeaten.
+
+    Subclasses set ``model`` (:mod:`calpipe.kernels.online_scaling` ``MODEL_*``) and
+    ``calibeat`` (``CALIBEAT_*``); K-class scores run the vector model (``ops`` only).
+    """
+
+    model: ClassVar[int] = OS.MODEL_PLATT
+    calibeat: ClassVar[int] = OS.CALIBEAT_NONE
+    classes = "binary"
+    parameters: ClassVar[dict[str, Param]] = {
+        **_ONS_PARAMS,
+        "n_bins": _BINS,
+        "clip": CLIP_PARAM,
+    }
+    check_params = ({}, {"radius": 1.5, "rho": 1.0, "n_bins": 4})
+
+    def _get(self, key: str):
+        """A parameter, or its default where the method has no such parameter (``ops`` has no
+        bins, ``online-histogram`` no ONS): the kernel takes them all."""
+        if key in self.params:
+            return self.params[key]
+        return (_ONS_PARAMS | {"n_bins": _BINS})[key].default
+
+    def _model(self, n_classes: int) -> int:
+        return OS.MODEL_VECTOR if n_classes > 2 else self.model
+
+    def _shapes(self, n_classes: int) -> tuple[int, int, int]:
+        d = OS.n_params(self._model(n_classes), n_classes)
+        nb = self._get("n_bins")
+        w = OS.beat_width(self.calibeat, nb)
+        return d, (nb if w else 0), w
+
+    def _state_size(self, n_classes: int) -> int:
+        d, nb, w = self._shapes(n_classes)
+        return d + d * d + nb * w
+
+    def _initial_vector(self, n_classes: int) -> np.ndarray:
+        theta, a, beat = OS.initial_state(
+            1, self._model(n_classes), n_classes, self.calibeat, self._get("n_bins"),
+            self._get("rho"),
+        )  # fmt: skip
+        return np.concatenate([theta.ravel(), a.ravel(), beat.ravel()])
+
+    def _kernel(self, x, y, ev, kind, off, vectors, n_classes, inputs):
+        d, nb, w = self._shapes(n_classes)
+        s = vectors.shape[0]
+        theta = vectors[:, :d]
+        a = vectors[:, d : d + d * d].reshape(s, d, d)
+        beat = vectors[:, d + d * d :].reshape(s, nb, w)
+        p, theta, a, beat = OS.online_scaling(
+            x, y, ev, kind, off, theta, a, beat, self._model(n_classes), self.calibeat,
+            self._get("gamma"), self._get("radius"), self._get("score_clip"),
+            self._get("n_bins"),
+        )  # fmt: skip
+        new = np.concatenate([theta, a.reshape(s, -1), beat.reshape(s, -1)], axis=1)
+        return p, p, p, new
+
+
+class OPS(OnlineScaling):
+    """Online Platt Scaling (G&R §2, Algorithm 1): sigmoid(a logit p + b), (a, b) by the Online
+    Newton Step from (1, 0); K classes: online vector scaling (module docstring)."""
+
+    name = "ops"
+    summary = "Online Platt Scaling (Gupta & Ramdas 2023, Alg. 1); K classes: online vector scaling"
+    classes = "both"
+    parameters: ClassVar[dict[str, Param]] = {**_ONS_PARAMS, "clip": CLIP_PARAM}
+    check_params = ({}, {"radius": 1.5, "rho": 1.0})
+
+
+class TOPS(OnlineScaling):
+    """OPS + tracking calibeating (G&R §3.1): the mean label of earlier events whose OPS forecast
+    fell in the same bin (the OPS forecast while the bin is empty)."""
+
+    name = "tops"
+    summary = "OPS + tracking calibeating (Gupta & Ramdas 2023, §3.1)"
+    calibeat = OS.CALIBEAT_TRACKING
+
+
+class HOPS(OnlineScaling):
+    """OPS + hedging calibeating (G&R §3.2): Foster's (1999) calibrated forecaster within each bin
+    of the OPS forecast, forecasting its expected value (module docstring of the kernel)."""
+
+    name = "hops"
+    summary = "OPS + hedging calibeating (Gupta & Ramdas 2023, §3.2)"
+    calibeat = OS.CALIBEAT_HEDGING
+
+
+class OBS(OnlineScaling):
+    """Online beta scaling (G&R §5): sigmoid(a ln p - b ln(1 - p) + c), (a, b, c) by the Online
+    Newton Step from (1, 1, 0) (beta calibration of Kull, Silva Filho & Flach 2017, online)."""
+
+    name = "obs"
+    summary = "online beta scaling (Gupta & Ramdas 2023, §5)"
+    model = OS.MODEL_BETA
+    parameters: ClassVar[dict[str, Param]] = {**_ONS_PARAMS, "clip": CLIP_PARAM}
+    check_params = ({}, {"radius": 1.5, "rho": 1.0})
+
+
+class TOBS(OBS):
+    """Online beta scaling + tracking calibeating (G&R §5)."""
+
+    name = "tobs"
+    summary = "online beta scaling + tracking calibeating (Gupta & Ramdas 2023, §5)"
+    calibeat = OS.CALIBEAT_TRACKING
+    parameters = OnlineScaling.parameters
+    check_params = OnlineScaling.check_params
+
+
+class HOBS(OBS):
+    """Online beta scaling + hedging calibeating (G&R §5)."""
+
+    name = "hobs"
+    summary = "online beta scaling + hedging calibeating (Gupta & Ramdas 2023, §5)"
+    calibeat = OS.CALIBEAT_HEDGING
+    parameters = OnlineScaling.parameters
+    check_params = OnlineScaling.check_params
+
+
+class OnlineHistogram(OnlineScaling):
+    """Online histogram binning: the mean label of earlier events whose base forecast fell in the
+    same equal-width bin, the base forecast while the bin is empty (tracking calibeating of the
+    base itself, G&R §3.1 with the identity as expert)."""
+
+    name = "online-histogram"
+    summary = "online histogram binning: running mean label per equal-width base-score bin"
+    model = OS.MODEL_NONE
+    calibeat = OS.CALIBEAT_TRACKING
+    parameters: ClassVar[dict[str, Param]] = {"n_bins": _BINS, "clip": CLIP_PARAM}
+    check_params = ({}, {"n_bins": 3})
+
+
+ONLINE_SCALING_METHODS = (OPS, TOPS, HOPS, OBS, TOBS, HOBS, OnlineHistogram)
+
+__all__ = [
+    "HOBS",
+    "HOPS",
+    "OBS",
+    "ONLINE_SCALING_METHODS",
+    "OPS",
+    "TOBS",
+    "TOPS",
+    "OnlineHistogram",
+    "OnlineScaling",
+]
