@@ -177,6 +177,38 @@ HISTOGRAM_N_BINS: int = 10
 HISTOGRAM_PRIOR_STRENGTH: float = 0.0
 
 
+# --- The default method: Composite Jumper over experts (calibrators/experts.py) ---
+#: The method run when none is named (calpipe.protect, ``calpipe protect/run``, the pipeline):
+#: the Composite Jumper over the base and online calibrators, which keeps paper 001's insurance
+#: (loss <= base + ln 2) and follows drift (docs/ARCHITECTURE.md §5; QUALITY.md).
+DEFAULT_METHOD: str = "composite-experts"
+
+#: The nightly pipeline's default (``calpipe run``, dagster, the demo) stays the Composite Jumper
+#: on the base until the SQL serving map (``calibration_map``, ``calibrate_score``) can express
+#: the inputs of composite-experts: a pipeline default without a SQL map would empty the table
+#: analysts query. Name ``--method composite-experts`` to run the new default nightly.
+PIPELINE_DEFAULT_METHOD: str = "composite-jumper"
+
+#: Online calibrators whose forecasts join the base as inputs of the default method (binary):
+#: Platt and beta scaling learnt online (Gupta & Ramdas 2023) follow shifts and slopes of any
+#: size without a window; Cox functions on top of them correct what a 2-3 parameter map cannot.
+EXPERT_INPUTS_BINARY: tuple[str, ...] = ("ops", "obs")
+
+#: K classes: online vector scaling (``ops``), the per-class slope and prior shift.
+EXPERT_INPUTS_MULTICLASS: tuple[str, ...] = ("ops",)
+
+#: Log-odds shifts alpha of the default method's Cox grid: paper 001's {0, +-1} doubled out to
+#: +-4 (a factor e^4 ~ 55 on the odds), each switch to a wider grid costing only ln(size) nats.
+EXPERT_COX_ALPHAS: tuple[float, ...] = (0.0, 1.0, -1.0, 2.0, -2.0, 4.0, -4.0)
+
+#: Slopes beta of that grid: paper 001's {1, 1/2, 2} (identity first).
+EXPERT_COX_BETAS: tuple[float, ...] = (1.0, 0.5, 2.0)
+
+#: K classes: shifts +-a e_k of one class's log-probability for a in this set (paper 001's 1,
+#: and 2 for the larger changes of class priors).
+EXPERT_CLASS_SHIFTS: tuple[float, ...] = (1.0, 2.0)
+
+
 # --- Online scaling with calibeating (kernels/online_scaling.py; Gupta & Ramdas 2023) ---
 #: Online Newton Step scale gamma: the step is A^{-1} g / gamma (Gupta & Ramdas 2023, Alg. 1).
 OPS_GAMMA: float = 0.1

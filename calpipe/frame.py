@@ -278,7 +278,7 @@ def protect(
     label_time: str | None = None,
     by: str | Sequence[str] | None = None,
     order_by: str | Sequence[str] = ("event_time", "event_id"),
-    method: str = "composite-jumper",
+    method: str = config.DEFAULT_METHOD,
     base_method: str | None = None,
     base_params: dict | None = None,
     **params,
@@ -291,21 +291,26 @@ def protect(
     after that row. Forecasts are prequential: an event's forecast uses only labels of events
     strictly before it (or, with ``label_time``, labels whose ``label_time`` is before its time).
 
-    The default ``method="composite-jumper"`` is paper 001, Algorithm 1 (docs/ARCHITECTURE.md §4): with passive
-    weight :math:`P`, active weights :math:`A^J_\theta` (start :math:`P=\pi`,
-    :math:`A^J_{\mathrm{id}} = (1-\pi)/|\mathbf J|`), per labelled event
+    The default method (:data:`calpipe.config.DEFAULT_METHOD`, ``composite-experts``,
+    :mod:`calpipe.calibrators.experts`) is paper 001's Composite Jumper over experts: calibrating
+    functions :math:`f_\theta` applied to the base forecast and to online Platt and beta scaling
+    (Gupta & Ramdas 2023) of it. With passive weight :math:`P` on the base, active weights
+    :math:`A^J_k` on the experts :math:`k = (i, \theta)` (start :math:`P=\pi`, each input's
+    identity :math:`(1-\pi)/(|\mathbf J| I)`), per labelled event
 
     .. math::
 
-        A^J_\theta &\leftarrow (1-J) A^J_\theta + \tfrac{J}{|\Theta|} \textstyle\sum_{\theta'} A^J_{\theta'},\\
-        p'_n &= P p_n + \textstyle\sum_{J,\theta} A^J_\theta f_\theta(p_n),\\
-        P &\leftarrow P B_{p_n}(\{y_n\})/C,\quad A^J_\theta \leftarrow A^J_\theta B_{f_\theta(p_n)}(\{y_n\})/C,
+        A^J_k &\leftarrow (1-J) A^J_k + \tfrac{J}{E} \textstyle\sum_{k'} A^J_{k'},\\
+        p'_n &= P p_n + \textstyle\sum_{J,k} A^J_k f_k(n),\\
+        P &\leftarrow P B_{p_n}(\{y_n\})/C,\quad A^J_k \leftarrow A^J_k B_{f_k(n)}(\{y_n\})/C,
         \quad C = p'_n(y_n),\\
         \log_{10} S_n &= \textstyle\sum_{i \le n} \log_{10} p'_i(y_i) - \log_{10} p_i(y_i).
 
-    ``jumper`` and ``mean-jumper`` are paper 000's Algorithm 2 (with the martingale of Algorithm 1)
-    and its average over jumping rates; ``loss="brier"`` reproduces ``protected-classification``
-    0.1.5. See ``calpipe methods`` for every parameter.
+    Its cumulative log loss is at most the base's + ln(1/π) (= ln 2), and each input's + ln 6 + n/10⁴.
+    ``composite-jumper`` is paper 001's Algorithm 1 on the base alone (its paper numbers are
+    reproduced); ``jumper`` and ``mean-jumper`` are paper 000's Algorithm 2 (with the martingale
+    of Algorithm 1) and its average over jumping rates; ``loss="brier"`` reproduces
+    ``protected-classification`` 0.1.5. See ``calpipe methods`` for every parameter.
 
     Parameters
     ----------
@@ -325,7 +330,7 @@ def protect(
     order_by : str or sequence of str
         Replay order within a stream; the last column is the event id, unique per stream.
     method : str
-        ``composite-jumper`` (default), ``jumper``, ``mean-jumper``, or any other method of
+        ``composite-experts`` (default), ``composite-jumper``, ``ops``, ... any method of
         :data:`calpipe.calibrators.METHODS` (``calpipe methods`` lists them with parameters).
     base_method, base_params : str, dict, optional
         Stacking: run ``base_method`` (with ``base_params``) first and give its forecasts to
@@ -361,10 +366,10 @@ def protect(
     │ ---    ┆ ---             │
     │ str    ┆ f64             │
     ╞════════╪═════════════════╡
-    │ a      ┆ 0.2             │
-    │ a      ┆ 0.7             │
-    │ a      ┆ 0.4001          │
-    │ b      ┆ 0.8999          │
+    │ a      ┆ 0.2002          │
+    │ a      ┆ 0.6984          │
+    │ a      ┆ 0.4003          │
+    │ b      ┆ 0.8998          │
     └────────┴─────────────────┘
     """
     lazy = isinstance(frame, pl.LazyFrame)
@@ -385,7 +390,7 @@ def protect_with_state(
     label_time: str | None = None,
     by: str | Sequence[str] | None = None,
     order_by: str | Sequence[str] = ("event_time", "event_id"),
-    method: str = "composite-jumper",
+    method: str = config.DEFAULT_METHOD,
     base_method: str | None = None,
     base_params: dict | None = None,
     state: pl.DataFrame | None = None,

@@ -464,7 +464,7 @@ def test_streams_missing_from_a_batch_keep_their_state_unchanged():
 
 def test_state_counts_events_labels_and_tracks_the_martingale():
     df = make_events(9, n_events=60, n_streams=2, null_frac=0.25)
-    res = calpipe.protect_with_state(df)
+    res = calpipe.protect_with_state(df, method="composite-jumper")
     for row in res.state.iter_rows(named=True):
         part = res.scores.filter(pl.col("stream") == row["stream"]).sort(ORDER)
         assert row["n_events"] == part.height

@@ -39,6 +39,15 @@ CASES: dict[str, tuple[str, dict, tuple[int, ...]]] = {
     "venn": ("venn", {"window": 8, "refit_every": 5, "n_bins": 2}, (2, 3)),
     "calibrated-regression": ("calibrated-regression", {"powers": 2, "score_tents": 3}, (2,)),
     "cj+platt": ("composite-jumper", {"base_method": "platt", "base_params": {"window": 5}}, (2,)),
+    "ops": ("ops", {"rho": 1.0}, (2, 3)),
+    "tops": ("tops", {"n_bins": 4}, (2,)),
+    "hops": ("hops", {}, (2,)),
+    "obs": ("obs", {}, (2,)),
+    "tobs": ("tobs", {"n_bins": 3}, (2,)),
+    "hobs": ("hobs", {"rho": 1.0}, (2,)),
+    "online-histogram": ("online-histogram", {"n_bins": 4}, (2,)),
+    "composite-experts": ("composite-experts", {}, (2, 3)),
+    "cj+ops": ("composite-jumper", {"base_method": "ops"}, (2,)),
 }
 PARAMS = [
     pytest.param(name, k, id=f"{name}-K{k}") for name, (_, _, ks) in CASES.items() for k in ks

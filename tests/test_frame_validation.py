@@ -425,12 +425,12 @@ def _later(df: pl.DataFrame, days: int = 30) -> pl.DataFrame:
 
 def test_state_under_another_pi_names_both_fingerprints():
     df = make_events(1, n_events=30)
-    state = calpipe.protect_with_state(df).state
+    state = calpipe.protect_with_state(df, method="composite-jumper").state
     old = calpipe.make_calibrator("composite-jumper").fingerprint(2)
     new = calpipe.make_calibrator("composite-jumper", pi=0.3).fingerprint(2)
     assert old != new
     with pytest.raises(StateError) as e:
-        calpipe.protect_with_state(_later(df), state=state, pi=0.3)
+        calpipe.protect_with_state(_later(df), state=state, method="composite-jumper", pi=0.3)
     msg = str(e.value)
     assert old in msg and new in msg and "composite-jumper" in msg
 

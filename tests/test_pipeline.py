@@ -72,7 +72,7 @@ def demo_one_pass(demo):
     """The demo's events through one calpipe.protect pass (the chain's oracle)."""
     _res, _ = demo
     events = pl.concat([pipeline.bank_events(), generate.generate()], how="vertical_relaxed")
-    return calpipe.protect(events, by="stream")
+    return calpipe.protect(events, by="stream", method=Settings().method)
 
 
 def test_demo_covers_every_day_of_both_sets(demo):
@@ -328,7 +328,7 @@ def test_run_range_defaults_to_the_source_and_then_to_nothing(small):
     s = pipeline.run_range(con, source)
     assert (s.start, s.end, s.days, s.events) == (day(0), day(7), 8, events.height)
     assert pipeline.run_range(con, source).days == 0  # up to date
-    out = calpipe.protect(events)
+    out = calpipe.protect(events, method=Settings().method)
     chain = table(con, "protected_scores")
     j = out.join(chain, on=["stream", "event_id"], suffix="_c")
     assert (j["protected_score"] - j["protected_score_c"]).abs().max() <= TOL
@@ -506,7 +506,7 @@ def test_nightly_run_writes_exactly_the_rows_of_the_stages(
             first.select("stream", "event_id", "log10_martingale")
         )
         # and the engine's one pass over all the events
-        one = calpipe.protect(events).join(
+        one = calpipe.protect(events, method=Settings().method).join(
             table(fused, "protected_scores"), on=["stream", "event_id"], suffix="_c"
         )
         assert one.height == events.height
@@ -699,9 +699,9 @@ def test_serving_map_multiclass_is_the_next_forecast():
             "label": labels,
         }
     )
-    st = calpipe.protect_with_state(ev, scores="scores").state.with_columns(
-        pl.lit("x").alias("stream")
-    )
+    st = calpipe.protect_with_state(
+        ev, scores="scores", method="composite-jumper"
+    ).state.with_columns(pl.lit("x").alias("stream"))
     fresh_v = rng.dirichlet(np.ones(3), 5)
     fresh = pl.DataFrame({"stream": ["x"] * 5, "score": fresh_v.tolist()})
     got = np.array(pipeline.serving_map(st, fresh)["protected_scores"].to_list())
@@ -714,7 +714,9 @@ def test_serving_map_multiclass_is_the_next_forecast():
         },
         schema_overrides={"label": pl.Int64},
     )
-    engine = calpipe.protect_with_state(nxt, scores="scores", state=st.drop("stream")).scores
+    engine = calpipe.protect_with_state(
+        nxt, scores="scores", state=st.drop("stream"), method="composite-jumper"
+    ).scores
     np.testing.assert_allclose(
         got, np.array(engine["protected_scores"].to_list()), atol=TOL, rtol=0
     )
@@ -723,14 +725,14 @@ def test_serving_map_multiclass_is_the_next_forecast():
 
 def test_serving_map_of_an_unknown_stream_is_null():
     ev = generate.generate(n_days=2, streams=SMALL[:1], seed=1)
-    st = calpipe.protect_with_state(ev).state
+    st = calpipe.protect_with_state(ev, method="composite-jumper").state
     out = pipeline.serving_map(st, pl.DataFrame({"stream": ["a", "zz"], "score": [0.5, 0.5]}))
     assert out["protected_score"][1] is None and out["protected_score"][0] is not None
 
 
 def test_serving_map_refuses_a_state_of_another_configuration():
     ev = generate.generate(n_days=2, streams=SMALL[:1], seed=1)
-    st = calpipe.protect_with_state(ev, pi=0.25).state
+    st = calpipe.protect_with_state(ev, method="composite-jumper", pi=0.25).state
     with pytest.raises(StateError, match="another configuration"):
         pipeline.serving_map(st, pl.DataFrame({"stream": ["a"], "score": [0.5]}))
 

@@ -45,6 +45,7 @@ CASES = {
     "tobs": {},
     "hobs": {"n_bins": 4},
     "online-histogram": {"n_bins": 5},
+    "composite-experts": {},
 }
 STACK = ("composite-jumper", {"base_method": "platt", "base_params": {"window": 30}})
 
@@ -113,7 +114,7 @@ def test_cli_run_stacks_a_batch_method_and_resumes(landing, capsys):
         chain = con.sql("SELECT * FROM v_protected_scores").pl()
     finally:
         con.close()
-    one = calpipe.protect(events, base_method="venn-abers",
+    one = calpipe.protect(events, method="composite-jumper", base_method="venn-abers",
                           base_params={"window": 40, "refit_every": 20})  # fmt: skip
     j = one.join(chain, on=["stream", "event_id"], suffix="_c")
     assert j.height == events.height

@@ -89,7 +89,9 @@ def test_jumper_quadratic_on_rf100_trunc_matches_published_martingale_and_log_lo
 
 @pytest.mark.slow
 def test_composite_jumper_defaults_on_rf100_trunc_match_provenance(bank):
-    out = calpipe.protect(bank, score="score_rf100_trunc", order_by=ORDER, by=())
+    out = calpipe.protect(
+        bank, score="score_rf100_trunc", order_by=ORDER, by=(), method="composite-jumper"
+    )
     p, y, m = _replayed(out)
     assert m[-1] == pytest.approx(1554.6, abs=0.1)
     assert _decimal_log_loss(p, y) == pytest.approx(4129.5, abs=0.1)
@@ -97,7 +99,9 @@ def test_composite_jumper_defaults_on_rf100_trunc_match_provenance(bank):
 
 @pytest.mark.slow
 def test_composite_jumper_defaults_on_rf1000_clipped_match_provenance(bank):
-    out = calpipe.protect(bank, score="score_rf1000", order_by=ORDER, by=())
+    out = calpipe.protect(
+        bank, score="score_rf1000", order_by=ORDER, by=(), method="composite-jumper"
+    )
     p, y, _ = _replayed(out)
     base = np.clip(out.sort(ORDER)["score_rf1000"].to_numpy(), 1e-3, 1.0 - 1e-3)
 
@@ -117,7 +121,13 @@ def test_composite_jumper_defaults_on_rf1000_clipped_match_provenance(bank):
 def test_brier_mode_on_rf1000_equals_package_reference_at_every_event(bank):
     ref = _read(REFERENCE)
     out = calpipe.protect(
-        bank, score="score_rf1000", order_by=ORDER, by=(), loss="brier", clip=None
+        bank,
+        score="score_rf1000",
+        order_by=ORDER,
+        by=(),
+        method="composite-jumper",
+        loss="brier",
+        clip=None,
     )
     joined = out.join(
         ref.select(pl.exclude("score_rf1000", "label")), on="event_id", how="inner"
@@ -169,6 +179,7 @@ def test_brier_mode_multiclass_equals_package_predict_proba(k, seed):
     out = calpipe.protect(
         frame,
         scores="scores",
+        method="composite-jumper",
         order_by=("event_time", "event_id"),
         by=(),
         loss="brier",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from calpipe.calibrators.base import Calibrator
 from calpipe.calibrators.batch import BATCH_METHODS
+from calpipe.calibrators.experts import EXPERT_METHODS
 from calpipe.calibrators.online import ONLINE_METHODS
 from calpipe.calibrators.online_scaling import ONLINE_SCALING_METHODS
 from calpipe.calibrators.protected import PROTECTED_METHODS
@@ -12,7 +13,10 @@ from calpipe.errors import ParameterError
 
 METHODS: dict[str, type[Calibrator]] = {
     **PROTECTED_METHODS,
-    **{cls.name: cls for cls in (*BATCH_METHODS, *ONLINE_METHODS, *ONLINE_SCALING_METHODS)},
+    **{
+        cls.name: cls
+        for cls in (*EXPERT_METHODS, *BATCH_METHODS, *ONLINE_METHODS, *ONLINE_SCALING_METHODS)
+    },
 }
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from calpipe import config
 from calpipe.calibrators import METHODS
 from calpipe.errors import ParameterError
 
@@ -121,11 +122,14 @@ class Parser(argparse.ArgumentParser):
         return super().parse_known_args(_glue_family_params(args), namespace)
 
 
-def add_method_options(p: argparse.ArgumentParser) -> None:
-    """Options shared by every command that runs a calibrator."""
+def add_method_options(
+    p: argparse.ArgumentParser, default_method: str = config.DEFAULT_METHOD
+) -> None:
+    """Options shared by every command that runs a calibrator (``calpipe run`` defaults to
+    :data:`calpipe.config.PIPELINE_DEFAULT_METHOD`, the others to ``DEFAULT_METHOD``)."""
     g = p.add_argument_group("method")
-    g.add_argument("--method", default="composite-jumper",
-                   help="composite-jumper (default) or any method `calpipe methods` lists")  # fmt: skip
+    g.add_argument("--method", default=default_method,
+                   help=f"{default_method} (default) or any method `calpipe methods` lists")  # fmt: skip
     g.add_argument("--base-method", metavar="NAME",
                    help="stacking: run NAME first and give its forecasts to --method as the base")  # fmt: skip
     g.add_argument("--base-param", action="append", metavar="KEY=VALUE",
@@ -139,7 +143,9 @@ def add_method_options(p: argparse.ArgumentParser) -> None:
         "--jumping-rates", "--jumping-rate", dest="jumping_rates", type=float, nargs="+",
         metavar="J", help="jumping rate(s) J",
     )  # fmt: skip
-    g.add_argument("--pi", type=float, help="passive weight (composite-jumper), default 0.5")
+    g.add_argument(
+        "--pi", type=float, help="passive weight (composite-jumper, composite-experts), default 0.5"
+    )
     g.add_argument("--loss", choices=("log", "brier"), help="log (default) or brier compatibility")
     g.add_argument("--clip", help="clip eps of the base probability (log loss), or 'none'")
     for name, help_text in _generic_params().items():

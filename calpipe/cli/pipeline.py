@@ -254,7 +254,7 @@ def register(sub) -> None:
     g.add_argument("--time-col", default="event_time")
     g.add_argument("--score-col", default="score")
     g.add_argument("--label-col", default="label")
-    add_method_options(r)
+    add_method_options(r, config.PIPELINE_DEFAULT_METHOD)
     r.set_defaults(func=_cmd_run)
 
     u = sub.add_parser("ui", help=f"start the dagster UI on {UI_HOST} over a calpipe database")

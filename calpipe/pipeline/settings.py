@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from calpipe import config
 from calpipe.calibrators import Calibrator, make_calibrator
 from calpipe.errors import ParameterError
 
@@ -21,7 +22,7 @@ class Settings:
     """The calibrator a chain runs: a method name and its parameters (validated on use).
 
     The pipeline runs every method of :data:`calpipe.calibrators.METHODS` that takes a binary
-    ``score`` (``composite-jumper`` default), and stacks (``base_method``/``base_params``); the
+    ``score`` (:data:`calpipe.config.PIPELINE_DEFAULT_METHOD` by default, the Composite Jumper: it has the SQL serving map), and stacks (``base_method``/``base_params``); the
     Brier compatibility mode and multiclass scores are available in :func:`calpipe.protect` but
     not stored by the pipeline. The SQL serving map (``calibration_map``) exists for the
     protected methods; other methods serve through :func:`serving_map`.
@@ -30,11 +31,11 @@ class Settings:
     True
     """
 
-    method: str = "composite-jumper"
+    method: str = config.PIPELINE_DEFAULT_METHOD
     params: tuple[tuple[str, Any], ...] = ()
 
     @classmethod
-    def make(cls, method: str = "composite-jumper", **params) -> Settings:
+    def make(cls, method: str = config.PIPELINE_DEFAULT_METHOD, **params) -> Settings:
         s = cls(method, tuple(sorted((k, _freeze(v)) for k, v in params.items())))
         s.calibrator()  # validate now
         return s
@@ -66,6 +67,7 @@ class Settings:
     @classmethod
     def from_json(cls, text: str) -> Settings:
         d = json.loads(text)
+        # records written before the method was stored meant the Composite Jumper (the default then)
         return cls.make(d.get("method", "composite-jumper"), **d.get("params", {}))
 
 

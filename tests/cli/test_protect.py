@@ -155,9 +155,12 @@ def test_protect_with_method_options(binary_file, tmp_path, capsys):
 def test_protect_brier_compatibility_mode(binary_file, tmp_path, capsys):
     df, path = binary_file
     out_path = tmp_path / "out.parquet"
-    assert main(["protect", str(path), str(out_path), "--loss", "brier", "--pi", "0.4"]) == 0
+    assert main(["protect", str(path), str(out_path), "--method", "composite-jumper", "--loss", "brier",
+                 "--pi", "0.4"]) == 0  # fmt: skip
     out = pl.read_parquet(out_path)
-    assert_frame_equal(out, calpipe.protect(df, loss="brier", pi=0.4), check_exact=True)
+    assert_frame_equal(
+        out, calpipe.protect(df, method="composite-jumper", loss="brier", pi=0.4), check_exact=True
+    )
     assert "log10_martingale_by_rate" in out.columns
     check_printed_summary(capsys.readouterr().out, expected_summary(out, 2, eps=None))
 
@@ -248,10 +251,10 @@ def test_bad_input_exits_2_and_leaves_output_untouched(tmp_path, capsys, existin
         (["--pi", "0"], ["pi=0.0", "(0, 1)"]),
         (["--method", "vennabers"], ["unknown method 'vennabers'"]),
         (["--method", "platt", "--window", "0"], ["window=0", "an integer >= 1"]),
-        (["--window", "5"], ["unknown parameter(s) 'window'", "composite-jumper"]),
+        (["--window", "5"], ["unknown parameter(s) 'window'", "composite-experts"]),
         (["--jumping-rates", "1.5"], ["jumping_rates", "(0, 1]"]),
         (["--family", "cox", "--family-params", "x"], ["--family-params", "'x'"]),
-        (["--loss", "brier", "--clip", "0.01"], ["clip", "brier"]),
+        (["--method", "composite-jumper", "--loss", "brier", "--clip", "0.01"], ["clip", "brier"]),
         (["--label", "outcome"], ["column 'outcome'", "missing column"]),
         (["--by", "segment"], ["column 'segment'", "missing column"]),
     ],
@@ -311,7 +314,8 @@ def test_methods_lists_every_method_and_parameter(capsys):
     text = capsys.readouterr().out
     for name, spec in calpipe.methods().items():
         assert f"{name}\n  {spec['summary']}" in text
-        block = text.split(f"{name}\n", 1)[1].split("\n\n", 1)[0]
+        # "\n" before the name: "ops" is also the end of "hops" and of a rule's "ops, obs"
+        block = f"\n{text}".split(f"\n{name}\n", 1)[1].split("\n\n", 1)[0]
         for p, d in spec["parameters"].items():
             assert f"--{p.replace('_', '-')}" in block
             assert d["rule"] in block

@@ -15,7 +15,7 @@ from dagster._core.storage.tags import (
 )
 
 import calpipe
-from calpipe import generate, store
+from calpipe import config, generate, store
 from calpipe.generate import StreamSpec
 from dagster_project.definitions import build_definitions
 
@@ -116,7 +116,7 @@ def test_daily_and_range_materializations_equal_one_protect_pass(setup):
     chain = read(
         db, "SELECT stream, event_id, protected_score, log10_martingale FROM protected_scores"
     )
-    one = calpipe.protect(events)
+    one = calpipe.protect(events, method=config.PIPELINE_DEFAULT_METHOD)
     j = one.join(chain, on=["stream", "event_id"], suffix="_c")
     assert j.height == events.height == chain.height
     assert (j["protected_score"] - j["protected_score_c"]).abs().max() <= 1e-12

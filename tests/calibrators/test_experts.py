@@ -1,0 +1,175 @@
+"""calpipe.calibrators.experts (the default method) and calpipe.kernels.expert_mixture: against a
+plain loop of paper 001 Algorithm 1 over input forecasts, reduction to the Composite Jumper, and
+the regret bounds of the module docstring on adversarial and real sequences."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+import calpipe
+from calpipe import config
+from calpipe.calibrators import make_calibrator
+from calpipe.families import binary_family, evaluate, multiclass_family
+from calpipe.kernels.expert_mixture import expert_mixture_binary, expert_mixture_multiclass
+from calpipe.kernels.ops import OP_STEP
+from tests import naive_online_scaling as naive
+
+BANK = Path(__file__).resolve().parents[2] / "data" / "bank_marketing_scored.parquet"
+
+
+def loop(q, y, fam, rates, pi):
+    """Paper 001 Algorithm 1 over experts (input i, function t), one event at a time."""
+    n, n_in = q.shape[:2]
+    t_n = fam.size
+    experts = [(i, t) for i in range(n_in) for t in range(t_n)]
+    ident = fam.identity_index
+    w = {(j, e): 0.0 for j in range(len(rates)) for e in experts}
+    for j in range(len(rates)):
+        for i in range(n_in):
+            w[(j, (i, ident))] = (1 - pi) / (len(rates) * n_in)
+    passive, log10s, out = pi, 0.0, []
+    for e in range(n):
+        f = {(i, t): evaluate(fam, q[e, i][None])[0][t] for i in range(n_in) for t in range(t_n)}
+        for j, rate in enumerate(rates):
+            tot = sum(w[(j, x)] for x in experts)
+            for x in experts:
+                w[(j, x)] = (1 - rate) * w[(j, x)] + rate * tot / len(experts)
+        base = q[e, 0]
+        pred = passive * base + sum(w[k] * f[k[1]] for k in w)
+        out.append(pred)
+        lab = y[e]
+
+        def lik(v, lab=lab):  # B_v({y}): v if y = 1 else 1 - v; v[y] for K classes
+            return (v if lab == 1 else 1 - v) if q.ndim == 2 else v[lab]
+
+        passive *= lik(base)
+        for k in w:
+            w[k] *= lik(f[k[1]])
+        c = passive + sum(w.values())
+        log10s += math.log10(c / lik(base))
+        passive /= c
+        for k in w:
+            w[k] /= c
+    return np.array(out), log10s
+
+
+def _initial(fam, n_in, rates, pi, s=1):
+    act = np.zeros((s, len(rates), n_in * fam.size))
+    act[:, :, fam.identity_index :: fam.size] = (1 - pi) / (len(rates) * n_in)
+    return np.full(s, pi), act, np.zeros(s)
+
+
+def test_binary_kernel_equals_the_loop():
+    rng = np.random.default_rng(0)
+    q = rng.uniform(0.05, 0.95, (150, 3))
+    y = rng.integers(0, 2, 150)
+    fam = binary_family("cox2", [(0, 1), (2, 0.5), (-4, 2), (1, 0.25)])
+    rates = np.array([0.05, 0.001])
+    p, m, *_ = expert_mixture_binary(q, y, np.arange(150), np.full(150, OP_STEP, np.int8),
+                                     np.array([0, 150]), fam.params, rates,
+                                     *_initial(fam, 3, rates, 0.3))  # fmt: skip
+    want, log10s = loop(q, y, fam, rates, 0.3)
+    np.testing.assert_allclose(p, want, atol=1e-12, rtol=0)
+    assert abs(m[-1] - log10s) < 1e-10
+
+
+def test_multiclass_kernel_equals_the_loop():
+    rng = np.random.default_rng(1)
+    q = rng.dirichlet(np.ones(3), (80, 2))
+    y = rng.integers(0, 3, 80)
+    fam = multiclass_family(3, "cox2", betas=(1.0, 0.5), alpha_shifts=(1.0, 2.0))
+    rates = np.array([0.01])
+    p, m, *_ = expert_mixture_multiclass(q, y, np.arange(80), np.full(80, OP_STEP, np.int8),
+                                         np.array([0, 80]), fam.betas, fam.alphas, rates,
+                                         *_initial(fam, 2, rates, 0.5))  # fmt: skip
+    want, log10s = loop(q, y, fam, rates, 0.5)
+    np.testing.assert_allclose(p, want, atol=1e-12, rtol=0)
+    assert abs(m[-1] - log10s) < 1e-10
+
+
+def test_without_inputs_it_is_the_composite_jumper():
+    """inputs=() and paper 001's grid: exactly Algorithm 1 on the base (paper numbers hold)."""
+    rng = np.random.default_rng(2)
+    x = rng.uniform(0.01, 0.99, 500)
+    y = (rng.uniform(size=500) < x**1.5).astype(np.int64)
+    grid = [(a, b) for a in config.DEFAULT_COX_ALPHAS for b in config.DEFAULT_COX_BETAS]
+    ce, _ = make_calibrator("composite-experts", inputs=(), family_params=grid).run(x, y)
+    cj, _ = make_calibrator("composite-jumper").run(x, y)
+    np.testing.assert_allclose(ce.protected, cj.protected, atol=1e-14, rtol=0)
+    np.testing.assert_allclose(ce.log10_martingale, cj.log10_martingale, atol=1e-12, rtol=0)
+
+
+def _loss(p, y):
+    p = np.clip(p, 1e-300, 1.0)
+    return float(-np.sum(np.log(np.where(y == 1, p, 1 - p))))
+
+
+def _bounds_hold(x, y):
+    """Bounds 1 and 2 of calpipe.calibrators.experts on one binary stream."""
+    cal = make_calibrator("composite-experts")
+    out, _ = cal.run(x, y)
+    loss = _loss(out.protected, y)
+    n = y.shape[0]
+    base = np.clip(x, config.DEFAULT_CLIP_EPS, 1 - config.DEFAULT_CLIP_EPS)
+    assert loss <= _loss(base, y) + math.log(1 / config.DEFAULT_PI) + 1e-9  # insurance
+    # each input, held throughout (rate 1e-4: one start, no switch)
+    ops = np.clip(naive.ons_stream(x, y, kind="platt", eps=config.OPS_RHO), 1e-3, 1 - 1e-3)
+    r, n_in = len(config.DEFAULT_JUMPING_RATES), 3
+    j = min(config.DEFAULT_JUMPING_RATES)
+    slack = math.log(r * n_in / (1 - config.DEFAULT_PI)) + (n - 1) * math.log(1 / (1 - j))
+    assert loss <= _loss(ops, y) + slack + 1e-9
+    return loss, _loss(base, y), _loss(ops, y)
+
+
+def test_bounds_on_an_adversarial_sequence():
+    """Labels chosen against the default's own forecast (y = 1 iff p' < 1/2)."""
+    rng = np.random.default_rng(3)
+    x = rng.uniform(0.01, 0.99, 300)
+    cal = make_calibrator("composite-experts")
+    state, ys = None, []
+    for t in range(300):  # the adversary sees each forecast before choosing the label
+        out, _ = cal.run(x[t : t + 1], np.array([-1]), state=state)
+        ys.append(int(out.protected[0] < 0.5))
+        _, state = cal.run(x[t : t + 1], np.array([ys[-1]]), state=state)
+    _bounds_hold(x, np.array(ys))
+
+
+@pytest.mark.parametrize("shift", [0.0, 3.0])
+def test_bounds_on_drifting_and_stationary_streams(shift):
+    rng = np.random.default_rng(4)
+    x = rng.uniform(0.01, 0.99, 3000)
+    z = np.log(x / (1 - x)) + np.where(np.arange(3000) > 1500, shift, 0.0)
+    y = (rng.uniform(size=3000) < 1 / (1 + np.exp(-z))).astype(np.int64)
+    loss, base, ops = _bounds_hold(x, y)
+    if shift:  # on a real shift it beats the base by far, and OPS too
+        assert loss < base - 300 and loss < ops
+
+
+@pytest.mark.slow
+def test_bounds_on_the_bank_stream_and_it_beats_ops_there():
+    df = pl.read_parquet(BANK).sort("event_date", "event_id")
+    x, y = df["score_rf1000"].to_numpy(), df["label"].to_numpy().astype(np.int64)
+    loss, base, ops = _bounds_hold(x, y)
+    assert loss < ops < base
+
+
+def test_delayed_labels_through_protect():
+    """Labels arriving later update the mixture then, each input forecasting at that time."""
+    t0 = pl.datetime(2026, 1, 1)
+    rng = np.random.default_rng(5)
+    n = 200
+    df = pl.DataFrame({"event_id": np.arange(n), "score": rng.uniform(0.05, 0.95, n),
+                       "label": rng.integers(0, 2, n)}).with_columns(
+        (t0 + pl.duration(seconds=pl.col("event_id"))).alias("event_time"))  # fmt: skip
+    late = df.with_columns((pl.col("event_time") + pl.duration(seconds=30)).alias("label_time"))
+    out = calpipe.protect(late, label_time="label_time")
+    assert out["protected_score"].is_between(0, 1).all()
+    # the first 31 events see no label: the mixture's forecast is its initial one
+    first = calpipe.protect(df.head(1).with_columns(pl.lit(None, pl.Int64).alias("label")))
+    np.testing.assert_allclose(out["protected_score"][:31].to_numpy()[:1],
+                               first["protected_score"].to_numpy(), atol=1e-15)  # fmt: skip
