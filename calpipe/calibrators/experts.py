@@ -51,13 +51,14 @@ from typing import Any, ClassVar
 import numpy as np
 
 from calpipe import config
-from calpipe.calibrators._params import Param, as_float_tuple, number_in, tuple_of
+from calpipe.calibrators._params import Param, number_in
 from calpipe.calibrators.base import Calibrator, FlatState, RunOutput, clip_probabilities
 from calpipe.calibrators.online_scaling import OBS, OPS
+from calpipe.calibrators.protected import JUMPING_RATES, PASSIVE_WEIGHT
 from calpipe.errors import ParameterError, StateError
 from calpipe.families import Family, binary_family, multiclass_family
 from calpipe.kernels import expert_mixture as EM
-from calpipe.kernels.ops import OP_FORECAST, OP_UPDATE
+from calpipe.kernels.ops import with_forecast_copies
 
 #: The online calibrators that may serve as inputs (fixed-size state, no window: an input's
 #: forecast at an update-only op is recomputed from its current state).
@@ -120,19 +121,8 @@ class CompositeExperts(Calibrator[FlatState]):
             "EXPERT_COX_BETAS (K classes: shifts config.EXPERT_CLASS_SHIFTS on each class)",
             lambda v: v if v is None else tuple(tuple(map(float, r)) for r in v),
         ),
-        "jumping_rates": Param(
-            config.DEFAULT_JUMPING_RATES,
-            lambda v: tuple_of(_rate_ok)(v) and len(set(v)) == len(v),
-            "distinct jumping rates in (0, 1]",
-            "jumping rates J, prior (1 - pi) / |J| each (paper 001 §4)",
-            as_float_tuple,
-        ),
-        "pi": Param(
-            config.DEFAULT_PI,
-            number_in(0.0, 1.0),
-            "a number in (0, 1)",
-            "passive weight on the base forecast; cost of protection <= ln(1/pi)",
-        ),
+        "jumping_rates": JUMPING_RATES,
+        "pi": PASSIVE_WEIGHT,
         "clip": Param(
             config.DEFAULT_CLIP_EPS,
             number_in(0.0, 0.5),
@@ -242,20 +232,10 @@ class CompositeExperts(Calibrator[FlatState]):
         # of the event just before it, and the update then reads the copy's inputs: every input's
         # forecast *at the time the label is learnt*, from its current state (as the inputs
         # themselves do for their martingale, calpipe.calibrators.online.OnlineCalibrator).
-        upd_only = op_kind == OP_UPDATE
-        slots = 1 + upd_only.astype(np.int64)
-        pos = np.cumsum(slots) - 1
-        m = int(upd_only.sum())
-        ext_event = np.empty(int(pos[-1]) + 1 if pos.size else 0, dtype=np.int64)
-        ext_kind = np.empty_like(ext_event, dtype=np.int8)
-        pseudo = n + np.arange(m, dtype=np.int64)
-        ext_event[pos] = op_event
-        ext_kind[pos] = op_kind
-        ext_event[pos[upd_only]] = pseudo
-        ext_event[pos[upd_only] - 1] = pseudo
-        ext_kind[pos[upd_only] - 1] = OP_FORECAST
-        ext_offsets = np.concatenate([[0], np.cumsum(slots)])[op_offsets]
-        src = np.concatenate([np.arange(n), op_event[upd_only]])
+        ext_event, ext_kind, ext_offsets, src, pos, upd_only = with_forecast_copies(
+            op_event, op_kind, op_offsets, n
+        )
+        ext_event[pos[upd_only]] = ext_event[pos[upd_only] - 1]  # the update reads its copy
         x = np.ascontiguousarray(scores[src])
         y = np.ascontiguousarray(labels[src])
         # Inputs: the base, then each online calibrator run over the same operations.

@@ -32,7 +32,7 @@ from calpipe.calibrators.base import CLIP_PARAM, Calibrator, FlatState, RunOutpu
 from calpipe.errors import ParameterError, StateError
 from calpipe.kernels import calibrated_regression as CR
 from calpipe.kernels import venn as V
-from calpipe.kernels.ops import OP_FORECAST, OP_UPDATE
+from calpipe.kernels.ops import OP_FORECAST, OP_UPDATE, with_forecast_copies
 
 
 def _edges_ok(v) -> bool:
@@ -100,20 +100,11 @@ class OnlineCalibrator(Calibrator[FlatState]):
         n = scores.shape[0]
         n_classes = 2 if scores.ndim == 1 else scores.shape[1]
         size = self._state_size(n_classes)
-        upd_only = op_kind == OP_UPDATE
-        m = int(upd_only.sum())
-        # Insert a forecast op on a copy (event n + i) before each update-only op.
-        slots = 1 + upd_only.astype(np.int64)
-        pos = np.cumsum(slots) - 1  # position of each original op in the extended list
-        ext_event = np.empty(pos[-1] + 1 if pos.size else 0, dtype=np.int64)
-        ext_kind = np.empty_like(ext_event, dtype=np.int8)
-        ext_event[pos] = op_event
-        ext_kind[pos] = op_kind
-        pseudo = n + np.arange(m, dtype=np.int64)
-        ext_event[pos[upd_only] - 1] = pseudo
-        ext_kind[pos[upd_only] - 1] = OP_FORECAST
-        ext_offsets = np.concatenate([[0], np.cumsum(slots)])[op_offsets]
-        src = np.concatenate([np.arange(n), op_event[upd_only]])
+        # A forecast op on a copy (event n + i) before each update-only op.
+        ext_event, ext_kind, ext_offsets, src, _, upd_only = with_forecast_copies(
+            op_event, op_kind, op_offsets, n
+        )
+        pseudo = n + np.arange(int(upd_only.sum()), dtype=np.int64)
         x = np.ascontiguousarray(scores[src])
         y = np.ascontiguousarray(labels[src])
         ext_inputs = {k: np.ascontiguousarray(v[src]) for k, v in inputs.items()}

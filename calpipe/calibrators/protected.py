@@ -120,6 +120,22 @@ _CLIP = Param(
 )
 
 
+#: The Composite Jumper's jumping rates and passive weight (also those of composite-experts).
+JUMPING_RATES = Param(
+    config.DEFAULT_JUMPING_RATES,
+    lambda v: tuple_of(_rate_ok)(v) and len(set(v)) == len(v),
+    "distinct jumping rates in (0, 1]",
+    "jumping rates J, prior (1 - pi) / |J| each",
+    as_float_tuple,
+)
+PASSIVE_WEIGHT = Param(
+    config.DEFAULT_PI,
+    number_in(0.0, 1.0),
+    "a number in (0, 1)",
+    "passive weight on the base forecast; cost of protection <= ln(1/pi)",
+)
+
+
 def _family_rule_error(method: str, family: str, params, rule: str) -> ParameterError:
     return ParameterError(
         f"method {method!r}: family_params={params!r} is invalid for family {family!r}: {rule}"
@@ -377,19 +393,8 @@ class CompositeJumper(ProtectedCalibrator):
     parameters: ClassVar[dict[str, Param]] = {
         "family": _FAMILY,
         "family_params": _FAMILY_PARAMS,
-        "jumping_rates": Param(
-            config.DEFAULT_JUMPING_RATES,
-            lambda v: tuple_of(_rate_ok)(v) and len(set(v)) == len(v),
-            "distinct jumping rates in (0, 1]",
-            "jumping rates J, prior (1 - pi) / |J| each",
-            as_float_tuple,
-        ),
-        "pi": Param(
-            config.DEFAULT_PI,
-            number_in(0.0, 1.0),
-            "a number in (0, 1)",
-            "passive weight on the base forecast; cost of protection <= ln(1/pi)",
-        ),
+        "jumping_rates": JUMPING_RATES,
+        "pi": PASSIVE_WEIGHT,
         "loss": Param(
             "log",
             one_of(*LOSSES),

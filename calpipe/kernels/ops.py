@@ -29,9 +29,44 @@ updates before it in its stream's segment. The kernels using it: :mod:`calpipe.k
 
 from __future__ import annotations
 
+import numpy as np
+
 #: Forecast the event, then learn its label at once (the usual online step).
 OP_STEP = 0
 #: Forecast only (the label is unknown, or arrives later as an OP_UPDATE).
 OP_FORECAST = 1
 #: Learn the label of an event forecast earlier (delayed feedback, at its label_time).
 OP_UPDATE = 2
+
+
+def with_forecast_copies(op_event, op_kind, op_offsets, n_events):
+    """The operation list with a forecast op on a copy of the event before each update-only op.
+
+    A method whose forecast depends on a state that moves (an online model) makes, for a label
+    that arrives later (``OP_UPDATE``), a forecast *at that time*: the likelihood ratio of its
+    test martingale, and a mixture's Bayes step, need it. Copy i (event ``n_events + i``) is the
+    event of the i-th update-only op, forecast just before that op; the op itself is kept.
+
+    Returns ``(ext_event, ext_kind, ext_offsets, src, pos, upd_only)``: the extended list,
+    ``src`` (the original event of each extended event: events 0..n-1, then the copies), ``pos``
+    (the position of each original op in the extended list) and ``upd_only`` (which original
+    ops are update-only). Plain numpy over the whole batch, no loop per stream.
+
+    >>> import numpy as np
+    >>> ev, kind, off, src, pos, upd = with_forecast_copies(
+    ...     np.array([0, 1, 0]), np.array([OP_FORECAST, OP_STEP, OP_UPDATE]), np.array([0, 3]), 2)
+    >>> ev.tolist(), kind.tolist(), off.tolist(), src.tolist()
+    ([0, 1, 2, 0], [1, 0, 1, 2], [0, 4], [0, 1, 0])
+    """
+    upd_only = op_kind == OP_UPDATE
+    slots = 1 + upd_only.astype(np.int64)
+    pos = np.cumsum(slots) - 1
+    ext_event = np.empty(int(pos[-1]) + 1 if pos.size else 0, dtype=np.int64)
+    ext_kind = np.empty_like(ext_event, dtype=np.int8)
+    ext_event[pos] = op_event
+    ext_kind[pos] = op_kind
+    ext_event[pos[upd_only] - 1] = n_events + np.arange(int(upd_only.sum()), dtype=np.int64)
+    ext_kind[pos[upd_only] - 1] = OP_FORECAST
+    ext_offsets = np.concatenate([[0], np.cumsum(slots)])[op_offsets]
+    src = np.concatenate([np.arange(n_events), op_event[upd_only]])
+    return ext_event, ext_kind, ext_offsets, src, pos, upd_only
