@@ -122,6 +122,24 @@ class FlatState:
         return FlatState(np.ascontiguousarray(values, dtype=np.float64), offsets, log10m)
 
 
+def tiled_state(vector: np.ndarray, n_streams: int) -> FlatState:
+    """``n_streams`` fresh streams of a method with a fixed-length state: ``vector`` each."""
+    v = np.tile(np.ascontiguousarray(vector, dtype=np.float64), n_streams)
+    size = vector.shape[0]
+    return FlatState(v, np.arange(0, v.size + 1, size, dtype=np.int64), np.zeros(n_streams))
+
+
+def check_state_length(st: FlatState, size: int, method: str, n_classes: int) -> FlatState:
+    """``st``, or StateError if a stream's vector is not ``size`` long (a fixed-length state)."""
+    lengths = np.diff(st.offsets)
+    if lengths.size and (lengths.min() != size or lengths.max() != size):
+        raise StateError(
+            f"method {method!r}: state weights have length {lengths.min()}..{lengths.max()}, "
+            f"its state needs {size} (K = {n_classes})"
+        )
+    return st
+
+
 def weights_series(values: np.ndarray, offsets: np.ndarray) -> pl.Series:
     """The ``weights`` list column of S state vectors, built without a Python loop."""
     lengths = np.diff(offsets)

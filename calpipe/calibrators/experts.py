@@ -52,10 +52,17 @@ import numpy as np
 
 from calpipe import config
 from calpipe.calibrators._params import Param, number_in
-from calpipe.calibrators.base import Calibrator, FlatState, RunOutput, clip_probabilities
+from calpipe.calibrators.base import (
+    Calibrator,
+    FlatState,
+    RunOutput,
+    check_state_length,
+    clip_probabilities,
+    tiled_state,
+)
 from calpipe.calibrators.online_scaling import OBS, OPS
 from calpipe.calibrators.protected import JUMPING_RATES, PASSIVE_WEIGHT
-from calpipe.errors import ParameterError, StateError
+from calpipe.errors import ParameterError
 from calpipe.families import Family, binary_family, multiclass_family
 from calpipe.kernels import expert_mixture as EM
 from calpipe.kernels.ops import with_forecast_copies
@@ -197,20 +204,11 @@ class CompositeExperts(Calibrator[FlatState]):
         for cal in self._inputs(n_classes):
             st = cal.initial_state(1, n_classes)
             parts += [st.log10m, st.values]
-        v = np.tile(np.concatenate(parts), n_streams)
-        size = v.size // max(n_streams, 1)
-        return FlatState(v, np.arange(0, v.size + 1, size, dtype=np.int64), np.zeros(n_streams))
+        return tiled_state(np.concatenate(parts), n_streams)
 
     def state_from_flat(self, values, offsets, log10m, n_classes: int) -> FlatState:
         st = super().state_from_flat(values, offsets, log10m, n_classes)
-        size = self.state_size(n_classes)
-        lengths = np.diff(st.offsets)
-        if lengths.size and (lengths.min() != size or lengths.max() != size):
-            raise StateError(
-                f"method {self.name!r}: state weights have length {lengths.min()}..{lengths.max()}, "
-                f"its state needs {size} (K = {n_classes})"
-            )
-        return st
+        return check_state_length(st, self.state_size(n_classes), self.name, n_classes)
 
     # -- running -------------------------------------------------------------------------------
     def prepare_scores(self, scores: np.ndarray) -> np.ndarray:

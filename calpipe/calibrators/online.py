@@ -28,8 +28,16 @@ import numpy as np
 
 from calpipe import config
 from calpipe.calibrators._params import Param, int_at_least, one_of
-from calpipe.calibrators.base import CLIP_PARAM, Calibrator, FlatState, RunOutput, likelihood_gale
-from calpipe.errors import ParameterError, StateError
+from calpipe.calibrators.base import (
+    CLIP_PARAM,
+    Calibrator,
+    FlatState,
+    RunOutput,
+    check_state_length,
+    likelihood_gale,
+    tiled_state,
+)
+from calpipe.errors import ParameterError
 from calpipe.kernels import calibrated_regression as CR
 from calpipe.kernels import venn as V
 from calpipe.kernels.ops import OP_FORECAST, OP_UPDATE, with_forecast_copies
@@ -80,20 +88,11 @@ class OnlineCalibrator(Calibrator[FlatState]):
         return self._state_size(n_classes)
 
     def initial_state(self, n_streams: int, n_classes: int) -> FlatState:
-        v = np.tile(self._initial_vector(n_classes), n_streams)
-        size = self._state_size(n_classes)
-        return FlatState(v, np.arange(0, v.size + 1, size, dtype=np.int64), np.zeros(n_streams))
+        return tiled_state(self._initial_vector(n_classes), n_streams)
 
     def state_from_flat(self, values, offsets, log10m, n_classes: int) -> FlatState:
         st = super().state_from_flat(values, offsets, log10m, n_classes)
-        size = self._state_size(n_classes)
-        lengths = np.diff(st.offsets)
-        if lengths.size and (lengths.min() != size or lengths.max() != size):
-            raise StateError(
-                f"method {self.name!r}: state weights have length {lengths.min()}..{lengths.max()}, "
-                f"its state needs {size}"
-            )
-        return st
+        return check_state_length(st, self._state_size(n_classes), self.name, n_classes)
 
     def run_batch(self, scores, labels, op_event, op_kind, op_offsets, state, inputs=None):
         inputs = inputs or {}
