@@ -105,13 +105,14 @@ def warm_up() -> None:
     import polars as pl
 
     import calpipe
-    from calpipe import pipeline, store  # noqa: F401
+    from calpipe import config, pipeline, store  # noqa: F401
 
     calpipe.protect(
         pl.DataFrame(
             {"stream": ["a"] * 3, "event_time": [1, 2, 3], "event_id": [1, 2, 3],
              "score": [0.2, 0.5, 0.7], "label": [0, 1, None]}
-        )
+        ),
+        method=config.PIPELINE_DEFAULT_METHOD,
     )  # fmt: skip
 
 
