@@ -1,11 +1,12 @@
-"""Forecast quality: log loss, Brier, accuracy, ECE, reliability bins, each defined once here in
-two forms that agree to rounding (tested):
+"""Forecast quality: log loss, Brier, accuracy, ECE, smooth ECE, the CORP decomposition,
+reliability bins, each defined once here in two forms that agree to rounding (tested):
 
 * polars expressions (:func:`log_loss`, :func:`brier`, :func:`accuracy`, :func:`ece`,
-  :func:`reliability_table`): a ``pl.Expr`` usable in ``select``, ``group_by().agg`` and ``over``
-  alike, the definition a reader checks;
+  :func:`smooth_ece`, :func:`corp`, :func:`reliability_table`): a ``pl.Expr`` usable in
+  ``select`` and ``group_by().agg`` alike, the definition a reader checks;
 * grouped numpy forms (:func:`grouped_log_loss`, :func:`grouped_brier`, :func:`grouped_accuracy`,
-  :func:`grouped_ece`, :func:`grouped_reliability`, :func:`grouped_mean`): every group of a frame
+  :func:`grouped_ece`, :func:`grouped_smooth_ece`, :func:`grouped_corp`,
+  :func:`grouped_reliability`, :func:`grouped_mean`): every group of a frame
   at once as per-group sums (``np.bincount`` over a dense group id, e.g. from
   :func:`calpipe.frame.stream_ids`). A monitoring day is millions of rows in a thousand streams,
   where polars' per-group expressions cost several times more time and memory. The sums run in
@@ -15,6 +16,15 @@ Binary forecasts are the probability of label 1 (a Float64 column, a 1-d array);
 forecasts are list/array columns of class probabilities (an (n, K) array). Rows with a null label
 (NaN in the numpy forms) are ignored: their outcome is unknown. ECE and reliability bins are
 :data:`calpipe.config.ECE_BINS` equal-width bins on [0, 1] unless told otherwise.
+
+The smooth ECE (Błasiok & Nakkiran 2024) replaces the ECE's bins by a reflected Gaussian kernel
+whose width is chosen by the data (the fixed point sigma* = smECE_sigma*), so it has no binning
+parameter, is continuous in the forecasts and is within constant factors of the distance to the
+nearest calibrated predictor; the CORP decomposition (Dimitriadis, Gneiting & Jordan 2021) splits
+a mean score into miscalibration - discrimination + uncertainty with the PAV recalibration. Both
+are defined for binary forecasts; for K classes :func:`smooth_ece` takes the usual top-label
+reduction (confidence max_c p_c against "the argmax was right", as relplot's
+``multiclass_logits_to_confidences``). The loops are in :mod:`calpipe.kernels.diagnostics`.
 
 Example
 -------
@@ -36,6 +46,7 @@ import numpy as np
 import polars as pl
 
 from calpipe import config
+from calpipe.kernels.diagnostics import _corp_groups, _smooth_ece_groups
 
 #: Probabilities are clipped to [LOG_LOSS_FLOOR, 1] inside log loss so that a 0 forecast of the
 #: outcome costs -ln(1e-15) = 34.5 nats instead of infinity (scikit-learn's convention).
@@ -101,6 +112,81 @@ def ece(p: str, y: str, *, n_bins: int = config.ECE_BINS) -> pl.Expr:
     ym = yy.filter(labelled).mean().over(b)
     share = pl.when(labelled).then((pm - ym).abs()).otherwise(0.0)
     return (share.sum() / n).fill_nan(None)
+
+
+def _pair(values: pl.Series, p: str, y: str, multiclass: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(forecasts, labels) of the labelled rows of a struct series of ``p`` and ``y``, binary or
+    reduced to the top label (confidence, correct) for K classes."""
+    df = values.struct.unnest().filter(pl.col(y).is_not_null())
+    yy = df[y].cast(pl.Float64).to_numpy()
+    if multiclass:
+        return top_label(np.asarray(df[p].cast(pl.List(pl.Float64)).to_list(), float), yy)
+    return df[p].cast(pl.Float64).to_numpy(), yy
+
+
+def top_label(p: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The top-label binary problem of (n, K) forecasts: (max_c p_c, 1.0 where the argmax is the
+    label else 0.0), ties to the lowest class as ``argmax``.
+
+    >>> top_label(np.array([[0.7, 0.3], [0.4, 0.6]]), np.array([0.0, 0.0]))
+    (array([0.7, 0.6]), array([1., 0.]))
+    """
+    return p.max(axis=1), (p.argmax(axis=1) == y).astype(np.float64)
+
+
+def smooth_ece(p: str, y: str, *, multiclass: bool = False) -> pl.Expr:
+    """Smooth ECE (Błasiok & Nakkiran, ICLR 2024, Definitions 5-6) of the labelled rows.
+
+    smECE_sigma = int_0^1 |(1/n) sum_i K_sigma(t, p_i) (y_i - p_i)| dt with the reflected
+    Gaussian kernel K_sigma on [0, 1], at the bandwidth sigma* where smECE_sigma* = sigma*
+    (:mod:`calpipe.kernels.diagnostics` states the numerics). K classes: of the top label
+    (:func:`top_label`). Null for no labelled row.
+
+    Residuals of one sign cannot cancel, so there it is the mean |y - p| whatever sigma:
+
+    >>> df = pl.DataFrame({"p": [0.2, 0.2, 0.8, 0.8], "y": [0, 1, 1, 1]})
+    >>> round(df.select(smooth_ece("p", "y")).item(), 4)
+    0.25
+    """
+
+    def fn(s: pl.Series) -> float | None:
+        f, yy = _pair(s, p, y, multiclass)
+        if f.size == 0:
+            return None
+        return float(grouped_smooth_ece(f, yy, np.zeros(f.size, np.int64), 1)[0])
+
+    return pl.struct(p, y).map_batches(
+        lambda s: pl.Series([fn(s)], dtype=pl.Float64), return_dtype=pl.Float64,
+        returns_scalar=True,
+    )  # fmt: skip
+
+
+#: Field names of :func:`corp`'s struct, in order.
+CORP_FIELDS = ("miscalibration", "discrimination", "uncertainty", "score")
+
+
+def corp(p: str, y: str, *, score: str = "log") -> pl.Expr:
+    """CORP decomposition (Dimitriadis, Gneiting & Jordan, PNAS 2021, eqs. (2)-(4)) of the mean
+    ``score`` ("log": natural log loss as :func:`log_loss`; "brier") of binary forecasts: a struct
+    {miscalibration, discrimination, uncertainty, score} with score = MCB - DSC + UNC, from the
+    PAV recalibration of the forecasts (ties pooled) and the climatology mean y.
+
+    >>> df = pl.DataFrame({"p": [0.1, 0.4, 0.35, 0.8], "y": [0, 0, 1, 1]})
+    >>> d = df.select(corp("p", "y", score="brier")).item()
+    >>> {k: round(v, 4) for k, v in d.items()}
+    {'miscalibration': 0.0331, 'discrimination': 0.125, 'uncertainty': 0.25, 'score': 0.1581}
+    """
+    if score not in ("log", "brier"):
+        raise ValueError(f"corp: score must be 'log' or 'brier', got {score!r}")
+    dtype = pl.Struct({f: pl.Float64 for f in CORP_FIELDS})
+
+    def fn(s: pl.Series) -> pl.Series:
+        f, yy = _pair(s, p, y, False)
+        d = grouped_corp(f, yy, np.zeros(f.size, np.int64), 1)
+        row = {k: float(d[f"{score}_{k}"][0]) if f.size else None for k in CORP_FIELDS}
+        return pl.Series([row], dtype=dtype)
+
+    return pl.struct(p, y).map_batches(fn, return_dtype=dtype, returns_scalar=True)
 
 
 def reliability_table(
@@ -254,3 +340,64 @@ def grouped_reliability(
         mean_y = np.bincount(idx, weights=y, minlength=size) / count
     shape = (n_groups, n_bins)
     return count.reshape(shape), mean_p.reshape(shape), mean_y.reshape(shape)
+
+
+def grouped_smooth_ece(
+    p: np.ndarray, y: np.ndarray, ids: np.ndarray, n_groups: int, *, return_sigma: bool = False
+) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+    """:func:`smooth_ece` of every group (binary ``p``, or (n, K) reduced to the top label;
+    arguments as :func:`grouped_log_loss`), and with ``return_sigma`` the bandwidths sigma*.
+
+    >>> p, y = np.array([0.2, 0.2, 0.8, 0.8, 0.5]), np.array([0.0, 1.0, 1.0, 1.0, np.nan])
+    >>> grouped_smooth_ece(p, y, np.array([0, 0, 0, 0, 1]), 2).round(4).tolist()
+    [0.25, nan]
+    """
+    p, y, ids = _labelled_rows(p, y, ids)
+    if p.ndim == 2:
+        p, y = top_label(p, y)
+    value, sigma = _smooth_ece_groups(
+        np.ascontiguousarray(p, dtype=np.float64),
+        np.ascontiguousarray(y, dtype=np.float64),
+        np.ascontiguousarray(ids, dtype=np.int64),
+        int(n_groups),
+        config.SMOOTH_ECE_MIN_SIGMA,
+        config.SMOOTH_ECE_POINTS_PER_SIGMA,
+        config.SMOOTH_ECE_RTOL,
+    )
+    return (value, sigma) if return_sigma else value
+
+
+def grouped_corp(
+    p: np.ndarray, y: np.ndarray, ids: np.ndarray, n_groups: int
+) -> dict[str, np.ndarray]:
+    """:func:`corp` of every group for both scores (binary ``p``; arguments as
+    :func:`grouped_log_loss`): arrays ``{log,brier}_{miscalibration,discrimination,uncertainty,
+    score}``, NaN for a group without labelled rows. ``log_score`` is :func:`grouped_log_loss`
+    and ``brier_score`` :func:`grouped_brier`, so score = MCB - DSC + UNC to rounding.
+
+    >>> p, y = np.array([0.1, 0.4, 0.35, 0.8]), np.array([0.0, 0.0, 1.0, 1.0])
+    >>> d = grouped_corp(p, y, np.zeros(4, np.int64), 1)
+    >>> round(float(d["brier_miscalibration"][0]), 4), round(float(d["log_uncertainty"][0]), 4)
+    (0.0331, 0.6931)
+    """
+    if np.ndim(p) != 1:
+        raise ValueError("grouped_corp: binary forecasts only (a 1-d array of P(y = 1))")
+    p, y, ids = _labelled_rows(p, y, ids)
+    out = _corp_groups(
+        np.ascontiguousarray(p, dtype=np.float64),
+        np.ascontiguousarray(y, dtype=np.float64),
+        np.ascontiguousarray(ids, dtype=np.int64),
+        int(n_groups),
+    )
+    scores = {
+        "log": grouped_log_loss(p, y, ids, n_groups),
+        "brier": grouped_brier(p, y, ids, n_groups),
+    }
+    res: dict[str, np.ndarray] = {}
+    for k, (name, s) in enumerate(scores.items()):
+        fit, clim = out[:, k], out[:, 2 + k]
+        res[f"{name}_miscalibration"] = s - fit
+        res[f"{name}_discrimination"] = clim - fit
+        res[f"{name}_uncertainty"] = clim
+        res[f"{name}_score"] = s
+    return res

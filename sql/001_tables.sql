@@ -87,6 +87,21 @@ CREATE TABLE IF NOT EXISTS calibration_daily (
     protected_brier              DOUBLE,
     base_ece                     DOUBLE,  -- 10 equal-width bins
     protected_ece                DOUBLE,
+    base_smooth_ece              DOUBLE,  -- Blasiok & Nakkiran 2024, bandwidth by fixed point
+    protected_smooth_ece         DOUBLE,
+    -- CORP decomposition (Dimitriadis, Gneiting & Jordan 2021) of each mean loss over labelled
+    -- events: loss = mcb - dsc + unc (miscalibration, discrimination, uncertainty), from the
+    -- PAV recalibration of the forecasts; unc depends on the labels only.
+    base_log_loss_mcb            DOUBLE,
+    base_log_loss_dsc            DOUBLE,
+    protected_log_loss_mcb       DOUBLE,
+    protected_log_loss_dsc       DOUBLE,
+    log_loss_unc                 DOUBLE,
+    base_brier_mcb               DOUBLE,
+    base_brier_dsc               DOUBLE,
+    protected_brier_mcb          DOUBLE,
+    protected_brier_dsc          DOUBLE,
+    brier_unc                    DOUBLE,
     mean_score                   DOUBLE,  -- over all events of the day
     mean_protected               DOUBLE,
     mean_label                   DOUBLE,  -- over labelled events
@@ -95,6 +110,22 @@ CREATE TABLE IF NOT EXISTS calibration_daily (
     log10_martingale_max_to_date DOUBLE  NOT NULL,  -- maximum since the stream began
     alarm                        BOOLEAN NOT NULL   -- log10_martingale_max >= 2 (S >= 100) that day
 );
+
+-- Databases created before the smooth ECE and CORP columns gain them, NULL on the days written
+-- before: re-materialize those calibration_daily partitions in dagster (the stage reads the
+-- stored scores) or re-run `calpipe run --start .. --end ..` over them to fill them.
+ALTER TABLE calibration_daily ADD COLUMN IF NOT EXISTS base_smooth_ece DOUBLE;
+ALTER TABLE calibration_daily ADD COLUMN IF NOT EXISTS protected_smooth_ece DOUBLE;
+ALTER TABLE calibration_daily ADD COLUMN IF NOT EXISTS base_log_loss_mcb DOUBLE;
+ALTER TABLE calibration_daily ADD COLUMN IF NOT EXISTS base_log_loss_dsc DOUBLE;
+ALTER TABLE calibration_daily ADD COLUMN IF NOT EXISTS protected_log_loss_mcb DOUBLE;
+ALTER TABLE calibration_daily ADD COLUMN IF NOT EXISTS protected_log_loss_dsc DOUBLE;
+ALTER TABLE calibration_daily ADD COLUMN IF NOT EXISTS log_loss_unc DOUBLE;
+ALTER TABLE calibration_daily ADD COLUMN IF NOT EXISTS base_brier_mcb DOUBLE;
+ALTER TABLE calibration_daily ADD COLUMN IF NOT EXISTS base_brier_dsc DOUBLE;
+ALTER TABLE calibration_daily ADD COLUMN IF NOT EXISTS protected_brier_mcb DOUBLE;
+ALTER TABLE calibration_daily ADD COLUMN IF NOT EXISTS protected_brier_dsc DOUBLE;
+ALTER TABLE calibration_daily ADD COLUMN IF NOT EXISTS brier_unc DOUBLE;
 
 -- First crossing of log10 S >= threshold per stream: the row sits in the partition of its date.
 CREATE TABLE IF NOT EXISTS martingale_alarms (

@@ -436,3 +436,51 @@ def test_ece_bins_default_is_the_config_constant():
     ddl = (store.SQL_DIR / "001_tables.sql").read_text()
     stated = re.findall(r"base_ece\s+DOUBLE,\s*--\s*(\d+) equal-width bins", ddl)
     assert stated == [str(config.ECE_BINS)]
+
+
+def test_smooth_ece_and_corp_expressions_equal_the_grouped_forms():
+    rng = np.random.default_rng(5)
+    n = 600
+    p = rng.uniform(size=n).round(2)
+    y = (rng.uniform(size=n) < p**1.3).astype(float)
+    y[rng.uniform(size=n) < 0.1] = np.nan
+    g = rng.integers(0, 3, size=n)
+    df = pl.DataFrame({"g": g, "p": p, "y": y}).with_columns(pl.col("y").fill_nan(None))
+    got = (
+        df.group_by("g")
+        .agg(
+            metrics.smooth_ece("p", "y").alias("sm"),
+            metrics.corp("p", "y").alias("log"),
+            metrics.corp("p", "y", score="brier").alias("brier"),
+        )
+        .sort("g")
+    )
+    sm = metrics.grouped_smooth_ece(p, y, g, 3)
+    d = metrics.grouped_corp(p, y, g, 3)
+    assert got["sm"].to_list() == pytest.approx(sm.tolist(), rel=1e-12)
+    for s in ("log", "brier"):
+        for k in metrics.CORP_FIELDS:
+            assert got[s].struct.field(k).to_list() == pytest.approx(
+                d[f"{s}_{k}"].tolist(), rel=1e-12
+            )
+    # the score field is the metric of the same name
+    whole = df.select(metrics.corp("p", "y").struct.field("score"), metrics.log_loss("p", "y")).row(
+        0
+    )
+    assert whole[0] == pytest.approx(whole[1], rel=1e-12)
+
+
+def test_smooth_ece_k_classes_expression():
+    rng = np.random.default_rng(6)
+    p = rng.dirichlet(np.ones(3), size=300)
+    y = np.array([rng.choice(3, p=r) for r in p], dtype=float)
+    df = pl.DataFrame({"p": p.tolist(), "y": y.astype(int)})
+    got = df.select(metrics.smooth_ece("p", "y", multiclass=True)).item()
+    assert got == metrics.grouped_smooth_ece(p, y, np.zeros(300, np.int64), 1)[0]
+
+
+def test_smooth_ece_and_corp_without_labels_are_null():
+    df = pl.DataFrame({"p": [0.3, 0.6], "y": [None, None]}, schema={"p": pl.Float64,
+                                                                    "y": pl.Int64})  # fmt: skip
+    assert df.select(metrics.smooth_ece("p", "y")).item() is None
+    assert df.select(metrics.corp("p", "y")).item() == dict.fromkeys(metrics.CORP_FIELDS)

@@ -16,7 +16,7 @@ import polars as pl
 import pytest
 
 import calpipe
-from calpipe import cli, config, generate, pipeline, store
+from calpipe import cli, config, generate, metrics, pipeline, store
 from calpipe.cli import pipeline as cli_pipeline
 from calpipe.errors import InputError, ParameterError, StateError
 from calpipe.generate import StreamSpec
@@ -193,6 +193,19 @@ def test_calibration_daily_matches_numpy(demo):
         assert got["protected_brier"] == pytest.approx(np.mean((q - y) ** 2), rel=1e-12)
         assert got["base_ece"] == pytest.approx(np_ece(p, y), rel=1e-12)
         assert got["protected_ece"] == pytest.approx(np_ece(q, y), rel=1e-12)
+        for who, v in (("base", p), ("protected", q)):
+            one = np.zeros(v.size, np.int64)
+            assert got[f"{who}_smooth_ece"] == pytest.approx(
+                metrics.grouped_smooth_ece(v, y, one, 1)[0]
+            )
+            d = metrics.grouped_corp(v, y, one, 1)
+            for score, name in (("log", "log_loss"), ("brier", "brier")):
+                assert got[f"{who}_{name}_mcb"] == pytest.approx(d[f"{score}_miscalibration"][0])
+                assert got[f"{who}_{name}_dsc"] == pytest.approx(d[f"{score}_discrimination"][0])
+                assert got[f"{name}_unc"] == pytest.approx(d[f"{score}_uncertainty"][0])
+                assert got[f"{who}_{name}"] == pytest.approx(
+                    got[f"{who}_{name}_mcb"] - got[f"{who}_{name}_dsc"] + got[f"{name}_unc"]
+                )
         assert got["mean_score"] == pytest.approx(rows["base_score"].mean(), rel=1e-12)
         assert got["mean_label"] == pytest.approx(y.mean(), rel=1e-12)
         assert got["log10_martingale"] == rows["log10_martingale"][-1]
@@ -582,6 +595,18 @@ def test_daily_metrics_equal_the_metrics_expressions():
             *calpipe.metrics.base_vs_protected(b, p, y),
             calpipe.metrics.ece(b, y, n_bins=pipeline.ECE_BINS).alias("base_ece"),
             calpipe.metrics.ece(p, y, n_bins=pipeline.ECE_BINS).alias("protected_ece"),
+            calpipe.metrics.smooth_ece(b, y).alias("base_smooth_ece"),
+            calpipe.metrics.smooth_ece(p, y).alias("protected_smooth_ece"),
+            *[
+                calpipe.metrics.corp(col, y, score=s).struct.field(f).alias(f"{who}_{name}_{a}")
+                for who, col in (("base", b), ("protected", p))
+                for s, name in (("log", "log_loss"), ("brier", "brier"))
+                for f, a in (("miscalibration", "mcb"), ("discrimination", "dsc"))
+            ],
+            *[
+                calpipe.metrics.corp(b, y, score=s).struct.field("uncertainty").alias(f"{n}_unc")
+                for s, n in (("log", "log_loss"), ("brier", "brier"))
+            ],
             pl.col(b).mean().alias("mean_score"),
             pl.col(p).mean().alias("mean_protected"),
             pl.col(y).cast(pl.Float64).mean().alias("mean_label"),

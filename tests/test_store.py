@@ -265,6 +265,32 @@ def test_the_old_protected_scores_layout_is_migrated(tmp_path):
         con.close()
 
 
+def test_an_old_calibration_daily_gains_the_smooth_ece_and_corp_columns(tmp_path):
+    path = tmp_path / "old.duckdb"
+    raw = duckdb.connect(str(path))
+    raw.execute(  # the layout before the smooth ECE and the CORP decomposition
+        """CREATE TABLE calibration_daily (
+               date DATE NOT NULL, stream VARCHAR NOT NULL, n_events BIGINT NOT NULL,
+               n_labelled BIGINT NOT NULL, base_log_loss DOUBLE, protected_log_loss DOUBLE,
+               base_brier DOUBLE, protected_brier DOUBLE, base_ece DOUBLE, protected_ece DOUBLE,
+               mean_score DOUBLE, mean_protected DOUBLE, mean_label DOUBLE,
+               log10_martingale DOUBLE NOT NULL, log10_martingale_max DOUBLE NOT NULL,
+               log10_martingale_max_to_date DOUBLE NOT NULL, alarm BOOLEAN NOT NULL);
+           INSERT INTO calibration_daily VALUES (DATE '2024-03-01', 's', 2, 2, 0.5, 0.4, 0.2,
+               0.1, 0.1, 0.05, 0.4, 0.45, 0.5, 0.1, 0.1, 0.1, false)"""
+    )
+    raw.close()
+    con = store.connect(path)
+    try:
+        row = store.query(con, "SELECT * FROM v_calibration_daily").row(0, named=True)
+        new = ["base_smooth_ece", "protected_smooth_ece", "base_log_loss_mcb", "log_loss_unc",
+               "protected_brier_dsc", "brier_unc"]  # fmt: skip
+        assert all(c in row and row[c] is None for c in new)  # unknown until recomputed
+        assert row["base_log_loss"] == 0.5 and row["log_loss_gain"] == pytest.approx(0.1)
+    finally:
+        con.close()
+
+
 def test_connect_limits_duckdb_memory_and_the_cache_can_be_dropped(con):
     limit = store.fetch_one(con, "SELECT current_setting('memory_limit')")[0]
     con.execute(f"SET memory_limit = '{config.DUCKDB_MEMORY_LIMIT}'")

@@ -30,6 +30,13 @@ module                     implements                                         so
 ``histogram``              equal-mass histogram binning                       Zadrozny & Elkan 2001
 ``calibrated_regression``  online ridge on test functions, fixed-point        paper 004 Algorithm 2
                            forecast
+``online_scaling``         online Platt / beta / vector scaling (ONS),        Gupta & Ramdas, ICML 2023
+                           tracking and hedging calibeating, online           (Algorithm 1, §3)
+                           histogram binning
+``expert_mixture``         Composite Jumper over experts (inputs x Cox        paper 001 Algorithm 1
+                           functions): the default ``composite-experts``
+``diagnostics``            smooth ECE; CORP decomposition (PAV)               Błasiok & Nakkiran 2024;
+                                                                              Dimitriadis et al. 2021
 ``_prediction``            the fitted-map container of the batch kernels      —
 =========================  =================================================  ====================================
 """

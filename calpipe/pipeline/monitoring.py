@@ -39,6 +39,22 @@ def _stream_groups(frame: pl.DataFrame, keys: Sequence[str]) -> tuple[np.ndarray
     return dense_ids(key.cast(pl.Categorical).to_physical().to_numpy())
 
 
+def _corp_columns(
+    base: np.ndarray, prot: np.ndarray, y: np.ndarray, ids: np.ndarray, n_groups: int
+) -> dict[str, np.ndarray]:
+    """The CORP decomposition (:func:`calpipe.metrics.grouped_corp`) of the log loss and the
+    Brier score of base and protected: ``{base,protected}_{log_loss,brier}_{mcb,dsc}`` and the
+    uncertainty ``{log_loss,brier}_unc`` (the labels' alone, the same for both forecasts)."""
+    out: dict[str, np.ndarray] = {}
+    for who, p in (("base", base), ("protected", prot)):
+        d = metrics.grouped_corp(p, y, ids, n_groups)
+        for score, name in (("log", "log_loss"), ("brier", "brier")):
+            out[f"{who}_{name}_mcb"] = d[f"{score}_miscalibration"]
+            out[f"{who}_{name}_dsc"] = d[f"{score}_discrimination"]
+            out[f"{name}_unc"] = d[f"{score}_uncertainty"]
+    return out
+
+
 def daily_metrics(
     scores: pl.DataFrame,
     keys: Sequence[str] = ("event_date", "stream"),
@@ -47,8 +63,9 @@ def daily_metrics(
 ) -> pl.DataFrame:
     """Forecast quality of base vs protected per group (``keys``) of protected rows.
 
-    Counts, mean natural log loss, Brier and ECE (:data:`calpipe.config.ECE_BINS` equal-width
-    bins) over the labelled events, mean base / protected score over all events, mean label over
+    Counts, mean natural log loss, Brier, ECE (:data:`calpipe.config.ECE_BINS` equal-width
+    bins), smooth ECE and the CORP decomposition of log loss and Brier (miscalibration ``_mcb``,
+    discrimination ``_dsc``, uncertainty ``_unc``: loss = mcb - dsc + unc) over the labelled events, mean base / protected score over all events, mean label over
     labelled ones, and the within-group maximum of the running log10 martingale. The base is
     ``base_score``, the score as the engine used it (clipped in log-loss mode), so that base
     minus protected cumulative log loss is the log test martingale.
@@ -89,6 +106,9 @@ def daily_metrics(
         "protected_brier": metrics.grouped_brier(prot_l, y, ids_l, n_groups),
         "base_ece": metrics.grouped_ece(base_l, y, ids_l, n_groups),
         "protected_ece": metrics.grouped_ece(prot_l, y, ids_l, n_groups),
+        "base_smooth_ece": metrics.grouped_smooth_ece(base_l, y, ids_l, n_groups),
+        "protected_smooth_ece": metrics.grouped_smooth_ece(prot_l, y, ids_l, n_groups),
+        **_corp_columns(base_l, prot_l, y, ids_l, n_groups),
         "mean_score": metrics.grouped_mean(base, ids, n_groups),
         "mean_protected": metrics.grouped_mean(prot, ids, n_groups),
         "mean_label": metrics.grouped_mean(y, ids_l, n_groups),
@@ -96,7 +116,9 @@ def daily_metrics(
     }
     # no labelled event: 0 / 0 -> null, as the polars means of an empty selection
     over_labelled = [
-        c for c in values if c.endswith(("_log_loss", "_brier", "_ece")) or c == "mean_label"
+        c
+        for c in values
+        if c.endswith(("_log_loss", "_brier", "_ece", "_mcb", "_dsc", "_unc")) or c == "mean_label"
     ]
     out = pl.DataFrame(values).with_columns(
         pl.when(pl.col("n_labelled") > 0).then(pl.col(c)).alias(c) for c in over_labelled
