@@ -8,7 +8,7 @@ export DAGSTER_HOME := $(CURDIR)/.dagster_home
 export DAGSTER_DISABLE_TELEMETRY := 1
 export NUMBA_CACHE_DIR := $(CURDIR)/.venv/numba_cache
 
-.PHONY: setup setup-dev demo test lint format check-defs bench clean
+.PHONY: setup setup-dev demo test lint format check-defs bench quality clean
 
 $(VENV)/.runtime: requirements/runtime.lock pyproject.toml
 	$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "calpipe needs Python 3.11"'
@@ -42,9 +42,13 @@ check-defs: setup
 test: setup-dev lint             ## set up, lint, run the whole test suite, smoke-run the benchmarks
 	$(BIN)/pytest
 	$(BIN)/python -m benchmarks.run --size smoke --repeat 1 --out $(VENV)/BENCHMARKS.smoke.md
+	$(BIN)/python -m benchmarks.quality --size smoke --out $(VENV)/QUALITY.smoke.md
 
 bench: setup-dev                 ## full benchmark suite (items 1-8 + Venn-ABERS) -> BENCHMARKS.md
 	$(BIN)/python -m benchmarks.run --size full --out BENCHMARKS.md
+
+quality: setup-dev               ## forecast quality on real drifting streams vs the anchors -> QUALITY.md
+	$(BIN)/python -m benchmarks.quality --size full --out QUALITY.md
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis .dagster_home

@@ -157,6 +157,12 @@ TEMPERATURE_CLIP_EPS: float = 1e-12
 #: the calibration argmax is always right; p^1000 is already an argmax for any practical use.
 TEMPERATURE_MAX_INV_T: float = 1e3
 
+#: Smallest inverse temperature 1/T (largest T = 100): at 1/T = 0 every forecast is uniform and
+#: argmax ties go to class 0, so temperature scaling would no longer keep the base's argmax (its
+#: defining property, Guo et al. 2017). At 1/T = 1e-2 forecasts are nearly flat for
+#: anti-informative scores yet classes whose log-probabilities differ by > 1e-13 stay ordered.
+TEMPERATURE_MIN_INV_T: float = 1e-2
+
 #: Safeguarded Newton on d/d(1/T) log loss = 0 stops at this relative width of 1/T.
 TEMPERATURE_TOL: float = 1e-12
 

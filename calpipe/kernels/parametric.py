@@ -536,11 +536,12 @@ def _temperature_derivatives(logp, labels, beta):
 
 
 @njit(cache=True)
-def _temperature_newton(logp, labels, beta_max, tol, rounding, max_iter):
-    """Minimise the convex L(beta) over [0, beta_max]; returns (beta, iterations).
+def _temperature_newton(logp, labels, beta_min, beta_max, tol, rounding, max_iter):
+    """Minimise the convex L(beta) over [beta_min, beta_max]; returns (beta, iterations).
 
-    The minimiser is 0 if L'(0) >= 0, beta_max if L'(beta_max) <= 0, else the root of the
-    increasing L' in (0, beta_max), found by Newton from beta = 1 kept inside a shrinking
+    The minimiser is beta_min if L'(beta_min) >= 0, beta_max if L'(beta_max) <= 0, else the
+    root of the increasing L' in (beta_min, beta_max), found by Newton from beta = 1 kept
+    inside a shrinking
     bracket [lo, hi] (L'(lo) < 0 < L'(hi)), bisecting whenever the Newton point leaves it
     (the rtsafe scheme of Numerical Recipes §9.4). Stops when the step or the bracket is below
     ``tol`` relative, or when |L'| is at its rounding level (``rounding * sum_i |terms|``). If
@@ -555,15 +556,15 @@ def _temperature_newton(logp, labels, beta_max, tol, rounding, max_iter):
                 flat = False
     if flat:
         return 1.0, 0
-    d0, _, _ = _temperature_derivatives(logp, labels, 0.0)
+    d0, _, _ = _temperature_derivatives(logp, labels, beta_min)
     if d0 >= 0.0:
-        return 0.0, 1
+        return beta_min, 1
     dm, _, _ = _temperature_derivatives(logp, labels, beta_max)
     if dm <= 0.0:
         return beta_max, 2
-    lo = 0.0
+    lo = beta_min
     hi = beta_max
-    beta = 1.0
+    beta = min(max(1.0, beta_min), beta_max)
     it = 2
     while it < max_iter:
         it += 1
@@ -614,10 +615,12 @@ def temperature_fit(
 
     convex in :math:`\beta` with :math:`L' = \sum_i E_q[\ell_i] - \ell_{iy_i}` and
     :math:`L'' = \sum_i \operatorname{Var}_q[\ell_i]` (q = p'), over
-    :math:`[0, \beta_{max}]` (``config.TEMPERATURE_MAX_INV_T``), by safeguarded Newton to the
-    relative tolerance ``config.TEMPERATURE_TOL``. The bounds cover the degenerate sets:
-    :math:`\beta = 0` (T = infinity, uniform forecasts) when the scores are uninformative or
-    anti-informative (L'(0) >= 0), :math:`\beta_{max}` when the argmax is always right (the
+    :math:`[\beta_{min}, \beta_{max}]` (``config.TEMPERATURE_MIN_INV_T``,
+    ``config.TEMPERATURE_MAX_INV_T``), by safeguarded Newton to the relative tolerance
+    ``config.TEMPERATURE_TOL``. The bounds cover the degenerate sets: :math:`\beta_{min} > 0`
+    when the scores are uninformative or anti-informative (L'(beta_min) >= 0; the unconstrained
+    minimiser 1/T = 0 would make every forecast uniform and lose the argmax, which temperature
+    scaling keeps by construction), :math:`\beta_{max}` when the argmax is always right (the
     minimiser is at infinity), :math:`\beta = 1` when every clipped row is uniform.
 
     Binary scores of shape (n,) are the rows :math:`[1 - p, p]`: the map is then
@@ -667,6 +670,7 @@ def temperature_fit(
     beta, _ = _temperature_newton(
         _clipped_log(s, eps),
         y,
+        config.TEMPERATURE_MIN_INV_T,
         config.TEMPERATURE_MAX_INV_T,
         config.TEMPERATURE_TOL,
         config.TEMPERATURE_DERIV_ROUNDING,

@@ -407,7 +407,7 @@ def test_temperature_invariants(seed, n, k, temperature, edge):
     s, y = _multiclass_data(seed, n, k, temperature, edge)
     fitted = K.temperature_fit(s, y)
     assert np.all(np.isfinite(fitted))
-    assert 0.0 <= fitted[0] <= config.TEMPERATURE_MAX_INV_T
+    assert config.TEMPERATURE_MIN_INV_T <= fitted[0] <= config.TEMPERATURE_MAX_INV_T
     p = K.temperature_predict(fitted, s).p
     assert p.shape == s.shape
     assert np.all((p >= 0) & (p <= 1))
@@ -415,7 +415,7 @@ def test_temperature_invariants(seed, n, k, temperature, edge):
     # the fit is no worse than T = 1 and than any 1/T on a grid (convexity, global optimum)
     eps = config.TEMPERATURE_CLIP_EPS
     loss = _temperature_loss(fitted[0], s, y, eps)
-    for b in [0.0, 0.5, 1.0, 2.0, 10.0]:
+    for b in [config.TEMPERATURE_MIN_INV_T, 0.5, 1.0, 2.0, 10.0]:
         assert loss <= _temperature_loss(b, s, y, eps) + 1e-9 * (1 + abs(loss))
     np.testing.assert_array_equal(K.temperature_fit(s, y), fitted)
 
@@ -448,10 +448,10 @@ def test_temperature_degenerate_sets():
     s = rng.dirichlet(np.ones(3), 50)
     # uniform rows: the loss does not depend on T; the identity 1/T = 1 is kept
     assert K.temperature_fit(np.full((10, 3), 1 / 3), rng.integers(0, 3, 10))[0] == 1.0
-    # labels always the argmin: anti-informative, 1/T = 0, uniform forecasts
+    # labels always the argmin: anti-informative; 1/T stops at its floor, nearly flat forecasts
     fitted = K.temperature_fit(s, s.argmin(axis=1))
-    assert fitted[0] == 0.0
-    np.testing.assert_allclose(K.temperature_predict(fitted, s).p, 1 / 3)
+    assert fitted[0] == config.TEMPERATURE_MIN_INV_T
+    np.testing.assert_allclose(K.temperature_predict(fitted, s).p, 1 / 3, atol=0.02)
     # argmax always right: the minimiser is at 1/T = infinity, capped
     assert K.temperature_fit(s, s.argmax(axis=1))[0] == config.TEMPERATURE_MAX_INV_T
     # n = 1, one class, exact 0/1 entries
@@ -469,6 +469,19 @@ def test_temperature_degenerate_sets():
         K.temperature_fit(s, np.full(50, 3))
     with pytest.raises(ValueError):
         K.temperature_fit(s[:, :1], np.zeros(50, np.int64))
+
+
+def test_temperature_of_anti_informative_scores_keeps_the_argmax():
+    # regression: 1/T = 0 made every forecast exactly uniform, so argmax ties went to class 0
+    rng = np.random.default_rng(12)
+    s = rng.dirichlet(np.ones(4), 200)
+    fitted = K.temperature_fit(s, s.argmin(axis=1))
+    p = K.temperature_predict(fitted, s).p
+    np.testing.assert_array_equal(p.argmax(axis=1), s.argmax(axis=1))
+    binary = rng.uniform(0.05, 0.95, 200)
+    fb = K.temperature_fit(binary, (binary < 0.5).astype(np.int64))
+    pb = K.temperature_predict(fb, binary).p
+    np.testing.assert_array_equal(pb > 0.5, binary > 0.5)
 
 
 # ----------------------------------------------------------------------------------------------

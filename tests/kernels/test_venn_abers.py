@@ -324,6 +324,23 @@ def test_multiclass_equals_definition(seed, n, k, mode, how, n_folds):
 
 
 @pytest.mark.parametrize(("mode", "va_type"), [("ovo", "one_vs_one"), ("ovr", "one_vs_rest")])
+def test_multiclass_keeps_a_class_absent_from_the_window(mode, va_type):
+    # the README's caveat: venn-abers 1.5.4 drops a class without calibration examples (fewer
+    # columns); calpipe keeps the stream's K classes, the absent one with a small probability
+    rng = np.random.default_rng(3)
+    p, y = _multiclass_data(rng, 300, 3, dec=None)
+    keep = y != 2
+    p, y = p[keep], y[keep]
+    pt, _ = _multiclass_data(rng, 50, 3, dec=None)
+    ref = VennAbersCalibrator().predict_proba(p_cal=p, y_cal=y, p_test=pt, va_type=va_type)
+    assert ref.shape == (50, 2)
+    got = va.predict(va.fit(p, y, multiclass=mode), pt).p
+    assert got.shape == (50, 3)
+    np.testing.assert_allclose(got.sum(axis=1), 1.0, atol=ATOL)
+    assert np.all(got[:, 2] > 0) and np.median(got[:, 2]) < np.median(got[:, :2])
+
+
+@pytest.mark.parametrize(("mode", "va_type"), [("ovo", "one_vs_one"), ("ovr", "one_vs_rest")])
 @pytest.mark.parametrize(("seed", "k", "dec"), [(0, 3, None), (1, 4, 2), (2, 5, None)])
 def test_multiclass_ivap_equals_package(mode, va_type, seed, k, dec):
     rng = np.random.default_rng(seed)
