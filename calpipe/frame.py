@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from calpipe import config
 from calpipe.calibrators import Calibrator, make_calibrator
-from calpipe.calibrators.base import weights_series
+from calpipe.calibrators.base import output_column, weights_series
 from calpipe.errors import InputError, ParameterError, StateError
 from calpipe.kernels import grouping as G
 from calpipe.kernels import ops
@@ -335,7 +335,7 @@ def protect(
     base_method, base_params : str, dict, optional
         Stacking: run ``base_method`` (with ``base_params``) first and give its forecasts to
         ``method`` as the base probabilities (e.g. protect Venn-ABERS with the Composite Jumper).
-        The output then has ``base_method_score``, the forecast the martingale bets against.
+        The output then has ``base_method_score(s)``, that forecast (the martingale bets on it clipped).
     **params
         Method parameters (for the protected methods ``family``, ``family_params``,
         ``jumping_rates``, ``pi``, ``loss``, ``clip``), validated against the method's table.
@@ -461,7 +461,7 @@ def _empty_output(df: pl.DataFrame, cols: Columns, cal: Calibrator) -> pl.DataFr
     ]
     for name in cal.extra_outputs:
         dtype = pl.List(pl.Float64) if name == "log10_martingale_by_rate" else out_dtype
-        extra.append(pl.lit(None, dtype).alias(name))
+        extra.append(pl.lit(None, dtype).alias(output_column(name, cols.score is None)))
     return df.with_columns(extra)
 
 
@@ -601,7 +601,7 @@ def _output_series(name: str, values: np.ndarray, forecast_dtype: pl.DataType) -
     """An extra output column: like the forecast column (p_lower, ...), or a list per row."""
     if values.ndim == 1:
         return pl.Series(name, values)
-    series = pl.Series(name, values)
+    series = pl.Series(output_column(name, name != "log10_martingale_by_rate"), values)
     if name == "log10_martingale_by_rate" or isinstance(forecast_dtype, pl.List):
         return series.cast(pl.List(pl.Float64))
     return series.cast(forecast_dtype)

@@ -150,9 +150,22 @@ def test_stack_equals_running_the_base_then_the_top():
                               base_params={"window": 20})  # fmt: skip
     np.testing.assert_array_equal(stacked["protected_score"], top["protected_score"])
     np.testing.assert_array_equal(stacked["log10_martingale"], top["log10_martingale"])
-    np.testing.assert_array_equal(
-        stacked["base_method_score"], np.clip(base["protected_score"], 1e-3, 1 - 1e-3)
-    )
+    # the base method's forecast as it made it (regression: it was returned clipped)
+    np.testing.assert_array_equal(stacked["base_method_score"], base["protected_score"])
+
+
+def test_a_k_class_stack_names_its_base_forecasts_in_the_plural():
+    # regression: a K-class stack returned a list column under the singular name
+    rng = np.random.default_rng(4)
+    p = rng.dirichlet(np.ones(3), 200)
+    df = pl.DataFrame({"event_id": np.arange(200), "label": rng.integers(0, 3, 200),
+                       "scores": p.tolist()})  # fmt: skip
+    out = calpipe.protect(df, scores="scores", order_by="event_id", method="composite-jumper",
+                          base_method="temperature", base_params={"window": 50})  # fmt: skip
+    alone = calpipe.protect(df, scores="scores", order_by="event_id", method="temperature",
+                            window=50)  # fmt: skip
+    assert "base_method_scores" in out.columns and "base_method_score" not in out.columns
+    assert out["base_method_scores"].to_list() == alone["protected_scores"].to_list()
 
 
 def test_a_stack_refuses_delayed_labels():

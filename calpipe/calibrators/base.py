@@ -140,6 +140,17 @@ def check_state_length(st: FlatState, size: int, method: str, n_classes: int) ->
     return st
 
 
+def output_column(name: str, multiclass: bool) -> str:
+    """The column name of a per-event forecast output: plural for K classes, as the forecast
+    itself (``protected_score`` / ``protected_scores``; a stack's ``base_method_score`` /
+    ``base_method_scores``); other names (``p_lower``, ...) are unchanged.
+
+    >>> output_column("base_method_score", True), output_column("p_lower", True)
+    ('base_method_scores', 'p_lower')
+    """
+    return name + "s" if multiclass and name.endswith("_score") else name
+
+
 def weights_series(values: np.ndarray, offsets: np.ndarray) -> pl.Series:
     """The ``weights`` list column of S state vectors, built without a Python loop."""
     lengths = np.diff(offsets)

@@ -8,7 +8,9 @@ log loss is at most that of ``base`` (clipped as ``top`` clips its base) plus ln
 
 The state of a stream is ``[L, log10 S_base, base vector (L), top vector]``; ``log10_martingale``
 is the top's (its test martingale of the base calibrator's forecasts), and the extra column
-``base_method_score`` holds the base calibrator's forecast as the top consumed it.
+``base_method_score`` (K classes: ``base_method_scores``) holds the base calibrator's forecast as
+it made it; the martingale bets against it as the top reads it (clipped:
+``martingale_base(base_method_score)``), as a method alone bets against its clipped input.
 """
 
 from __future__ import annotations
@@ -100,7 +102,9 @@ class Stacked(Calibrator[FlatState]):
         return self.base.prepare_scores(scores)
 
     def martingale_base(self, scores: np.ndarray) -> np.ndarray:
-        raise TypeError("a stack's martingale bets against its base_method_score output")
+        """The forecasts the martingale bets against, from the base method's forecasts (the
+        ``base_method_score`` output, not the raw scores): as the top reads them."""
+        return self.top.martingale_base(scores)
 
     def input_columns(self) -> dict[str, str]:
         return {**self.base.input_columns(), **self.top.input_columns()}
@@ -115,7 +119,7 @@ class Stacked(Calibrator[FlatState]):
         bout, bnew = self.base.run_batch(scores, *args, bst, inputs)
         top_in = self.top.prepare_scores(bout.protected)
         tout, tnew = self.top.run_batch(top_in, *args, tst, inputs)
-        extra = {**tout.extra, "base_method_score": self.top.martingale_base(bout.protected)}
+        extra = {**tout.extra, "base_method_score": bout.protected}
         return RunOutput(tout.protected, tout.log10_martingale, extra), self._join(bnew, tnew)
 
     def serving_map(self, state: FlatState, scores: np.ndarray) -> np.ndarray:

@@ -63,14 +63,14 @@ def _cmd_protect(args: argparse.Namespace) -> int:
     # Compare with the base as the engine saw it (clipped in log-loss mode), so that
     # base loss - protected loss is the log test martingale the last column reports.
     cal = calpipe.make_calibrator(args.method, **params)
-    if "base_method_score" in out.columns:  # a stack bets against its base method's forecasts
-        base = "base_method_score"
-        out_sum = out
-    else:
-        raw = out[args.scores].to_list() if multiclass else out[args.score].to_numpy()
-        seen = cal.martingale_base(np.asarray(raw, dtype=np.float64))
-        base = "base_as_seen"
-        out_sum = out.with_columns(pl.Series(base, seen.tolist() if multiclass else seen))
+    # a stack bets against its base method's forecasts, a method alone against the scores
+    src = args.scores if multiclass else args.score
+    stack_col = "base_method_scores" if multiclass else "base_method_score"
+    src = stack_col if stack_col in out.columns else src
+    raw = out[src].to_list() if multiclass else out[src].to_numpy()
+    seen = cal.martingale_base(np.asarray(raw, dtype=np.float64))
+    base = "base_as_seen"
+    out_sum = out.with_columns(pl.Series(base, seen.tolist() if multiclass else seen))
     ordered = out_sum.sort([*by, *args.order_by])
     summary = stream_summary(
         ordered, base=base, protected="protected_scores" if multiclass else "protected_score",

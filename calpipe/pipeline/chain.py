@@ -97,7 +97,8 @@ def _martingale_base(cal: Calibrator, scores: pl.DataFrame) -> pl.Series:
     """``base_score``: the forecast the martingale bets against (the clipped base, or a stack's
     base-method forecast), so that base loss - protected loss = ln 10 * log10 S."""
     if "base_method_score" in scores.columns:
-        return scores["base_method_score"].alias("base_score")
+        seen = cal.martingale_base(scores["base_method_score"].to_numpy())
+        return pl.Series("base_score", seen)
     return pl.Series("base_score", cal.martingale_base(scores["score"].to_numpy()))
 
 
