@@ -29,6 +29,7 @@ Fits run once per (stream, refit); forecasts are one vectorised ``predict`` call
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -147,6 +148,21 @@ class WindowedCalibrator(Calibrator[FlatState]):
         return u, sc.reshape(b, c) if c > 1 else sc, lab, fitted
 
     # -- running -------------------------------------------------------------------------------
+    def _warn_unfilled(self, u_end: np.ndarray, counts: np.ndarray) -> None:
+        """One warning per call (not per stream: a thousand short streams would flood the log)
+        when streams with events end it with fewer than ``window`` labels: they were never
+        fitted, so their forecasts were the base scores, which is easy to mistake for a
+        calibrator that changes nothing."""
+        short = np.flatnonzero((u_end < self.window) & (counts > 0))
+        if short.size:
+            warnings.warn(
+                f"{self.name}: {short.size} of {counts.size} streams have fewer than "
+                f"window={self.window} labels (the fewest: {int(u_end[short].min())}); until "
+                "their window fills, their forecasts are the base scores",
+                UserWarning,
+                stacklevel=2,
+            )
+
     def run_batch(
         self, scores, labels, op_event, op_kind, op_offsets, state: FlatState, inputs=None
     ):
@@ -162,6 +178,7 @@ class WindowedCalibrator(Calibrator[FlatState]):
         u_before = u0[sid] + cum[:-1] - cum[op_offsets[:-1]][sid]  # ... and before each op
         epoch = fit_point(u_before, self.window, self.refit_every)
         u_end = u0 + cum[op_offsets[1:]] - cum[op_offsets[:-1]]
+        self._warn_unfilled(u_end, counts)
 
         forecast = np.empty((n_ops,) if c == 1 else (n_ops, n_classes))
         interval = "p_lower" in self.extra_outputs

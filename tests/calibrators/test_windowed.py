@@ -7,11 +7,15 @@ refit if the label count hits a fit point, on the last ``window`` labels.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
+import polars as pl
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import calpipe
 from calpipe.calibrators import METHODS, make_calibrator
 from calpipe.calibrators.windowed import WindowedCalibrator, fit_point
 from calpipe.errors import ParameterError, StateError
@@ -145,3 +149,18 @@ def test_window_parameters_are_validated_from_the_table():
 def test_every_batch_method_is_windowed_and_listed():
     windowed = {n for n, c in METHODS.items() if issubclass(c, WindowedCalibrator)}
     assert {"platt", "beta", "temperature"} <= windowed
+
+
+def test_a_window_that_never_fills_warns_once_per_call():
+    # regression: a window longer than the stream passed the base through without a word
+    df = pl.DataFrame({"stream": ["a"] * 30 + ["b"] * 200, "event_id": range(230),
+                       "score": np.linspace(0.1, 0.9, 230), "label": np.arange(230) % 2})  # fmt: skip
+    with pytest.warns(UserWarning, match=r"platt: 1 of 2 streams have fewer than window=100") as w:
+        out = calpipe.protect(df, by="stream", order_by="event_id", method="platt", window=100)
+    assert len([x for x in w if "window=" in str(x.message)]) == 1
+    short = out.filter(pl.col("stream") == "a")
+    assert (short["protected_score"] == short["score"]).all()  # what the warning says
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        calpipe.protect(df.filter(pl.col("stream") == "b"), order_by="event_id", method="platt",
+                        window=100)  # fmt: skip
