@@ -195,10 +195,18 @@ DEFAULT_METHOD: str = "composite-experts"
 #: analysts query. Name ``--method composite-experts`` to run the new default nightly.
 PIPELINE_DEFAULT_METHOD: str = "composite-jumper"
 
-#: Online calibrators whose forecasts join the base as inputs of the default method (binary):
-#: Platt and beta scaling learnt online (Gupta & Ramdas 2023) follow shifts and slopes of any
-#: size without a window; Cox functions on top of them correct what a 2-3 parameter map cannot.
-EXPERT_INPUTS_BINARY: tuple[str, ...] = ("ops", "obs")
+#: Calibrators whose forecasts join the base as inputs of the default method (binary), written
+#: as ``calpipe --inputs`` takes them. Platt and beta scaling learnt online (Gupta & Ramdas 2023)
+#: follow drift of any size without a window but weigh all the past; beta calibration refitted on
+#: a trailing window (the practitioner's nightly refit) forgets it: 1000 labels (the batch
+#: methods' default window) and 4000 (a longer memory where a 1000-label fit is too noisy),
+#: each refitted every quarter window. The mixture tracks the best of them at any time.
+EXPERT_INPUTS_BINARY: tuple[str, ...] = (
+    "ops",
+    "obs",
+    "beta:window=1000:refit_every=250",
+    "beta:window=4000:refit_every=1000",
+)
 
 #: K classes: online vector scaling (``ops``), the per-class slope and prior shift.
 EXPERT_INPUTS_MULTICLASS: tuple[str, ...] = ("ops",)

@@ -293,8 +293,8 @@ def protect(
 
     The default method (:data:`calpipe.config.DEFAULT_METHOD`, ``composite-experts``,
     :mod:`calpipe.calibrators.experts`) is paper 001's Composite Jumper over experts: calibrating
-    functions :math:`f_\theta` applied to the base forecast and to online Platt and beta scaling
-    (Gupta & Ramdas 2023) of it. With passive weight :math:`P` on the base, active weights
+    functions :math:`f_\theta` applied to the base forecast, to online Platt and beta scaling
+    (Gupta & Ramdas 2023) of it and to beta calibration refitted on trailing windows. With passive weight :math:`P` on the base, active weights
     :math:`A^J_k` on the experts :math:`k = (i, \theta)` (start :math:`P=\pi`, each input's
     identity :math:`(1-\pi)/(|\mathbf J| I)`), per labelled event
 
@@ -306,7 +306,7 @@ def protect(
         \quad C = p'_n(y_n),\\
         \log_{10} S_n &= \textstyle\sum_{i \le n} \log_{10} p'_i(y_i) - \log_{10} p_i(y_i).
 
-    Its cumulative log loss is at most the base's + ln(1/π) (= ln 2), and each input's + ln 6 + n/10⁴.
+    Its cumulative log loss is at most the base's + ln(1/π) (= ln 2), and each input's + ln 30 + n/10⁴.
     ``composite-jumper`` is paper 001's Algorithm 1 on the base alone (its paper numbers are
     reproduced); ``jumper`` and ``mean-jumper`` are paper 000's Algorithm 2 (with the martingale
     of Algorithm 1) and its average over jumping rates; ``loss="brier"`` reproduces
@@ -367,8 +367,8 @@ def protect(
     │ str    ┆ f64             │
     ╞════════╪═════════════════╡
     │ a      ┆ 0.2002          │
-    │ a      ┆ 0.6984          │
-    │ a      ┆ 0.4003          │
+    │ a      ┆ 0.6988          │
+    │ a      ┆ 0.4004          │
     │ b      ┆ 0.8998          │
     └────────┴─────────────────┘
     """

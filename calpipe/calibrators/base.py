@@ -122,6 +122,61 @@ class FlatState:
         return FlatState(np.ascontiguousarray(values, dtype=np.float64), offsets, log10m)
 
 
+@njit(cache=True)
+def _copy_segments(src, src_start, lengths, dst, dst_start):
+    """dst[dst_start[s] + i] = src[src_start[s] + i] for i < lengths[s], every segment s (the
+    callers check the bounds)."""
+    for s in range(lengths.shape[0]):
+        a = src_start[s]
+        b = dst_start[s]
+        for i in range(lengths[s]):
+            dst[b + i] = src[a + i]
+
+
+def ragged_take(values: np.ndarray, starts: np.ndarray, lengths: np.ndarray):
+    """Segments ``values[starts[s] : starts[s] + lengths[s]]`` of every stream s, concatenated:
+    ``(segment values, offsets)``. One compiled pass, no Python loop over streams.
+
+    >>> v, o = ragged_take(np.arange(10.0), np.array([1, 6]), np.array([2, 3]))
+    >>> v.tolist(), o.tolist()
+    ([1.0, 2.0, 6.0, 7.0, 8.0], [0, 2, 5])
+    """
+    values = np.ascontiguousarray(values, dtype=np.float64)
+    lengths = np.ascontiguousarray(lengths, dtype=np.int64)
+    starts = np.ascontiguousarray(starts, dtype=np.int64)
+    if lengths.size and (
+        lengths.min() < 0 or starts.min() < 0 or (starts + lengths).max() > values.size
+    ):
+        raise ValueError("ragged_take: a segment lies outside the values")
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    out = np.empty(int(offsets[-1]))
+    _copy_segments(values, starts, lengths, out, offsets[:-1])
+    return out, offsets
+
+
+def ragged_concat(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """Per stream s, its segments of every ``(values, offsets)`` part one after the other:
+    ``(values, offsets)``. One compiled pass per part, no Python loop over streams.
+
+    >>> v, o = ragged_concat([(np.array([1.0, 2.0]), np.array([0, 1, 2])),
+    ...                       (np.array([7.0, 8.0, 9.0]), np.array([0, 2, 3]))])
+    >>> v.tolist(), o.tolist()
+    ([1.0, 7.0, 8.0, 2.0, 9.0], [0, 3, 5])
+    """
+    lengths = [np.diff(np.asarray(off, dtype=np.int64)) for _, off in parts]
+    for (vals, off), n in zip(parts, lengths, strict=True):
+        if n.size != lengths[0].size or off[0] != 0 or off[-1] != np.asarray(vals).size:
+            raise ValueError("ragged_concat: parts of different streams or malformed offsets")
+    offsets = np.concatenate([[0], np.cumsum(sum(lengths))]).astype(np.int64)
+    out = np.empty(int(offsets[-1]))
+    at = offsets[:-1].copy()
+    for (vals, off), n in zip(parts, lengths, strict=True):
+        src = np.ascontiguousarray(vals, dtype=np.float64).ravel()
+        _copy_segments(src, np.ascontiguousarray(off[:-1], dtype=np.int64), n, out, at)
+        at += n
+    return out, offsets
+
+
 def tiled_state(vector: np.ndarray, n_streams: int) -> FlatState:
     """``n_streams`` fresh streams of a method with a fixed-length state: ``vector`` each."""
     v = np.tile(np.ascontiguousarray(vector, dtype=np.float64), n_streams)

@@ -3,11 +3,14 @@ r"""The default method: the Composite Jumper over experts (``composite-experts``
 Paper 001's Composite Jumper mixes calibrating functions of the base forecast p. Its guarantees
 use only that every active expert's forecast is fixed before the label, so the same algorithm can
 mix calibrating functions applied to several prequential forecasts ("inputs"): the base itself
-and online calibrators that follow drift without a window (by default ``ops`` and ``obs`` of
-:mod:`calpipe.calibrators.online_scaling`, Gupta & Ramdas 2023; K classes: ``ops``, online vector
-scaling). The experts are the pairs (input i, Cox function theta) on a grid wider than paper
-001's (shifts of the log-odds up to |alpha| = 4, slopes beta in [1/4, 4]; K classes also shifts of
-2 on each class), started on the inputs' identities. Kernel:
+and calibrators run prequentially on it. By default (``config.EXPERT_INPUTS_BINARY``) those are
+two online calibrators that follow drift without a window, ``ops`` and ``obs`` of
+:mod:`calpipe.calibrators.online_scaling` (Gupta & Ramdas 2023), and beta calibration (Kull et
+al. 2017) refitted on the trailing 1,000 and 4,000 labels every quarter window, the
+practitioner's nightly refit, which forgets what online scaling keeps; K classes: ``ops``
+(online vector scaling). The experts are the pairs (input i, Cox function theta) on a grid wider
+than paper 001's (shifts of the log-odds up to |alpha| = 4, slopes beta in [1/2, 2]; K classes
+shifts of 1 and 2 on each class), started on the inputs' identities. Kernel:
 :mod:`calpipe.kernels.expert_mixture`.
 
 Guarantees (log loss, natural logs, n labelled events, E = I |Theta| experts, R rates)
@@ -22,13 +25,15 @@ probability J to a uniform expert" (paper 000 §3), so:
 2. **Each input, calibrated**: for any input i and function theta held throughout,
    L <= L(f_theta o q_i) + ln(R I / (1 - pi)) + ln(|Theta|) [theta != identity]
    + (n - 1) ln(1 / (1 - J)) for each rate J (the Jumper of rate J with one switch at the start);
-   with J = 1e-4 the last term is n * 1e-4 nats, e.g. with OPS as input i and theta = identity:
-   L <= L(OPS) + ln(6) + 1e-4 n.
+   with J = 1e-4 the last term is n * 1e-4 nats; with the default R = 3 rates, pi = 1/2 and
+   I = 5 inputs (base, OPS, OBS, two windowed beta fits), for theta = identity:
+   L <= L(input i) + ln(30) + 1e-4 n, e.g. within ln 30 + 1e-4 n of the trailing-window beta
+   refit a practitioner would run, and of OPS.
 3. **Switching**: for any sequence of experts with k switches,
    L <= L(sequence) + ln(R I / (1 - pi)) + k ln(E / J) + (n - 1 - k) ln(1 / (1 - J)).
 
 Together with OPS's own O(d log n) regret against the best fixed Platt map (Hazan 2016,
-Thm. 4.5), (2) gives L <= min_{a, b} L(Platt_{a, b}) + O(log n) + 1e-4 n + ln 6. The bounds are
+Thm. 4.5), (2) gives L <= min_{a, b} L(Platt_{a, b}) + O(log n) + 1e-4 n + ln 30. The bounds are
 tested in ``tests/calibrators/test_experts.py`` on adversarial and real sequences.
 
 ``log10_martingale`` is the log10 test martingale of the base forecasts (the ratio of the
@@ -41,7 +46,7 @@ Example
 >>> out, st = make_calibrator("composite-experts").run(np.array([0.2, 0.7, 0.4]),
 ...                                                     np.array([0, 1, -1]))
 >>> np.round(out.protected, 3).tolist()
-[0.2, 0.698, 0.4]
+[0.2, 0.699, 0.4]
 """
 
 from __future__ import annotations
@@ -56,28 +61,73 @@ from calpipe.calibrators.base import (
     Calibrator,
     FlatState,
     RunOutput,
-    check_state_length,
     clip_probabilities,
-    tiled_state,
+    ragged_concat,
+    ragged_take,
 )
+from calpipe.calibrators.batch import BATCH_METHODS
 from calpipe.calibrators.online_scaling import OBS, OPS
 from calpipe.calibrators.protected import JUMPING_RATES, PASSIVE_WEIGHT
-from calpipe.errors import ParameterError
+from calpipe.calibrators.windowed import WindowedCalibrator
+from calpipe.errors import ParameterError, StateError
 from calpipe.families import Family, binary_family, multiclass_family
 from calpipe.kernels import expert_mixture as EM
 from calpipe.kernels.ops import with_forecast_copies
 
-#: The online calibrators that may serve as inputs (fixed-size state, no window: an input's
-#: forecast at an update-only op is recomputed from its current state).
-INPUT_METHODS: dict[str, type[Calibrator]] = {"ops": OPS, "obs": OBS}
+#: The calibrators that may serve as inputs: online Platt/beta scaling (no window) and the
+#: windowed batch calibrators (a trailing window refitted every few labels, the practitioner's
+#: nightly refit). Each forecasts an update-only op's copy from its state at that time.
+INPUT_METHODS: dict[str, type[Calibrator]] = {cls.name: cls for cls in (OPS, OBS, *BATCH_METHODS)}
 
 _rate_ok = number_in(0.0, 1.0, lo_open=True, hi_open=False)
 
 
+def _scalar(token: str):
+    """A parameter value written in an input spec: none, an integer, a number or a string."""
+    if token.strip().lower() == "none":
+        return None
+    for cast in (int, float):
+        try:
+            return cast(token)
+        except ValueError:
+            pass
+    return token
+
+
+def input_spec(v):
+    """One input as ``(name, ((param, value), ...))`` (parameters sorted by name), from a method
+    name (``"ops"``), the command-line form ``"beta:window=1000:refit_every=250"`` or a pair
+    ``(name, {param: value})``; anything else is returned as it is (and fails the check).
+
+    >>> input_spec("beta:window=1000:refit_every=250")
+    ('beta', (('refit_every', 250), ('window', 1000)))
+    >>> input_spec(("ops", {}))
+    ('ops', ())
+    """
+    if isinstance(v, str):
+        name, *tokens = v.split(":")
+        pairs = [t.partition("=") for t in tokens]
+        if any(not sep or not k.strip() for k, sep, _ in pairs):
+            return v
+        return name.strip(), tuple(sorted((k.strip(), _scalar(x)) for k, _, x in pairs))
+    if isinstance(v, tuple | list) and len(v) == 2 and isinstance(v[0], str):
+        params = v[1]
+        if isinstance(params, dict):
+            params = params.items()
+        try:
+            return v[0], tuple(sorted((str(k), x) for k, x in params))
+        except (TypeError, ValueError):
+            return v
+    return v
+
+
 def _inputs_ok(v) -> bool:
-    return v is None or (
-        isinstance(v, tuple) and len(set(v)) == len(v) and all(m in INPUT_METHODS for m in v)
+    if v is None:
+        return True
+    specs_ok = isinstance(v, tuple) and all(
+        isinstance(x, tuple) and len(x) == 2 and x[0] in INPUT_METHODS for x in v
     )
+    return specs_ok and len(set(v)) == len(v)
 
 
 def _grid_ok(v) -> bool:
@@ -93,17 +143,37 @@ def _grid_ok(v) -> bool:
     )  # fmt: skip
 
 
-def _as_tuple(v):
-    if isinstance(v, list):
-        return tuple(v)
+def _specs(v):
+    if v is None:
+        return None
+    if isinstance(v, str):
+        v = (v,)
+    if isinstance(v, list | tuple):
+        return tuple(input_spec(x) for x in v)
     return v
+
+
+def make_input(spec, clip: float) -> Calibrator:
+    """The calibrator of one (normalised) input spec; its ``clip`` is the mixture's unless the
+    spec sets it. A windowed input does not warn about unfilled windows (its forecast then is
+    the base's, which the mixture already holds)."""
+    name, params = spec
+    params = dict(params)
+    params.setdefault("clip", clip)
+    try:
+        cal = INPUT_METHODS[name](**params)
+    except ParameterError as e:
+        raise ParameterError(f"method 'composite-experts': input {name!r}: {e}") from None
+    if isinstance(cal, WindowedCalibrator):
+        cal.warn_unfilled = False
+    return cal
 
 
 class CompositeExperts(Calibrator[FlatState]):
     """Composite Jumper over calibrating functions of the base and of online calibrators.
 
-    State of a stream: ``[P, A (R x E), then per input its log10 martingale and state vector]``
-    (fixed length for a given K). See the module docstring for the recursion's guarantees.
+    State of a stream: ``[P, A (R x E), then per input [length, log10 S, state vector]]``
+    (the length of a windowed input's part grows with its window). See the module docstring for the recursion's guarantees.
     """
 
     name = "composite-experts"
@@ -115,10 +185,11 @@ class CompositeExperts(Calibrator[FlatState]):
         "inputs": Param(
             None,
             _inputs_ok,
-            f"None or distinct names among {', '.join(INPUT_METHODS)}",
-            "online calibrators whose forecasts join the base as inputs; None = "
+            f"None or distinct inputs among {', '.join(INPUT_METHODS)}, each a name, "
+            "'name:param=value:...' or (name, {param: value})",
+            "calibrators whose forecasts join the base as inputs; None = "
             "config.EXPERT_INPUTS_BINARY / _MULTICLASS",
-            _as_tuple,
+            _specs,
         ),
         "family_params": Param(
             None,
@@ -137,21 +208,41 @@ class CompositeExperts(Calibrator[FlatState]):
             "every input is clipped to [clip, 1 - clip] (K classes: floored, renormalised)",
         ),
     }
-    check_params = ({}, {"inputs": ("ops",), "family_params": ((0.0, 1.0), (2.0, 0.5))})
+    check_params = (
+        {},
+        {"inputs": ("ops",), "family_params": ((0.0, 1.0), (2.0, 0.5))},
+        {"inputs": ("obs", "platt:window=4:refit_every=3")},
+    )
 
     # -- configuration -------------------------------------------------------------------------
     @property
     def rates(self) -> np.ndarray:
         return np.asarray(self.params["jumping_rates"], dtype=np.float64)
 
-    def input_names(self, n_classes: int) -> tuple[str, ...]:
+    def input_specs(self, n_classes: int) -> tuple:
+        """The inputs (besides the base) as normalised specs: the parameter or the default."""
         v = self.params["inputs"]
         if v is not None:
             return v
-        return config.EXPERT_INPUTS_BINARY if n_classes == 2 else config.EXPERT_INPUTS_MULTICLASS
+        return _specs(
+            config.EXPERT_INPUTS_BINARY if n_classes == 2 else config.EXPERT_INPUTS_MULTICLASS
+        )
 
     def _inputs(self, n_classes: int) -> list[Calibrator]:
-        return [INPUT_METHODS[m](clip=self.params["clip"]) for m in self.input_names(n_classes)]
+        return [make_input(x, self.params["clip"]) for x in self.input_specs(n_classes)]
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        if self.params["inputs"] is not None:  # a binary-only input makes the mixture binary
+            cals = [make_input(x, self.params["clip"]) for x in self.params["inputs"]]
+            if any(c.classes == "binary" for c in cals):
+                self.classes = "binary"
+
+    def _cross_checked(self, params):
+        if params["inputs"] is not None:  # each input's own table (errors name the input)
+            for x in params["inputs"]:
+                make_input(x, params["clip"])
+        return params
 
     def check_classes(self, n_classes: int) -> None:
         super().check_classes(n_classes)
@@ -178,37 +269,88 @@ class CompositeExperts(Calibrator[FlatState]):
             "method": self.name,
             "n_classes": n_classes,
             "inputs": [c.config(n_classes) for c in self._inputs(n_classes)],
+            "state_layout": 2,  # 2: [length, log10 S, vector] per input (1 had no lengths)
             "family": self.family(n_classes).to_dict(),
             "jumping_rates": self.rates.tolist(),
             "pi": float(self.params["pi"]),
             "clip": float(self.params["clip"]),
         }
 
-    # -- state: [P, A (R*E), (log10 S_i, vector_i) per input] ------------------------------------
-    def _sizes(self, n_classes: int) -> tuple[int, list[int]]:
-        n_exp = (1 + len(self.input_names(n_classes))) * self.family(n_classes).size
-        return n_exp, [c.state_size(n_classes) for c in self._inputs(n_classes)]
+    # -- state: [P, A (R*E), (length_i, log10 S_i, vector_i) per input] -------------------------
+    def _head_size(self, n_classes: int) -> int:
+        n_exp = (1 + len(self.input_specs(n_classes))) * self.family(n_classes).size
+        return 1 + len(self.rates) * n_exp
 
-    def state_size(self, n_classes: int) -> int:
-        n_exp, sizes = self._sizes(n_classes)
-        return 1 + len(self.rates) * n_exp + sum(1 + z for z in sizes)
+    def state_size(self, n_classes: int) -> int | None:
+        sizes = [c.state_size(n_classes) for c in self._inputs(n_classes)]
+        if any(z is None for z in sizes):
+            return None  # a windowed input's state grows with its window
+        return self._head_size(n_classes) + sum(2 + z for z in sizes)
 
     def initial_state(self, n_streams: int, n_classes: int) -> FlatState:
         fam = self.family(n_classes)
-        n_in = 1 + len(self.input_names(n_classes))
+        n_in = 1 + len(self.input_specs(n_classes))
         n_rates, ident = len(self.rates), fam.identity_index
         active = np.zeros((n_rates, n_in * fam.size))
         # start on every input's identity: (1 - pi) / (R I) each (paper 001 Alg. 1 line 2)
         active[:, ident :: fam.size] = (1.0 - self.params["pi"]) / (n_rates * n_in)
-        parts = [np.array([self.params["pi"]]), active.ravel()]
+        head = np.concatenate([[self.params["pi"]], active.ravel()])
+        subs = [c.initial_state(n_streams, n_classes) for c in self._inputs(n_classes)]
+        return self._join(np.tile(head, (n_streams, 1)), subs, np.zeros(n_streams))
+
+    @staticmethod
+    def _join(head: np.ndarray, subs: list[FlatState], log10m: np.ndarray) -> FlatState:
+        """One vector per stream: the (S, h) head, then per input [length, log10 S, vector]."""
+        n = head.shape[0]
+        pairs = np.arange(0, 2 * n + 1, 2, dtype=np.int64)
+        parts = [(np.ascontiguousarray(head).ravel(), np.arange(0, head.size + 1, head.shape[1]))]
+        for sub in subs:
+            prefix = np.column_stack([np.diff(sub.offsets), sub.log10m]).ravel()
+            parts += [(prefix.astype(np.float64), pairs), (sub.values, sub.offsets)]
+        values, offsets = ragged_concat(parts)
+        return FlatState(values, offsets, np.asarray(log10m, dtype=np.float64))
+
+    def _split(self, st: FlatState, n_classes: int) -> tuple[np.ndarray, list[FlatState]]:
+        """The (S, h) head and each input's state (validated by the input), or StateError."""
+        h = self._head_size(n_classes)
+        start, end = st.offsets[:-1], st.offsets[1:]
+
+        def bad(s, what):
+            raise StateError(
+                f"method {self.name!r}: state vector {int(s)} {what}: the layout is [P, A "
+                f"({h - 1}), then per input [length, log10 S, vector]] for inputs "
+                f"{[x[0] for x in self.input_specs(n_classes)]} (K = {n_classes})"
+            )
+
+        short = np.flatnonzero(end - start < h)
+        if short.size:
+            bad(short[0], f"is shorter than its head ({h})")
+        head = ragged_take(st.values, start, np.full(start.shape[0], h))[0].reshape(-1, h)
+        at = start + h
+        subs = []
         for cal in self._inputs(n_classes):
-            st = cal.initial_state(1, n_classes)
-            parts += [st.log10m, st.values]
-        return tiled_state(np.concatenate(parts), n_streams)
+            cut = np.flatnonzero(at + 2 > end)
+            if cut.size:
+                bad(cut[0], f"ends before input {cal.name!r}")
+            length = st.values[at]
+            wrong = np.flatnonzero(
+                (length < 0) | (length != np.floor(length)) | (at + 2 + length > end)
+            )
+            if wrong.size:
+                bad(wrong[0], f"has input {cal.name!r} of impossible length {length[wrong[0]]}")
+            length = length.astype(np.int64)
+            values, offsets = ragged_take(st.values, at + 2, length)
+            subs.append(cal.state_from_flat(values, offsets, st.values[at + 1].copy(), n_classes))
+            at = at + 2 + length
+        extra = np.flatnonzero(at != end)
+        if extra.size:
+            bad(extra[0], f"has {int(end[extra[0]] - at[extra[0]])} values after the last input")
+        return head, subs
 
     def state_from_flat(self, values, offsets, log10m, n_classes: int) -> FlatState:
         st = super().state_from_flat(values, offsets, log10m, n_classes)
-        return check_state_length(st, self.state_size(n_classes), self.name, n_classes)
+        self._split(st, n_classes)  # validates the layout and every input's part
+        return st
 
     # -- running -------------------------------------------------------------------------------
     def prepare_scores(self, scores: np.ndarray) -> np.ndarray:
@@ -223,9 +365,8 @@ class CompositeExperts(Calibrator[FlatState]):
         n = scores.shape[0]
         n_classes = 2 if scores.ndim == 1 else scores.shape[1]
         fam = self.family(n_classes)
-        n_exp, sizes = self._sizes(n_classes)
         n_rates = len(self.rates)
-        vec = state.values.reshape(state.n_streams, -1)
+        head, subs = self._split(state, n_classes)
         # Each update-only op (a label of an event forecast earlier) gets a forecast op on a copy
         # of the event just before it, and the update then reads the copy's inputs: every input's
         # forecast *at the time the label is learnt*, from its current state (as the inputs
@@ -236,25 +377,18 @@ class CompositeExperts(Calibrator[FlatState]):
         ext_event[pos[upd_only]] = ext_event[pos[upd_only] - 1]  # the update reads its copy
         x = np.ascontiguousarray(scores[src])
         y = np.ascontiguousarray(labels[src])
-        # Inputs: the base, then each online calibrator run over the same operations.
+        # Inputs: the base, then each calibrator run over the same operations.
         cols = [x]
-        new_parts = []
-        at = 1 + n_rates * n_exp
-        for cal, size in zip(self._inputs(n_classes), sizes, strict=True):
-            sub = cal.state_from_flat(
-                np.ascontiguousarray(vec[:, at + 1 : at + 1 + size]).ravel(),
-                np.arange(0, state.n_streams * size + 1, size, dtype=np.int64),
-                np.ascontiguousarray(vec[:, at]), n_classes,
-            )  # fmt: skip
+        new_subs = []
+        for cal, sub in zip(self._inputs(n_classes), subs, strict=True):
             out, new_sub = cal.run_batch(
                 cal.prepare_scores(x), y, ext_event, ext_kind, ext_offsets, sub
             )
             cols.append(self.prepare_scores(out.protected))
-            new_parts += [new_sub.log10m[:, None], new_sub.values.reshape(state.n_streams, -1)]
-            at += 1 + size
+            new_subs.append(new_sub)
         q = np.ascontiguousarray(np.stack(cols, axis=1))
-        passive = np.ascontiguousarray(vec[:, 0])
-        active = np.ascontiguousarray(vec[:, 1 : 1 + n_rates * n_exp]).reshape(-1, n_rates, n_exp)
+        passive = np.ascontiguousarray(head[:, 0])
+        active = np.ascontiguousarray(head[:, 1:]).reshape(head.shape[0], n_rates, -1)
         if n_classes == 2:
             p, lm, pw, a, lm_end = EM.expert_mixture_binary(
                 q, y, ext_event, ext_kind, ext_offsets, fam.params, self.rates, passive, active,
@@ -265,8 +399,8 @@ class CompositeExperts(Calibrator[FlatState]):
                 q, y, ext_event, ext_kind, ext_offsets, fam.betas, fam.alphas, self.rates,
                 passive, active, state.log10m,
             )  # fmt: skip
-        new_vec = np.concatenate([pw[:, None], a.reshape(state.n_streams, -1), *new_parts], axis=1)
-        new = FlatState(np.ascontiguousarray(new_vec.ravel()), state.offsets.copy(), lm_end)
+        new_head = np.concatenate([pw[:, None], a.reshape(head.shape[0], -1)], axis=1)
+        new = self._join(new_head, new_subs, lm_end)
         return RunOutput(p[:n], lm[:n]), new
 
 
@@ -282,4 +416,4 @@ def _check_defaults() -> None:
 
 _check_defaults()
 
-__all__ = ["EXPERT_METHODS", "INPUT_METHODS", "CompositeExperts"]
+__all__ = ["EXPERT_METHODS", "INPUT_METHODS", "CompositeExperts", "input_spec", "make_input"]

@@ -42,6 +42,8 @@ from calpipe.calibrators.base import (
     FlatState,
     RunOutput,
     likelihood_gale,
+    ragged_concat,
+    ragged_take,
 )
 from calpipe.errors import StateError
 from calpipe.kernels._prediction import Prediction
@@ -87,6 +89,8 @@ class WindowedCalibrator(Calibrator[FlatState]):
     #: Parameters passed on to ``fit`` and to ``predict`` (by name).
     fit_params: ClassVar[tuple[str, ...]] = ()
     predict_params: ClassVar[tuple[str, ...]] = ()
+    #: Warn when streams end a call with an unfilled window (off for a composite-experts input).
+    warn_unfilled: bool = True
 
     # -- configuration -------------------------------------------------------------------------
     @property
@@ -120,23 +124,22 @@ class WindowedCalibrator(Calibrator[FlatState]):
     def state_from_flat(self, values, offsets, log10m, n_classes: int) -> FlatState:
         st = super().state_from_flat(values, offsets, log10m, n_classes)
         c = 1 if n_classes == 2 else n_classes
-        for s in range(st.n_streams):  # header check: one read per stream, no per-event work
-            v = st.vector(s)
-            ok = v.shape[0] >= _HEADER
-            if ok:
-                u, b, f = v[:_HEADER]
+        start, length = st.offsets[:-1], np.diff(st.offsets)
+        bad = np.flatnonzero(length < _HEADER)  # header check, all streams at once
+        if not bad.size:
+            u, b, f = (st.values[start + i] for i in range(_HEADER))
+            with np.errstate(invalid="ignore"):
                 ok = (
-                    u >= 0
-                    and b == min(u, self.window)
-                    and f >= 0
-                    and v.shape[0] == _HEADER + int(b) * (c + 1) + int(f)
-                )
-            if not ok:
-                raise StateError(
-                    f"method {self.name!r}: state vector {s} does not have the layout "
-                    f"[u, b, f, scores (b*{c}), labels (b), fitted (f)] with b = min(u, "
-                    f"window={self.window})"
-                )
+                    (u >= 0) & (b == np.minimum(u, self.window)) & (f >= 0)
+                    & (length == _HEADER + b * (c + 1) + f)
+                )  # fmt: skip
+            bad = np.flatnonzero(~ok)
+        if bad.size:
+            raise StateError(
+                f"method {self.name!r}: state vector {int(bad[0])} does not have the layout "
+                f"[u, b, f, scores (b*{c}), labels (b), fitted (f)] with b = min(u, "
+                f"window={self.window})"
+            )
         return st
 
     def _unpack(self, st: FlatState, s: int, c: int):
@@ -154,7 +157,7 @@ class WindowedCalibrator(Calibrator[FlatState]):
         fitted, so their forecasts were the base scores, which is easy to mistake for a
         calibrator that changes nothing."""
         short = np.flatnonzero((u_end < self.window) & (counts > 0))
-        if short.size:
+        if short.size and self.warn_unfilled:
             warnings.warn(
                 f"{self.name}: {short.size} of {counts.size} streams have fewer than "
                 f"window={self.window} labels (the fewest: {int(u_end[short].min())}); until "
@@ -184,10 +187,20 @@ class WindowedCalibrator(Calibrator[FlatState]):
         interval = "p_lower" in self.extra_outputs
         lower = np.empty_like(forecast) if interval else forecast  # point methods: no bounds
         upper = np.empty_like(forecast) if interval else forecast
-        new_vectors = []
         upd_ops = np.flatnonzero(is_upd)
         upd_bounds = np.searchsorted(upd_ops, op_offsets)
-        for s in range(n_streams):
+        # Streams whose window is still filling at the end of the batch were never fitted: the
+        # base passes through and their window grows, for all of them at once (many short
+        # streams must not cost a Python step each). The others are fitted stream by stream.
+        idle = fit_point(u_end, self.window, self.refit_every) < 0
+        at_idle = idle[sid]
+        forecast[at_idle] = scores[op_event[at_idle]]
+        if interval:
+            lower[at_idle] = upper[at_idle] = forecast[at_idle]
+        grown = self._grown_windows(state, scores, labels, op_event, upd_ops, sid, u_end, c)
+        new_vectors = []
+        busy = np.flatnonzero(~idle)
+        for s in busy:
             u, win_s, win_y, fitted = self._unpack(state, s, c)
             lo, hi = op_offsets[s], op_offsets[s + 1]
             ops_u = upd_ops[upd_bounds[s] : upd_bounds[s + 1]]
@@ -234,13 +247,36 @@ class WindowedCalibrator(Calibrator[FlatState]):
                 np.concatenate([head, tail_s.ravel(), tail_y.astype(np.float64), fit_end])
             )
 
+        new_state = grown.scatter(busy, FlatState.from_vectors(new_vectors, np.zeros(busy.size)))
         log10m_op, log10m_end = likelihood_gale(
             forecast, self.martingale_base(scores[op_event]), labels[op_event], is_upd,
             op_offsets, state.log10m, self.params["clip"],
         )  # fmt: skip
-        return self._outputs(scores, op_event, op_kind, forecast, lower, upper, log10m_op), (
-            FlatState.from_vectors(new_vectors, log10m_end)
-        )
+        new_state.log10m = log10m_end
+        out = self._outputs(scores, op_event, op_kind, forecast, lower, upper, log10m_op)
+        return out, new_state
+
+    @staticmethod
+    def _grown_windows(state, scores, labels, op_event, upd_ops, sid, u_end, c) -> FlatState:
+        """Every stream's state if no fit happened: ``[u_end, u_end, 0, old window scores, the
+        batch's scores, old window labels, the batch's labels]`` (valid for the streams whose
+        window is still filling; the others are replaced)."""
+        n_streams = u_end.shape[0]
+        start = state.offsets[:-1]
+        b0 = state.values[start + 1].astype(np.int64)
+        n_new = np.bincount(sid[upd_ops], minlength=n_streams).astype(np.int64)
+        new_off = np.concatenate([[0], np.cumsum(n_new)]).astype(np.int64)
+        ev = op_event[upd_ops]  # grouped by stream, in learning order
+        head = np.column_stack([u_end, u_end, np.zeros(n_streams)]).astype(np.float64).ravel()
+        parts = [
+            (head, np.arange(0, 3 * n_streams + 1, 3, dtype=np.int64)),
+            ragged_take(state.values, start + _HEADER, b0 * c),
+            (np.asarray(scores[ev], dtype=np.float64).ravel(), new_off * c),
+            ragged_take(state.values, start + _HEADER + b0 * c, b0),
+            (labels[ev].astype(np.float64), new_off),
+        ]
+        values, offsets = ragged_concat(parts)
+        return FlatState(values, offsets, np.zeros(n_streams))
 
     def _outputs(self, scores, op_event, op_kind, forecast, lower, upper, log10m_op) -> RunOutput:
         """Per-event outputs from per-op values: an event's forecast is made at its forecast op."""

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from calpipe.calibrators.base import FlatState, weights_series
+from calpipe.calibrators.base import FlatState, ragged_concat, ragged_take, weights_series
 
 
 def ragged(lengths, start):
@@ -44,3 +45,36 @@ def test_weights_series_holds_each_vector(lengths, equal):
     series = weights_series(*state.flat())
     assert series.dtype == pl.List(pl.Float64)
     assert series.to_list() == [state.vector(s).tolist() for s in range(len(lengths))]
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=st.lists(st.lists(st.integers(0, 5), min_size=1, max_size=6), min_size=1,
+                        max_size=4), seed=st.integers(0, 1000))  # fmt: skip
+def test_ragged_concat_then_take_equals_a_loop_over_streams(lengths, seed):
+    """parts[j] has one segment per stream; concat = per stream the segments in part order, and
+    taking each part's segments back gives the part again."""
+    n = len(lengths[0])
+    lengths = [(row + [0] * n)[:n] for row in lengths]
+    rng = np.random.default_rng(seed)
+    parts = []
+    for row in lengths:
+        off = np.concatenate([[0], np.cumsum(row)]).astype(np.int64)
+        parts.append((rng.normal(size=int(off[-1])), off))
+    values, offsets = ragged_concat(parts)
+    want = [np.concatenate([v[o[s] : o[s + 1]] for v, o in parts]) for s in range(n)]
+    assert values.tolist() == np.concatenate(want).tolist()
+    assert np.diff(offsets).tolist() == [w.size for w in want]
+    at = offsets[:-1].copy()
+    for v, o in parts:
+        got, got_off = ragged_take(values, at, np.diff(o))
+        assert got.tolist() == v.tolist() and got_off.tolist() == o.tolist()
+        at += np.diff(o)
+
+
+def test_ragged_take_refuses_a_segment_outside_the_values():
+    # the copy is compiled without bounds checks: a corrupt length must stop here
+    with pytest.raises(ValueError, match="outside"):
+        ragged_take(np.zeros(5), np.array([0, 3]), np.array([2, 3]))
+    with pytest.raises(ValueError, match="outside"):
+        ragged_take(np.zeros(5), np.array([-1]), np.array([1]))
+

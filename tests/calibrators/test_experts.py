@@ -4,6 +4,7 @@ the regret bounds of the module docstring on adversarial and real sequences."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 import calpipe
 from calpipe import config
 from calpipe.calibrators import make_calibrator
+from calpipe.errors import ParameterError, StateError
 from calpipe.families import binary_family, evaluate, multiclass_family
 from calpipe.kernels.expert_mixture import expert_mixture_binary, expert_mixture_multiclass
 from calpipe.kernels.ops import OP_STEP
@@ -119,10 +121,17 @@ def _bounds_hold(x, y):
     assert loss <= _loss(base, y) + math.log(1 / config.DEFAULT_PI) + 1e-9  # insurance
     # each input, held throughout (rate 1e-4: one start, no switch)
     ops = np.clip(naive.ons_stream(x, y, kind="platt", eps=config.OPS_RHO), 1e-3, 1 - 1e-3)
-    r, n_in = len(config.DEFAULT_JUMPING_RATES), 3
+    r, n_in = len(config.DEFAULT_JUMPING_RATES), 1 + len(config.EXPERT_INPUTS_BINARY)
     j = min(config.DEFAULT_JUMPING_RATES)
     slack = math.log(r * n_in / (1 - config.DEFAULT_PI)) + (n - 1) * math.log(1 / (1 - j))
     assert loss <= _loss(ops, y) + slack + 1e-9
+    # ... and the trailing-window beta refits (the practitioner's anchor), run on their own
+    for spec in config.EXPERT_INPUTS_BINARY[2:]:
+        name, *kv = spec.split(":")
+        params = {k: int(v) for k, v in (t.split("=") for t in kv)}
+        beta, _ = make_calibrator(name, **params).run(x, y)
+        beta = np.clip(beta.protected, config.DEFAULT_CLIP_EPS, 1 - config.DEFAULT_CLIP_EPS)
+        assert loss <= _loss(beta, y) + slack + 1e-9
     return loss, _loss(base, y), _loss(ops, y)
 
 
@@ -173,3 +182,55 @@ def test_delayed_labels_through_protect():
     first = calpipe.protect(df.head(1).with_columns(pl.lit(None, pl.Int64).alias("label")))
     np.testing.assert_allclose(out["protected_score"][:31].to_numpy()[:1],
                                first["protected_score"].to_numpy(), atol=1e-15)  # fmt: skip
+
+
+def test_inputs_are_given_by_name_spec_or_pair_and_errors_name_the_input():
+    a = make_calibrator("composite-experts", inputs=("ops", "beta:window=50:refit_every=10"))
+    b = make_calibrator("composite-experts",
+                        inputs=[("ops", {}), ("beta", {"refit_every": 10, "window": 50})])  # fmt: skip
+    assert a.params["inputs"] == b.params["inputs"] == (
+        ("ops", ()), ("beta", (("refit_every", 10), ("window", 50))))  # fmt: skip
+    assert a.fingerprint(2) == b.fingerprint(2)
+    assert a.classes == "binary"  # beta is binary-only, so the mixture is
+    assert make_calibrator("composite-experts", inputs=("ops",)).classes == "both"
+    with pytest.raises(ParameterError, match=r"input 'beta': .*window=0 is invalid"):
+        make_calibrator("composite-experts", inputs=("beta:window=0",))
+    with pytest.raises(ParameterError, match=r"inputs=.* is invalid: None or distinct inputs"):
+        make_calibrator("composite-experts", inputs=("ops", "ops"))
+    with pytest.raises(ParameterError, match=r"inputs=.* is invalid"):
+        make_calibrator("composite-experts", inputs=("composite-jumper",))
+
+
+def test_a_windowed_input_equals_its_method_run_alone():
+    """With a windowed input, the mixture is paper 001's loop over (base, the windowed method's
+    own forecasts run alone): the input column is exactly that method, refits included."""
+    rng = np.random.default_rng(8)
+    x = rng.uniform(0.02, 0.98, 300)
+    y = (rng.uniform(size=300) < x**2).astype(np.int64)
+    grid = ((0.0, 1.0), (1.0, 0.5), (-2.0, 2.0))
+    cal = make_calibrator("composite-experts", inputs=("beta:window=60:refit_every=20",),
+                          family_params=grid)  # fmt: skip
+    out, _ = cal.run(x, y)
+    beta, _ = make_calibrator("beta", window=60, refit_every=20).run(x, y)
+    eps = config.DEFAULT_CLIP_EPS
+    q = np.clip(np.column_stack([x, beta.protected]), eps, 1 - eps)
+    want, log10s = loop(q, y, binary_family("cox2", grid), config.DEFAULT_JUMPING_RATES,
+                        config.DEFAULT_PI)  # fmt: skip
+    np.testing.assert_allclose(out.protected, want, rtol=0, atol=1e-12)
+    assert abs(out.log10_martingale[-1] - log10s) < 1e-10
+
+
+def test_a_state_with_a_wrong_input_part_is_refused():
+    rng = np.random.default_rng(9)
+    x = rng.uniform(0.05, 0.95, 80)
+    y = rng.integers(0, 2, 80)
+    cal = make_calibrator("composite-experts", inputs=("ops", "platt:window=10:refit_every=5"))
+    _, st = cal.run(x, y)
+    short = dataclasses.replace(st, weights=st.weights[:-1])
+    with pytest.raises(StateError, match="impossible length"):
+        cal.run(x, y, state=short)
+    longer = dataclasses.replace(st, weights=[*st.weights, 0.0])
+    with pytest.raises(StateError, match="1 values after the last input"):
+        cal.run(x, y, state=longer)
+    # a state of the old layout (no lengths) has another fingerprint: refused, never misread
+    assert "state_layout" in cal.config(2)

@@ -164,3 +164,27 @@ def test_a_window_that_never_fills_warns_once_per_call():
         warnings.simplefilter("error")
         calpipe.protect(df.filter(pl.col("stream") == "b"), order_by="event_id", method="platt",
                         window=100)  # fmt: skip
+
+
+@FAST
+@given(seed=st.integers(0, 10_000), cut=st.integers(1, 60))
+def test_filling_and_fitted_streams_in_one_call_equal_one_call_each(seed, cut):
+    """Streams whose window is still filling skip the per-stream fit loop (all at once): mixed
+    with fitted ones in one call, chunked at any cut, each equals its own one-pass run."""
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(1, 40, 6)  # window 12: some streams fill, some never do
+    cal = make_calibrator("beta", window=12, refit_every=5)
+    cal.warn_unfilled = False
+    parts = [_stream(seed + k, int(m)) for k, m in enumerate(sizes)]
+    df = pl.DataFrame({
+        "stream": np.repeat(np.arange(len(sizes)), sizes), "event_id": np.arange(sizes.sum()),
+        "score": np.concatenate([p for p, _ in parts]),
+        "label": np.concatenate([y for _, y in parts]),
+    }).with_columns(pl.when(pl.col("label") >= 0).then(pl.col("label")))  # fmt: skip
+    kw = {"by": "stream", "order_by": "event_id", "method": "beta", "window": 12,
+          "refit_every": 5}  # fmt: skip
+    a = calpipe.protect_with_state(df.head(cut), **kw)
+    b = calpipe.protect_with_state(df.slice(cut), **kw, state=a.state)
+    got = pl.concat([a.scores, b.scores])["protected_score"].to_numpy()
+    want = np.concatenate([cal.run(p, y)[0].protected for p, y in parts])
+    np.testing.assert_array_equal(got, want)

@@ -40,3 +40,15 @@ def test_generic_values_parse_to_what_the_tables_validate():
     assert [parse_value(t) for t in ("none", "True", "5", "0.25", "1,2.5", "abm")] == [
         None, True, 5, 0.25, (1, 2.5), "abm",
     ]  # fmt: skip
+
+
+def test_inputs_of_the_default_parse_to_the_specs_it_validates():
+    """--inputs ops,beta:window=500:refit_every=100 gives composite-experts those two inputs."""
+    from calpipe.calibrators import make_calibrator
+    from calpipe.cli.options import method_params
+
+    args = build_parser().parse_args(
+        ["protect", "in.parquet", "out.parquet", "--inputs", "ops,beta:window=500:refit_every=100"]
+    )
+    cal = make_calibrator("composite-experts", **method_params(args))
+    assert cal.params["inputs"] == (("ops", ()), ("beta", (("refit_every", 100), ("window", 500))))
