@@ -732,7 +732,7 @@ def state_from_rows(cal: Calibrator, rows: pl.DataFrame, n_classes: int):
     arr = arr.cast(pa.large_list(pa.float64()))
     offsets = arr.offsets.to_numpy().astype(np.int64)
     values = arr.values.to_numpy(zero_copy_only=False)[offsets[0] : offsets[-1]]
-    return cal.state_from_flat(
+    return cal.load_state(
         values, offsets - offsets[0], rows["log10_martingale"].to_numpy(), n_classes
     )
 

@@ -454,14 +454,33 @@ def replace_partitions(
 # ----------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ColumnMap:
-    """Names of the data-contract columns in a source (docs/ARCHITECTURE.md §3). ``stream=None`` or a source
-    without the stream column means one stream, called ``default``."""
+    """Names of the data-contract columns in a source (docs/ARCHITECTURE.md §3). ``stream=None``
+    means one stream, called ``default``; otherwise a source without the stream column is an
+    error (a renamed or mistyped column must not merge every stream into one)."""
 
     stream: str | None = "stream"
     event_id: str = "event_id"
     event_time: str = "event_time"
     score: str = "score"
     label: str = "label"
+
+    def required(self) -> list[str]:
+        """The columns every file or table must have (the stream's unless ``stream=None``)."""
+        names = [self.event_id, self.event_time, self.score, self.label]
+        return names if self.stream is None else [self.stream, *names]
+
+    def check_file(self, path: Path) -> None:
+        """InputError naming the file if its Parquet schema lacks a required column (exact
+        name: a stream column renamed ``Stream`` must not merge every stream into one)."""
+        import pyarrow.parquet as pq
+
+        names = pq.read_schema(path).names
+        missing = [c for c in self.required() if c not in names]
+        if missing:
+            hint = " (one stream: --stream-col none)" if missing[0] == self.stream else ""
+            raise InputError(
+                missing[0], None, f"{path}: missing column (the file has {names}){hint}"
+            )
 
 
 #: Name of the single stream of a source that has no stream column.
@@ -554,6 +573,8 @@ class EventSource:
                 files = sorted(sub.glob("*.parquet")) if sub.is_dir() else []
                 if not files:
                     continue
+                for f in files:  # per file: union_by_name would fill a renamed column with nulls
+                    self.columns.check_file(f)
                 lst = ", ".join(f"'{_sql_str(str(f))}'" for f in files)
                 parts.append(
                     query(
@@ -625,9 +646,12 @@ def normalize_events(raw: pl.DataFrame, columns: ColumnMap) -> pl.DataFrame:
                 "score": pl.Float64, "label": pl.Int32,
             }
         )  # fmt: skip
+    if cm.stream is not None:  # no stream column means one stream only when asked for
+        needed = [cm.stream, *needed]
     for c in needed:
         if c not in raw.columns:
-            raise InputError(c, None, f"missing column (the source has {raw.columns})")
+            hint = " (one stream: --stream-col none)" if c == cm.stream else ""
+            raise InputError(c, None, f"missing column (the source has {raw.columns}){hint}")
     if not raw.schema[cm.event_id].is_integer():
         raise InputError(
             cm.event_id,
@@ -645,9 +669,9 @@ def normalize_events(raw: pl.DataFrame, columns: ColumnMap) -> pl.DataFrame:
     if tz is not None:  # stored as naive UTC
         t = t.dt.convert_time_zone("UTC").dt.replace_time_zone(None)
     stream = (
-        pl.col(cm.stream).cast(pl.String)
-        if cm.stream is not None and cm.stream in raw.columns
-        else pl.lit(DEFAULT_STREAM, pl.String)
+        pl.lit(DEFAULT_STREAM, pl.String)
+        if cm.stream is None
+        else pl.col(cm.stream).cast(pl.String)
     )
     return raw.select(
         stream.alias("stream"),

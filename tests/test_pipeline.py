@@ -435,6 +435,28 @@ def test_events_outside_their_landing_day_are_refused(small):
     assert table(con, "scored_events").height == 0
 
 
+@pytest.mark.parametrize("renamed", ["Stream", "segment"])
+def test_a_renamed_stream_column_merged_every_stream_into_default(small, renamed):
+    """Day 4's `stream` column renamed: it was read as one stream `default` and committed."""
+    con, source, _, tmp = small
+    target = tmp / "landing" / f"date={day(3).isoformat()}" / "events.parquet"
+    pl.read_parquet(target).rename({"stream": renamed}).write_parquet(target)
+    before = snapshot(con)
+    with pytest.raises(InputError, match=rf"column 'stream': .*date={day(3).isoformat()}.*"
+                                         r"missing column .*--stream-col none"):  # fmt: skip
+        pipeline.run_range(con, source)
+    after = snapshot(con)
+    assert all(after[t].equals(before[t]) for t in before)  # nothing written
+
+
+def test_a_mistyped_stream_column_is_an_error_not_one_stream(small):
+    con, _, _, tmp = small
+    src = store.EventSource.parse(str(tmp / "landing"), store.ColumnMap(stream="strem"))
+    with pytest.raises(InputError, match=r"column 'strem': .*missing column"):
+        pipeline.run_range(con, src)
+    assert table(con, "scored_events").height == 0
+
+
 def test_duplicate_events_across_a_day_are_refused(small):
     con, source, _, tmp = small
     target = tmp / "landing" / f"date={day(1).isoformat()}" / "events.parquet"

@@ -418,12 +418,15 @@ def test_parquet_and_table_sources_read_one_day(con, tmp_path):
         assert got.equals(ev.filter(pl.col("event_time").dt.date() == D2))
 
 
-def test_normalize_maps_columns_and_defaults_the_stream():
+def test_normalize_maps_columns_and_one_stream_only_when_asked():
     raw = pl.DataFrame(
         {"id": [1, 2], "when": [D1, D1], "p": [0.1, 0.2], "y": [0, None]},
         schema_overrides={"y": pl.Int8},
     )
     cm = store.ColumnMap(stream="segment", event_id="id", event_time="when", score="p", label="y")
+    with pytest.raises(InputError, match=r"column 'segment': missing column .*--stream-col none"):
+        store.normalize_events(raw, cm)  # regression: a missing stream column meant one stream
+    cm = store.ColumnMap(stream=None, event_id="id", event_time="when", score="p", label="y")
     out = store.normalize_events(raw, cm)
     assert out.columns == ["stream", "event_id", "event_time", "score", "label"]
     assert out["stream"].to_list() == [store.DEFAULT_STREAM] * 2
@@ -434,7 +437,7 @@ def test_normalize_stores_aware_times_as_utc():
     t = dt.datetime(2024, 3, 1, 23, 30)
     raw = pl.DataFrame({"event_id": [1], "event_time": [t], "score": [0.1], "label": [0]})
     aware = raw.with_columns(pl.col("event_time").dt.replace_time_zone("Europe/Paris"))
-    out = store.normalize_events(aware, store.ColumnMap())
+    out = store.normalize_events(aware, store.ColumnMap(stream=None))
     assert out["event_time"][0] == dt.datetime(2024, 3, 1, 22, 30)  # 23:30 CET = 22:30 UTC
     assert out.schema["event_time"] == pl.Datetime("us")
 
@@ -455,4 +458,4 @@ def test_normalize_stores_aware_times_as_utc():
 )
 def test_normalize_refuses_what_cannot_be_stored(raw, match):
     with pytest.raises(InputError, match=match):
-        store.normalize_events(raw, store.ColumnMap())
+        store.normalize_events(raw, store.ColumnMap(stream=None))

@@ -38,7 +38,7 @@ from numba import njit
 
 from calpipe import config
 from calpipe.calibrators._params import Param, number_in, validate
-from calpipe.errors import ParameterError, StateError
+from calpipe.errors import InputError, ParameterError, StateError
 from calpipe.kernels.ops import OP_FORECAST, OP_STEP
 
 
@@ -414,6 +414,28 @@ class Calibrator(Generic[StateT]):
             np.ascontiguousarray(log10m, dtype=np.float64),
         )
 
+    def load_state(self, values, offsets, log10m, n_classes: int) -> StateT:
+        """:meth:`state_from_flat` of a state that comes from outside (a stored row, a user's
+        :class:`StreamState`): NaN or inf anywhere is refused first, naming the stream, since
+        one would poison every later forecast of it."""
+        values = np.asarray(values, dtype=np.float64)
+        offsets = np.asarray(offsets, dtype=np.int64)
+        log10m = np.asarray(log10m, dtype=np.float64)
+        bad = np.flatnonzero(~np.isfinite(values))
+        if bad.size:
+            s = int(np.searchsorted(offsets, bad[0], side="right") - 1)
+            raise StateError(
+                f"method {self.name!r}: state vector {s} holds {values[bad[0]]} at position "
+                f"{int(bad[0] - offsets[s])}; state values must be finite"
+            )
+        bad = np.flatnonzero(~np.isfinite(log10m))
+        if bad.size:
+            raise StateError(
+                f"method {self.name!r}: stream {int(bad[0])} has log10_martingale "
+                f"{log10m[bad[0]]}; it must be finite"
+            )
+        return self.state_from_flat(values, offsets, log10m, n_classes)
+
     # -- running -------------------------------------------------------------------------------
     def prepare_scores(self, scores: np.ndarray) -> np.ndarray:
         """Base probabilities as the method consumes them (as given, by default): callers pass
@@ -486,8 +508,7 @@ class Calibrator(Generic[StateT]):
         Returns ``(RunOutput, StreamState)``; pass the state back in to resume exactly where the
         stream stopped (k chunks with state carried = one pass).
         """
-        scores = np.asarray(scores, dtype=np.float64)
-        labels = np.asarray(labels, dtype=np.int64)
+        scores, labels = check_arrays(scores, labels)
         n_classes = 2 if scores.ndim == 1 else scores.shape[1]
         self.check_classes(n_classes)
         if state is None:
@@ -496,7 +517,7 @@ class Calibrator(Generic[StateT]):
         else:
             self.check_state(state.config_fingerprint, state.method, n_classes)
             w = np.asarray(state.weights, dtype=np.float64)
-            st = self.state_from_flat(
+            st = self.load_state(
                 w, np.array([0, w.shape[0]]), np.array([state.log10_martingale]), n_classes
             )
             prior = state
@@ -517,6 +538,65 @@ class Calibrator(Generic[StateT]):
             log10_martingale=float(new.log10m[0]),
             log10_martingale_max=peak,
             weights=values[offsets[0] : offsets[1]].tolist(),
+        )
+
+
+def check_arrays(scores, labels) -> tuple[np.ndarray, np.ndarray]:
+    """``(scores, labels)`` of :meth:`Calibrator.run` as float64 / int64 arrays, or InputError
+    naming the first offending row: the rules of the data contract (docs/ARCHITECTURE.md §3) in
+    array form. ``scores`` (n,) in [0, 1] or (n, K >= 2) rows summing to 1; ``labels`` (n,)
+    integers in 0..K-1, or -1 for "not known yet"."""
+    scores = np.asarray(scores, dtype=np.float64)
+    raw = np.asarray(labels)
+    if scores.ndim not in (1, 2) or (scores.ndim == 2 and scores.shape[1] < 2):
+        raise InputError("scores", None, f"scores must be (n,) or (n, K >= 2); got {scores.shape}")
+    if raw.ndim != 1 or raw.shape[0] != scores.shape[0]:
+        raise InputError(
+            "labels", None, f"labels must be (n,) with n = {scores.shape[0]} (the scores' rows); "
+            f"got shape {raw.shape}"
+        )  # fmt: skip
+    if raw.size and not np.issubdtype(raw.dtype, np.integer) and raw.dtype != np.bool_:
+        frac = np.flatnonzero(~np.isfinite(raw.astype(float)) | (raw != np.round(raw)))
+        if frac.size:
+            raise InputError(
+                "labels", int(frac[0]), f"label {raw[frac[0]].item()!r} is not an integer"
+            )
+    labels = raw.astype(np.int64)
+    k = 2 if scores.ndim == 1 else scores.shape[1]
+    bad = np.flatnonzero((labels < -1) | (labels >= k))
+    if bad.size:
+        raise InputError(
+            "labels", int(bad[0]), f"label {labels[bad[0]]} outside the classes 0..{k - 1} "
+            "(or -1: not known yet)"
+        )  # fmt: skip
+    rows = scores if scores.ndim == 1 else scores.min(axis=1)
+    bad = np.flatnonzero(~np.isfinite(scores).reshape(scores.shape[0], -1).all(axis=1))
+    if bad.size:
+        raise InputError("scores", int(bad[0]), "score is NaN or infinite")
+    top = scores if scores.ndim == 1 else scores.max(axis=1)
+    bad = np.flatnonzero((rows < 0) | (top > 1))
+    if bad.size:
+        raise InputError("scores", int(bad[0]), "score outside [0, 1]")
+    if scores.ndim == 2:
+        bad = np.flatnonzero(np.abs(scores.sum(axis=1) - 1.0) > config.SCORES_SUM_TOL)
+        if bad.size:
+            raise InputError(
+                "scores", int(bad[0]), f"scores do not sum to 1 (tolerance {config.SCORES_SUM_TOL:g})"
+            )  # fmt: skip
+    return np.ascontiguousarray(scores), np.ascontiguousarray(labels)
+
+
+def check_mixture_weights(method: str, passive: np.ndarray, active: np.ndarray) -> None:
+    """StateError unless every stream's mixture weights (passive (S,), active (S, ...)) are
+    >= 0 with a positive total: the kernels divide by the total and bet with the weights."""
+    act = active.reshape(passive.shape[0], -1)
+    bad = np.flatnonzero((passive < 0) | (act < 0).any(axis=1) | (passive + act.sum(axis=1) <= 0))
+    if bad.size:
+        s = int(bad[0])
+        raise StateError(
+            f"method {method!r}: state vector {s} has mixture weights (passive {passive[s]}, "
+            f"smallest active {act[s].min() if act.shape[1] else 'none'}); they must be >= 0 "
+            "with a positive total"
         )
 
 

@@ -61,6 +61,7 @@ from calpipe.calibrators.base import (
     Calibrator,
     FlatState,
     RunOutput,
+    check_mixture_weights,
     clip_probabilities,
     ragged_concat,
     ragged_take,
@@ -326,6 +327,7 @@ class CompositeExperts(Calibrator[FlatState]):
         if short.size:
             bad(short[0], f"is shorter than its head ({h})")
         head = ragged_take(st.values, start, np.full(start.shape[0], h))[0].reshape(-1, h)
+        check_mixture_weights(self.name, head[:, 0], head[:, 1:])
         at = start + h
         subs = []
         for cal in self._inputs(n_classes):

@@ -36,7 +36,12 @@ from calpipe.calibrators._params import (
     one_of,
     tuple_of,
 )
-from calpipe.calibrators.base import Calibrator, RunOutput, clip_probabilities
+from calpipe.calibrators.base import (
+    Calibrator,
+    RunOutput,
+    check_mixture_weights,
+    clip_probabilities,
+)
 from calpipe.errors import ParameterError, StateError
 from calpipe.families import (
     BINARY_FAMILIES,
@@ -267,6 +272,7 @@ class ProtectedCalibrator(Calibrator[BatchState]):
             name: np.ascontiguousarray(part.reshape((s, *shape)))
             for (name, shape), part in zip(layout.items(), parts, strict=True)
         }
+        check_mixture_weights(self.name, arrays["passive"], arrays["active"])
         return BatchState(log10m=np.ascontiguousarray(log10m, dtype=np.float64), **arrays)
 
     # -- running -------------------------------------------------------------------------------

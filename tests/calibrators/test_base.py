@@ -78,3 +78,79 @@ def test_ragged_take_refuses_a_segment_outside_the_values():
     with pytest.raises(ValueError, match="outside"):
         ragged_take(np.zeros(5), np.array([-1]), np.array([1]))
 
+
+# -- regressions of the hardening issue: the calibrator objects validated nothing -------------
+def _cal():
+    from calpipe.calibrators import make_calibrator
+
+    return make_calibrator("composite-jumper")
+
+
+def test_run_refuses_labels_of_another_length_than_the_scores():
+    # 3 labels for 1,000 scores read out of bounds (garbage; a segfault at 5e7)
+    from calpipe.errors import InputError
+
+    with pytest.raises(InputError, match=r"column 'labels': labels must be \(n,\) with n = 1000"):
+        _cal().run(np.full(1000, 0.3), np.array([1, 0, 1]))
+
+
+@pytest.mark.parametrize(
+    ("label", "rule"),
+    [(2, "label 2 outside the classes 0..1"), (-5, "label -5 outside"),
+     (0.5, "label 0.5 is not an integer")],
+)  # fmt: skip
+def test_run_refuses_a_label_outside_the_classes(label, rule):
+    from calpipe.errors import InputError
+
+    with pytest.raises(InputError, match=rf"column 'labels', row 1: {rule}"):
+        _cal().run(np.array([0.2, 0.3, 0.4]), np.array([1, label, 0]))
+
+
+@pytest.mark.parametrize(
+    ("score", "rule"),
+    [(np.nan, "NaN or infinite"), (np.inf, "NaN or infinite"), (1.5, r"outside \[0, 1\]")],
+)
+def test_run_refuses_a_score_that_is_no_probability(score, rule):
+    # a NaN score poisoned every later output
+    from calpipe.errors import InputError
+
+    with pytest.raises(InputError, match=rf"column 'scores', row 2: score (is )?{rule}"):
+        _cal().run(np.array([0.2, 0.3, score]), np.array([1, 0, 0]))
+
+
+def test_run_refuses_multiclass_scores_that_do_not_sum_to_one():
+    from calpipe.errors import InputError
+
+    with pytest.raises(InputError, match=r"row 1: scores do not sum to 1"):
+        _cal().run(np.array([[0.5, 0.5], [0.5, 0.6]]), np.array([0, 1]))
+
+
+@pytest.mark.parametrize(("value", "rule"), [(np.nan, "must be finite"), (-0.1, "must be >= 0")])
+def test_run_refuses_a_state_with_a_nan_or_negative_weight(value, rule):
+    import dataclasses
+
+    from calpipe.errors import StateError
+
+    cal = _cal()
+    _, state = cal.run(np.array([0.2, 0.7]), np.array([0, 1]))
+    bad = dataclasses.replace(state, weights=[value, *state.weights[1:]])
+    with pytest.raises(StateError, match=rule):
+        cal.run(np.array([0.4]), np.array([1]), state=bad)
+    zero = dataclasses.replace(state, weights=[0.0] * len(state.weights))
+    with pytest.raises(StateError, match="positive total"):
+        cal.run(np.array([0.4]), np.array([1]), state=zero)
+
+
+def test_protect_with_state_refuses_a_stored_nan_weight():
+    import calpipe
+    from calpipe.errors import StateError
+
+    df = pl.DataFrame({"event_id": [1, 2, 3], "score": [0.2, 0.6, 0.4], "label": [0, 1, 1]})
+    first = calpipe.protect_with_state(df, order_by="event_id", method="composite-experts")
+    w = first.state["weights"].to_list()[0]
+    w[5] = float("nan")
+    bad = first.state.with_columns(pl.Series("weights", [w]))
+    later = df.with_columns(pl.col("event_id") + 3)
+    with pytest.raises(StateError, match="holds nan at position 5"):
+        calpipe.protect_with_state(later, order_by="event_id", method="composite-experts",
+                                   state=bad)  # fmt: skip
