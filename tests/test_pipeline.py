@@ -457,6 +457,32 @@ def test_a_mistyped_stream_column_is_an_error_not_one_stream(small):
     assert table(con, "scored_events").height == 0
 
 
+def test_a_nan_weight_in_a_stored_state_committed_nan_scores_before_the_check(small):
+    """A NaN in day 2's stored state: day 3 used to commit 200 NaN protected scores, then fail
+    probabilities_valid, and the next run said "nothing to run". Now: refused, nothing written."""
+    con, source, _, _ = small
+    pipeline.run_range(con, source, day(0), day(2))
+    con.execute("UPDATE calibrator_state SET weights = list_prepend('nan'::DOUBLE, "
+                "weights[2:]) WHERE date = ? AND stream = 'a'", [day(2)])  # fmt: skip
+    before = snapshot(con)
+    with pytest.raises(StateError, match=r"state vector \d+ holds nan at position 0"):
+        pipeline.run_range(con, source, day(3), day(3))
+    after = snapshot(con)
+    assert all(after[t].equals(before[t]) for t in before)
+
+
+def test_outputs_that_are_no_probability_are_refused_before_the_commit():
+    from calpipe.pipeline.chain import _check_outputs
+
+    ok = pl.DataFrame({"stream": ["a"], "event_id": [1], "protected_score": [0.3],
+                       "log10_martingale": [0.1]})  # fmt: skip
+    _check_outputs(ok, day(0))
+    for col, v in (("protected_score", float("nan")), ("protected_score", 1.5),
+                   ("log10_martingale", float("inf"))):  # fmt: skip
+        with pytest.raises(StateError, match=r"day .*, stream 'a', event 1: .*nothing of the day"):
+            _check_outputs(ok.with_columns(pl.lit(v).alias(col)), day(0))
+
+
 def test_duplicate_events_across_a_day_are_refused(small):
     con, source, _, tmp = small
     target = tmp / "landing" / f"date={day(1).isoformat()}" / "events.parquet"

@@ -133,6 +133,21 @@ def _state_rows(state: pl.DataFrame, day: dt.date) -> pl.DataFrame:
     return state.with_columns(pl.lit(day, pl.Date).alias("date"))
 
 
+def _check_outputs(scores: pl.DataFrame, day: dt.date) -> None:
+    """StateError naming the day, stream and event of the first protected score that is not a
+    probability or martingale that is not finite: checked before the day is committed (the
+    post-commit check ``probabilities_valid`` would find it only once it was stored)."""
+    p, m = pl.col("protected_score"), pl.col("log10_martingale")
+    bad = scores.filter(p.is_null() | p.is_nan() | (p < 0) | (p > 1) | ~m.is_finite())
+    if bad.height:
+        r = bad.row(0, named=True)
+        raise StateError(
+            f"day {day}, stream {r['stream']!r}, event {r['event_id']}: protected_score "
+            f"{r['protected_score']} / log10_martingale {r['log10_martingale']} is not a finite "
+            f"probability ({bad.height} such events); nothing of the day is written"
+        )
+
+
 @dataclass
 class _Day:
     """One day of a chain: the engine's output (input columns + outputs, in the input's row
@@ -178,6 +193,7 @@ class _Chain:
         """Run ``day``'s events (columns :data:`_PROTECT_INPUT`) from the carried state: one
         :meth:`protect` call over all streams."""
         r = self.protect(events, self.state)
+        _check_outputs(r.scores, day)  # before anything of the day is written
         before, self.state = self.state, r.state
         return _Day(
             r.scores,
