@@ -28,9 +28,10 @@ Methods
 -------
 calpipe: the default (``composite-experts``), ``composite-jumper`` (paper 001's default grid),
 the online calibrators (``ops``, ``tops``, ``hops``, ``obs``, ``online-histogram``), the windowed
-batch calibrators (refitted on the trailing ``WINDOW`` labels every ``REFIT`` labels) and
+batch calibrators (refitted on the trailing ``WINDOW`` labels every ``REFIT`` labels; on streams
+shorter than 4 ``WINDOW`` a quarter of the stream, see :func:`window_of`) and
 ``composite-jumper`` over ``venn-abers`` / ``ops`` (the stacks). Anchors, fitted outside calpipe:
-scikit-learn Platt and isotonic (frozen after the first ``WINDOW`` replayed labels, and refitted
+scikit-learn Platt and isotonic (frozen after the first window of replayed labels, and refitted
 on the trailing window), the ``venn-abers`` 1.5.4 package (IVAP refitted on the trailing window),
 and for K classes temperature, vector and matrix scaling (scipy / scikit-learn, frozen and
 trailing). OPS/TOPS/HOPS (Gupta & Ramdas) count as anchors too: they are the published online
@@ -235,11 +236,20 @@ def segments_sorted(by: str | None, seed: int = 0) -> Stream:
 # ----------------------------------------------------------------------------------------------
 # Anchors outside calpipe (refits per block of REFIT events: a Python loop per refit, not per event)
 # ----------------------------------------------------------------------------------------------
+def window_of(n: int) -> tuple[int, int]:
+    """(window, refit every) for a stream of n events: WINDOW and REFIT, shrunk on short streams
+    to a quarter of the stream (refit every quarter window) so that every windowed method and
+    anchor is fitted on three quarters of it (a window longer than the stream never fits)."""
+    w = min(WINDOW, n // 4)
+    return w, max(25, min(REFIT, w // 4))
+
+
 def _blocks(n: int, frozen: bool):
-    """(fit rows, predict rows) per block: before WINDOW labels the base passes through."""
-    for start in range(WINDOW, n, REFIT):
-        fit = slice(0, WINDOW) if frozen else slice(max(0, start - WINDOW), start)
-        yield fit, slice(start, min(n, start + REFIT))
+    """(fit rows, predict rows) per block: before the first window the base passes through."""
+    window, refit = window_of(n)
+    for start in range(window, n, refit):
+        fit = slice(0, window) if frozen else slice(max(0, start - window), start)
+        yield fit, slice(start, min(n, start + refit))
 
 
 def _z(p):
@@ -342,13 +352,14 @@ def run_calpipe(s: Stream, method: str, base_method: str | None = None):
         kw = {"scores": "scores"}
     frame = pl.DataFrame(cols)
     params = {}
+    window, refit = window_of(n)
     if base_method is not None:
         params = {"base_method": base_method}
         if base_method in WINDOWED:
-            params["base_params"] = {"window": WINDOW, "refit_every": REFIT}
+            params["base_params"] = {"window": window, "refit_every": refit}
         method = "composite-jumper"
     elif method in WINDOWED:
-        params = {"window": WINDOW, "refit_every": REFIT}
+        params = {"window": window, "refit_every": refit}
     r = calpipe.protect(frame, order_by="event_id", method=method, **kw, **params)
     out = r["protected_score" if s.k == 2 else "protected_scores"].to_numpy()
     mart = r["log10_martingale"].to_numpy() if "log10_martingale" in r.columns else None
