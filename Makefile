@@ -44,7 +44,7 @@ test: setup-dev lint             ## set up, lint, run the whole test suite, smok
 	$(BIN)/python -m benchmarks.run --size smoke --repeat 1 --out $(VENV)/BENCHMARKS.smoke.md
 	$(BIN)/python -m benchmarks.quality --size smoke --out $(VENV)/QUALITY.smoke.md
 
-bench: setup-dev                 ## full benchmark suite (items 1-8 + Venn-ABERS) -> BENCHMARKS.md
+bench: setup-dev                 ## full benchmark suite (items 1-9 + Venn-ABERS) -> BENCHMARKS.md
 	$(BIN)/python -m benchmarks.run --size full --out BENCHMARKS.md
 
 quality: setup-dev               ## forecast quality on real drifting streams vs the anchors -> QUALITY.md
