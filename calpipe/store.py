@@ -529,9 +529,12 @@ class EventSource:
         out = []
         for sub in root.iterdir():
             if sub.is_dir() and sub.name.startswith("date="):
+                # exactly date=YYYY-MM-DD: fromisoformat also takes 20240102, a folder the
+                # reader (which looks for date=2024-01-02) then never read
+                m = _DAY_FOLDER.fullmatch(sub.name)
                 try:
-                    out.append((dt.date.fromisoformat(sub.name[5:]), sub))
-                except ValueError:
+                    out.append((dt.date.fromisoformat(m.group(1)), sub))
+                except (AttributeError, ValueError):
                     raise StoreError(f"landing folder {sub}: not date=YYYY-MM-DD") from None
         return sorted(out)
 
@@ -545,7 +548,7 @@ class EventSource:
     def date_range(self, con: duckdb.DuckDBPyConnection) -> tuple[dt.date, dt.date] | None:
         """First and last event date of the source (None if it has no events)."""
         if self.kind == "landing":
-            days = [d for d, sub in self._landing_days() if any(sub.glob("*.parquet"))]
+            days = [d for d, sub in self._landing_days() if day_files(sub)]
             return (days[0], days[-1]) if days else None
         t = f'"{self.columns.event_time}"'
         row = fetch_one(
@@ -570,7 +573,7 @@ class EventSource:
             parts = []
             for day in iter_days(start, end):
                 sub = Path(self.location) / f"date={day.isoformat()}"
-                files = sorted(sub.glob("*.parquet")) if sub.is_dir() else []
+                files = day_files(sub) if sub.is_dir() else []
                 if not files:
                     continue
                 for f in files:  # per file: union_by_name would fill a renamed column with nulls
@@ -591,6 +594,42 @@ class EventSource:
             f"WHERE CAST({t} AS DATE) BETWEEN ? AND ?",
             [start, end],
         )
+
+
+_DAY_FOLDER = re.compile(r"date=(\d{4}-\d{2}-\d{2})")
+
+#: Suffixes of the Parquet files of a landing day folder (compared in lower case).
+PARQUET_SUFFIXES = (".parquet", ".parq")
+
+
+def day_files(folder: Path) -> list[Path]:
+    """The Parquet files of a landing day folder, sorted; StoreError for anything else in it.
+
+    Read: files ending in ``.parquet`` or ``.parq`` (any case). Skipped: names starting with
+    ``_`` or ``.`` (Hadoop/Spark's ``_SUCCESS``, ``.crc`` files). Refused, naming the entry:
+    sub-folders (nested partitions would be dropped), other files, and names with a glob
+    character (DuckDB would expand a file called ``*.parquet`` to every file of the folder).
+    """
+    files = []
+    for f in folder.iterdir():
+        if f.name.startswith(("_", ".")):
+            continue
+        if f.is_dir():
+            raise StoreError(
+                f"landing folder {folder}: sub-folder {f.name!r}; a day folder holds its Parquet "
+                "files directly (nested partitions are not read)"
+            )
+        if not f.name.lower().endswith(PARQUET_SUFFIXES):
+            raise StoreError(
+                f"landing folder {folder}: file {f.name!r} is not Parquet (*.parquet, *.parq); "
+                "move it out of the day folder"
+            )
+        if any(ch in f.name for ch in "*?[]{}"):
+            raise StoreError(
+                f"landing folder {folder}: file name {f.name!r} has a glob character; rename it"
+            )
+        files.append(f)
+    return sorted(files)
 
 
 def _sql_str(s: str) -> str:

@@ -21,6 +21,7 @@ from calpipe.cli import pipeline as cli_pipeline
 from calpipe.errors import InputError, ParameterError, StateError
 from calpipe.generate import StreamSpec
 from calpipe.pipeline import Settings
+from calpipe.store import StoreError
 
 START = generate.DEFAULT_START
 TOL = 1e-12
@@ -447,6 +448,18 @@ def test_a_renamed_stream_column_merged_every_stream_into_default(small, renamed
         pipeline.run_range(con, source)
     after = snapshot(con)
     assert all(after[t].equals(before[t]) for t in before)  # nothing written
+
+
+def test_a_nested_partition_in_a_day_folder_was_committed_as_an_empty_day(small):
+    con, source, _, tmp = small
+    folder = tmp / "landing" / f"date={day(3).isoformat()}"
+    (folder / "part=0").mkdir()
+    (folder / "events.parquet").rename(folder / "part=0" / "events.parquet")
+    before = snapshot(con)
+    with pytest.raises(StoreError, match=r"sub-folder 'part=0'"):
+        pipeline.run_range(con, source)
+    after = snapshot(con)
+    assert all(after[t].equals(before[t]) for t in before)
 
 
 def test_a_mistyped_stream_column_is_an_error_not_one_stream(small):

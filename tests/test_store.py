@@ -406,6 +406,43 @@ def test_landing_folder_round_trip(con, tmp_path):
     assert src.read_raw(con, D2).height == 0
 
 
+def test_a_day_folder_without_dashes_was_read_as_an_empty_day(con, tmp_path):
+    # date=20240301 was accepted (fromisoformat takes it) but never read: 400 events dropped
+    (tmp_path / "landing" / "date=20240301").mkdir(parents=True)
+    raw_events([D1]).write_parquet(tmp_path / "landing" / "date=20240301" / "e.parquet")
+    src = store.EventSource.parse(str(tmp_path / "landing"))
+    with pytest.raises(store.StoreError, match=r"date=20240301: not date=YYYY-MM-DD"):
+        src.date_range(con)
+
+
+@pytest.mark.parametrize(
+    ("entry", "match"),
+    [("part=0/e.parquet", "sub-folder 'part=0'"), ("notes.csv", "'notes.csv' is not Parquet"),
+     ("*.parquet", "glob character")],
+)  # fmt: skip
+def test_day_folder_entries_that_were_silently_dropped_are_refused(con, tmp_path, entry, match):
+    day = tmp_path / "landing" / f"date={D1.isoformat()}"
+    (day / entry).parent.mkdir(parents=True)
+    raw_events([D1]).write_parquet(day / entry)
+    src = store.EventSource.parse(str(tmp_path / "landing"))
+    with pytest.raises(store.StoreError, match=match):
+        src.read_raw(con, D1)
+
+
+def test_upper_case_and_parq_files_are_read_and_hadoop_markers_skipped(con, tmp_path):
+    # *.PARQUET and *.parq days were committed empty
+    day = tmp_path / "landing" / f"date={D1.isoformat()}"
+    day.mkdir(parents=True)
+    ev = raw_events([D1], n=4)
+    ev.head(2).write_parquet(day / "a.PARQUET")
+    ev.tail(2).write_parquet(day / "b.parq")
+    (day / "_SUCCESS").write_text("")
+    (day / ".b.parq.crc").write_text("x")
+    src = store.EventSource.parse(str(tmp_path / "landing"))
+    assert src.date_range(con) == (D1, D1)
+    assert src.read_raw(con, D1).sort("event_id").equals(ev.sort("event_id"))
+
+
 def test_parquet_and_table_sources_read_one_day(con, tmp_path):
     ev = raw_events([D1, D2, D3])
     ev.write_parquet(tmp_path / "ev.parquet")
