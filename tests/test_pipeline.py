@@ -484,6 +484,23 @@ def test_a_nan_weight_in_a_stored_state_committed_nan_scores_before_the_check(sm
     assert all(after[t].equals(before[t]) for t in before)
 
 
+def test_deleted_state_rows_restarted_their_streams_from_scratch(small):
+    """Deleting one stream's calibrator_state row of day 2: day 3 restarted that stream and
+    state_continuity passed. Now day 3 is refused (nothing written) and the check fails."""
+    con, source, _, _ = small
+    pipeline.run_range(con, source, day(0), day(2))
+    con.execute("DELETE FROM calibrator_state WHERE date = ? AND stream = 'a'", [day(2)])
+    before = snapshot(con)
+    with pytest.raises(StateError, match=rf"calibrator_state of {day(2)} has 1 rows, but "
+                                         r"pipeline_days recorded 2 streams"):  # fmt: skip
+        pipeline.run_range(con, source, day(3), day(3))
+    after = snapshot(con)
+    assert all(after[t].equals(before[t]) for t in before)
+    outcome = pipeline.check_state_continuity(con, day(0), day(2))
+    assert not outcome.passed
+    assert f"calibrator_state of {day(2)} has 1 rows for 2" in outcome.description
+
+
 def test_outputs_that_are_no_probability_are_refused_before_the_commit():
     from calpipe.pipeline.chain import _check_outputs
 

@@ -64,7 +64,8 @@ def state_before(con, day: dt.date, settings: Settings, first_day: dt.date) -> p
     prev = day - dt.timedelta(days=1)
     row = store.fetch_one(
         con,
-        "SELECT first_day, method, config_fingerprint, config_json FROM pipeline_days WHERE date = ?",
+        "SELECT first_day, method, config_fingerprint, config_json, n_streams FROM pipeline_days "
+        "WHERE date = ?",
         [prev],
     )
     if row is None:
@@ -74,7 +75,7 @@ def state_before(con, day: dt.date, settings: Settings, first_day: dt.date) -> p
             f"{first_day}; materialize the days in order (first missing day: {missing}), or run a "
             f"backfill from {missing} to {day}"
         )
-    rec_first, method, fp, cfg = row
+    rec_first, method, fp, cfg, n_streams = row
     if rec_first != first_day:
         raise StateError(
             f"cannot run day {day}: this database's chain starts on {rec_first}, but this run "
@@ -90,6 +91,13 @@ def state_before(con, day: dt.date, settings: Settings, first_day: dt.date) -> p
     state = store.query(
         con, "SELECT * FROM calibrator_state WHERE date = ? ORDER BY stream", [prev]
     )
+    if state.height != n_streams:  # deleted rows would restart those streams from scratch
+        raise StateError(
+            f"cannot run day {day}: calibrator_state of {prev} has {state.height} rows, but "
+            f"pipeline_days recorded {n_streams} streams at the end of that day; the state was "
+            f"altered outside calpipe: restore it, or re-run from the chain's first day "
+            f"{first_day} into a new database"
+        )
     return state.drop("date")
 
 

@@ -93,6 +93,20 @@ def check_state_continuity(con, start: dt.date, end: dt.date) -> CheckOutcome:
     if missing:
         shown = ", ".join(d.isoformat() for d in missing[:5])
         problems.append(f"days without state: {shown}{' ...' if len(missing) > 5 else ''}")
+    counts = store.query(
+        con,
+        """SELECT d.date, d.n_streams, count(s.stream) AS n_rows FROM pipeline_days d
+           LEFT JOIN calibrator_state s ON s.date = d.date
+           WHERE d.date BETWEEN ? AND ? GROUP BY ALL HAVING count(s.stream) <> d.n_streams
+           ORDER BY d.date LIMIT 5""",
+        [start - dt.timedelta(days=1), end],
+    )
+    if counts.height:
+        r = counts.row(0, named=True)
+        problems.append(
+            f"calibrator_state of {r['date']} has {r['n_rows']} rows for {r['n_streams']} "
+            "streams recorded in pipeline_days"
+        )
     if days["config_fingerprint"].n_unique() > 1:
         problems.append(f"several configurations: {days['config_fingerprint'].unique().to_list()}")
     jumps = store.query(
