@@ -150,7 +150,7 @@ def connect(path: str | Path, *, read_only: bool = False) -> duckdb.DuckDBPyConn
     if read_only:
         if not p.exists():
             raise StoreError(f"database {p} does not exist")
-        return duckdb.connect(str(p), read_only=True)
+        return configure_session(duckdb.connect(str(p), read_only=True))
     p.parent.mkdir(parents=True, exist_ok=True)
     try:
         con = duckdb.connect(str(p))
@@ -159,9 +159,22 @@ def connect(path: str | Path, *, read_only: bool = False) -> duckdb.DuckDBPyConn
             f"cannot open {p} for writing: {exc}. DuckDB allows one writing process per file; "
             "is a dagster run or another calpipe command using it?"
         ) from exc
-    # the pipeline never reads back the blocks it writes: do not let DuckDB cache a backfill
-    con.execute(f"SET memory_limit = '{config.DUCKDB_MEMORY_LIMIT}'")
+    configure_session(con)
     install_sql(con)
+    return con
+
+
+def configure_session(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
+    """The session settings of every calpipe connection (also the dagster resource's):
+
+    * time zone UTC: DuckDB otherwise takes the process's, and a day that mixed naive and
+      time-zone-aware files (read as TIMESTAMPTZ) stored the naive times shifted by the
+      process's offset; naive times mean UTC everywhere in calpipe;
+    * memory limit :data:`calpipe.config.DUCKDB_MEMORY_LIMIT`: the pipeline never reads back
+      the blocks it writes, so DuckDB must not cache a backfill.
+    """
+    con.execute("SET TimeZone = 'UTC'")
+    con.execute(f"SET memory_limit = '{config.DUCKDB_MEMORY_LIMIT}'")
     return con
 
 

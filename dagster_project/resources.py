@@ -42,6 +42,7 @@ def calpipe_connection(duckdb: DuckDBResource) -> Iterator:
     """
     with duckdb.get_connection() as con:
         try:
+            store.configure_session(con)
             store.install_sql(con)
             yield con
         finally:

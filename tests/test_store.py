@@ -496,3 +496,40 @@ def test_normalize_stores_aware_times_as_utc():
 def test_normalize_refuses_what_cannot_be_stored(raw, match):
     with pytest.raises(InputError, match=match):
         store.normalize_events(raw, store.ColumnMap(stream=None))
+
+
+_MIXED_TZ_DAY = """
+import datetime as dt, sys
+from pathlib import Path
+import polars as pl
+from calpipe import store
+d = Path(sys.argv[1])
+con = store.connect(d / "db.duckdb")
+src = store.EventSource.parse(str(d / "landing"))
+raw = src.read_raw(con, dt.date(2024, 3, 1))
+out = store.normalize_events(raw, store.ColumnMap()).sort("event_id")
+print(con.execute("SELECT current_setting('TimeZone')").fetchone()[0], *out["event_time"].to_list())
+"""
+
+
+@pytest.mark.parametrize("tz", ["America/New_York", "Asia/Tokyo"])
+def test_a_day_of_naive_and_aware_files_was_shifted_by_the_process_time_zone(tmp_path, tz):
+    """Naive 12:00 next to a UTC-aware file was stored as 17:00 under TZ=America/New_York (and
+    03:00 under Asia/Tokyo): DuckDB read both as TIMESTAMPTZ in the process's zone."""
+    import os
+    import subprocess
+    import sys
+
+    day = tmp_path / "landing" / "date=2024-03-01"
+    day.mkdir(parents=True)
+    t = dt.datetime(2024, 3, 1, 12, 0)
+    base = {"stream": ["a"], "score": [0.3], "label": [1]}
+    pl.DataFrame({**base, "event_id": [1], "event_time": [t]}).write_parquet(day / "naive.parquet")
+    pl.DataFrame({**base, "event_id": [2], "event_time": [t]}).with_columns(
+        pl.col("event_time").dt.replace_time_zone("UTC")
+    ).write_parquet(day / "aware.parquet")
+    env = {**os.environ, "TZ": tz}
+    res = subprocess.run([sys.executable, "-c", _MIXED_TZ_DAY, str(tmp_path)], env=env,
+                         capture_output=True, text=True, check=False)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["UTC", "2024-03-01", "12:00:00", "2024-03-01", "12:00:00"]
