@@ -569,10 +569,11 @@ def check_arrays(scores, labels) -> tuple[np.ndarray, np.ndarray]:
             "labels", int(bad[0]), f"label {labels[bad[0]]} outside the classes 0..{k - 1} "
             "(or -1: not known yet)"
         )  # fmt: skip
-    rows = scores if scores.ndim == 1 else scores.min(axis=1)
-    bad = np.flatnonzero(~np.isfinite(scores).reshape(scores.shape[0], -1).all(axis=1))
+    finite = np.isfinite(scores)
+    bad = np.flatnonzero(~(finite if scores.ndim == 1 else finite.all(axis=1)))
     if bad.size:
         raise InputError("scores", int(bad[0]), "score is NaN or infinite")
+    rows = scores if scores.ndim == 1 else scores.min(axis=1)
     top = scores if scores.ndim == 1 else scores.max(axis=1)
     bad = np.flatnonzero((rows < 0) | (top > 1))
     if bad.size:
