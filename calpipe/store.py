@@ -133,7 +133,7 @@ def install_sql(con: duckdb.DuckDBPyConnection, *, force: bool = False) -> bool:
         _set_meta(con, _META_SQL_HASH, digest)
         con.commit()
     except BaseException:
-        con.rollback()
+        rollback(con)
         raise
     return True
 
@@ -200,6 +200,15 @@ def _set_meta(con: duckdb.DuckDBPyConnection, key: str, value: str) -> None:
     con.execute("INSERT INTO calpipe_meta VALUES (?, ?)", [key, value])
 
 
+def rollback(con: duckdb.DuckDBPyConnection) -> None:
+    """Roll back the open transaction, if DuckDB has not already aborted it: after an I/O error
+    (a full disk) DuckDB ends the transaction itself, and a failing ROLLBACK ("cannot rollback -
+    no transaction is active") would replace the real error ("No space left on device") that
+    the caller re-raises."""
+    with suppress(duckdb.Error):
+        con.rollback()
+
+
 def fetch_one(con: duckdb.DuckDBPyConnection, sql: str, params: list | None = None) -> tuple | None:
     """The first row of a query (None if none). Fetches the whole result: DuckDB 2 refuses new
     work on a connection that still has an unfinished result."""
@@ -220,7 +229,7 @@ def set_meta(con: duckdb.DuckDBPyConnection, key: str, value: str) -> None:
         _set_meta(con, key, value)
         con.commit()
     except BaseException:
-        con.rollback()
+        rollback(con)
         raise
 
 
@@ -437,7 +446,7 @@ def replacing_partitions(
         con.commit()
     except BaseException:
         writer._close(failed=True)
-        con.rollback()
+        rollback(con)
         raise
 
 
@@ -485,9 +494,13 @@ class ColumnMap:
     def check_file(self, path: Path) -> None:
         """InputError naming the file if its Parquet schema lacks a required column (exact
         name: a stream column renamed ``Stream`` must not merge every stream into one)."""
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
-        names = pq.read_schema(path).names
+        try:
+            names = pq.read_schema(path).names
+        except (pa.ArrowException, OSError) as exc:
+            raise StoreError(f"reading {path}: not a readable Parquet file ({exc})") from exc
         missing = [c for c in self.required() if c not in names]
         if missing:
             hint = " (one stream: --stream-col none)" if missing[0] == self.stream else ""
@@ -560,10 +573,23 @@ class EventSource:
 
     def date_range(self, con: duckdb.DuckDBPyConnection) -> tuple[dt.date, dt.date] | None:
         """First and last event date of the source (None if it has no events)."""
+        with self._reading():
+            return self._date_range(con)
+
+    @contextmanager
+    def _reading(self):
+        """A DuckDB error while reading the source is a StoreError that names the source (and
+        only then: the CLI used to label every database error "reading <source>")."""
+        try:
+            yield
+        except duckdb.Error as exc:
+            raise StoreError(f"reading {self.describe()}: {exc}") from exc
+
+    def _date_range(self, con: duckdb.DuckDBPyConnection) -> tuple[dt.date, dt.date] | None:
         if self.kind == "landing":
             days = [d for d, sub in self._landing_days() if day_files(sub)]
             return (days[0], days[-1]) if days else None
-        t = f'"{self.columns.event_time}"'
+        t = _sql_ident(self.columns.event_time)
         row = fetch_one(
             con,
             f"SELECT CAST(min({t}) AS DATE), CAST(max({t}) AS DATE) FROM {self._relation_sql()}",
@@ -582,6 +608,10 @@ class EventSource:
         :data:`DAY_COLUMN`, the day each row was read for (a landing file's folder date; the
         event's date for a file or table). One query per day for a landing folder, one for the
         whole range otherwise. An empty frame (no columns) if there is nothing."""
+        with self._reading():
+            return self._read_range(con, start, end)
+
+    def _read_range(self, con, start: dt.date, end: dt.date) -> pl.DataFrame:
         if self.kind == "landing":
             parts = []
             for day in iter_days(start, end):
@@ -600,7 +630,7 @@ class EventSource:
                     )
                 )
             return pl.concat(parts, how="diagonal_relaxed") if parts else pl.DataFrame()
-        t = f'"{self.columns.event_time}"'
+        t = _sql_ident(self.columns.event_time)
         return query(
             con,
             f"SELECT *, CAST({t} AS DATE) AS {DAY_COLUMN} FROM {self._relation_sql()} "
@@ -643,6 +673,11 @@ def day_files(folder: Path) -> list[Path]:
             )
         files.append(f)
     return sorted(files)
+
+
+def _sql_ident(name: str) -> str:
+    """A column name as a quoted SQL identifier (``--time-col`` was pasted into SQL as is)."""
+    return '"' + name.replace('"', '""') + '"'
 
 
 def _sql_str(s: str) -> str:

@@ -970,3 +970,18 @@ def test_cli_sql_queries_run_with_duckdbs_default_memory_limit(tmp_path, capsys)
     shown = capsys.readouterr().out.strip().splitlines()[-1]
     default = duckdb.connect().sql("SELECT current_setting('memory_limit')").fetchall()[0][0]
     assert shown == default
+
+
+def test_only_errors_of_the_source_were_meant_to_read_reading_the_source(small, capsys):
+    """Every duckdb.Error of `calpipe run` was labelled "reading <source>"; a broken Parquet
+    file is still a read error, and names the file."""
+    con, source, _, tmp = small
+    con.close()
+    target = tmp / "landing" / f"date={day(2).isoformat()}" / "events.parquet"
+    target.write_bytes(b"PAR1 not really parquet PAR1")
+    db = tmp / "cli.duckdb"
+    assert cli.main(["run", "--events", source.location, "--db", str(db)]) == 2
+    err = capsys.readouterr().err
+    assert f"calpipe: error: reading {target}: not a readable Parquet file" in err
+    with pytest.raises(StoreError, match=r"reading table no_such_table: .*no_such_table"):
+        store.EventSource.parse("no_such_table").date_range(store.connect(tmp / "x.duckdb"))

@@ -533,3 +533,25 @@ def test_a_day_of_naive_and_aware_files_was_shifted_by_the_process_time_zone(tmp
                          capture_output=True, text=True, check=False)  # fmt: skip
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == ["UTC", "2024-03-01", "12:00:00", "2024-03-01", "12:00:00"]
+
+
+def test_a_disk_full_error_was_hidden_behind_cannot_rollback(con):
+    """DuckDB ends the transaction itself on an I/O error; the ROLLBACK that followed raised
+    "cannot rollback - no transaction is active" and hid "No space left on device"."""
+    import duckdb
+
+    before = store.query(con, "SELECT * FROM scored_events")
+    with pytest.raises(duckdb.IOException, match="No space left on device"):
+        with store.replacing_partitions(con, D1, D1, ["scored_events"]) as writer:
+            writer.insert("scored_events", events_of(D1, 2), sort=False)
+            con.execute("ROLLBACK")  # what DuckDB does when a write fails with ENOSPC
+            raise duckdb.IOException("No space left on device")  # injected: the real error
+    assert store.query(con, "SELECT * FROM scored_events").equals(before)
+
+
+def test_a_time_column_name_with_a_quote_was_pasted_into_sql(con, tmp_path):
+    ev = raw_events([D1]).rename({"event_time": 'ev"t'})
+    ev.write_parquet(tmp_path / "ev.parquet")
+    src = store.EventSource.parse(str(tmp_path / "ev.parquet"), store.ColumnMap(event_time='ev"t'))
+    assert src.date_range(con) == (D1, D1)
+    assert src.read_raw(con, D1).height == ev.height

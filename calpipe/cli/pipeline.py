@@ -119,8 +119,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     con = store.connect(args.db)
     try:
         return _run(con, source, args, settings, t0)
-    except duckdb.Error as exc:  # e.g. an unknown table or an unreadable Parquet file
-        print(f"calpipe: error: reading {source.describe()}: {exc}", file=sys.stderr)
+    except duckdb.Error as exc:  # reading the source is a StoreError that names it
+        print(f"calpipe: error: database {args.db}: {exc}", file=sys.stderr)
         return 2
     finally:
         con.close()

@@ -38,6 +38,8 @@ def stream_summary(
 
 def _cmd_protect(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
+    if Path(args.output).is_dir():  # checked before the work, not after it (a traceback then)
+        raise InputError(None, None, f"output {args.output} is a directory; name a Parquet file")
     try:
         events = pl.read_parquet(args.input)
     except (pl.exceptions.PolarsError, OSError) as exc:

@@ -346,3 +346,10 @@ def test_protect_runs_a_batch_method_and_a_stack(tmp_path, capsys):
     assert "base_method_score" in pl.read_parquet(out).columns
     assert main([*argv, "--base-param", "windo=3"]) == 2
     assert "unknown parameter(s) 'windo'" in capsys.readouterr().err
+
+
+def test_a_directory_as_output_was_a_traceback_after_the_work(binary_file, tmp_path, capsys):
+    (tmp_path / "out").mkdir()
+    assert main(["protect", str(binary_file), str(tmp_path / "out")]) == 2
+    assert "is a directory; name a Parquet file" in capsys.readouterr().err
+    assert list((tmp_path / "out").iterdir()) == []
