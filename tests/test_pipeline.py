@@ -985,3 +985,24 @@ def test_only_errors_of_the_source_were_meant_to_read_reading_the_source(small, 
     assert f"calpipe: error: reading {target}: not a readable Parquet file" in err
     with pytest.raises(StoreError, match=r"reading table no_such_table: .*no_such_table"):
         store.EventSource.parse("no_such_table").date_range(store.connect(tmp / "x.duckdb"))
+
+
+def test_calpipe_run_piped_into_head_ran_its_checks(small):
+    """`calpipe run | head -1`: the BrokenPipeError of a progress line aborted the run after its
+    commit, skipping the data checks, with a traceback. It now runs to its end, exit 0."""
+    import os
+    import subprocess
+    import sys
+
+    con, source, _, tmp = small
+    con.close()
+    db = tmp / "piped.duckdb"
+    cmd = (f'"{sys.executable}" -m calpipe.cli run --events "{source.location}" --db "{db}" '
+           '| head -c 1 > /dev/null; exit "${PIPESTATUS[0]}"')  # fmt: skip
+    res = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONUNBUFFERED": "1"}, check=False)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert "Traceback" not in res.stderr and "BrokenPipe" not in res.stderr
+    con = store.connect(db)
+    assert store.fetch_one(con, "SELECT count(*) FROM pipeline_days")[0] == 8
+    con.close()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from contextlib import suppress
 
 from calpipe.cli import pipeline, protect
 from calpipe.cli.options import Parser, add_method_options, method_params, parse_value
@@ -29,10 +30,45 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _PipeSafe:
+    """stdout that goes quiet when its reader goes away (``calpipe run | head``): a
+    BrokenPipeError in a progress line used to abort the run after its commit, before the data
+    checks. Output after that point is discarded; the command runs to its end."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._drop()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._drop()
+
+    def _drop(self) -> None:
+        import os
+
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        with suppress(OSError):  # the interpreter's final flush must not fail either
+            os.dup2(devnull, self._stream.fileno())
+        self._stream = open(os.devnull, "w")  # lives as long as the process
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run ``calpipe ARGV``; a calpipe error or a missing file is a message and exit code 2."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    stdout = sys.stdout
+    sys.stdout = _PipeSafe(stdout)  # for this command only
     try:
         return int(args.func(args) or 0)
     except CalpipeError as exc:
@@ -41,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as exc:
         print(f"calpipe: error: {exc}", file=sys.stderr)
         return 2
+    finally:
+        sys.stdout = stdout
 
 
 __all__ = [
