@@ -67,7 +67,11 @@ def defs_from_env() -> Definitions:
     first = _env_date("CALPIPE_START_DATE", pipeline.DEMO_FIRST_DAY)
     last = _env_date("CALPIPE_END_DATE", pipeline.DEMO_LAST_DAY)
     settings_json = os.environ.get("CALPIPE_SETTINGS")
-    settings = pipeline.Settings.from_json(settings_json) if settings_json else None
+    settings = (
+        pipeline.Settings.from_json(settings_json, source="CALPIPE_SETTINGS")
+        if settings_json
+        else None
+    )
     if first is None:
         raise ValueError("CALPIPE_START_DATE must be a date (the chain's first day), not none")
     return build_definitions(db, events, first, last, settings)

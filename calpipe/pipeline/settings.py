@@ -65,8 +65,17 @@ class Settings:
         return json.dumps({"method": self.method, "params": self.kwargs}, sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> Settings:
-        d = json.loads(text)
+    def from_json(cls, text: str, *, source: str = "settings") -> Settings:
+        """Settings from their JSON (``to_json``); ParameterError naming ``source`` (e.g. the
+        environment variable) if the text is not a JSON object of a method and its params."""
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ParameterError(f"{source}: not valid JSON ({exc}): {text[:80]!r}") from None
+        if not isinstance(d, dict) or not isinstance(d.get("params", {}), dict):
+            raise ParameterError(
+                f'{source}: expected {{"method": NAME, "params": {{...}}}}, got {text[:80]!r}'
+            )
         # records written before the method was stored meant the Composite Jumper (the default then)
         return cls.make(d.get("method", "composite-jumper"), **d.get("params", {}))
 

@@ -12,6 +12,7 @@ import pytest
 from dagster import AssetKey, BackfillPolicy, build_schedule_context
 
 from calpipe import pipeline, store
+from calpipe.errors import ParameterError
 from dagster_project import definitions
 
 #: dagster's own notices (backfill_policy is "beta"; its schedule helper calls a deprecated API).
@@ -95,3 +96,14 @@ def test_dg_check_defs(tmp_path):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "All definitions loaded successfully" in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("value", "match"),
+    [("{not json", "CALPIPE_SETTINGS: not valid JSON"), ("[1, 2]", "CALPIPE_SETTINGS: expected"),
+     ('{"method": "nope"}', "unknown method 'nope'")],
+)  # fmt: skip
+def test_a_malformed_calpipe_settings_was_a_traceback(monkeypatch, value, match):
+    monkeypatch.setenv("CALPIPE_SETTINGS", value)
+    with pytest.raises(ParameterError, match=match):
+        definitions.defs_from_env()
