@@ -498,9 +498,15 @@ class ColumnMap:
         import pyarrow.parquet as pq
 
         try:
-            names = pq.read_schema(path).names
+            schema = pq.read_schema(path)
         except (pa.ArrowException, OSError) as exc:
             raise StoreError(f"reading {path}: not a readable Parquet file ({exc})") from exc
+        names = schema.names
+        if self.event_id in names and not pa.types.is_integer(schema.field(self.event_id).type):
+            raise InputError(
+                self.event_id, None, f"{path}: event ids must be integers to be stored (the "
+                f"file has {schema.field(self.event_id).type})",
+            )  # fmt: skip
         missing = [c for c in self.required() if c not in names]
         if missing:
             hint = " (one stream: --stream-col none)" if missing[0] == self.stream else ""
@@ -745,6 +751,13 @@ def normalize_events(raw: pl.DataFrame, columns: ColumnMap) -> pl.DataFrame:
             None,
             f"event ids must be integers to be stored (got {raw.schema[cm.event_id]})",
         )
+    if raw.schema[cm.event_id] == pl.UInt64:  # ids >= 2^63 do not fit the stored Int64
+        big = raw.select((pl.col(cm.event_id) > 2**63 - 1).arg_true().first()).item()
+        if big is not None:
+            raise InputError(
+                cm.event_id, int(big), f"event id {raw[cm.event_id][big]} does not fit a signed "
+                "64-bit integer (the stored type)",
+            )  # fmt: skip
     if not raw.schema[cm.event_time].is_temporal():
         raise InputError(
             cm.event_time,

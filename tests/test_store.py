@@ -555,3 +555,22 @@ def test_a_time_column_name_with_a_quote_was_pasted_into_sql(con, tmp_path):
     src = store.EventSource.parse(str(tmp_path / "ev.parquet"), store.ColumnMap(event_time='ev"t'))
     assert src.date_range(con) == (D1, D1)
     assert src.read_raw(con, D1).height == ev.height
+
+
+def test_uint64_event_ids_beyond_int64_were_a_cast_traceback():
+    raw = pl.DataFrame({"event_id": [1, 2**63 + 5], "event_time": [D1, D1], "score": [0.1, 0.2],
+                        "label": [0, 1]}, schema_overrides={"event_id": pl.UInt64})  # fmt: skip
+    with pytest.raises(InputError, match=r"row 1: event id 9223372036854775813 does not fit"):
+        store.normalize_events(raw, store.ColumnMap(stream=None))
+
+
+def test_a_string_event_id_on_one_day_names_the_file(con, tmp_path):
+    day = tmp_path / "landing" / f"date={D2.isoformat()}"
+    day.mkdir(parents=True)
+    raw_events([D2]).with_columns(pl.col("event_id").cast(pl.String)).write_parquet(
+        day / "e.parquet"
+    )
+    src = store.EventSource.parse(str(tmp_path / "landing"))
+    with pytest.raises(InputError, match=rf"date={D2.isoformat()}/e.parquet: event ids must be "
+                                         "integers"):  # fmt: skip
+        src.read_raw(con, D2)
