@@ -295,6 +295,11 @@ TRANSACTION_ROWS: int = 100_000
 #: and bounds the frames held for it to two batches.
 WRITE_MAX_PENDING: int = 2
 
+#: Longest stream name the pipeline stores (UTF-8 bytes): a stream key is repeated in every
+#: row of every table and grouped on by the checks; a 1 MB name committed its day and then ran
+#: the post-commit checks out of DuckDB memory.
+MAX_STREAM_NAME_BYTES: int = 1024
+
 #: At most this many days per transaction when a stage runs over a range (fewer for big days,
 #: see TRANSACTION_ROWS); a month keeps a backfill's commits few while a chunk's small tables
 #: (state, monitoring, map: streams x days rows) stay small in memory.

@@ -1006,3 +1006,23 @@ def test_calpipe_run_piped_into_head_ran_its_checks(small):
     con = store.connect(db)
     assert store.fetch_one(con, "SELECT count(*) FROM pipeline_days")[0] == 8
     con.close()
+
+
+def test_a_megabyte_stream_name_committed_its_day_then_broke_the_checks(small):
+    con, source, _, tmp = small
+    target = tmp / "landing" / f"date={day(2).isoformat()}" / "events.parquet"
+    ev = pl.read_parquet(target)
+    huge = "s" * 1_000_000
+    ev.with_columns(pl.when(pl.int_range(pl.len()) == 0).then(pl.lit(huge))
+                    .otherwise(pl.col("stream")).alias("stream")).write_parquet(target)  # fmt: skip
+    before = snapshot(con)
+    with pytest.raises(InputError) as info:
+        pipeline.run_range(con, source)
+    msg = str(info.value)
+    assert f"day {day(2)}" in msg and "stream name longer than 1024 bytes" in msg
+    assert "(value: 1000000)" in msg and len(msg) < 600  # the name is cut, not printed whole
+    after = snapshot(con)
+    assert all(after[t].equals(before[t]) for t in before)
+    with pytest.raises(InputError, match="stream name longer than 1024 bytes"):
+        pipeline.load_events(con, source, day(2), day(2))  # the dagster assets' path
+    assert table(con, "scored_events").height == 0

@@ -12,9 +12,9 @@ import datetime as dt
 
 import polars as pl
 
-from calpipe import store
+from calpipe import config, store
 from calpipe.errors import InputError
-from calpipe.frame import replay_order, resolve_columns, validate_frame
+from calpipe.frame import Rule, check_rules, replay_order, resolve_columns, validate_frame
 from calpipe.pipeline.settings import StageResult, _as_date
 from calpipe.pipeline.transactions import _write_days
 from calpipe.store import EventSource
@@ -62,11 +62,25 @@ def _source_error(exc: InputError, source: EventSource, chunk: pl.DataFrame) -> 
     if exc.row is None:
         return InputError(exc.column, None, f"{source.describe()}: {exc.rule}")
     r = chunk.row(exc.row, named=True)
+    name = r["stream"] if len(r["stream"]) <= 60 else r["stream"][:60] + "..."
     return InputError(
         exc.column, None,
-        f"{source.describe()}, day {r['event_date']}, stream {r['stream']!r}, event "
+        f"{source.describe()}, day {r['event_date']}, stream {name!r}, event "
         f"{r['event_id']}: {exc.rule}",
     )  # fmt: skip
+
+
+def check_stream_names(chunk: pl.DataFrame, source: EventSource) -> None:
+    """InputError (day, stream cut short, event) for a stream name longer than
+    :data:`calpipe.config.MAX_STREAM_NAME_BYTES`: both pipeline paths call it before anything of
+    the day is written."""
+    long = pl.col("stream").str.len_bytes()
+    rule = Rule("stream", f"stream name longer than {config.MAX_STREAM_NAME_BYTES} bytes",
+                long > config.MAX_STREAM_NAME_BYTES, long)  # fmt: skip
+    try:
+        check_rules(chunk, [rule])
+    except InputError as exc:
+        raise _source_error(exc, source, chunk) from None
 
 
 def _stored_events(chunk: pl.DataFrame) -> pl.DataFrame:
@@ -89,6 +103,7 @@ def read_source_days(con, source: EventSource, start: dt.date, end: dt.date) -> 
             chunk.columns, score="score", scores=None, label="label", label_time=None,
             by=_BY, order_by=_ORDER,
         )  # fmt: skip
+        check_stream_names(chunk, source)
         try:
             validate_frame(chunk, cols, check_duplicates=False)
             # "(stream, event_id) unique" as calpipe.protect checks it: in an event log (time

@@ -17,7 +17,13 @@ import polars as pl
 
 from calpipe import config, store
 from calpipe.errors import CalpipeError, InputError
-from calpipe.pipeline.chain import _Chain, _state_rows, chain_first_day, state_before
+from calpipe.pipeline.chain import (
+    _Chain,
+    _check_outputs,
+    _state_rows,
+    chain_first_day,
+    state_before,
+)
 from calpipe.pipeline.checks import (
     CheckOutcome,
     check_alarms,
@@ -25,7 +31,13 @@ from calpipe.pipeline.checks import (
     check_row_counts,
     check_state_continuity,
 )
-from calpipe.pipeline.events import _EVENT_SCHEMA, _PROTECT_INPUT, _read_source, _source_error
+from calpipe.pipeline.events import (
+    _EVENT_SCHEMA,
+    _PROTECT_INPUT,
+    _read_source,
+    _source_error,
+    check_stream_names,
+)
 from calpipe.pipeline.settings import Settings, _as_date
 from calpipe.pipeline.tables import TABLES, FusedBatch, FusedDay, FusedSpan, write_fused
 from calpipe.pipeline.transactions import _write_days
@@ -91,6 +103,7 @@ def _run_day(
     # cast once validated, so that a bad type gets the contract's message. The events are
     # stored batch after batch: grouped by stream, which DuckDB writes and checkpoints faster
     # than streams interleaved in time (each stream keeps its rows in the source's order)
+    check_stream_names(chunk, source)
     early = dict(chunk.schema) == _EVENT_SCHEMA
     k, batches = _stream_batches(chunk)
     before = chain.state
@@ -107,6 +120,7 @@ def _run_day(
             batch.result = chain.protect(events.select(_PROTECT_INPUT), state)
         except InputError as exc:
             raise _source_error(exc, source, events) from None
+        _check_outputs(batch.result.scores, d)  # before the day's transaction commits
         if not early:
             write_fused(writer, "events", batch)
         write_fused(writer, "batch", batch)
