@@ -84,6 +84,12 @@ SORT_KEYS: dict[str, tuple[str, ...]] = {
 }
 
 _META_SQL_HASH = "sql_hash"
+_META_SCHEMA = "schema_version"
+
+#: Version of the tables' layout in ``sql/``; bump it with any change that alters a table, so an
+#: older calpipe refuses a newer database instead of migrating it backwards. 1 = the databases
+#: written before the version was recorded (they upgrade on the next read-write connection).
+SCHEMA_VERSION = 2
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*){0,2}$")
 
 
@@ -113,29 +119,59 @@ def _sql_hash(files: list[Path]) -> str:
 def install_sql(con: duckdb.DuckDBPyConnection, *, force: bool = False) -> bool:
     """Install the tables, views and macros of ``sql/`` into ``con``'s database.
 
-    Every statement is idempotent (``CREATE TABLE IF NOT EXISTS``, ``CREATE OR REPLACE``). The
-    hash of the SQL files is kept in ``calpipe_meta``, so a database that is already up to date is
-    left untouched (no write). Returns True if anything was (re)installed.
+    Every statement is idempotent (``CREATE TABLE IF NOT EXISTS``, ``CREATE OR REPLACE``,
+    ``ADD COLUMN IF NOT EXISTS``): applying them is the migration from any earlier version. The
+    hash of the SQL files and :data:`SCHEMA_VERSION` are kept in ``calpipe_meta``, so a database
+    that is up to date is left untouched (no write). Refused, with nothing changed: a database
+    written by a newer calpipe (its schema version is higher), and a database that is not
+    calpipe's (it has tables or views but no ``calpipe_meta``). Returns True if anything was
+    (re)installed.
     """
     files = sql_files()
     digest = _sql_hash(files)
-    if not force:
-        try:
-            row = fetch_one(con, "SELECT value FROM calpipe_meta WHERE key = ?", [_META_SQL_HASH])
-        except duckdb.CatalogException:
-            row = None
-        if row is not None and row[0] == digest:
+    try:
+        meta = dict(con.execute("SELECT key, value FROM calpipe_meta").fetchall())
+    except duckdb.CatalogException:
+        meta = None
+    if meta is None:
+        others = fetch_one(
+            con,
+            "SELECT (SELECT count(*) FROM duckdb_tables() WHERE NOT internal) + "
+            "(SELECT count(*) FROM duckdb_views() WHERE NOT internal)",
+        )[0]
+        if others:
+            raise StoreError(
+                f"{_db_name(con)} is not a calpipe database: it has {others} tables/views of its "
+                "own and no calpipe_meta; calpipe installs its schema only into a new file or "
+                "its own databases (nothing was changed)"
+            )
+    else:
+        version = int(meta.get(_META_SCHEMA, 1))
+        if version > SCHEMA_VERSION:
+            raise StoreError(
+                f"{_db_name(con)} was written by a newer calpipe (schema version {version}; "
+                f"this calpipe knows {SCHEMA_VERSION}): upgrade calpipe (nothing was changed)"
+            )
+        if not force and version == SCHEMA_VERSION and meta.get(_META_SQL_HASH) == digest:
             return False
     con.begin()
     try:
         for f in files:
             con.execute(f.read_text())
         _set_meta(con, _META_SQL_HASH, digest)
+        _set_meta(con, _META_SCHEMA, str(SCHEMA_VERSION))
         con.commit()
     except BaseException:
         rollback(con)
         raise
     return True
+
+
+def _db_name(con: duckdb.DuckDBPyConnection) -> str:
+    row = fetch_one(
+        con, "SELECT path FROM duckdb_databases() WHERE database_name = current_database()"
+    )
+    return f"database {row[0] if row and row[0] else '(in memory)'}"
 
 
 def connect(path: str | Path, *, read_only: bool = False) -> duckdb.DuckDBPyConnection:

@@ -1026,3 +1026,21 @@ def test_a_megabyte_stream_name_committed_its_day_then_broke_the_checks(small):
     with pytest.raises(InputError, match="stream name longer than 1024 bytes"):
         pipeline.load_events(con, source, day(2), day(2))  # the dagster assets' path
     assert table(con, "scored_events").height == 0
+
+
+def test_calpipe_sql_is_read_only_and_never_creates_a_file(small, capsys):
+    """A read-only `calpipe sql` ran the DDL (installing, or migrating a newer database), and a
+    mistyped --db created an empty file and exited 0."""
+    con, source, _, tmp = small
+    con.close()
+    db = tmp / "cli.duckdb"
+    assert cli.main(["run", "--events", source.location, "--db", str(db), "--end",
+                     day(1).isoformat()]) == 0  # fmt: skip
+    capsys.readouterr()
+    assert cli.main(["sql", "--db", str(db), "CREATE TABLE t (x INT)"]) == 2
+    assert "read-only" in capsys.readouterr().err
+    assert cli.main(["sql", "--db", str(db), "--write", "CREATE TABLE t (x INT)"]) == 0
+    missing = tmp / "typo.duckdb"
+    for extra in ([], ["--write"]):
+        assert cli.main(["sql", "--db", str(missing), *extra, "SELECT 1"]) == 2
+        assert f"database {missing}" in capsys.readouterr().err and not missing.exists()

@@ -249,7 +249,9 @@ def test_the_old_protected_scores_layout_is_migrated(tmp_path):
                label INTEGER, protected_score DOUBLE NOT NULL, log10_martingale DOUBLE NOT NULL,
                method VARCHAR NOT NULL, config_fingerprint VARCHAR NOT NULL);
            INSERT INTO protected_scores VALUES (DATE '2024-03-01', 's', 1,
-               TIMESTAMP '2024-03-01 00:00:00', 0.3, 0.3, 1, 0.4, 0.1, 'composite-jumper', 'f')"""
+               TIMESTAMP '2024-03-01 00:00:00', 0.3, 0.3, 1, 0.4, 0.1, 'composite-jumper', 'f');
+           CREATE TABLE calpipe_meta (key VARCHAR NOT NULL, value VARCHAR NOT NULL);
+           INSERT INTO calpipe_meta VALUES ('sql_hash', 'old')"""
     )
     raw.close()
     con = store.connect(path)
@@ -277,7 +279,9 @@ def test_an_old_calibration_daily_gains_the_smooth_ece_and_corp_columns(tmp_path
                log10_martingale DOUBLE NOT NULL, log10_martingale_max DOUBLE NOT NULL,
                log10_martingale_max_to_date DOUBLE NOT NULL, alarm BOOLEAN NOT NULL);
            INSERT INTO calibration_daily VALUES (DATE '2024-03-01', 's', 2, 2, 0.5, 0.4, 0.2,
-               0.1, 0.1, 0.05, 0.4, 0.45, 0.5, 0.1, 0.1, 0.1, false)"""
+               0.1, 0.1, 0.05, 0.4, 0.45, 0.5, 0.1, 0.1, 0.1, false);
+           CREATE TABLE calpipe_meta (key VARCHAR NOT NULL, value VARCHAR NOT NULL);
+           INSERT INTO calpipe_meta VALUES ('sql_hash', 'old')"""
     )
     raw.close()
     con = store.connect(path)
@@ -574,3 +578,50 @@ def test_a_string_event_id_on_one_day_names_the_file(con, tmp_path):
     with pytest.raises(InputError, match=rf"date={D2.isoformat()}/e.parquet: event ids must be "
                                          "integers"):  # fmt: skip
         src.read_raw(con, D2)
+
+
+def _user_database(path):
+    raw = duckdb.connect(str(path))
+    raw.execute("CREATE TABLE my_table (x INTEGER); CREATE VIEW v_alarms AS SELECT 42 AS mine")
+    raw.close()
+
+
+def test_a_users_own_duckdb_file_was_given_calpipes_tables(tmp_path):
+    """connect() installed seven tables into a user's DuckDB file and replaced their v_alarms."""
+    path = tmp_path / "mine.duckdb"
+    _user_database(path)
+    with pytest.raises(store.StoreError, match=r"is not a calpipe database: it has 2 tables/views"):
+        store.connect(path)
+    raw = duckdb.connect(str(path), read_only=True)
+    assert raw.execute("SELECT mine FROM v_alarms").fetchone() == (42,)
+    assert raw.execute("SELECT count(*) FROM duckdb_tables()").fetchone() == (1,)
+    raw.close()
+
+
+def test_a_database_of_a_newer_calpipe_was_migrated_backwards(tmp_path):
+    path = tmp_path / "new.duckdb"
+    store.connect(path).close()
+    con = duckdb.connect(str(path))
+    con.execute("UPDATE calpipe_meta SET value = ? WHERE key = 'schema_version'",
+                [str(store.SCHEMA_VERSION + 1)])  # fmt: skip
+    con.execute("UPDATE calpipe_meta SET value = 'newer' WHERE key = 'sql_hash'")
+    con.close()
+    with pytest.raises(store.StoreError, match=r"written by a newer calpipe \(schema version"):
+        store.connect(path)
+    con = duckdb.connect(str(path), read_only=True)
+    assert (
+        dict(con.execute("SELECT key, value FROM calpipe_meta").fetchall())["sql_hash"] == "newer"
+    )
+    con.close()
+
+
+def test_an_unversioned_calpipe_database_is_upgraded_once(tmp_path):
+    path = tmp_path / "v1.duckdb"
+    store.connect(path).close()
+    con = duckdb.connect(str(path))
+    con.execute("DELETE FROM calpipe_meta WHERE key = 'schema_version'")  # as written before
+    con.close()
+    con = store.connect(path)
+    assert store.get_meta(con, "schema_version") == str(store.SCHEMA_VERSION)
+    assert store.install_sql(con) is False  # up to date: no write
+    con.close()

@@ -209,7 +209,11 @@ def _cmd_ui(args: argparse.Namespace) -> int:
 # sql
 # ----------------------------------------------------------------------------------------------
 def _cmd_sql(args: argparse.Namespace) -> int:
-    con = store.connect(args.db)
+    # read-only unless --write: a query must not install the schema into (or create) a file;
+    # with --write the database must exist too (a mistyped --db is an error, not a new file)
+    if args.write and not Path(args.db).expanduser().exists():
+        raise store.StoreError(f"database {args.db} does not exist")
+    con = store.connect(args.db, read_only=not args.write)
     # A user's query gets DuckDB's default memory limit, not the small buffer pool the pipeline's
     # writes use (config.DUCKDB_MEMORY_LIMIT): analytical queries should not spill needlessly.
     con.execute("RESET memory_limit")
@@ -269,4 +273,6 @@ def register(sub) -> None:
     s.add_argument("--db", default=default_db, help=f"DuckDB file (default: {default_db})")
     s.add_argument("--max-rows", type=int, default=config.SQL_PRINT_MAX_ROWS)
     s.add_argument("--csv", action="store_true", help="print CSV instead of a table")
+    s.add_argument("--write", action="store_true",
+                   help="open read-write (default: read-only; the database must exist)")  # fmt: skip
     s.set_defaults(func=_cmd_sql)
