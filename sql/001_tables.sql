@@ -138,7 +138,8 @@ CREATE TABLE IF NOT EXISTS martingale_alarms (
 );
 
 -- Serving map at the end of `date` (docs/ARCHITECTURE.md §4), exactly, as a weighted sum of terms:
---   p' = sum_term weight * f_term(clip(p)),  f = p for 'identity' (the passive weight P),
+--   p' = sum_term weight * f_term(clip(q_term(clip(p)))),  q = p unless the term has an input
+--   map (in_* below), f = p for 'identity' (the passive weight P),
 --   'quadratic' p + a p (1 - p), 'cubic' p + a p (p - b)(p - 1),
 --   'cox' e^a p^b / (e^a p^b + (1 - p)^b);
 -- weight = P for the identity term, sum_J of the jump-mixed active weights A^J_theta otherwise.
@@ -152,8 +153,19 @@ CREATE TABLE IF NOT EXISTS calibration_map (
     weight             DOUBLE  NOT NULL,
     clip               DOUBLE  NOT NULL,  -- p is clipped to [clip, 1 - clip] first
     method             VARCHAR NOT NULL,
-    config_fingerprint VARCHAR NOT NULL
+    config_fingerprint VARCHAR NOT NULL,
+    -- the term's input (composite-experts): q = sigmoid(in_w1 ln c(p) - in_w2 ln(1 - c(p)) + in_w0),
+    -- c = clip to [in_eps, 1 - in_eps], then clipped to [clip, 1 - clip]; NULL: the clipped p
+    in_w1              DOUBLE,
+    in_w2              DOUBLE,
+    in_w0              DOUBLE,
+    in_eps             DOUBLE
 );
+-- schema version 3: the input columns (a database of version <= 2 gains them)
+ALTER TABLE calibration_map ADD COLUMN IF NOT EXISTS in_w1 DOUBLE;
+ALTER TABLE calibration_map ADD COLUMN IF NOT EXISTS in_w2 DOUBLE;
+ALTER TABLE calibration_map ADD COLUMN IF NOT EXISTS in_w0 DOUBLE;
+ALTER TABLE calibration_map ADD COLUMN IF NOT EXISTS in_eps DOUBLE;
 
 -- Key-value facts about this database (SQL layer version, the chain's configuration).
 CREATE TABLE IF NOT EXISTS calpipe_meta (

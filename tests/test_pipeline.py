@@ -1044,3 +1044,60 @@ def test_calpipe_sql_is_read_only_and_never_creates_a_file(small, capsys):
     for extra in ([], ["--write"]):
         assert cli.main(["sql", "--db", str(missing), *extra, "SELECT 1"]) == 2
         assert f"database {missing}" in capsys.readouterr().err and not missing.exists()
+
+
+@pytest.mark.parametrize(
+    "inputs",
+    [
+        None,
+        (
+            "ops",
+            "obs",
+            "platt:window=30:refit_every=10",
+            "beta:window=40:refit_every=20",
+            "beta:window=400:refit_every=50",
+        ),
+    ],
+)
+def test_sql_macro_equals_the_serving_map_of_composite_experts(tmp_path, inputs):
+    """composite-experts had no SQL serving map: each term now carries its input's logistic map
+    (OPS, OBS, windowed Platt/beta; an unfilled window is the base), so calibrate_score equals
+    serving_map. The second grid mixes filled windows (30, 40) and one still filling (400)."""
+    settings = Settings.make("composite-experts", **({"inputs": inputs} if inputs else {}))
+    events = generate.generate(n_days=4, streams=SMALL, seed=2)
+    store.write_landing(events, tmp_path / "landing")
+    con = store.connect(tmp_path / "db.duckdb")
+    try:
+        pipeline.run_range(
+            con, store.EventSource.parse(str(tmp_path / "landing")), settings=settings
+        )
+        state = store.query(con, "SELECT * FROM calibrator_state WHERE date = ?", [day(3)]).drop(
+            "date"
+        )
+        p = np.linspace(0, 1, 201)
+        for stream in ("a", "b"):
+            want = pipeline.serving_map(
+                state, pl.DataFrame({"stream": [stream] * p.size, "score": p}), settings
+            )["protected_score"].to_numpy()
+            got = con.execute(
+                "SELECT calibrate_score(?, s) FROM unnest(?) AS t(s)", [stream, p.tolist()]
+            ).fetchall()
+            assert np.max(np.abs(np.array([g[0] for g in got]) - want)) <= TOL
+        n_terms = store.query(con, "SELECT count(DISTINCT term) AS n FROM calibration_map")["n"][0]
+        assert n_terms == 1 + (1 + len(settings.calibrator().input_specs(2))) * 21
+    finally:
+        con.close()
+
+
+def test_composite_experts_over_an_input_without_a_logistic_map_has_no_sql_map(tmp_path):
+    settings = Settings.make("composite-experts", inputs=("ops", "isotonic:window=20"))
+    events = generate.generate(n_days=2, streams=SMALL, seed=2)
+    store.write_landing(events, tmp_path / "landing")
+    con = store.connect(tmp_path / "db.duckdb")
+    try:
+        pipeline.run_range(
+            con, store.EventSource.parse(str(tmp_path / "landing")), settings=settings
+        )
+        assert store.query(con, "SELECT count(*) AS n FROM calibration_map")["n"][0] == 0
+    finally:
+        con.close()

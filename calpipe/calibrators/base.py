@@ -57,6 +57,26 @@ class RunOutput:
 
 
 @dataclass
+class MapTerms:
+    """A serving map as a weighted sum of terms, the form the SQL macros evaluate
+    (``sql/003_macros.sql``): for a score p, clipped to [clip, 1 - clip],
+
+        p' = sum_t weight[s, t] * f_t(clip(q_t(p)))
+
+    with f_t of ``family[t]`` (identity, quadratic, cubic, cox) and parameters ``a[t]``,
+    ``b[t]``, and q_t the term's input: p itself where ``inputs[s, t]`` is NaN, else the logistic
+    map sigmoid(w1 ln c(p) - w2 ln(1 - c(p)) + w0) of ``inputs[s, t] = [w1, w2, w0, eps]``, c the
+    clip to [eps, 1 - eps].
+    """
+
+    family: np.ndarray  # (T,) str
+    a: np.ndarray  # (T,)
+    b: np.ndarray  # (T,)
+    weight: np.ndarray  # (S, T)
+    inputs: np.ndarray | None = None  # (S, T, 4), NaN rows: the clipped base
+
+
+@dataclass
 class StreamState:
     """Serializable state of one stream: what a nightly job stores and the next night loads."""
 
@@ -478,6 +498,11 @@ class Calibrator(Generic[StateT]):
         one after that operation. ``state`` is not modified.
         """
         raise NotImplementedError
+
+    def has_logistic_map(self) -> bool:
+        """Whether ``logistic_map(state)`` gives each stream's binary map as sigmoid(w1 ln p -
+        w2 ln(1 - p) + w0) (the SQL form of a ``composite-experts`` input)."""
+        return False
 
     def serving_map(self, state: StateT, scores: np.ndarray) -> np.ndarray:
         """The map p -> p' each stream's state applies to fresh scores: its next forecast.

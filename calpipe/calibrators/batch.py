@@ -38,6 +38,8 @@ class Platt(WindowedCalibrator):
     classes = "binary"
     fit = staticmethod(parametric.platt_fit)
     predict = staticmethod(parametric.platt_predict)
+    #: [a, b, eps] -> sigmoid(a ln p - a ln(1 - p) + b)
+    logistic_of = staticmethod(lambda f: f[:, [0, 0, 1, 2]])
     fit_params = ("platt_targets",)
     check_params = ({"window": 5, "refit_every": 3}, {"window": 6, "platt_targets": True})
     parameters: ClassVar[dict[str, Param]] = {
@@ -59,6 +61,8 @@ class Beta(WindowedCalibrator):
     classes = "binary"
     fit = staticmethod(parametric.beta_fit)
     predict = staticmethod(parametric.beta_predict)
+    #: [a, b, c, eps] -> sigmoid(a ln p - b ln(1 - p) + c)
+    logistic_of = staticmethod(lambda f: f)
     fit_params = ("parameters",)
     check_params = ({"window": 6}, {"window": 5, "refit_every": 4, "parameters": "am"})
     parameters: ClassVar[dict[str, Param]] = {

@@ -60,6 +60,7 @@ from calpipe.calibrators._params import Param, number_in
 from calpipe.calibrators.base import (
     Calibrator,
     FlatState,
+    MapTerms,
     RunOutput,
     check_mixture_weights,
     clip_probabilities,
@@ -73,6 +74,7 @@ from calpipe.calibrators.windowed import WindowedCalibrator
 from calpipe.errors import ParameterError, StateError
 from calpipe.families import Family, binary_family, multiclass_family
 from calpipe.kernels import expert_mixture as EM
+from calpipe.kernels.mixture import serving_weights
 from calpipe.kernels.ops import with_forecast_copies
 
 #: The calibrators that may serve as inputs: online Platt/beta scaling (no window) and the
@@ -353,6 +355,34 @@ class CompositeExperts(Calibrator[FlatState]):
         st = super().state_from_flat(values, offsets, log10m, n_classes)
         self._split(st, n_classes)  # validates the layout and every input's part
         return st
+
+    # -- the serving map's SQL form -------------------------------------------------------------
+    def map_terms(self, state: FlatState) -> MapTerms:
+        """Each stream's serving map as weighted terms (binary): P on the clipped base, then
+        W_{i, theta} (summed over the rates after jump-mixing, as the next forecast mixes them)
+        on the Cox function theta of input i, each input written as its current logistic map
+        (``ops``, ``obs``, windowed ``platt``/``beta``; an unfitted window: the base). Raises
+        ParameterError for an input without that form (isotonic, Venn-ABERS, ...)."""
+        fam = self.family(2)
+        head, subs = self._split(state, 2)
+        n, t = head.shape[0], fam.size
+        n_rates = len(self.rates)
+        active = np.ascontiguousarray(head[:, 1:]).reshape(n, n_rates, -1)
+        weight = np.column_stack([head[:, 0], serving_weights(active, self.rates)])
+        inputs = np.full((n, weight.shape[1], 4), np.nan)
+        for i, (cal, sub) in enumerate(zip(self._inputs(2), subs, strict=True)):
+            if not hasattr(cal, "logistic_map"):
+                raise ParameterError(f"input {cal.name!r} of {self.name!r} has no SQL form")
+            lo = 1 + (i + 1) * t  # input 0 is the base itself: its terms keep NaN
+            inputs[:, lo : lo + t] = cal.logistic_map(sub)[:, None, :]
+        n_in = 1 + len(subs)
+        return MapTerms(
+            family=np.array(["identity"] + ["cox"] * (n_in * t)),
+            a=np.concatenate([[0.0], np.tile(fam.params[:, 0], n_in)]),
+            b=np.concatenate([[0.0], np.tile(fam.params[:, 1], n_in)]),
+            weight=weight,
+            inputs=inputs,
+        )
 
     # -- running -------------------------------------------------------------------------------
     def prepare_scores(self, scores: np.ndarray) -> np.ndarray:

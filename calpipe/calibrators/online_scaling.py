@@ -45,8 +45,9 @@ import numpy as np
 
 from calpipe import config
 from calpipe.calibrators._params import Param, int_at_least, number_in
-from calpipe.calibrators.base import CLIP_PARAM
+from calpipe.calibrators.base import CLIP_PARAM, FlatState
 from calpipe.calibrators.online import OnlineCalibrator
+from calpipe.errors import ParameterError
 from calpipe.kernels import online_scaling as OS
 
 _ONS_PARAMS: dict[str, Param] = {
@@ -126,6 +127,22 @@ class OnlineScaling(OnlineCalibrator):
             self._get("rho"),
         )  # fmt: skip
         return np.concatenate([theta.ravel(), a.ravel(), beat.ravel()])
+
+    def has_logistic_map(self) -> bool:
+        return self.calibeat == OS.CALIBEAT_NONE and self.model != OS.MODEL_NONE
+
+    def logistic_map(self, state: FlatState) -> np.ndarray:
+        """Each stream's current binary map as ``[w1, w2, w0, eps]``: sigmoid(w1 ln c(p) - w2
+        ln(1 - c(p)) + w0), c the feature clip to [eps, 1 - eps] (the SQL form of an input of
+        ``composite-experts``). Platt's theta = (a, b) gives (a, a, b); beta's (a, b, c) gives
+        (a, b, c). Only without calibeating: a bin table has no such form."""
+        if not self.has_logistic_map():
+            raise ParameterError(f"method {self.name!r} has no logistic serving map")
+        d = OS.n_params(self.model, 2)
+        theta = state.values.reshape(state.n_streams, -1)[:, :d]
+        w = theta[:, [0, 0, 1]] if self.model == OS.MODEL_PLATT else theta
+        eps = np.full((state.n_streams, 1), float(self._get("score_clip")))
+        return np.ascontiguousarray(np.hstack([w, eps]))
 
     def _kernel(self, x, y, ev, kind, off, vectors, n_classes, inputs):
         d, nb, w = self._shapes(n_classes)

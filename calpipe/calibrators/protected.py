@@ -38,6 +38,7 @@ from calpipe.calibrators._params import (
 )
 from calpipe.calibrators.base import (
     Calibrator,
+    MapTerms,
     RunOutput,
     check_mixture_weights,
     clip_probabilities,
@@ -53,6 +54,9 @@ from calpipe.families import (
 from calpipe.kernels import brier_compat, mixture
 
 LOSSES = ("log", "brier")
+
+#: Term family names of the SQL form (the macro ``calpipe_term``) of each binary family.
+_TERM_FAMILY = {"quadratic": "quadratic", "cubic": "cubic", "cox": "cox", "cox2": "cox"}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -328,6 +332,19 @@ class ProtectedCalibrator(Calibrator[BatchState]):
                 "(only the log-loss mixture is linear in its calibrating functions)"
             )
         return state.passive, mixture.serving_weights(state.active, self.rates)
+
+    def map_terms(self, state: BatchState) -> MapTerms:
+        """:meth:`map_weights` as the terms of :class:`~calpipe.calibrators.base.MapTerms`: the
+        identity (weight P), then one term per calibrating function of the family."""
+        fam = self.family(2)
+        passive, w = self.map_weights(state)
+        name = _TERM_FAMILY[fam.name]
+        return MapTerms(
+            family=np.array(["identity"] + [name] * fam.size),
+            a=np.concatenate([[0.0], fam.params[:, 0]]),
+            b=np.concatenate([[0.0], fam.params[:, 1]]),
+            weight=np.column_stack([passive, w]),
+        )
 
 
 class Jumper(ProtectedCalibrator):

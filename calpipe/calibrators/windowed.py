@@ -45,7 +45,7 @@ from calpipe.calibrators.base import (
     ragged_concat,
     ragged_take,
 )
-from calpipe.errors import StateError
+from calpipe.errors import ParameterError, StateError
 from calpipe.kernels._prediction import Prediction
 from calpipe.kernels.ops import OP_FORECAST, OP_UPDATE
 
@@ -293,6 +293,30 @@ class WindowedCalibrator(Calibrator[FlatState]):
             lo[ev], hi[ev] = lower[shown], upper[shown]
             extra = {"p_lower": lo, "p_upper": hi}
         return RunOutput(out_p, out_m, extra)
+
+    #: The fitted vector as a logistic map ``[w1, w2, w0, eps]`` (rows of fitted vectors), for
+    #: the methods whose map is one (Platt, beta): the SQL form of a composite-experts input.
+    logistic_of: ClassVar[Callable[[np.ndarray], np.ndarray] | None] = None
+
+    def has_logistic_map(self) -> bool:
+        return type(self).logistic_of is not None
+
+    def logistic_map(self, state: FlatState) -> np.ndarray:
+        """Each stream's current binary map as ``[w1, w2, w0, eps]`` (see
+        :class:`calpipe.calibrators.base.MapTerms`); NaN rows for streams not fitted yet (the
+        base passes through)."""
+        if not self.has_logistic_map():
+            raise ParameterError(f"method {self.name!r} has no logistic serving map")
+        start = state.offsets[:-1]
+        b = state.values[start + 1].astype(np.int64)
+        f = state.values[start + 2].astype(np.int64)
+        out = np.full((state.n_streams, 4), np.nan)
+        done = np.flatnonzero(f > 0)
+        if done.size:
+            size = int(f[done[0]])
+            vals, _ = ragged_take(state.values, start[done] + _HEADER + 2 * b[done], f[done])
+            out[done] = type(self).logistic_of(vals.reshape(done.size, size))
+        return out
 
     def serving_map(self, state: FlatState, scores: np.ndarray) -> np.ndarray:
         """Each stream's current map applied to ``scores`` (S, n) or (S, n, K)."""

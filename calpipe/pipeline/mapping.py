@@ -29,28 +29,36 @@ def map_weights(state: pl.DataFrame, settings: Settings) -> tuple[np.ndarray, np
     return cal.map_weights(state_from_rows(cal, state, 2))
 
 
-#: Term family names in ``calibration_map`` (and the SQL macro ``calpipe_term``).
-_TERM_FAMILY = {"quadratic": "quadratic", "cubic": "cubic", "cox": "cox", "cox2": "cox"}
+def has_sql_map(cal) -> bool:
+    """Whether ``cal``'s serving map has the SQL form (the log-loss mixtures: the protected
+    methods, and ``composite-experts`` over inputs with a logistic map)."""
+    if not hasattr(cal, "map_terms"):
+        return False
+    if isinstance(cal, ProtectedCalibrator):
+        return cal.loss == "log"
+    return all(c.has_logistic_map() for c in cal._inputs(2))
 
 
 def map_terms(state: pl.DataFrame, settings: Settings) -> pl.DataFrame:
-    """``calibration_map`` rows of state rows (columns ``date``/``stream`` kept): one passive term
-    (``identity``, weight P) and one term per calibrating function (weight W_theta)."""
+    """``calibration_map`` rows of state rows (columns ``date``/``stream`` kept): the terms of
+    each stream's map (:class:`calpipe.calibrators.base.MapTerms`, from the calibrator), one
+    row per term, with the term's input map (``in_*``, NULL: the clipped base)."""
     cal = settings.calibrator()
-    fam = cal.family(2)
-    passive, w = map_weights(state, settings)
-    n, t = w.shape[0], fam.size
-    fam_name = _TERM_FAMILY[fam.name]
+    mt = cal.map_terms(state_from_rows(cal, state, 2))
+    n, t = mt.weight.shape
+    inputs = mt.inputs if mt.inputs is not None else np.full((n, t, 4), np.nan)
+    flat = inputs.reshape(n * t, 4)
     terms = pl.DataFrame(
         {
-            "term": pl.Series(np.tile(np.arange(t + 1), n), dtype=pl.Int32),
-            "family": np.tile(np.array(["identity"] + [fam_name] * t), n),
-            "a": np.tile(np.concatenate([[0.0], fam.params[:, 0]]), n),
-            "b": np.tile(np.concatenate([[0.0], fam.params[:, 1]]), n),
-            "weight": np.column_stack([passive, w]).ravel(),
+            "term": pl.Series(np.tile(np.arange(t), n), dtype=pl.Int32),
+            "family": np.tile(mt.family, n),
+            "a": np.tile(mt.a, n),
+            "b": np.tile(mt.b, n),
+            "weight": mt.weight.ravel(),
+            **{c: flat[:, j] for j, c in enumerate(_INPUT_COLUMNS)},
         }
-    )
-    keys = state.select("date", "stream").select(pl.all().repeat_by(t + 1).explode())
+    ).with_columns(pl.col(c).fill_nan(None) for c in _INPUT_COLUMNS)
+    keys = state.select("date", "stream").select(pl.all().repeat_by(t).explode())
     return pl.concat([keys, terms], how="horizontal").with_columns(
         pl.lit(float(cal.params["clip"])).alias("clip"),
         pl.lit(cal.name).alias("method"),
@@ -58,10 +66,15 @@ def map_terms(state: pl.DataFrame, settings: Settings) -> pl.DataFrame:
     )
 
 
+#: Columns of a term's input map in ``calibration_map`` (NULL: the clipped base).
+_INPUT_COLUMNS = ("in_w1", "in_w2", "in_w0", "in_eps")
+
+
 def _map_rows(state: pl.DataFrame, settings: Settings) -> pl.DataFrame:
-    """``calibration_map`` rows of state rows: :func:`map_terms` for the protected methods; none
-    for the others (no SQL form of a fitted isotonic/Venn/... map: serve with serving_map())."""
-    if isinstance(settings.calibrator(), ProtectedCalibrator):
+    """``calibration_map`` rows of state rows: :func:`map_terms` for the methods whose map has
+    the SQL form (:func:`has_sql_map`); none for the others (no SQL form of a fitted
+    isotonic/Venn/... map: serve with serving_map())."""
+    if has_sql_map(settings.calibrator()):
         return map_terms(state, settings)
     return pl.DataFrame(schema={"date": pl.Date, "stream": pl.String, "term": pl.Int32})
 

@@ -234,3 +234,28 @@ def test_a_state_with_a_wrong_input_part_is_refused():
         cal.run(x, y, state=longer)
     # a state of the old layout (no lengths) has another fingerprint: refused, never misread
     assert "state_layout" in cal.config(2)
+
+
+@pytest.mark.parametrize("spec", ["ops", "obs", "platt:window=40:refit_every=10",
+                                  "beta:window=40:refit_every=10", "beta:window=500"])  # fmt: skip
+def test_an_inputs_logistic_map_is_its_serving_map(spec):
+    """The SQL form of each input: sigmoid(w1 ln c(p) - w2 ln(1 - c(p)) + w0) (NaN: the base)
+    equals the input's own next forecast."""
+    from calpipe.calibrators.experts import input_spec, make_input
+
+    cal = make_input(input_spec(spec), config.DEFAULT_CLIP_EPS)
+    rng = np.random.default_rng(10)
+    x = rng.uniform(0.01, 0.99, 300)
+    y = (rng.uniform(size=300) < x**1.3).astype(np.int64)
+    _, st = cal.run(x, y)
+    w = np.asarray(st.weights)
+    state = cal.load_state(w, np.array([0, w.size]), np.zeros(1), 2)
+    p = np.linspace(0, 1, 101)
+    want = cal.serving_map(state, p[None, :])[0]
+    w1, w2, w0, eps = cal.logistic_map(state)[0]
+    if np.isnan(w1):  # a window still filling: the base passes through
+        np.testing.assert_array_equal(want, p)
+        return
+    c = np.clip(p, eps, 1 - eps)
+    got = 1 / (1 + np.exp(-(w1 * np.log(c) - w2 * np.log(1 - c) + w0)))
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-13)
