@@ -195,17 +195,31 @@ DEFAULT_METHOD: str = "composite-experts"
 #: per 1,000 streams). Name ``--method composite-experts`` to run the new default nightly.
 PIPELINE_DEFAULT_METHOD: str = "composite-jumper"
 
+# --- decay-beta (calibrators/decay.py): beta calibration on exponentially forgotten bins ---
+#: Bins of the base log-odds over [logit(eps), logit(1 - eps)]: 100 bins of width 0.18 in
+#: log-odds, far below the resolution a 1,000-label fit has, at 200 floats of state.
+DECAY_BETA_N_BINS: int = 100
+#: Scores are clipped to [eps, 1 - eps] for the bins and the map (log-odds +-9.2).
+DECAY_BETA_EPS: float = 1e-4
+#: Ridge (in labels) pulling (a, b, c) to the identity (1, 1, 0): keeps a fit on one class
+#: finite, and is negligible against hundreds of labels.
+DECAY_BETA_RIDGE: float = 1e-3
+#: Newton iterations and step tolerance of a refit (3 parameters; converges in < 10 from a warm
+#: start).
+DECAY_BETA_MAX_ITER: int = 50
+DECAY_BETA_TOL: float = 1e-12
+
 #: Calibrators whose forecasts join the base as inputs of the default method (binary), written
 #: as ``calpipe --inputs`` takes them. Platt and beta scaling learnt online (Gupta & Ramdas 2023)
 #: follow drift of any size without a window but weigh all the past; beta calibration refitted on
-#: a trailing window (the practitioner's nightly refit) forgets it: 1000 labels (the batch
-#: methods' default window) and 4000 (a longer memory where a 1000-label fit is too noisy),
-#: each refitted every quarter window. The mixture tracks the best of them at any time.
+#: exponentially forgotten counts (decay-beta, the practitioner's trailing-window refit with a
+#: fixed-size state) forgets it: memories of 1000 labels (the batch methods' default window) and
+#: 4000 (where a 1000-label fit is too noisy). The mixture tracks the best of them at any time.
 EXPERT_INPUTS_BINARY: tuple[str, ...] = (
     "ops",
     "obs",
-    "beta:window=1000:refit_every=250",
-    "beta:window=4000:refit_every=1000",
+    "decay-beta:memory=1000",
+    "decay-beta:memory=4000",
 )
 
 #: K classes: online vector scaling (``ops``), the per-class slope and prior shift.

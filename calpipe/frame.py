@@ -294,7 +294,7 @@ def protect(
     The default method (:data:`calpipe.config.DEFAULT_METHOD`, ``composite-experts``,
     :mod:`calpipe.calibrators.experts`) is paper 001's Composite Jumper over experts: calibrating
     functions :math:`f_\theta` applied to the base forecast, to online Platt and beta scaling
-    (Gupta & Ramdas 2023) of it and to beta calibration refitted on trailing windows. With passive weight :math:`P` on the base, active weights
+    (Gupta & Ramdas 2023) of it and to beta calibration on forgotten bin counts. With passive weight :math:`P` on the base, active weights
     :math:`A^J_k` on the experts :math:`k = (i, \theta)` (start :math:`P=\pi`, each input's
     identity :math:`(1-\pi)/(|\mathbf J| I)`), per labelled event
 

@@ -1056,6 +1056,7 @@ def test_calpipe_sql_is_read_only_and_never_creates_a_file(small, capsys):
             "platt:window=30:refit_every=10",
             "beta:window=40:refit_every=20",
             "beta:window=400:refit_every=50",
+            "decay-beta:memory=40",
         ),
     ],
 )

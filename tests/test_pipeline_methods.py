@@ -46,6 +46,7 @@ CASES = {
     "hobs": {"n_bins": 4},
     "online-histogram": {"n_bins": 5},
     "composite-experts": {},
+    "decay-beta": {"memory": 40},
 }
 STACK = ("composite-jumper", {"base_method": "platt", "base_params": {"window": 30}})
 

@@ -6,9 +6,10 @@ mix calibrating functions applied to several prequential forecasts ("inputs"): t
 and calibrators run prequentially on it. By default (``config.EXPERT_INPUTS_BINARY``) those are
 two online calibrators that follow drift without a window, ``ops`` and ``obs`` of
 :mod:`calpipe.calibrators.online_scaling` (Gupta & Ramdas 2023), and beta calibration (Kull et
-al. 2017) refitted on the trailing 1,000 and 4,000 labels every quarter window, the
-practitioner's nightly refit, which forgets what online scaling keeps; K classes: ``ops``
-(online vector scaling). The experts are the pairs (input i, Cox function theta) on a grid wider
+al. 2017) refitted on exponentially forgotten counts with memories of 1,000 and 4,000 labels
+(``decay-beta``, :mod:`calpipe.calibrators.decay`: the practitioner's trailing-window refit with
+a fixed-size state), which forgets what online scaling keeps; K classes: ``ops`` (online vector
+scaling). The experts are the pairs (input i, Cox function theta) on a grid wider
 than paper 001's (shifts of the log-odds up to |alpha| = 4, slopes beta in [1/2, 2]; K classes
 shifts of 1 and 2 on each class), started on the inputs' identities. Kernel:
 :mod:`calpipe.kernels.expert_mixture`.
@@ -26,9 +27,8 @@ probability J to a uniform expert" (paper 000 §3), so:
    L <= L(f_theta o q_i) + ln(R I / (1 - pi)) + ln(|Theta|) [theta != identity]
    + (n - 1) ln(1 / (1 - J)) for each rate J (the Jumper of rate J with one switch at the start);
    with J = 1e-4 the last term is n * 1e-4 nats; with the default R = 3 rates, pi = 1/2 and
-   I = 5 inputs (base, OPS, OBS, two windowed beta fits), for theta = identity:
-   L <= L(input i) + ln(30) + 1e-4 n, e.g. within ln 30 + 1e-4 n of the trailing-window beta
-   refit a practitioner would run, and of OPS.
+   I = 5 inputs (base, OPS, OBS, two decay-beta fits), for theta = identity:
+   L <= L(input i) + ln(30) + 1e-4 n, e.g. within ln 30 + 1e-4 n of each beta refit and of OPS.
 3. **Switching**: for any sequence of experts with k switches,
    L <= L(sequence) + ln(R I / (1 - pi)) + k ln(E / J) + (n - 1 - k) ln(1 / (1 - J)).
 
@@ -68,6 +68,7 @@ from calpipe.calibrators.base import (
     ragged_take,
 )
 from calpipe.calibrators.batch import BATCH_METHODS
+from calpipe.calibrators.decay import DecayBeta
 from calpipe.calibrators.online_scaling import OBS, OPS
 from calpipe.calibrators.protected import JUMPING_RATES, PASSIVE_WEIGHT
 from calpipe.calibrators.windowed import WindowedCalibrator
@@ -80,7 +81,9 @@ from calpipe.kernels.ops import with_forecast_copies
 #: The calibrators that may serve as inputs: online Platt/beta scaling (no window) and the
 #: windowed batch calibrators (a trailing window refitted every few labels, the practitioner's
 #: nightly refit). Each forecasts an update-only op's copy from its state at that time.
-INPUT_METHODS: dict[str, type[Calibrator]] = {cls.name: cls for cls in (OPS, OBS, *BATCH_METHODS)}
+INPUT_METHODS: dict[str, type[Calibrator]] = {
+    cls.name: cls for cls in (OPS, OBS, DecayBeta, *BATCH_METHODS)
+}
 
 _rate_ok = number_in(0.0, 1.0, lo_open=True, hi_open=False)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from calpipe.calibrators.base import Calibrator
 from calpipe.calibrators.batch import BATCH_METHODS
+from calpipe.calibrators.decay import DECAY_METHODS
 from calpipe.calibrators.experts import EXPERT_METHODS
 from calpipe.calibrators.online import ONLINE_METHODS
 from calpipe.calibrators.online_scaling import ONLINE_SCALING_METHODS
@@ -15,7 +16,13 @@ METHODS: dict[str, type[Calibrator]] = {
     **PROTECTED_METHODS,
     **{
         cls.name: cls
-        for cls in (*EXPERT_METHODS, *BATCH_METHODS, *ONLINE_METHODS, *ONLINE_SCALING_METHODS)
+        for cls in (
+            *EXPERT_METHODS,
+            *BATCH_METHODS,
+            *ONLINE_METHODS,
+            *ONLINE_SCALING_METHODS,
+            *DECAY_METHODS,
+        )
     },
 }
 

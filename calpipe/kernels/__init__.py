@@ -33,6 +33,8 @@ module                     implements                                         so
 ``online_scaling``         online Platt / beta / vector scaling (ONS),        Gupta & Ramdas, ICML 2023
                            tracking and hedging calibeating, online           (Algorithm 1, §3)
                            histogram binning
+``decay_beta``             beta calibration refitted on exponentially         Kull et al. 2017 (the model);
+                           forgotten log-odds bin counts (``decay-beta``)     calpipe (the forgetting)
 ``expert_mixture``         Composite Jumper over experts (inputs x Cox        paper 001 Algorithm 1
                            functions): the default ``composite-experts``
 ``diagnostics``            smooth ECE; CORP decomposition (PAV)               Błasiok & Nakkiran 2024;

@@ -125,7 +125,7 @@ def _bounds_hold(x, y):
     j = min(config.DEFAULT_JUMPING_RATES)
     slack = math.log(r * n_in / (1 - config.DEFAULT_PI)) + (n - 1) * math.log(1 / (1 - j))
     assert loss <= _loss(ops, y) + slack + 1e-9
-    # ... and the trailing-window beta refits (the practitioner's anchor), run on their own
+    # ... and the beta refits on forgotten counts (the practitioner's refit), run on their own
     for spec in config.EXPERT_INPUTS_BINARY[2:]:
         name, *kv = spec.split(":")
         params = {k: int(v) for k, v in (t.split("=") for t in kv)}
@@ -237,7 +237,8 @@ def test_a_state_with_a_wrong_input_part_is_refused():
 
 
 @pytest.mark.parametrize("spec", ["ops", "obs", "platt:window=40:refit_every=10",
-                                  "beta:window=40:refit_every=10", "beta:window=500"])  # fmt: skip
+                                  "beta:window=40:refit_every=10", "beta:window=500",
+                                  "decay-beta:memory=60", "decay-beta:memory=1000"])  # fmt: skip
 def test_an_inputs_logistic_map_is_its_serving_map(spec):
     """The SQL form of each input: sigmoid(w1 ln c(p) - w2 ln(1 - c(p)) + w0) (NaN: the base)
     equals the input's own next forecast."""

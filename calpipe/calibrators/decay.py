@@ -1,0 +1,123 @@
+"""``decay-beta``: beta calibration refitted on exponentially forgotten score-bin counts.
+
+The fixed-size counterpart of the windowed ``beta`` refit (:mod:`calpipe.calibrators.batch`):
+the same model (Kull, Silva Filho & Flach 2017) fitted on the labels' counts in B log-odds bins,
+each count multiplied by lambda = 1 - 2/W at every label, so the memory W plays the role of the
+window while the state stays 5 + 2B floats. Recursion and fit:
+:mod:`calpipe.kernels.decay_beta`. It is an input of the default method
+(:mod:`calpipe.calibrators.experts`) and runs alone like any method.
+
+Example
+-------
+>>> import numpy as np
+>>> from calpipe.calibrators import make_calibrator
+>>> rng = np.random.default_rng(0)
+>>> p = rng.uniform(0.05, 0.95, 400)
+>>> y = (rng.uniform(size=400) < p ** 2).astype(np.int64)  # the base is overconfident
+>>> out, st = make_calibrator("decay-beta", memory=100).run(p, y)
+>>> bool(out.protected[-1] < p[-1]), len(st.weights)
+(True, 205)
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import numpy as np
+
+from calpipe import config
+from calpipe.calibrators._params import Param, int_at_least, number_in
+from calpipe.calibrators.base import CLIP_PARAM, FlatState
+from calpipe.calibrators.online import OnlineCalibrator
+from calpipe.kernels import decay_beta as DB
+
+
+class DecayBeta(OnlineCalibrator):
+    """Beta calibration on exponentially forgotten bins of the base log-odds (binary).
+
+    State of a stream: ``[u, a, b, c, g, g n^1 (B), g n^0 (B)]`` (labels learnt, the current map,
+    the decayed counts of labels 1 and 0 per bin, kept multiplied by a common factor g).
+    """
+
+    name = "decay-beta"
+    summary = (
+        "beta calibration refitted on exponentially forgotten score-bin counts (memory W, "
+        "fixed-size state): the windowed beta refit without the window"
+    )
+    classes = "binary"
+    parameters: ClassVar[dict[str, Param]] = {
+        "memory": Param(
+            1000,
+            int_at_least(4),
+            "an integer >= 4",
+            "effective window W: every count is multiplied by 1 - 2/W at each label",
+        ),
+        "warmup": Param(
+            None,
+            lambda v: v is None or int_at_least(1)(v),
+            "None (W // 2) or an integer >= 1",
+            "labels before the first fit (the base passes through until then)",
+        ),
+        "refit_every": Param(
+            None,
+            lambda v: v is None or int_at_least(1)(v),
+            "None (max(1, W // 10)) or an integer >= 1",
+            "labels between refits",
+        ),
+        "n_bins": Param(
+            config.DECAY_BETA_N_BINS,
+            int_at_least(1),
+            "an integer >= 1",
+            "equal-width bins of the base log-odds",
+        ),
+        "score_clip": Param(
+            config.DECAY_BETA_EPS,
+            number_in(0.0, 0.5),
+            "a number in (0, 0.5)",
+            "scores are clipped to [score_clip, 1 - score_clip] for the bins and the map",
+        ),
+        "clip": CLIP_PARAM,
+    }
+    check_params = ({"memory": 8}, {"memory": 6, "warmup": 1, "refit_every": 2, "n_bins": 5})
+
+    @property
+    def warmup(self) -> int:
+        w = self.params["warmup"]
+        return int(self.params["memory"]) // 2 if w is None else int(w)
+
+    @property
+    def refit_every(self) -> int:
+        r = self.params["refit_every"]
+        return max(1, int(self.params["memory"]) // 10) if r is None else int(r)
+
+    def _state_size(self, n_classes: int) -> int:
+        return DB.state_size(int(self.params["n_bins"]))
+
+    def _initial_vector(self, n_classes: int) -> np.ndarray:
+        return DB.initial_state(1, int(self.params["n_bins"]))[0]
+
+    def _kernel(self, x, y, ev, kind, off, vectors, n_classes, inputs):
+        p, new = DB.decay_beta(
+            x, y, ev, kind, off, vectors, memory=int(self.params["memory"]),
+            n_bins=int(self.params["n_bins"]), eps=float(self.params["score_clip"]),
+            warmup=self.warmup, refit_every=self.refit_every, rho=config.DECAY_BETA_RIDGE,
+            max_iter=config.DECAY_BETA_MAX_ITER, tol=config.DECAY_BETA_TOL,
+        )  # fmt: skip
+        return p, p, p, new
+
+    # -- the SQL form (an input of composite-experts) -------------------------------------------
+    def has_logistic_map(self) -> bool:
+        return True
+
+    def logistic_map(self, state: FlatState) -> np.ndarray:
+        """Each stream's current map as ``[a, b, c, score_clip]``; NaN rows before the first
+        fit (the base passes through)."""
+        v = state.values.reshape(state.n_streams, -1)
+        out = np.column_stack([v[:, 1:4], np.full(state.n_streams, self.params["score_clip"])])
+        out[v[:, 0] < self.warmup] = np.nan
+        return np.ascontiguousarray(out)
+
+
+DECAY_METHODS = (DecayBeta,)
+
+__all__ = ["DECAY_METHODS", "DecayBeta"]
