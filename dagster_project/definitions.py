@@ -7,7 +7,7 @@ variable                      meaning (default)
 ``CALPIPE_EVENTS``            landing folder / Parquet / table (``landing/`` next to the DB)
 ``CALPIPE_START_DATE``        the chain's first day (the demo's, 2008-06-09)
 ``CALPIPE_END_DATE``          last partition, or ``none`` for "up to yesterday" (the demo's)
-``CALPIPE_SETTINGS``          calibrator as JSON (the default Composite Jumper)
+``CALPIPE_SETTINGS``          calibrator as JSON (default: config.PIPELINE_DEFAULT_METHOD)
 ============================  ===============================================================
 """
 

@@ -16,7 +16,7 @@ import polars as pl
 import pytest
 
 import calpipe
-from calpipe import generate, pipeline, store
+from calpipe import config, generate, pipeline, store
 from calpipe.calibrators import METHODS, PROTECTED_METHODS
 from calpipe.generate import StreamSpec
 from calpipe.pipeline import Settings
@@ -115,7 +115,7 @@ def test_cli_run_stacks_a_batch_method_and_resumes(landing, capsys):
         chain = con.sql("SELECT * FROM v_protected_scores").pl()
     finally:
         con.close()
-    one = calpipe.protect(events, method="composite-jumper", base_method="venn-abers",
+    one = calpipe.protect(events, method=config.PIPELINE_DEFAULT_METHOD, base_method="venn-abers",
                           base_params={"window": 40, "refit_every": 20})  # fmt: skip
     j = one.join(chain, on=["stream", "event_id"], suffix="_c")
     assert j.height == events.height

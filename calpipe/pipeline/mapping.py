@@ -123,10 +123,10 @@ def serving_map(
     >>> import calpipe, polars as pl
     >>> ev = pl.DataFrame({"stream": ["a"] * 3, "event_time": [1, 2, 3], "event_id": [1, 2, 3],
     ...                    "score": [0.2, 0.7, 0.4], "label": [0, 1, 1]})
-    >>> st = calpipe.protect_with_state(ev, method="composite-jumper").state
+    >>> st = calpipe.protect_with_state(ev).state
     >>> out = serving_map(st, pl.DataFrame({"stream": ["a", "b"], "score": [0.5, 0.5]}))
     >>> round(out["protected_score"][0], 4), out["protected_score"][1]
-    (0.5005, None)
+    (0.5067, None)
     """
     settings = settings or Settings()
     cal = settings.calibrator()

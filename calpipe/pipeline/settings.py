@@ -22,10 +22,11 @@ class Settings:
     """The calibrator a chain runs: a method name and its parameters (validated on use).
 
     The pipeline runs every method of :data:`calpipe.calibrators.METHODS` that takes a binary
-    ``score`` (:data:`calpipe.config.PIPELINE_DEFAULT_METHOD` by default, the Composite Jumper: it has the SQL serving map), and stacks (``base_method``/``base_params``); the
-    Brier compatibility mode and multiclass scores are available in :func:`calpipe.protect` but
-    not stored by the pipeline. The SQL serving map (``calibration_map``) exists for the
-    protected methods; other methods serve through :func:`serving_map`.
+    ``score`` (:data:`calpipe.config.PIPELINE_DEFAULT_METHOD` by default, ``composite-experts``),
+    and stacks (``base_method``/``base_params``); the Brier compatibility mode and multiclass
+    scores are available in :func:`calpipe.protect` but not stored by the pipeline. The SQL
+    serving map (``calibration_map``) exists for the log-loss mixtures (the protected methods,
+    composite-experts over logistic inputs); other methods serve through :func:`serving_map`.
 
     >>> Settings().fingerprint == Settings.from_json(Settings().to_json()).fingerprint
     True
