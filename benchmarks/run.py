@@ -472,6 +472,7 @@ def measure_default(size_name: str, many: int, repeat: int) -> Table:
     import warnings
 
     import calpipe
+    from calpipe import config
 
     n = METHOD_EVENTS[size_name]
     tab = Table(
@@ -491,6 +492,26 @@ def measure_default(size_name: str, many: int, repeat: int) -> Table:
             ref = t if ref is None else ref
             tab.rows.append([label, f"{n_streams:,}", f"{t:.3f}", fmt_rate(n / t),
                              f"{t / ref:.1f}x"])  # fmt: skip
+    # the online scaling kernels against the per-event Python loop written from the paper (the
+    # tests' oracle), one stream: the issue's ">= 100x" for OPS and online beta scaling. The
+    # kernel runs n events (run_batch), the loop REF_EVENTS (its rate is per event anyway).
+    from calpipe.calibrators import make_calibrator
+    from tests import naive_online_scaling as naive
+
+    p_ref, y_ref = binary_scores(REF_EVENTS)
+    p, y = binary_scores(n)
+    for kind, method in (("platt", "ops"), ("beta", "obs")):
+        t_loop = best_of(
+            lambda k=kind: naive.ons_stream(p_ref, y_ref, kind=k, eps=config.OPS_RHO), 1
+        )
+        go = _run_batch(make_calibrator(method), p, y, 1, 2)
+        go()  # compile / load
+        t_kernel = best_of(go, repeat)
+        ratio = (t_loop / p_ref.size) / (t_kernel / n)
+        tab.rows.append([f"{method}: per-event Python loop (the oracle), {p_ref.size:,} events",
+                         "1", f"{t_loop:.3f}", fmt_rate(p_ref.size / t_loop),
+                         f"its kernel (run_batch, {n:,} events): {fmt_rate(n / t_kernel)}/s, "
+                         f"{ratio:,.0f}x"])  # fmt: skip
     tab.notes.append(
         "The default's cost is the sum of its inputs' and the mixture's (5 inputs x 21 Cox "
         f"functions x 3 rates per event). With {many:,} streams of ~{n // many} events no "

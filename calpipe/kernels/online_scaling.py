@@ -315,6 +315,95 @@ def _online_scaling(
     return p_out, theta_all, a_all, beat_all
 
 
+@njit(cache=True)
+def _ons_binary(x, y, op_event, op_kind, op_offsets, theta0, a0, model, gamma, radius, clip):
+    """:func:`_online_scaling` for binary Platt (d = 2) and beta (d = 3) scaling without
+    calibeating, in scalar registers: the ONS step A += g g^T, theta -= A^{-1} g / gamma solves
+    the 2x2 / 3x3 system by its adjugate (A stays SPD: it starts at rho I and only gains g g^T)
+    instead of a Cholesky factorisation, ~4x faster; same recursion, equal to rounding. The
+    projection (rare: ||theta|| > radius) goes through :func:`_project` on arrays."""
+    n_streams = op_offsets.shape[0] - 1
+    beta = model == MODEL_BETA
+    d = 3 if beta else 2
+    theta_all = theta0.copy()
+    a_all = a0.copy()
+    p_out = np.full(x.shape, np.nan)
+    rhs = np.zeros(d)
+    shifted = np.zeros((d, d))
+    lower = np.zeros((d, d))
+    zz = np.zeros(d)
+    out = np.zeros(d)
+    for s in range(n_streams):
+        th = theta_all[s]
+        a = a_all[s]
+        t0, t1 = th[0], th[1]
+        t2 = th[2] if beta else 0.0
+        a00, a01, a11 = a[0, 0], a[0, 1], a[1, 1]
+        a02 = a[0, 2] if beta else 0.0
+        a12 = a[1, 2] if beta else 0.0
+        a22 = a[2, 2] if beta else 0.0
+        for o in range(op_offsets[s], op_offsets[s + 1]):
+            e = op_event[o]
+            kind = op_kind[o]
+            q = min(max(x[e], clip), 1.0 - clip)
+            if beta:
+                u0 = math.log(q)
+                u1 = -math.log(1.0 - q)
+                z = t0 * u0 + t1 * u1 + t2
+            else:
+                u0 = math.log(q / (1.0 - q))
+                u1 = 1.0
+                z = t0 * u0 + t1
+            f = _sigmoid(z)
+            if kind != OP_UPDATE:
+                p_out[e] = f
+            if kind == OP_FORECAST:
+                continue
+            r = f - y[e]
+            g0 = r * u0
+            g1 = r * u1
+            a00 += g0 * g0
+            a01 += g0 * g1
+            a11 += g1 * g1
+            if beta:
+                g2 = r
+                a02 += g0 * g2
+                a12 += g1 * g2
+                a22 += g2 * g2
+                c00 = a11 * a22 - a12 * a12  # adjugate of the symmetric A
+                c01 = a02 * a12 - a01 * a22
+                c02 = a01 * a12 - a02 * a11
+                c11 = a00 * a22 - a02 * a02
+                c12 = a01 * a02 - a00 * a12
+                c22 = a00 * a11 - a01 * a01
+                det = a00 * c00 + a01 * c01 + a02 * c02
+                t0 -= (c00 * g0 + c01 * g1 + c02 * g2) / det / gamma
+                t1 -= (c01 * g0 + c11 * g1 + c12 * g2) / det / gamma
+                t2 -= (c02 * g0 + c12 * g1 + c22 * g2) / det / gamma
+                norm2 = t0 * t0 + t1 * t1 + t2 * t2
+            else:
+                det = a00 * a11 - a01 * a01
+                t0 -= (a11 * g0 - a01 * g1) / det / gamma
+                t1 -= (a00 * g1 - a01 * g0) / det / gamma
+                norm2 = t0 * t0 + t1 * t1
+            if norm2 > radius * radius:  # the generalised projection on the ball
+                th[0], th[1] = t0, t1
+                a[0, 0], a[0, 1], a[1, 0], a[1, 1] = a00, a01, a01, a11
+                if beta:
+                    th[2] = t2
+                    a[0, 2], a[2, 0], a[1, 2], a[2, 1], a[2, 2] = a02, a02, a12, a12, a22
+                _project(th, a, radius, shifted, rhs, lower, zz, out)
+                t0, t1 = th[0], th[1]
+                if beta:
+                    t2 = th[2]
+        th[0], th[1] = t0, t1
+        a[0, 0], a[0, 1], a[1, 0], a[1, 1] = a00, a01, a01, a11
+        if beta:
+            th[2] = t2
+            a[0, 2], a[2, 0], a[1, 2], a[2, 1], a[2, 2] = a02, a02, a12, a12, a22
+    return p_out, theta_all, a_all
+
+
 def online_scaling(
     x, y, op_event, op_kind, op_offsets, theta0, a0, beat0,
     model, calibeat, gamma, radius, clip, n_bins,
@@ -343,6 +432,17 @@ def online_scaling(
         raise ValueError("model=MODEL_VECTOR needs (n, K) scores")
     if not (gamma > 0 and radius > 0 and 0 < clip < 0.5 and n_bins >= 1):
         raise ValueError("need gamma > 0, radius > 0, 0 < clip < 0.5 and n_bins >= 1")
+    if not multiclass and calibeat == CALIBEAT_NONE and model in (MODEL_PLATT, MODEL_BETA):
+        p, theta, a = _ons_binary(
+            x, np.ascontiguousarray(y, dtype=np.float64),
+            np.ascontiguousarray(op_event, dtype=np.int64),
+            np.ascontiguousarray(op_kind, dtype=np.int8),
+            np.ascontiguousarray(op_offsets, dtype=np.int64),
+            np.ascontiguousarray(theta0, dtype=np.float64),
+            np.ascontiguousarray(a0, dtype=np.float64),
+            int(model), float(gamma), float(radius), float(clip),
+        )  # fmt: skip
+        return p, theta, a, np.array(beat0, dtype=np.float64)
     return _online_scaling(
         x, np.ascontiguousarray(y, dtype=np.float64),
         np.ascontiguousarray(op_event, dtype=np.int64),
