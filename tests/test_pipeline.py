@@ -920,7 +920,8 @@ def test_cli_run_sql_and_ui(small, capsys):
     assert cli.main(["sql", "--db", str(db), "SELECT * FROM nowhere"]) == 2
     assert cli.main(["ui", "--db", str(db), "--dry-run", "--port", "3999"]) == 0
     out = capsys.readouterr().out
-    assert "-h 127.0.0.1 -p 3999" in out
+    assert "-h 127.0.0.1 -p " in out  # dagster on an internal port, behind the guard on 3999
+    assert "guard: http://127.0.0.1:3999 -> 127.0.0.1:" in out
     assert f"DAGSTER_HOME={cli_pipeline.DAGSTER_HOME}" in out
     assert cli_pipeline.DAGSTER_HOME.parent == store.PROJECT_ROOT
     assert f"CALPIPE_START_DATE={day(0)}" in out and "CALPIPE_END_DATE=none" in out

@@ -18,6 +18,7 @@ import duckdb
 import polars as pl
 
 from calpipe import config, pipeline, store
+from calpipe.cli import ui_guard
 from calpipe.cli.options import add_method_options, method_params
 
 #: Project-local dagster instance folder (git-ignored); the Makefile exports the same path.
@@ -148,7 +149,8 @@ def _run(con, source, args, settings, t0: float) -> int:
 def ui_command(
     db: Path, *, events: str | None = None, port: int = UI_PORT
 ) -> tuple[list[str], dict[str, str]]:
-    """The ``dagster dev`` command line and environment ``calpipe ui`` runs: loopback host, the
+    """The ``dagster dev`` command line and environment ``calpipe ui`` runs: loopback host and
+    ``port`` (an internal one: users reach it through :mod:`calpipe.cli.ui_guard`), the
     project-local DAGSTER_HOME, and the code location configured from the database's chain."""
     env = {
         "DAGSTER_HOME": str(DAGSTER_HOME),
@@ -182,27 +184,42 @@ def ui_command(
     return cmd, env
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind((UI_HOST, 0))
+        return int(sock.getsockname()[1])
+
+
 def _cmd_ui(args: argparse.Namespace) -> int:
     db = Path(args.db).expanduser().resolve()
-    cmd, env = ui_command(db, events=args.events, port=args.port)
+    inner = _free_port()
+    cmd, env = ui_command(db, events=args.events, port=inner)
     if args.dry_run:
         for k, v in sorted(env.items()):
             print(f"{k}={v}")
         print(" ".join(cmd))
+        print(f"guard: http://{UI_HOST}:{args.port} -> 127.0.0.1:{inner} (calpipe.cli.ui_guard)")
         return 0
     DAGSTER_HOME.mkdir(parents=True, exist_ok=True)
     yaml = DAGSTER_HOME / "dagster.yaml"
     if not yaml.exists():
         yaml.write_text(DAGSTER_YAML)
     print(
-        f"dagster UI on http://{UI_HOST}:{args.port} (DAGSTER_HOME={DAGSTER_HOME}); Ctrl-C stops it"
+        f"dagster UI on http://{UI_HOST}:{args.port} (DAGSTER_HOME={DAGSTER_HOME}; foreign Host "
+        "and Origin headers and GraphQL mutations over GET are refused); Ctrl-C stops it"
     )
     proc = subprocess.Popen(cmd, env=os.environ | env, cwd=store.PROJECT_ROOT)
     try:
-        return proc.wait()
-    except KeyboardInterrupt:
+        ui_guard.serve(args.port, inner)  # until Ctrl-C (uvicorn handles the signal)
+    finally:
         proc.terminate()
-        return proc.wait()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    return proc.wait()
 
 
 # ----------------------------------------------------------------------------------------------
