@@ -89,8 +89,9 @@ _META_SCHEMA = "schema_version"
 #: Version of the tables' layout in ``sql/``; bump it with any change that alters a table, so an
 #: older calpipe refuses a newer database instead of migrating it backwards. 1 = the databases
 #: written before the version was recorded (they upgrade on the next read-write connection);
-#: 3 = calibration_map's term inputs (in_w1, in_w2, in_w0, in_eps).
-SCHEMA_VERSION = 3
+#: 3 = calibration_map's term inputs (in_w1, in_w2, in_w0, in_eps); 4 = calibrator_state and
+#: calibration_map hold the rows of the streams that changed that day (pipeline_days.n_state_rows).
+SCHEMA_VERSION = 4
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*){0,2}$")
 
 

@@ -42,8 +42,9 @@ ALTER TABLE protected_scores DROP COLUMN IF EXISTS score;
 ALTER TABLE protected_scores DROP COLUMN IF EXISTS method;
 ALTER TABLE protected_scores DROP COLUMN IF EXISTS config_fingerprint;
 
--- Calibrator state at the END of `date`, one row per stream seen so far (streams without events
--- that day are carried unchanged). Day d is computed from the rows of day d - 1.
+-- Calibrator state at the END of `date` of the streams whose state changed that day (those with
+-- events). A stream's state at the end of day d is its latest row on or before d (idle streams
+-- keep theirs and cost no rows); day d is computed from the state at the end of day d - 1.
 CREATE TABLE IF NOT EXISTS calibrator_state (
     date                 DATE      NOT NULL,
     stream               VARCHAR   NOT NULL,
@@ -72,8 +73,13 @@ CREATE TABLE IF NOT EXISTS pipeline_days (
     config_json        VARCHAR NOT NULL,
     n_events           BIGINT  NOT NULL,
     n_streams          INTEGER NOT NULL,  -- streams in the state at the end of the day
-    n_active_streams   INTEGER NOT NULL   -- streams with events that day
+    n_active_streams   INTEGER NOT NULL,  -- streams with events that day
+    n_state_rows       INTEGER NOT NULL   -- calibrator_state rows of the day (changed streams)
 );
+-- Databases from before the state was stored sparsely (schema version < 4) hold a row for every
+-- stream on every day: their days' state row counts are their stream counts.
+ALTER TABLE pipeline_days ADD COLUMN IF NOT EXISTS n_state_rows INTEGER;
+UPDATE pipeline_days SET n_state_rows = n_streams WHERE n_state_rows IS NULL;
 
 -- Monitoring per stream and day (streams with events that day).
 CREATE TABLE IF NOT EXISTS calibration_daily (

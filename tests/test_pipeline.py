@@ -249,9 +249,10 @@ def test_sql_macro_as_of_a_day_uses_that_days_state(demo):
         (pipeline.BANK_STREAM, dt.date(2009, 3, 1)),
         ("drift-shift", dt.date(2010, 10, 20)),
     ]:
-        state = store.query(
-            con, "SELECT * FROM calibrator_state WHERE stream = ? AND date = ?", [stream, d]
-        )
+        state = pipeline.state_as_of(con, d).filter(pl.col("stream") == stream)
+        assert state.height == 1
+        # 2009-03-01 is a Sunday without bank events: the map in force is an earlier day's
+        assert (state["date"][0] < d) == (stream == pipeline.BANK_STREAM)
         p = np.linspace(0.01, 0.99, 99)
         want = pipeline.serving_map(
             state.drop("date"), pl.DataFrame({"stream": [stream] * p.size, "score": p})
@@ -494,13 +495,14 @@ def test_deleted_state_rows_restarted_their_streams_from_scratch(small):
     con.execute("DELETE FROM calibrator_state WHERE date = ? AND stream = 'a'", [day(2)])
     before = snapshot(con)
     with pytest.raises(StateError, match=rf"calibrator_state of {day(2)} has 1 rows, but "
-                                         r"pipeline_days recorded 2 streams"):  # fmt: skip
+                                         r"pipeline_days recorded 2 streams whose state "
+                                         r"changed that day"):  # fmt: skip
         pipeline.run_range(con, source, day(3), day(3))
     after = snapshot(con)
     assert all(after[t].equals(before[t]) for t in before)
     outcome = pipeline.check_state_continuity(con, day(0), day(2))
     assert not outcome.passed
-    assert f"calibrator_state of {day(2)} has 1 rows for 2" in outcome.description
+    assert f"calibrator_state of {day(2)} has 1 rows for the 2 streams" in outcome.description
 
 
 def test_outputs_that_are_no_probability_are_refused_before_the_commit():

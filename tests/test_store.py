@@ -222,6 +222,7 @@ def test_protected_scores_keeps_outputs_and_the_view_joins_the_inputs(con):
     day = {
         "date": D1, "first_day": D1, "method": "composite-jumper", "config_fingerprint": "f00d",
         "config_json": "{}", "n_events": 3, "n_streams": 1, "n_active_streams": 1,
+        "n_state_rows": 1,
     }  # fmt: skip
     store.replace_partitions(
         con, D1, D1,

@@ -626,6 +626,8 @@ def check_arrays(scores, labels) -> tuple[np.ndarray, np.ndarray]:
 def check_mixture_weights(method: str, passive: np.ndarray, active: np.ndarray) -> None:
     """StateError unless every stream's mixture weights (passive (S,), active (S, ...)) are
     >= 0 with a positive total: the kernels divide by the total and bet with the weights."""
+    if passive.shape[0] == 0:  # no streams (reshape(0, -1) is ambiguous)
+        return
     act = active.reshape(passive.shape[0], -1)
     bad = np.flatnonzero((passive < 0) | (act < 0).any(axis=1) | (passive + act.sum(axis=1) <= 0))
     if bad.size:

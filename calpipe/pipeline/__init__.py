@@ -12,7 +12,7 @@ stage                  writes                                       reads
 :func:`monitor_days`   ``calibration_daily``                        protected scores, state
 :func:`alarm_days`     ``martingale_alarms``                        protected scores (event times
                                                                     from scored events), state
-:func:`map_days`       ``calibration_map``                          the state of d
+:func:`map_days`       ``calibration_map``                          the state rows of d
 =====================  ===========================================  ================================
 
 Every stage takes a range of days ``[start, end]`` (a single dagster partition is a range of one
@@ -26,7 +26,9 @@ the same rows as the five stages, each day once from memory, and :func:`demo` is
 ``calpipe demo``. The table registry (:data:`TABLES`) lists every table with its stage and the
 fused writer ``calpipe run`` uses.
 
-The state of day d is keyed by d: re-running day d reads the state of d - 1 and replaces day d's
+The state of day d is keyed by d and stored for the streams whose state changed that day (those
+with events): the state at the end of day d is each stream's latest row on or before d
+(:func:`state_as_of`). Re-running day d reads the state at the end of d - 1 and replaces day d's
 rows and state exactly. Running day d when d - 1 has no state (and d is not the chain's first
 day) is a :class:`calpipe.errors.StateError`.
 
@@ -59,7 +61,7 @@ from __future__ import annotations
 from calpipe import store  # noqa: F401
 from calpipe.config import ECE_BINS, RELIABILITY_WINDOW_DAYS
 from calpipe.pipeline.alarms import alarm_days
-from calpipe.pipeline.chain import chain_first_day, protect_days, state_before
+from calpipe.pipeline.chain import chain_first_day, protect_days, state_as_of, state_before
 from calpipe.pipeline.checks import (
     CheckOutcome,
     check_alarms,
@@ -137,6 +139,7 @@ __all__ = [
     "reliability_frame",
     "run_range",
     "serving_map",
+    "state_as_of",
     "state_before",
     "stream_summary",
     "trajectory_frame",

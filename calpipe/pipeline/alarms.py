@@ -22,8 +22,10 @@ from calpipe.pipeline.transactions import day_range
 
 #: The candidate rows of [$1, $2] for :func:`_first_crossings` ($3 = threshold): protected rows
 #: at or above the threshold, with their event_time from scored_events, of streams whose maximum
-#: before the row's day (the state of the day before) is below it. The two filters are
-#: :func:`_first_crossings`' own, pushed down so that only a crossing day's rows leave DuckDB.
+#: before the row's day (the state at the end of the day before: the stream's latest row before
+#: the day; the running maximum only grows, so no earlier row of the stream reached it) is below
+#: it. The two filters are :func:`_first_crossings`' own, pushed down so that only a crossing
+#: day's rows leave DuckDB.
 _CANDIDATES_SQL = """
 SELECT p.event_date, p.stream, e.event_time, p.event_id, p.log10_martingale
 FROM protected_scores p
@@ -33,7 +35,7 @@ JOIN scored_events e
 WHERE p.event_date BETWEEN $1 AND $2 AND p.log10_martingale >= $3
   AND NOT EXISTS (
       SELECT 1 FROM calibrator_state s
-      WHERE s.date = p.event_date - 1 AND s.stream = p.stream AND s.log10_martingale_max >= $3)
+      WHERE s.date < p.event_date AND s.stream = p.stream AND s.log10_martingale_max >= $3)
 """
 
 
@@ -79,23 +81,25 @@ def alarm_days(con, start: dt.date, end: dt.date) -> StageResult:
     """Stage ``martingale_alarms``: the first crossing of log10 S >= 2 per stream, in its day.
 
     Per chunk of :data:`calpipe.config.CHUNK_DAYS` days, one query reads the candidate rows
-    (:data:`_CANDIDATES_SQL`) and the states of the days before; each day's rows are then
-    :func:`_first_crossings` of its candidates, as in the fused run.
+    (:data:`_CANDIDATES_SQL`) and the state rows before the chunk's last day that are at the
+    alarm level (a stream at it before day d: one of its rows before d is); each day's rows are
+    then :func:`_first_crossings` of its candidates, as in the fused run.
     """
     start, end = _as_date(start), _as_date(end)
     _require_chain(con, start, end, "martingale_alarms")
     thr = config.ALARM_LOG10_THRESHOLD
     res = StageResult(start, end, {"martingale_alarms": 0})
     for c0, c1 in day_range(start, end):
-        one = dt.timedelta(days=1)
-        states = store.read_partitions(
-            con, "calibrator_state", c0 - one, c1 - one,
-            columns=["date", "stream", "log10_martingale_max"],
-        )  # fmt: skip
+        hot = store.query(
+            con,
+            "SELECT date, stream, log10_martingale_max FROM calibrator_state "
+            "WHERE date < $1 AND log10_martingale_max >= $2",
+            [c1, thr],
+        )
         candidates = store.query(con, _CANDIDATES_SQL, [c0, c1, thr])
         by_day = candidates.partition_by("event_date", as_dict=True)
         rows = [
-            _first_crossings(hits, states.filter(pl.col("date") == d - one), d)
+            _first_crossings(hits, hot.filter(pl.col("date") < d), d)
             for (d,), hits in sorted(by_day.items())
         ]
         alarms = pl.concat(rows) if rows else pl.DataFrame()  # replacing with none: a delete

@@ -88,17 +88,60 @@ def state_before(con, day: dt.date, settings: Settings, first_day: dt.date) -> p
             f"{settings.fingerprint} ({settings.to_json()}); loading a state under another "
             "configuration is an error: use the same method options, or a new database"
         )
-    state = store.query(
-        con, "SELECT * FROM calibrator_state WHERE date = ? ORDER BY stream", [prev]
-    )
-    if state.height != n_streams:  # deleted rows would restart those streams from scratch
+    altered = _state_rows_missing(con, first_day, prev)
+    if altered is not None:  # deleted rows would resume those streams from an older state
+        d, n_rows, n_recorded = altered
         raise StateError(
-            f"cannot run day {day}: calibrator_state of {prev} has {state.height} rows, but "
-            f"pipeline_days recorded {n_streams} streams at the end of that day; the state was "
-            f"altered outside calpipe: restore it, or re-run from the chain's first day "
+            f"cannot run day {day}: calibrator_state of {d} has {n_rows} rows, but "
+            f"pipeline_days recorded {n_recorded} streams whose state changed that day; the state "
+            f"was altered outside calpipe: restore it, or re-run from the chain's first day "
+            f"{first_day} into a new database"
+        )
+    state = state_as_of(con, prev)
+    if state.height != n_streams:
+        raise StateError(
+            f"cannot run day {day}: calibrator_state holds {state.height} streams up to {prev}, "
+            f"but pipeline_days recorded {n_streams} streams at the end of that day; the state "
+            f"was altered outside calpipe: restore it, or re-run from the chain's first day "
             f"{first_day} into a new database"
         )
     return state.drop("date")
+
+
+#: The state of every stream at the end of day $1: its latest ``calibrator_state`` row on or
+#: before it (a day stores the rows of the streams whose state changed, :func:`_state_rows`).
+#: The latest dates are found on two narrow columns first, so that only the needed rows' state
+#: vectors are read.
+_STATE_AS_OF_SQL = """
+SELECT s.* FROM calibrator_state s
+JOIN (SELECT stream, max(date) AS date FROM calibrator_state WHERE date <= $1 GROUP BY stream) l
+  USING (stream, date)
+ORDER BY s.stream
+"""
+
+
+def state_as_of(con, day: dt.date) -> pl.DataFrame:
+    """The calibrator state of every stream at the end of ``day`` (one row per stream, with the
+    ``date`` of the row it comes from): each stream's latest ``calibrator_state`` row on or
+    before ``day``. What :func:`calpipe.pipeline.serving_map` takes to serve the map in force
+    then, and what the ``calibrate_score_as_of`` macro evaluates in SQL."""
+    return store.query(con, _STATE_AS_OF_SQL, [_as_date(day)])
+
+
+def _state_rows_missing(con, first_day: dt.date, last: dt.date) -> tuple | None:
+    """The first day of [first_day, last] whose ``calibrator_state`` row count differs from the
+    ``n_state_rows`` that ``pipeline_days`` recorded: (day, rows, recorded), or None. Reads the
+    date column only (a stream's rows are sparse: a deleted row would go unnoticed by the state
+    as of a later day, which would quietly resume that stream from an older row)."""
+    return store.fetch_one(
+        con,
+        """SELECT d.date, coalesce(c.n, 0), d.n_state_rows FROM pipeline_days d
+           LEFT JOIN (SELECT date, count(*) AS n FROM calibrator_state
+                      WHERE date BETWEEN $1 AND $2 GROUP BY date) c USING (date)
+           WHERE d.date BETWEEN $1 AND $2 AND coalesce(c.n, 0) <> d.n_state_rows
+           ORDER BY d.date LIMIT 1""",
+        [first_day, last],
+    )
 
 
 def _martingale_base(cal: Calibrator, scores: pl.DataFrame) -> pl.Series:
@@ -135,10 +178,17 @@ def _protected_rows(cal: Calibrator, scores: pl.DataFrame, day: dt.date) -> pl.D
     )
 
 
-def _state_rows(state: pl.DataFrame, day: dt.date) -> pl.DataFrame:
-    """The ``calibrator_state`` rows of ``day``: the state frame at the end of the day, keyed by
-    the day (so day d + 1 finds it)."""
-    return state.with_columns(pl.lit(day, pl.Date).alias("date"))
+def _state_rows(state: pl.DataFrame, day: dt.date, active: pl.Series) -> pl.DataFrame:
+    """The ``calibrator_state`` rows of ``day``: the end-of-day state of the streams whose state
+    changed that day (``active``: the streams with events), keyed by the day.
+
+    A stream without events keeps its state, so its latest row (of an earlier day) stays its
+    state: the state at the end of day d is each stream's latest row on or before d
+    (:data:`_STATE_AS_OF_SQL`). Idle streams cost no rows, so history grows with the events,
+    not with the days times the streams ever seen."""
+    return state.filter(pl.col("stream").is_in(active.implode())).with_columns(
+        pl.lit(day, pl.Date).alias("date")
+    )
 
 
 def _check_outputs(scores: pl.DataFrame, day: dt.date) -> None:
@@ -188,13 +238,14 @@ class _Chain:
             method=self.settings.method, state=state, **self.settings.kwargs,
         )  # fmt: skip
 
-    def day_row(self, day: dt.date, n_events: int, n_active: int) -> dict[str, Any]:
-        """The ``pipeline_days`` row of ``day`` (call after the day: the state is the day's)."""
+    def day_row(self, day: dt.date, n_events: int, n_active: int, n_rows: int) -> dict[str, Any]:
+        """The ``pipeline_days`` row of ``day`` (call after the day: the state is the day's);
+        ``n_rows``: its ``calibrator_state`` rows (:func:`_state_rows`)."""
         return {
             "date": day, "first_day": self.first_day, "method": self.cal.name,
             "config_fingerprint": self.fp, "config_json": self.cfg, "n_events": n_events,
             "n_streams": 0 if self.state is None else self.state.height,
-            "n_active_streams": n_active,
+            "n_active_streams": n_active, "n_state_rows": n_rows,
         }  # fmt: skip
 
     def step(self, events: pl.DataFrame, day: dt.date) -> _Day:
@@ -203,11 +254,13 @@ class _Chain:
         r = self.protect(events, self.state)
         _check_outputs(r.scores, day)  # before anything of the day is written
         before, self.state = self.state, r.state
+        active = events["stream"].unique()
+        rows = _state_rows(r.state, day, active)
         return _Day(
             r.scores,
             _protected_rows(self.cal, r.scores, day),
-            _state_rows(r.state, day),
-            self.day_row(day, events.height, events["stream"].n_unique()),
+            rows,
+            self.day_row(day, events.height, active.len(), rows.height),
             before,
         )
 

@@ -75,10 +75,33 @@ def check_row_counts(con, start: dt.date, end: dt.date) -> CheckOutcome:
     )  # fmt: skip
 
 
+#: State rows of [$1, $2] whose event count is not the stream's previous row's plus the day's
+#: events, and streams with events on a day of [$1, $2] but no state row that day. A stream's rows
+#: are sparse (days on which its state changed): its previous row is its latest before, so the
+#: latest row of each stream before $1 joins the window.
+_STATE_JUMPS_SQL = """
+WITH s AS (
+    SELECT date, stream, n_events,
+           lag(n_events) OVER (PARTITION BY stream ORDER BY date) AS prev_events
+    FROM calibrator_state
+    WHERE date BETWEEN $1 AND $2
+       OR (date < $1 AND (stream, date) IN (SELECT (stream, max(date)) FROM calibrator_state
+                                            WHERE date < $1 GROUP BY stream))),
+e AS (SELECT event_date AS date, stream, count(*) AS n_day FROM scored_events
+      WHERE event_date BETWEEN $1 AND $2 GROUP BY ALL)
+SELECT date, stream, s.prev_events, coalesce(e.n_day, 0) AS n_day, s.n_events
+FROM s FULL OUTER JOIN e USING (date, stream)
+WHERE date >= $1
+  AND (s.n_events IS NULL OR s.n_events <> coalesce(s.prev_events, 0) + coalesce(e.n_day, 0))
+ORDER BY date, stream LIMIT 10
+"""
+
+
 def check_state_continuity(con, start: dt.date, end: dt.date) -> CheckOutcome:
     """No gap in the chain: every day of the range (and the day before it, unless the range starts
-    the chain) has state, one configuration throughout, and each stream's event count grows by
-    exactly the day's events."""
+    the chain) has state, each day's ``calibrator_state`` rows are those ``pipeline_days``
+    recorded, one configuration throughout, every stream with events on a day has its state row
+    of the day, and each stream's event count grows by exactly the day's events."""
     problems: list[str] = []
     days = store.query(
         con,
@@ -95,43 +118,45 @@ def check_state_continuity(con, start: dt.date, end: dt.date) -> CheckOutcome:
         problems.append(f"days without state: {shown}{' ...' if len(missing) > 5 else ''}")
     counts = store.query(
         con,
-        """SELECT d.date, d.n_streams, count(s.stream) AS n_rows FROM pipeline_days d
+        """SELECT d.date, d.n_state_rows, count(s.stream) AS n_rows FROM pipeline_days d
            LEFT JOIN calibrator_state s ON s.date = d.date
-           WHERE d.date BETWEEN ? AND ? GROUP BY ALL HAVING count(s.stream) <> d.n_streams
+           WHERE d.date BETWEEN ? AND ? GROUP BY ALL HAVING count(s.stream) <> d.n_state_rows
            ORDER BY d.date LIMIT 5""",
         [start - dt.timedelta(days=1), end],
     )
     if counts.height:
         r = counts.row(0, named=True)
         problems.append(
-            f"calibrator_state of {r['date']} has {r['n_rows']} rows for {r['n_streams']} "
-            "streams recorded in pipeline_days"
+            f"calibrator_state of {r['date']} has {r['n_rows']} rows for the {r['n_state_rows']} "
+            "streams whose state changed that day (pipeline_days)"
+        )
+    known = store.fetch_one(
+        con,
+        """SELECT (SELECT count(DISTINCT stream) FROM calibrator_state WHERE date <= $1),
+                  (SELECT n_streams FROM pipeline_days WHERE date = $1)""",
+        [end],
+    )
+    if known is not None and known[1] is not None and known[0] != known[1]:
+        problems.append(
+            f"calibrator_state holds {known[0]} streams up to {end}, pipeline_days recorded "
+            f"{known[1]}"
         )
     if days["config_fingerprint"].n_unique() > 1:
         problems.append(f"several configurations: {days['config_fingerprint'].unique().to_list()}")
-    jumps = store.query(
-        con,
-        """WITH s AS (
-               SELECT date, stream, n_events,
-                      lag(n_events) OVER (PARTITION BY stream ORDER BY date) AS prev_events,
-                      lag(date) OVER (PARTITION BY stream ORDER BY date) AS prev_date
-               FROM calibrator_state WHERE date BETWEEN $1 - INTERVAL 1 DAY AND $2),
-           e AS (SELECT event_date AS date, stream, count(*) AS n_day FROM scored_events
-                 WHERE event_date BETWEEN $1 AND $2 GROUP BY ALL)
-           SELECT s.date, s.stream, s.prev_events, coalesce(e.n_day, 0) AS n_day, s.n_events
-           FROM s LEFT JOIN e USING (date, stream)
-           WHERE s.date >= $1 AND s.prev_date IS NOT NULL
-             AND (s.prev_date <> s.date - INTERVAL 1 DAY
-                  OR s.n_events <> s.prev_events + coalesce(e.n_day, 0))
-           ORDER BY s.date, s.stream LIMIT 10""",
-        [start, end],
-    )
+    jumps = store.query(con, _STATE_JUMPS_SQL, [start, end])
     if jumps.height:
         r = jumps.row(0, named=True)
-        problems.append(
-            f"state counts do not follow the events: stream {r['stream']!r} on {r['date']} has "
-            f"n_events {r['n_events']}, expected {r['prev_events']} + {r['n_day']} events of the day"
-        )
+        if r["n_events"] is None:
+            problems.append(
+                f"stream {r['stream']!r} has {r['n_day']} events on {r['date']} but no "
+                "calibrator_state row that day"
+            )
+        else:
+            problems.append(
+                f"state counts do not follow the events: stream {r['stream']!r} on {r['date']} "
+                f"has n_events {r['n_events']}, expected {r['prev_events'] or 0} + {r['n_day']} "
+                "events of the day"
+            )
     ok = not problems
     return CheckOutcome(
         "state_continuity", ok,
@@ -147,7 +172,8 @@ def check_alarms(con, start: dt.date, end: dt.date) -> CheckOutcome:
         con,
         """SELECT s.stream, s.log10_martingale, s.log10_martingale_max, a.date AS alarm_date
            FROM calibrator_state s LEFT JOIN martingale_alarms a USING (stream)
-           WHERE s.date = ? AND s.log10_martingale_max >= ?
+           WHERE s.date <= ? AND s.log10_martingale_max >= ?
+           QUALIFY row_number() OVER (PARTITION BY s.stream ORDER BY s.date DESC) = 1
            ORDER BY s.stream""",
         [end, config.ALARM_LOG10_THRESHOLD],
     )

@@ -74,7 +74,7 @@ def _map_rows(state: pl.DataFrame, settings: Settings) -> pl.DataFrame:
     """``calibration_map`` rows of state rows: :func:`map_terms` for the methods whose map has
     the SQL form (:func:`has_sql_map`); none for the others (no SQL form of a fitted
     isotonic/Venn/... map: serve with serving_map())."""
-    if has_sql_map(settings.calibrator()):
+    if state.height and has_sql_map(settings.calibrator()):
         return map_terms(state, settings)
     return pl.DataFrame(schema={"date": pl.Date, "stream": pl.String, "term": pl.Int32})
 

@@ -128,7 +128,8 @@ def _run_day(
         n_active += batch.groups[1].shape[0]  # the batch's streams
         del events, batch  # free the batch before the next one
     chain.state = parts[0] if k == 1 else pl.concat(parts).sort("stream")
-    day = FusedDay(d, _state_rows(chain.state, d), chain.day_row(d, chunk.height, n_active))
+    rows = _state_rows(chain.state, d, chunk["stream"].unique())
+    day = FusedDay(d, rows, chain.day_row(d, chunk.height, n_active, rows.height))
     write_fused(writer, "day", day)
     return day.state
 

@@ -40,9 +40,10 @@ def day_report(con, start: dt.date, end: dt.date) -> pl.DataFrame:
         columns=["stream", "base_score", "protected_score", "label", "log10_martingale"],
     )  # fmt: skip
     stats = daily_metrics(scores, keys=("stream",))
-    last = store.query(
+    last = store.query(  # the state at the end of `end`: each stream's latest row on or before it
         con,
-        "SELECT stream, log10_martingale AS log10_S_end FROM calibrator_state WHERE date = ?",
+        """SELECT stream, log10_martingale AS log10_S_end FROM calibrator_state WHERE date <= ?
+           QUALIFY row_number() OVER (PARTITION BY stream ORDER BY date DESC) = 1""",
         [end],
     )
     return stats.join(last, on="stream", how="left").select(
@@ -61,7 +62,8 @@ def day_report(con, start: dt.date, end: dt.date) -> pl.DataFrame:
 
 
 def trajectory_frame(con, end: dt.date) -> pl.DataFrame:
-    """End-of-day log10 martingale per stream and day up to ``end`` (the trajectory plot)."""
+    """End-of-day log10 martingale per stream up to ``end`` (the trajectory plot): a point per
+    day on which the stream's state changed (it holds between them)."""
     return store.query(
         con,
         "SELECT date, stream, log10_martingale FROM calibrator_state WHERE date <= ? ORDER BY stream, date",
