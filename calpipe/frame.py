@@ -27,11 +27,19 @@ import pyarrow as pa
 from calpipe import config
 from calpipe.calibrators import Calibrator, make_calibrator
 from calpipe.calibrators.base import output_column, weights_series
+from calpipe.contract import (
+    _TIME_US,
+    Columns,
+    Rule,
+    _lex_greater,
+    check_rules,
+    replay_order,
+    resolve_columns,
+    validate_frame,
+)
 from calpipe.errors import InputError, ParameterError, StateError
 from calpipe.kernels import grouping as G
 from calpipe.kernels import ops
-
-_TIME_US = pl.Datetime("us")
 
 STATE_FIXED_COLUMNS = (
     "method",
@@ -54,178 +62,6 @@ class ProtectResult:
 
     scores: pl.DataFrame
     state: pl.DataFrame
-
-
-@dataclass(frozen=True)
-class Columns:
-    """Resolved column names of one call."""
-
-    score: str | None
-    scores: str | None
-    label: str
-    label_time: str | None
-    by: tuple[str, ...]
-    order_by: tuple[str, ...]
-
-    @property
-    def base(self) -> str:
-        return self.score if self.score is not None else self.scores  # type: ignore[return-value]
-
-    @property
-    def out(self) -> str:
-        return "protected_score" if self.score is not None else "protected_scores"
-
-
-def resolve_columns(
-    frame_columns: Sequence[str],
-    *,
-    score: str | None,
-    scores: str | None,
-    label: str,
-    label_time: str | None,
-    by: str | Sequence[str] | None,
-    order_by: str | Sequence[str],
-) -> Columns:
-    """Apply the defaults of the data contract and check that every named column exists."""
-    if score is not None and scores is not None:
-        raise InputError(
-            None, None, "give either score= (binary) or scores= (multiclass), not both"
-        )
-    if score is None and scores is None:
-        score = "score"
-    if by is None:  # default: the `stream` column if there is one, else one stream
-        by = ("stream",) if "stream" in frame_columns else ()
-    by_t = (by,) if isinstance(by, str) else tuple(by)
-    order_t = (order_by,) if isinstance(order_by, str) else tuple(order_by)
-    if not order_t:
-        raise InputError(None, None, "order_by must name at least one column (the replay order)")
-    cols = Columns(score, scores, label, label_time, by_t, order_t)
-    needed = [cols.base, label, *by_t, *order_t] + ([label_time] if label_time else [])
-    for name in needed:
-        if name not in frame_columns:
-            raise InputError(name, None, f"missing column (the frame has {list(frame_columns)})")
-    for out in (cols.out, "log10_martingale"):
-        if out in frame_columns:
-            raise InputError(out, None, "output column already exists in the input; rename it")
-    return cols
-
-
-# ----------------------------------------------------------------------------------------------
-# Validation
-# ----------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Rule:
-    """One row-level rule of the data contract: rows where ``bad`` is true break it."""
-
-    column: str
-    rule: str
-    bad: pl.Expr
-    show: pl.Expr | None = None  # what to print as the offending value (default: the column)
-
-
-def check_rules(df: pl.DataFrame, rules: Sequence[Rule]) -> None:
-    """Raise InputError for the first rule (in list order) that some row breaks, at its first row.
-
-    All rules are evaluated in one parallel pass over the frame.
-    """
-    if not rules:
-        return
-    firsts = df.select(
-        [r.bad.fill_null(False).arg_true().first().alias(f"r{i}") for i, r in enumerate(rules)]
-    ).row(0)
-    for r, row in zip(rules, firsts, strict=True):
-        if row is not None:
-            value = df.select(r.show if r.show is not None else pl.col(r.column)).row(row)[0]
-            raise InputError(r.column, int(row), f"{r.rule} (value: {value!r})")
-
-
-def validate_frame(df: pl.DataFrame, cols: Columns, *, check_duplicates: bool = True) -> int:
-    """Check the data contract (docs/ARCHITECTURE.md §3); return K (2 for a binary score). Raises InputError.
-
-    ``check_duplicates=False`` leaves out the rule "(stream, event id) unique", the one rule that
-    needs a hash of every row: :func:`protect_with_state` checks it after grouping the streams,
-    where strictly increasing event ids prove it in one vectorised pass (:func:`_check_unique`).
-    """
-    schema = df.schema
-    rules = [
-        Rule(c, "null in a stream or order key", pl.col(c).is_null())
-        for c in (*cols.by, *cols.order_by)
-    ]
-    lab_dtype = schema[cols.label]
-    if not (lab_dtype.is_integer() or lab_dtype == pl.Boolean or lab_dtype == pl.Null):
-        raise InputError(cols.label, None, f"labels must be integers (got dtype {lab_dtype})")
-
-    if cols.score is not None:
-        dt = schema[cols.score]
-        if not (dt.is_numeric() and not dt.is_decimal()):
-            raise InputError(cols.score, None, f"score must be a float column (got dtype {dt})")
-        s = pl.col(cols.score)
-        rules += [
-            Rule(cols.score, "null score (every event needs a base forecast)", s.is_null()),
-            Rule(cols.score, "score is NaN", s.cast(pl.Float64).is_nan()),
-            Rule(cols.score, "score outside [0, 1]", (s < 0) | (s > 1)),
-        ]
-        n_classes = 2
-    else:
-        name = cols.scores
-        dt = schema[name]
-        if not isinstance(dt, pl.List | pl.Array) or not dt.inner.is_numeric():
-            raise InputError(name, None, f"scores must be a list/array of floats (got {dt})")
-        v = pl.col(name)
-        lengths = v.list.len() if isinstance(dt, pl.List) else pl.lit(dt.size)
-        n_classes = int(df.select(lengths.first()).item() or 0)
-        lst = v if isinstance(dt, pl.List) else v.arr.to_list()
-        rules += [
-            Rule(name, "null scores (every event needs a base forecast)", v.is_null()),
-            Rule(name, "a scores vector needs >= 2 classes", lengths < 2),
-            Rule(name, f"scores vector of another length than the first row's {n_classes}",
-                 lengths != n_classes),
-            Rule(name, "null inside scores", lst.list.eval(pl.element().is_null()).list.any()),
-            Rule(name, "NaN inside scores",
-                 lst.list.eval(pl.element().cast(pl.Float64).is_nan()).list.any()),
-            Rule(name, "a class probability outside [0, 1]", (lst.list.min() < 0) | (lst.list.max() > 1)),
-            Rule(name, f"scores do not sum to 1 (tolerance {config.SCORES_SUM_TOL:g})",
-                 (lst.list.sum() - 1.0).abs() > config.SCORES_SUM_TOL, lst.list.sum()),
-        ]  # fmt: skip
-
-    y = pl.col(cols.label).cast(pl.Int64)
-    rules.append(
-        Rule(cols.label, f"label outside the classes 0..{n_classes - 1}",
-             y.is_not_null() & ((y < 0) | (y >= n_classes)))
-    )  # fmt: skip
-
-    if cols.label_time is not None:
-        lt, t0 = cols.label_time, cols.order_by[0]
-        for name in (lt, t0):
-            if not schema[name].is_temporal():
-                raise InputError(
-                    name,
-                    None,
-                    f"with label_time, {name!r} must be a Date/Datetime (got {schema[name]})",
-                )
-        rules += [
-            Rule(lt, "null label_time for a labelled event",
-                 pl.col(lt).is_null() & pl.col(cols.label).is_not_null()),
-            Rule(lt, "label_time given for an event without a label",
-                 pl.col(lt).is_not_null() & pl.col(cols.label).is_null()),
-            Rule(lt, f"label_time before the event's {t0!r} (a label cannot be known before its event)",
-                 pl.col(lt).cast(_TIME_US) < pl.col(t0).cast(_TIME_US)),
-        ]  # fmt: skip
-
-    if check_duplicates:
-        rules.append(_duplicate_rule(cols))
-    check_rules(df, rules)
-    return n_classes
-
-
-def _duplicate_rule(cols: Columns) -> Rule:
-    key = [*cols.by, cols.order_by[-1]]
-    return Rule(
-        cols.order_by[-1],
-        f"duplicate ({', '.join(key)}): each event must be unique within its stream",
-        ~pl.struct(key).is_first_distinct(),
-        pl.struct(key),
-    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -251,14 +87,6 @@ def empty_state(df_schema: pl.Schema, cols: Columns) -> pl.DataFrame:
         "pending_labels": pl.List(pl.Int64),
     }
     return pl.DataFrame(schema=fields)
-
-
-def _lex_greater(a: Sequence[pl.Expr], b: Sequence[pl.Expr]) -> pl.Expr:
-    """Lexicographic (a_0, a_1, ...) > (b_0, b_1, ...) as one expression."""
-    expr = a[-1] > b[-1]
-    for x, y in zip(reversed(a[:-1]), reversed(b[:-1]), strict=True):
-        expr = (x > y) | ((x == y) & expr)
-    return expr
 
 
 def _key_after(first: Sequence[str], last: Sequence[str]) -> pl.Expr:
@@ -607,124 +435,12 @@ def _output_series(name: str, values: np.ndarray, forecast_dtype: pl.DataType) -
     return series.cast(forecast_dtype)
 
 
-@dataclass(frozen=True)
-class Replay:
-    """How the rows of a frame replay: ``order`` sorts them by (stream, order keys) (None: they
-    already do), and the sorted rows are ``counts[0]`` rows of stream 0, then stream 1, ...;
-    ``ids[i]`` is the stream of input row i."""
-
-    order: np.ndarray | None
-    counts: np.ndarray
-    ids: np.ndarray
-
-
-def stream_ids(df: pl.DataFrame, by: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-    """(ids, first_row): a dense id per row for its stream (rows with equal ``by`` keys), numbered
-    in order of first appearance, and the first row of each stream. O(n), no sort.
-
-    The ids come from a 64-bit hash of the keys (:func:`calpipe.kernels.grouping.dense_ids`).
-    Every row's keys are then compared with its stream's first row, so a hash collision cannot
-    merge two streams: if one ever did, the ids are recomputed by a sort of the keys.
-    """
-    if not by:
-        return np.zeros(df.height, np.int64), np.zeros(min(df.height, 1), np.int64)
-    key = pl.col(by[0]) if len(by) == 1 else pl.struct(list(by))
-    hashes = df.select(key.hash()).to_series().to_numpy()
-    ids, first = G.dense_ids(hashes)
-    if not _same_keys_as(df, by, first[ids]):
-        ids, first = _stream_ids_by_sort(df, by)
-    return ids, first
-
-
-def _same_keys_as(df: pl.DataFrame, by: Sequence[str], rep: np.ndarray) -> bool:
-    """Whether row i has the same ``by`` keys as row ``rep[i]``, for every row."""
-    idx = pl.Series(rep)
-    same = [pl.col(c).eq_missing(pl.col(c).gather(idx)) for c in by]
-    # One contiguous chunk first: a random gather across the many chunks of a frame read from
-    # Parquet or DuckDB costs ~3x the copy (10M rows in 100 chunks: 170 ms vs 57 ms).
-    keys = df.select(by).rechunk()
-    return bool(keys.select(pl.all_horizontal(same).all()).item())
-
-
-def _stream_ids_by_sort(df: pl.DataFrame, by: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`stream_ids` by a dense rank of the keys (a sort): the fallback after a collision."""
-    key = pl.col(by[0]) if len(by) == 1 else pl.struct(list(by))
-    ids = df.select(key.rank("dense")).to_series().to_numpy().astype(np.int64) - 1
-    _, first = np.unique(ids, return_index=True)
-    return ids, first.astype(np.int64)
-
-
-def replay_order(df: pl.DataFrame, cols: Columns) -> Replay:
-    """Group the rows by stream and order each stream by ``order_by``; check that every
-    (stream, event id) is unique (the data contract's last rule, left out of
-    :func:`validate_frame` by :func:`protect_with_state`).
-
-    Cheapest first, each step O(n) but the last:
-
-    1. stream ids by hashing (:func:`stream_ids`);
-    2. rows already grouped by stream (ids never decrease): no permutation; otherwise a stable
-       counting sort by stream id, which keeps the input's order within each stream;
-    3. if within every stream the order keys now increase strictly (the usual case: an event log
-       in time order, or a presorted frame), that is the replay order; otherwise a sort by
-       (stream id, order keys).
-
-    Streams are numbered by first appearance, not by key; nothing depends on their relative
-    order (streams are independent, and the state frame is sorted by its keys at the end). The
-    order keys are unique within a stream (validated), so every correct sort gives the same
-    rows in the same order.
-    """
-    ids, first = stream_ids(df, cols.by)
-    n_streams = first.shape[0]
-    order = None
-    if n_streams > 1 and bool(np.any(ids[1:] < ids[:-1])):
-        order, counts = G.counting_sort(ids, n_streams)
-    else:
-        counts = np.bincount(ids, minlength=n_streams)
-    # Order keys increasing over the whole input (an event log in time order) stay increasing in
-    # every stream after a stable grouping: one sequential pass decides it.
-    increasing, ids_increasing = _within_stream_increasing(df, cols.order_by, None, None)
-    if not (increasing and ids_increasing):
-        increasing, ids_increasing = _within_stream_increasing(df, cols.order_by, ids, order)
-    if not increasing:
-        keyed = df.select(cols.order_by).with_columns(pl.Series("__sid", ids))
-        order = keyed.select(pl.arg_sort_by(["__sid", *cols.order_by])).to_series().to_numpy()
-        order = order.astype(np.int64)
-        increasing, ids_increasing = _within_stream_increasing(df, cols.order_by, ids, order)
-    if not ids_increasing:  # event ids not increasing in replay order: check by hashing
-        check_rules(df, [_duplicate_rule(cols)])
-    return Replay(order, counts, ids)
-
-
-def _within_stream_increasing(
-    df: pl.DataFrame,
-    order_by: Sequence[str],
-    ids: np.ndarray | None,
-    order: np.ndarray | None,
-) -> tuple[bool, bool]:
-    """In the row order ``order`` (None: as given), with rows grouped by stream id ``ids`` (None:
-    all rows as one sequence): do the order keys increase strictly (lexicographically) within
-    every stream, and does the last order key (the event id) alone? The second implies that
-    (stream, event id) is unique."""
-    keys = df.select(order_by)
-    if ids is not None:
-        keys = keys.with_columns(pl.Series("__sid", ids))
-    if order is not None:
-        keys = keys[order]
-    cur = [pl.col(c) for c in order_by]
-    lex = _lex_greater(cur, [c.shift(1) for c in cur])
-    last = cur[-1] > cur[-1].shift(1)
-    if ids is not None:
-        new_stream = pl.col("__sid") != pl.col("__sid").shift(1)
-        lex, last = new_stream | lex, new_stream | last
-    row = keys.select(lex.slice(1).all(), last.slice(1).all().alias("__last")).row(0)
-    return bool(row[0]), bool(row[1])
-
-
-def state_from_rows(cal: Calibrator, rows: pl.DataFrame, n_classes: int):
+def state_from_rows(cal: Calibrator, rows: pl.DataFrame, n_classes: int, keys=None):
     """Kernel state of state-frame ``rows`` (their ``weights`` and ``log10_martingale``).
 
     The one parser of stored state vectors. Raises StateError if a ``weights`` vector does not
-    fit the calibrator's layout.
+    fit the calibrator's layout, naming the row's stream by its key (``keys``: the key columns,
+    default ``stream`` if present), not by its position in the batch.
     """
     arr = rows["weights"].cast(pl.List(pl.Float64)).to_arrow()
     if isinstance(arr, pa.ChunkedArray):
@@ -732,9 +448,17 @@ def state_from_rows(cal: Calibrator, rows: pl.DataFrame, n_classes: int):
     arr = arr.cast(pa.large_list(pa.float64()))
     offsets = arr.offsets.to_numpy().astype(np.int64)
     values = arr.values.to_numpy(zero_copy_only=False)[offsets[0] : offsets[-1]]
-    return cal.load_state(
-        values, offsets - offsets[0], rows["log10_martingale"].to_numpy(), n_classes
-    )
+    try:
+        return cal.load_state(
+            values, offsets - offsets[0], rows["log10_martingale"].to_numpy(), n_classes
+        )
+    except StateError as exc:
+        keys = [c for c in (keys or ("stream",)) if c in rows.columns]
+        if exc.stream is None or not keys:
+            raise
+        key = rows.select(keys).row(exc.stream)
+        name = ", ".join(f"{c}={v!r}" for c, v in zip(keys, key, strict=True))
+        raise StateError(f"state row of {name}: {exc}", stream=exc.stream) from None
 
 
 def _empty_lists(n: int, inner: pl.DataType) -> pl.Series:
@@ -807,7 +531,7 @@ def _join_state(cal, cols, n_classes, streams, first_rows, state0, n_streams):
         )
 
     idx = np.flatnonzero(has)
-    loaded = state_from_rows(cal, joined[idx.tolist()], n_classes)
+    loaded = state_from_rows(cal, joined[idx.tolist()], n_classes, cols.by)
     bstate = bstate.scatter(idx, loaded)
     prev = joined.select(
         pl.col("n_events").fill_null(0).cast(pl.Int64),

@@ -30,6 +30,7 @@ LAYERS = {
     "calpipe.kernels": 1,
     "calpipe.families": 1,
     "calpipe.calibrators": 2,
+    "calpipe.contract": 3,
     "calpipe.frame": 3,
     "calpipe.metrics": 3,
     "calpipe.generate": 3,

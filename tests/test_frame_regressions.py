@@ -2,8 +2,10 @@
 
 import numpy as np
 import polars as pl
+import pytest
 
 import calpipe
+from calpipe.errors import StateError
 
 
 def test_single_stream_state_join_key_dtype_mismatch():
@@ -24,3 +26,40 @@ def test_single_stream_state_join_key_dtype_mismatch():
     chunked = pl.concat([first.scores, rest.scores])
     assert chunked["protected_score"].to_list() == one["protected_score"].to_list()
     assert rest.state["n_events"].item() == n
+
+
+@pytest.mark.parametrize(
+    ("method", "corrupt"),
+    [
+        ("composite-jumper", lambda w: [float("nan"), *w[1:]]),  # NaN in a state vector
+        ("composite-jumper", lambda w: [-1.0, *w[1:]]),  # a negative mixture weight
+        ("composite-jumper", lambda w: w[:-1]),  # a vector of the wrong length
+        ("composite-experts", lambda w: [-1.0, *w[1:]]),
+        ("beta", lambda w: [*w, 1.0]),  # a windowed state off its layout
+    ],
+)
+def test_state_errors_named_the_streams_position_in_the_batch_not_its_key(method, corrupt):
+    """A bad stored state row said "state vector 1": the position of the stream in the engine's
+    batch, which the user cannot map to a row. The error now names the stream by its key."""
+    rng = np.random.default_rng(5)
+    n = 300
+    events = pl.DataFrame(
+        {
+            "stream": rng.choice(["alpha", "beta", "gamma"], n),
+            "event_time": np.arange(n),
+            "event_id": np.arange(n),
+            "score": rng.uniform(0.05, 0.95, n),
+            "label": rng.integers(0, 2, n),
+        }
+    )
+    state = calpipe.protect_with_state(events, method=method).state
+    bad = state.with_columns(
+        pl.when(pl.col("stream") == "gamma")
+        .then(pl.col("weights").map_elements(corrupt, return_dtype=pl.List(pl.Float64)))
+        .otherwise(pl.col("weights"))
+        .alias("weights")
+    )
+    later = events.with_columns(pl.col("event_time") + n, pl.col("event_id") + n)
+    with pytest.raises(StateError, match=r"state row of stream='gamma': method") as info:
+        calpipe.protect_with_state(later, method=method, state=bad)
+    assert info.value.stream is not None

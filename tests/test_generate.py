@@ -8,7 +8,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from calpipe import frame, generate
+from calpipe import contract, generate
 from calpipe.generate import StreamSpec
 
 
@@ -34,11 +34,11 @@ def test_events_follow_the_data_contract(events):
         {"stream": pl.String, "event_id": pl.Int64, "event_time": pl.Datetime("us"),
          "score": pl.Float64, "label": pl.Int32}
     )  # fmt: skip
-    cols = frame.resolve_columns(
+    cols = contract.resolve_columns(
         events.columns, score="score", scores=None, label="label", label_time=None,
         by="stream", order_by=("event_time", "event_id"),
     )  # fmt: skip
-    assert frame.validate_frame(events, cols) == 2
+    assert contract.validate_frame(events, cols) == 2
     days = events["event_time"].dt.date()
     assert days.min() == generate.DEFAULT_START
     assert days.max() == generate.DEFAULT_START + dt.timedelta(days=generate.DEFAULT_DAYS - 1)

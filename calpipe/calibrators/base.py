@@ -457,13 +457,15 @@ class Calibrator(Generic[StateT]):
             s = int(np.searchsorted(offsets, bad[0], side="right") - 1)
             raise StateError(
                 f"method {self.name!r}: state vector {s} holds {values[bad[0]]} at position "
-                f"{int(bad[0] - offsets[s])}; state values must be finite"
+                f"{int(bad[0] - offsets[s])}; state values must be finite",
+                stream=s,
             )
         bad = np.flatnonzero(~np.isfinite(log10m))
         if bad.size:
             raise StateError(
                 f"method {self.name!r}: stream {int(bad[0])} has log10_martingale "
-                f"{log10m[bad[0]]}; it must be finite"
+                f"{log10m[bad[0]]}; it must be finite",
+                stream=int(bad[0]),
             )
         return self.state_from_flat(values, offsets, log10m, n_classes)
 
@@ -635,7 +637,8 @@ def check_mixture_weights(method: str, passive: np.ndarray, active: np.ndarray) 
         raise StateError(
             f"method {method!r}: state vector {s} has mixture weights (passive {passive[s]}, "
             f"smallest active {act[s].min() if act.shape[1] else 'none'}); they must be >= 0 "
-            "with a positive total"
+            "with a positive total",
+            stream=s,
         )
 
 

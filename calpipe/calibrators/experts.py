@@ -325,7 +325,8 @@ class CompositeExperts(Calibrator[FlatState]):
             raise StateError(
                 f"method {self.name!r}: state vector {int(s)} {what}: the layout is [P, A "
                 f"({h - 1}), then per input [length, log10 S, vector]] for inputs "
-                f"{[x[0] for x in self.input_specs(n_classes)]} (K = {n_classes})"
+                f"{[x[0] for x in self.input_specs(n_classes)]} (K = {n_classes})",
+                stream=int(s),
             )
 
         short = np.flatnonzero(end - start < h)

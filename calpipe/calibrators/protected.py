@@ -247,10 +247,12 @@ class ProtectedCalibrator(Calibrator[BatchState]):
     def state_from_flat(self, values, offsets, log10m, n_classes: int) -> BatchState:
         size = self.state_size(n_classes)
         lengths = np.diff(np.asarray(offsets))
-        if lengths.size and (lengths.min() != size or lengths.max() != size):
+        bad = np.flatnonzero(lengths != size)
+        if bad.size:
             raise StateError(
-                f"method {self.name!r}: state weights have length {lengths.min()}..{lengths.max()}, "
-                f"its state layout {self.state_layout(n_classes)} needs {size}"
+                f"method {self.name!r}: state vector {int(bad[0])} has length "
+                f"{lengths[bad[0]]}, its state layout {self.state_layout(n_classes)} needs {size}",
+                stream=int(bad[0]),
             )
         vectors = np.asarray(values, dtype=np.float64).reshape(lengths.size, size)
         return self.state_from_vectors(vectors, log10m, n_classes)

@@ -138,7 +138,8 @@ class WindowedCalibrator(Calibrator[FlatState]):
             raise StateError(
                 f"method {self.name!r}: state vector {int(bad[0])} does not have the layout "
                 f"[u, b, f, scores (b*{c}), labels (b), fitted (f)] with b = min(u, "
-                f"window={self.window})"
+                f"window={self.window})",
+                stream=int(bad[0]),
             )
         return st
 

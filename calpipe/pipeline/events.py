@@ -13,8 +13,8 @@ import datetime as dt
 import polars as pl
 
 from calpipe import config, store
+from calpipe.contract import Rule, check_rules, replay_order, resolve_columns, validate_frame
 from calpipe.errors import InputError
-from calpipe.frame import Rule, check_rules, replay_order, resolve_columns, validate_frame
 from calpipe.pipeline.settings import StageResult, _as_date
 from calpipe.pipeline.transactions import _write_days
 from calpipe.store import EventSource
@@ -91,8 +91,8 @@ def _stored_events(chunk: pl.DataFrame) -> pl.DataFrame:
 def read_source_days(con, source: EventSource, start: dt.date, end: dt.date) -> pl.DataFrame:
     """Validated scored events of [start, end] from ``source`` (the rows ``load_events`` stores).
 
-    Checks the data contract (docs/ARCHITECTURE.md §3, via :func:`calpipe.frame.validate_frame` and
-    :func:`calpipe.frame.replay_order`: scores in [0, 1], integer labels in {0, 1}, unique
+    Checks the data contract (docs/ARCHITECTURE.md §3, via :func:`calpipe.contract.validate_frame` and
+    :func:`calpipe.contract.replay_order`: scores in [0, 1], integer labels in {0, 1}, unique
     (stream, event_id), ...) and that each landing file's events fall on its folder's date.
     Raises :class:`calpipe.errors.InputError` naming the day, stream and event of the first
     offending row.

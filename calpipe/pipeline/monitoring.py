@@ -17,7 +17,7 @@ import numpy as np
 import polars as pl
 
 from calpipe import config, metrics, store
-from calpipe.frame import stream_ids
+from calpipe.contract import stream_ids
 from calpipe.kernels.grouping import dense_ids
 from calpipe.pipeline.chain import _require_chain
 from calpipe.pipeline.settings import StageResult, _as_date
@@ -30,9 +30,9 @@ def _stream_groups(frame: pl.DataFrame, keys: Sequence[str]) -> tuple[np.ndarray
 
     A single string key without nulls (the stream) is numbered from polars' categorical codes,
     one exact code per distinct string, so no collision check is needed: at the fused run's
-    batch size this costs about the time of :func:`calpipe.frame.stream_ids` (which hashes the
+    batch size this costs about the time of :func:`calpipe.contract.stream_ids` (which hashes the
     keys and then compares every row's key with its group's first) and ~50 MB less memory per
-    2M rows. Other keys go through :func:`calpipe.frame.stream_ids`."""
+    2M rows. Other keys go through :func:`calpipe.contract.stream_ids`."""
     key = frame[keys[0]] if len(keys) == 1 else None
     if key is None or key.dtype != pl.String or key.null_count():
         return stream_ids(frame, keys)

@@ -1,4 +1,4 @@
-"""How :func:`calpipe.frame.replay_order` groups and orders rows: every path (presorted, a time-
+"""How :func:`calpipe.contract.replay_order` groups and orders rows: every path (presorted, a time-
 ordered event log, per-stream clocks, shuffled rows, event ids that do not follow time) gives
 the forecasts of running each stream alone in (event_time, event_id) order; a hash collision of
 stream keys cannot merge streams; duplicates are caught on every path."""
@@ -12,7 +12,7 @@ import polars as pl
 import pytest
 
 import calpipe
-from calpipe import frame
+from calpipe import contract
 from calpipe.calibrators import make_calibrator
 from calpipe.errors import InputError
 
@@ -58,20 +58,20 @@ def assert_matches_reference(df: pl.DataFrame) -> None:
 
 def test_time_ordered_log():
     df = events()
-    replay = frame.replay_order(df, _cols(df))
+    replay = contract.replay_order(df, _cols(df))
     assert replay.order is not None  # streams interleaved: a counting sort groups them
     assert_matches_reference(df)
 
 
 def test_presorted_frame_needs_no_permutation():
     df = events().sort("stream", "event_time", "event_id")
-    assert frame.replay_order(df, _cols(df)).order is None
+    assert contract.replay_order(df, _cols(df)).order is None
     assert_matches_reference(df)
 
 
 def test_streams_grouped_in_any_order_need_no_permutation():
     df = events().sort("stream", "event_time", "event_id", descending=[True, False, False])
-    assert frame.replay_order(df, _cols(df)).order is None
+    assert contract.replay_order(df, _cols(df)).order is None
     assert_matches_reference(df)
 
 
@@ -99,7 +99,7 @@ def test_a_hash_collision_cannot_merge_streams(monkeypatch):
     df = events()[np.random.default_rng(2).permutation(400)]
     want = calpipe.protect(df)
     used = []
-    real = frame._stream_ids_by_sort
+    real = contract._stream_ids_by_sort
 
     def spy(*a):
         used.append(True)
@@ -107,9 +107,9 @@ def test_a_hash_collision_cannot_merge_streams(monkeypatch):
 
     # Every key hashes to one id: the row-by-row key check must see it and fall back to a sort.
     monkeypatch.setattr(
-        frame.G, "dense_ids", lambda h: (np.zeros(h.shape[0], np.int64), np.zeros(1, np.int64))
+        contract.G, "dense_ids", lambda h: (np.zeros(h.shape[0], np.int64), np.zeros(1, np.int64))
     )
-    monkeypatch.setattr(frame, "_stream_ids_by_sort", spy)
+    monkeypatch.setattr(contract, "_stream_ids_by_sort", spy)
     got = calpipe.protect(df)
     assert used
     assert got.equals(want)
@@ -117,7 +117,7 @@ def test_a_hash_collision_cannot_merge_streams(monkeypatch):
 
 def test_stream_ids_number_streams_by_first_appearance_with_several_keys():
     df = pl.DataFrame({"a": ["x", "y", "x", "x", None], "b": [1, 1, 1, 2, 1]})
-    ids, first = frame.stream_ids(df, ("a", "b"))
+    ids, first = contract.stream_ids(df, ("a", "b"))
     assert ids.tolist() == [0, 1, 0, 2, 3]
     assert first.tolist() == [0, 1, 3, 4]
 
@@ -144,7 +144,7 @@ def test_duplicate_event_id_is_caught_on_every_path(shuffle):
 
 
 def _cols(df):
-    return frame.resolve_columns(
+    return contract.resolve_columns(
         df.columns, score=None, scores=None, label="label", label_time=None, by=None,
         order_by=("event_time", "event_id"),
     )  # fmt: skip
