@@ -314,6 +314,10 @@ WRITE_MAX_PENDING: int = 2
 #: the post-commit checks out of DuckDB memory.
 MAX_STREAM_NAME_BYTES: int = 1024
 
+#: Block size of the SHA-256 of a landing file (pipeline/inputs.py): 1 MiB reads keep the hash
+#: at disk speed with a small buffer.
+HASH_BLOCK_BYTES: int = 1 << 20
+
 #: At most this many days per transaction when a stage runs over a range (fewer for big days,
 #: see TRANSACTION_ROWS); a month keeps a backfill's commits few while a chunk's small tables
 #: (state, monitoring, map: streams x days rows) stay small in memory.

@@ -67,6 +67,7 @@ PARTITION_COLUMN: dict[str, str] = {
     "calibration_daily": "date",
     "martingale_alarms": "date",
     "calibration_map": "date",
+    "pipeline_inputs": "date",
 }
 
 #: Row order of each table on insert (so that a re-run writes byte-identical partitions) and of
@@ -81,6 +82,7 @@ SORT_KEYS: dict[str, tuple[str, ...]] = {
     "calibration_daily": ("date", "stream"),
     "martingale_alarms": ("date", "stream"),
     "calibration_map": ("date", "stream", "term"),
+    "pipeline_inputs": ("date", "kind", "file"),
 }
 
 _META_SQL_HASH = "sql_hash"
@@ -90,8 +92,9 @@ _META_SCHEMA = "schema_version"
 #: older calpipe refuses a newer database instead of migrating it backwards. 1 = the databases
 #: written before the version was recorded (they upgrade on the next read-write connection);
 #: 3 = calibration_map's term inputs (in_w1, in_w2, in_w0, in_eps); 4 = calibrator_state and
-#: calibration_map hold the rows of the streams that changed that day (pipeline_days.n_state_rows).
-SCHEMA_VERSION = 4
+#: calibration_map hold the rows of the streams that changed that day (pipeline_days.n_state_rows);
+#: 5 = pipeline_inputs and pipeline_days.state_hash (corrected, late and stale days are replayed).
+SCHEMA_VERSION = 5
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*){0,2}$")
 
 
@@ -607,6 +610,17 @@ class EventSource:
                 except (AttributeError, ValueError):
                     raise StoreError(f"landing folder {sub}: not date=YYYY-MM-DD") from None
         return sorted(out)
+
+    def landing_day_files(self, start: dt.date, end: dt.date) -> list[tuple[dt.date, Path]]:
+        """(day, file) of every Parquet file of a landing folder's days in [start, end] (as
+        :meth:`read_range` reads them)."""
+        return [
+            (d, f) for d, sub in self._landing_days() if start <= d <= end for f in day_files(sub)
+        ]
+
+    def relation_sql(self) -> str:
+        """The source as a SQL relation (a Parquet file/glob or a table source)."""
+        return self._relation_sql()
 
     def _relation_sql(self) -> str:
         if self.kind == "parquet":

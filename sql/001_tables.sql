@@ -76,10 +76,31 @@ CREATE TABLE IF NOT EXISTS pipeline_days (
     n_active_streams   INTEGER NOT NULL,  -- streams with events that day
     n_state_rows       INTEGER NOT NULL   -- calibrator_state rows of the day (changed streams)
 );
+-- A hash chain of the state (calpipe/pipeline/inputs.py): state_hash = SHA-256 of the previous
+-- day's state_hash and the day's calibrator_state rows; prev_state_hash = the state_hash the day
+-- started from. Day d is stale if its prev_state_hash is not d - 1's state_hash any more (NULL:
+-- computed before calpipe recorded it).
+ALTER TABLE pipeline_days ADD COLUMN IF NOT EXISTS state_hash VARCHAR;
+ALTER TABLE pipeline_days ADD COLUMN IF NOT EXISTS prev_state_hash VARCHAR;
 -- Databases from before the state was stored sparsely (schema version < 4) hold a row for every
 -- stream on every day: their days' state row counts are their stream counts.
 ALTER TABLE pipeline_days ADD COLUMN IF NOT EXISTS n_state_rows INTEGER;
 UPDATE pipeline_days SET n_state_rows = n_streams WHERE n_state_rows IS NULL;
+
+-- What each day was computed from (calpipe/pipeline/inputs.py): one row per landing file of the
+-- day (path relative to the landing folder, size, modification time, SHA-256 of its bytes, rows
+-- in its Parquet footer), or for a table or Parquet glob source one row per day (file '', its
+-- row count and an order-independent hash of its rows). `calpipe run` replays from the first
+-- stored day whose inputs differ from the source's.
+CREATE TABLE IF NOT EXISTS pipeline_inputs (
+    date          DATE    NOT NULL,
+    kind          VARCHAR NOT NULL,  -- 'scores'
+    file          VARCHAR NOT NULL,
+    size_bytes    BIGINT,
+    mtime_ns      BIGINT,
+    content_hash  VARCHAR NOT NULL,
+    n_rows        BIGINT  NOT NULL
+);
 
 -- Monitoring per stream and day (streams with events that day).
 CREATE TABLE IF NOT EXISTS calibration_daily (

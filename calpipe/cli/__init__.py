@@ -67,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run ``calpipe ARGV``; a calpipe error or a missing file is a message and exit code 2."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # for hints that repeat the command
     stdout = sys.stdout
     sys.stdout = _PipeSafe(stdout)  # for this command only
     try:

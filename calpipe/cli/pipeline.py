@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -20,6 +21,7 @@ import polars as pl
 from calpipe import config, pipeline, store
 from calpipe.cli import ui_guard
 from calpipe.cli.options import add_method_options, method_params
+from calpipe.pipeline.inputs import ReplayRequired
 
 #: Project-local dagster instance folder (git-ignored); the Makefile exports the same path.
 DAGSTER_HOME = store.PROJECT_ROOT / ".dagster_home"
@@ -128,9 +130,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _run(con, source, args, settings, t0: float) -> int:
-    summary = pipeline.run_range(
-        con, source, args.start, args.end, settings, log=lambda m: print(f"  {m}", flush=True)
-    )
+    try:
+        summary = pipeline.run_range(
+            con, source, args.start, args.end, settings,
+            log=lambda m: print(f"  {m}", flush=True), replay=not args.no_replay,
+        )  # fmt: skip
+    except ReplayRequired as exc:
+        argv = [a for a in (args.argv or []) if a != "--no-replay"]
+        command = shlex.join([_prog(), *argv, "--start", exc.day.isoformat()])
+        print(f"calpipe: error: {exc}\nto replay them, run:\n  {command}", file=sys.stderr)
+        return 2
     if summary.days == 0:
         print(f"nothing to run: {args.db} is up to date with {source.describe()}")
         return 0
@@ -269,6 +278,9 @@ def register(sub) -> None:
     r.add_argument("--start", type=_date,
                    help="first day (default: the day after the last one stored, else the first event's)")  # fmt: skip
     r.add_argument("--end", type=_date, help="last day (default: the last event's day)")
+    r.add_argument("--no-replay", action="store_true",
+                   help="refuse (with the command to run) instead of replaying stored days whose "
+                        "inputs changed since they ran, or that an earlier re-run made stale")  # fmt: skip
     g = r.add_argument_group("columns of the source")
     g.add_argument("--stream-col", default="stream", help="stream key ('none': one stream)")
     g.add_argument("--id-col", default="event_id")

@@ -22,6 +22,7 @@ from calpipe.calibrators import Calibrator
 from calpipe.errors import StateError
 from calpipe.frame import protect_with_state
 from calpipe.pipeline.events import _BY, _ORDER, _PROTECT_INPUT
+from calpipe.pipeline.inputs import chain_hash, state_digest
 from calpipe.pipeline.settings import Settings, StageResult, _as_date
 from calpipe.pipeline.transactions import _write_days
 
@@ -118,6 +119,15 @@ JOIN (SELECT stream, max(date) AS date FROM calibrator_state WHERE date <= $1 GR
   USING (stream, date)
 ORDER BY s.stream
 """
+
+
+def state_hash_before(con, day: dt.date) -> str | None:
+    """The ``state_hash`` of ``day - 1`` (None on the chain's first day or for a day computed
+    before calpipe recorded it): where the hash chain of the days from ``day`` on starts."""
+    row = store.fetch_one(
+        con, "SELECT state_hash FROM pipeline_days WHERE date = ?", [day - dt.timedelta(days=1)]
+    )
+    return None if row is None else row[0]
 
 
 def state_as_of(con, day: dt.date) -> pl.DataFrame:
@@ -223,8 +233,11 @@ class _Chain:
     """A chain run day after day: the settings, and the state carried in memory (one small row
     per stream) from one day to the next."""
 
-    def __init__(self, settings: Settings, first_day: dt.date, state: pl.DataFrame | None):
+    def __init__(
+        self, settings: Settings, first_day: dt.date, state: pl.DataFrame | None, state_hash
+    ):
         self.settings, self.first_day, self.state = settings, first_day, state
+        self.state_hash = state_hash  # of the state carried (pipeline/inputs.py's hash chain)
         self.cal = settings.calibrator()
         self.fp = self.cal.fingerprint(2)
         self.cfg = settings.to_json()
@@ -238,14 +251,19 @@ class _Chain:
             method=self.settings.method, state=state, **self.settings.kwargs,
         )  # fmt: skip
 
-    def day_row(self, day: dt.date, n_events: int, n_active: int, n_rows: int) -> dict[str, Any]:
-        """The ``pipeline_days`` row of ``day`` (call after the day: the state is the day's);
-        ``n_rows``: its ``calibrator_state`` rows (:func:`_state_rows`)."""
+    def day_row(
+        self, day: dt.date, n_events: int, n_active: int, rows: pl.DataFrame
+    ) -> dict[str, Any]:
+        """The ``pipeline_days`` row of ``day`` (call once, after the day: the state is the
+        day's); ``rows``: its ``calibrator_state`` rows (:func:`_state_rows`), which extend the
+        state's hash chain."""
+        prev, self.state_hash = self.state_hash, chain_hash(self.state_hash, state_digest(rows))
         return {
             "date": day, "first_day": self.first_day, "method": self.cal.name,
             "config_fingerprint": self.fp, "config_json": self.cfg, "n_events": n_events,
             "n_streams": 0 if self.state is None else self.state.height,
-            "n_active_streams": n_active, "n_state_rows": n_rows,
+            "n_active_streams": n_active, "n_state_rows": rows.height,
+            "state_hash": self.state_hash, "prev_state_hash": prev,
         }  # fmt: skip
 
     def step(self, events: pl.DataFrame, day: dt.date) -> _Day:
@@ -260,7 +278,7 @@ class _Chain:
             r.scores,
             _protected_rows(self.cal, r.scores, day),
             rows,
-            self.day_row(day, events.height, active.len(), rows.height),
+            self.day_row(day, events.height, active.len(), rows),
             before,
         )
 
@@ -288,7 +306,10 @@ def protect_days(
     if first_day is None:
         first_day = chain_first_day(con) or start
     first_day = _as_date(first_day)
-    chain = _Chain(settings, first_day, state_before(con, start, settings, first_day))
+    chain = _Chain(
+        settings, first_day, state_before(con, start, settings, first_day),
+        state_hash_before(con, start),
+    )  # fmt: skip
 
     def write(writer: store.PartitionWriter, d: dt.date, events: pl.DataFrame) -> None:
         day = chain.step(events, d)

@@ -81,18 +81,21 @@ def check_row_counts(con, start: dt.date, end: dt.date) -> CheckOutcome:
 #: latest row of each stream before $1 joins the window.
 _STATE_JUMPS_SQL = """
 WITH s AS (
-    SELECT date, stream, n_events,
-           lag(n_events) OVER (PARTITION BY stream ORDER BY date) AS prev_events
+    SELECT date, stream, n_events, n_labelled,
+           lag(n_events) OVER (PARTITION BY stream ORDER BY date) AS prev_events,
+           lag(n_labelled) OVER (PARTITION BY stream ORDER BY date) AS prev_labelled
     FROM calibrator_state
     WHERE date BETWEEN $1 AND $2
        OR (date < $1 AND (stream, date) IN (SELECT (stream, max(date)) FROM calibrator_state
                                             WHERE date < $1 GROUP BY stream))),
-e AS (SELECT event_date AS date, stream, count(*) AS n_day FROM scored_events
-      WHERE event_date BETWEEN $1 AND $2 GROUP BY ALL)
-SELECT date, stream, s.prev_events, coalesce(e.n_day, 0) AS n_day, s.n_events
+e AS (SELECT event_date AS date, stream, count(*) AS n_day, count(label) AS n_day_labelled
+      FROM scored_events WHERE event_date BETWEEN $1 AND $2 GROUP BY ALL)
+SELECT date, stream, s.prev_events, coalesce(e.n_day, 0) AS n_day, s.n_events,
+       s.prev_labelled, coalesce(e.n_day_labelled, 0) AS n_day_labelled, s.n_labelled
 FROM s FULL OUTER JOIN e USING (date, stream)
 WHERE date >= $1
-  AND (s.n_events IS NULL OR s.n_events <> coalesce(s.prev_events, 0) + coalesce(e.n_day, 0))
+  AND (s.n_events IS NULL OR s.n_events <> coalesce(s.prev_events, 0) + coalesce(e.n_day, 0)
+       OR s.n_labelled <> coalesce(s.prev_labelled, 0) + coalesce(e.n_day_labelled, 0))
 ORDER BY date, stream LIMIT 10
 """
 
@@ -151,12 +154,32 @@ def check_state_continuity(con, start: dt.date, end: dt.date) -> CheckOutcome:
                 f"stream {r['stream']!r} has {r['n_day']} events on {r['date']} but no "
                 "calibrator_state row that day"
             )
-        else:
+        elif r["n_events"] != (r["prev_events"] or 0) + r["n_day"]:
             problems.append(
                 f"state counts do not follow the events: stream {r['stream']!r} on {r['date']} "
                 f"has n_events {r['n_events']}, expected {r['prev_events'] or 0} + {r['n_day']} "
                 "events of the day"
             )
+        else:
+            problems.append(
+                f"state counts do not follow the labels: stream {r['stream']!r} on {r['date']} "
+                f"has n_labelled {r['n_labelled']}, expected {r['prev_labelled'] or 0} + "
+                f"{r['n_day_labelled']} labelled events of the day"
+            )
+    stale = store.query(
+        con,
+        """SELECT date FROM (SELECT date, prev_state_hash,
+                                    lag(state_hash) OVER (ORDER BY date) AS before
+                             FROM pipeline_days WHERE date BETWEEN ? AND ?)
+           WHERE prev_state_hash <> before ORDER BY date LIMIT 1""",
+        [start - dt.timedelta(days=1), end],
+    )
+    if stale.height:
+        d = stale["date"][0]
+        problems.append(
+            f"day {d} is stale: it ran from a state of {d - dt.timedelta(days=1)} that was "
+            f"recomputed since (calpipe run replays it)"
+        )
     ok = not problems
     return CheckOutcome(
         "state_continuity", ok,

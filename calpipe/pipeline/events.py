@@ -15,6 +15,7 @@ import polars as pl
 from calpipe import config, store
 from calpipe.contract import Rule, check_rules, replay_order, resolve_columns, validate_frame
 from calpipe.errors import InputError
+from calpipe.pipeline.inputs import day_inputs, recorded_inputs, source_inputs
 from calpipe.pipeline.settings import StageResult, _as_date
 from calpipe.pipeline.transactions import _write_days
 from calpipe.store import EventSource
@@ -70,6 +71,43 @@ def _source_error(exc: InputError, source: EventSource, chunk: pl.DataFrame) -> 
     )  # fmt: skip
 
 
+#: The first stored event with the key (stream, event_id) of one of the day's events (registered
+#: as ``_calpipe_day_keys``) outside the days [$1, $2] that the run is replacing (the day and the
+#: run's later days: each of those is checked when it is read, against the days before it).
+_DUPLICATE_SQL = """
+SELECT k.stream, k.event_id, e.event_date FROM scored_events e
+JOIN _calpipe_day_keys k ON e.stream = k.stream AND e.event_id = k.event_id
+WHERE e.event_date NOT BETWEEN $1 AND $2 LIMIT 1
+"""
+
+
+def check_history_duplicates(
+    con, chunk: pl.DataFrame, day: dt.date, last: dt.date, source: EventSource
+) -> None:
+    """InputError (day, stream, event, the day it was stored on) for an event whose (stream,
+    event_id) is already stored on another day: each event is unique in its stream over the
+    whole history, not only within its day (a label re-sent as a new event, a day landed
+    twice under two dates). ``last``: the run's last day (days ``day``..``last`` are being
+    replaced). One semi-join of the day's keys against ``scored_events``; call it with the
+    connection free (no INSERT pending). Ids that are not integers are left to the
+    data contract's own error."""
+    if chunk.height == 0 or not chunk.schema["event_id"].is_integer():
+        return
+    keys = chunk.select(pl.col("stream").cast(pl.String), pl.col("event_id").cast(pl.Int64))
+    con.register("_calpipe_day_keys", keys.to_arrow())
+    try:
+        row = store.fetch_one(con, _DUPLICATE_SQL, [day, last])
+    finally:
+        con.unregister("_calpipe_day_keys")
+    if row is not None:
+        raise InputError(
+            "event_id", None,
+            f"{source.describe()}, day {day}, stream {row[0]!r}, event {row[1]}: duplicate of "
+            f"the event stored on {row[2]}; each (stream, event_id) must be unique over the "
+            "whole history",
+        )  # fmt: skip
+
+
 def check_stream_names(chunk: pl.DataFrame, source: EventSource) -> None:
     """InputError (day, stream cut short, event) for a stream name longer than
     :data:`calpipe.config.MAX_STREAM_NAME_BYTES`: both pipeline paths call it before anything of
@@ -123,18 +161,27 @@ def load_events(con, source: EventSource, start: dt.date, end: dt.date) -> Stage
     ``notes`` lists the days without events (a late landing shows up there).
 
     Days are read, validated and written one at a time, in transactions of whole days
-    (:func:`_write_days`): memory is bounded by a day. Rows are stored in the source's order,
+    (:func:`_write_days`): memory is bounded by a day. Each day's ``pipeline_inputs`` rows (what
+    it was read from, :mod:`calpipe.pipeline.inputs`) are written in the same transaction. Rows are stored in the source's order,
     which is deterministic (re-running a day from the same files writes identical rows).
     """
     start, end = _as_date(start), _as_date(end)
     res = StageResult(start, end)
+    inputs = source_inputs(con, source, start, end, recorded_inputs(con, start, end))
 
     def write(writer: store.PartitionWriter, d: dt.date, rows: pl.DataFrame) -> None:
         if rows.height == 0:
             res.notes.append(d.isoformat())
         writer.insert("scored_events", rows, sort=False)
+        writer.insert("pipeline_inputs", day_inputs(inputs, d))
 
-    res.rows = _write_days(
-        con, start, end, ["scored_events"], lambda d: read_source_days(con, source, d, d), write
-    )
+    tables = ["scored_events", "pipeline_inputs"]
+
+    def read(d: dt.date) -> pl.DataFrame:
+        rows = read_source_days(con, source, d, d)
+        check_history_duplicates(con, rows, d, end, source)
+        return rows
+
+    rows = _write_days(con, start, end, tables, read, write)
+    res.rows = {"scored_events": rows["scored_events"]}
     return res

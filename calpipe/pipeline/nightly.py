@@ -23,6 +23,7 @@ from calpipe.pipeline.chain import (
     _state_rows,
     chain_first_day,
     state_before,
+    state_hash_before,
 )
 from calpipe.pipeline.checks import (
     CheckOutcome,
@@ -36,7 +37,14 @@ from calpipe.pipeline.events import (
     _PROTECT_INPUT,
     _read_source,
     _source_error,
+    check_history_duplicates,
     check_stream_names,
+)
+from calpipe.pipeline.inputs import (
+    ReplayRequired,
+    recorded_inputs,
+    replay_start,
+    source_inputs,
 )
 from calpipe.pipeline.settings import Settings, _as_date
 from calpipe.pipeline.tables import TABLES, FusedBatch, FusedDay, FusedSpan, write_fused
@@ -66,6 +74,33 @@ def default_range(con, source: EventSource) -> tuple[dt.date, dt.date] | None:
     return (start, rng[1]) if start <= rng[1] else None
 
 
+def _read_day(con, source: EventSource, d: dt.date, last: dt.date) -> pl.DataFrame:
+    """Day ``d``'s events from the source, checked unique against the stored history (the
+    writer has no INSERT pending when a day is read: the connection is free)."""
+    chunk = _read_source(con, source, d, d)
+    check_history_duplicates(con, chunk, d, last, source)
+    return chunk
+
+
+def _replay_range(con, source: EventSource, end: dt.date | None):
+    """((first day to recompute, last day), why, the source's inputs over them) if a stored day
+    changed since it ran (:func:`calpipe.pipeline.inputs.replay_start`), else None."""
+    first = chain_first_day(con)
+    row = store.fetch_one(con, "SELECT max(date) FROM pipeline_days")
+    if first is None or row is None or row[0] is None:
+        return None
+    rng = source.date_range(con)
+    # through the source's last day, and at least the stored days (a removed last day is
+    # recomputed empty)
+    last = max(row[0], rng[1]) if rng is not None else row[0]
+    last = end or last
+    current = source_inputs(con, source, first, last, recorded_inputs(con, first, last))
+    found = replay_start(con, source, first, current)
+    if found is None:
+        return None
+    return (found[0], last), found[1], current
+
+
 def _stream_bucket(streams: pl.Series, k: int) -> np.ndarray:
     """Bucket 0..k-1 (k <= 256) of each stream name: a fixed hash, so a stream always lands in
     one bucket; uint8, so that numpy's stable argsort of the buckets is a radix sort."""
@@ -92,6 +127,7 @@ def _run_day(
     chain: _Chain,
     d: dt.date,
     chunk: pl.DataFrame,
+    inputs: pl.DataFrame,
 ) -> pl.DataFrame:
     """Day ``d`` of :func:`run_range`, its events ``chunk`` read from the source: one batch of
     streams at a time (:func:`_stream_batches`), write its events, run the engine (which
@@ -129,7 +165,7 @@ def _run_day(
         del events, batch  # free the batch before the next one
     chain.state = parts[0] if k == 1 else pl.concat(parts).sort("stream")
     rows = _state_rows(chain.state, d, chunk["stream"].unique())
-    day = FusedDay(d, rows, chain.day_row(d, chunk.height, n_active, rows.height))
+    day = FusedDay(d, rows, chain.day_row(d, chunk.height, n_active, rows), inputs)
     write_fused(writer, "day", day)
     return day.state
 
@@ -143,10 +179,17 @@ def run_range(
     *,
     first_day: dt.date | None = None,
     log: Callable[[str], None] | None = None,
+    replay: bool = True,
 ) -> RunSummary:
     """The nightly job without a daemon (``calpipe run``): the five stages over [start, end], then
     the data checks. Defaults: see :func:`default_range`; the chain's first day is the one stored,
     else ``start``. Raises on the first failed (non-warning) check.
+
+    Without ``start``, stored days whose inputs changed since they ran (a corrected or late
+    landing) or that are stale (an earlier day was recomputed after them) come first: the run
+    starts at the earliest of them (:func:`calpipe.pipeline.inputs.replay_start`) and goes
+    through the source's last day; with ``replay=False`` that is a
+    :class:`~calpipe.pipeline.inputs.ReplayRequired` error naming the day and the reason.
 
     Writes the same rows as the stages of the table registry (:data:`TABLES`:
     :func:`load_events`, :func:`protect_days`, :func:`monitor_days`, :func:`alarm_days` and
@@ -157,6 +200,20 @@ def run_range(
     by a batch of streams plus the day's events; and DuckDB writes a batch while the engine
     protects the next one (the writer's background INSERTs)."""
     settings = settings or Settings()
+    say = log or (lambda _msg: None)
+    inputs = None
+    if start is None:
+        found = _replay_range(con, source, end)
+        if found is not None:
+            (start, end_replay), why, inputs = found
+            if not replay:
+                raise ReplayRequired(
+                    start, why,
+                    f"day {start}: {why}; the stored days from {start} on were computed from "
+                    f"other inputs: run them again from {start} (--start {start})",
+                )  # fmt: skip
+            say(f"day {start}: {why}: replaying {start} .. {end or end_replay}")
+            end = end or end_replay
     if start is None:
         rng = default_range(con, source)
         if rng is None:
@@ -171,15 +228,18 @@ def run_range(
     if end < start:
         return RunSummary(None, None, 0, 0)
     first = _as_date(first_day or chain_first_day(con) or start)
-    say = log or (lambda _msg: None)
-    chain = _Chain(settings, first, state_before(con, start, settings, first))
+    if inputs is None:
+        inputs = source_inputs(con, source, start, end, recorded_inputs(con, start, end))
+    chain = _Chain(
+        settings, first, state_before(con, start, settings, first), state_hash_before(con, start)
+    )
     empty_days: list[dt.date] = []
     states: list[pl.DataFrame] = []
 
     def write(writer: store.PartitionWriter, d: dt.date, chunk: pl.DataFrame) -> None:
         if chunk.height == 0:
             empty_days.append(d)
-        states.append(_run_day(writer, source, chain, d, chunk))
+        states.append(_run_day(writer, source, chain, d, chunk, inputs))
 
     def finish(writer: store.PartitionWriter, _d0: dt.date, _d1: dt.date) -> None:
         write_fused(writer, "transaction", FusedSpan(settings, pl.concat(states)))
@@ -188,7 +248,7 @@ def run_range(
     # every registered table, each written by its fused writer: none is replaced without rows
     rows = _write_days(
         con, start, end, list(TABLES),
-        lambda d: _read_source(con, source, d, d), write, background=True, finish=finish,
+        lambda d: _read_day(con, source, d, end), write, background=True, finish=finish,
     )  # fmt: skip
     empty = f", {len(empty_days)} day(s) without events" if empty_days else ""
     say(f"scored_events: {rows['scored_events']} events, {start}..{end}{empty}")

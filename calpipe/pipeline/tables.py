@@ -24,6 +24,7 @@ table                  stage                       rows (both paths)            
 ``calibration_daily``  ``monitor_days``            ``_daily_rows``              batch
 ``martingale_alarms``  ``alarm_days``              ``_first_crossings``         batch
 ``calibration_map``    ``map_days``                ``_map_rows``                transaction
+``pipeline_inputs``    ``load_events``             ``day_inputs``               day
 =====================  ==========================  ===========================  =============
 """
 
@@ -45,6 +46,7 @@ from calpipe.frame import ProtectResult
 from calpipe.pipeline.alarms import _first_crossings, alarm_days
 from calpipe.pipeline.chain import _protected_rows, protect_days
 from calpipe.pipeline.events import _stored_events, load_events
+from calpipe.pipeline.inputs import day_inputs
 from calpipe.pipeline.mapping import _map_rows, map_days
 from calpipe.pipeline.monitoring import _daily_rows, _stream_groups, monitor_days
 from calpipe.pipeline.settings import Settings, StageResult
@@ -86,11 +88,13 @@ class FusedBatch:
 @dataclass
 class FusedDay:
     """A day of the fused run after all its batches: its ``calibrator_state`` rows (the state of
-    every stream at the end of the day, keyed by it) and its ``pipeline_days`` row."""
+    the streams that changed, keyed by the day), its ``pipeline_days`` row, and the run's
+    ``pipeline_inputs`` rows (this day's are written)."""
 
     day: dt.date
     state: pl.DataFrame
     day_row: dict[str, Any]
+    inputs: pl.DataFrame
 
 
 @dataclass
@@ -115,6 +119,10 @@ def _fused_state(d: FusedDay) -> pl.DataFrame:
 
 def _fused_day_row(d: FusedDay) -> pl.DataFrame:
     return pl.DataFrame([d.day_row])
+
+
+def _fused_inputs(d: FusedDay) -> pl.DataFrame:
+    return day_inputs(d.inputs, d.day)
 
 
 def _fused_daily(b: FusedBatch) -> pl.DataFrame:
@@ -188,6 +196,7 @@ TABLES: dict[str, OutputTable] = {
         OutputTable("calibration_daily", "001_tables.sql", monitor_days, _fused_daily, "batch"),
         OutputTable("martingale_alarms", "001_tables.sql", alarm_days, _fused_alarms, "batch"),
         OutputTable("calibration_map", "001_tables.sql", map_days, _fused_map, "transaction"),
+        OutputTable("pipeline_inputs", "001_tables.sql", load_events, _fused_inputs, "day"),
     )
 }  # fmt: skip
 

@@ -1,0 +1,203 @@
+"""calpipe/pipeline/inputs.py: corrected, late and stale days are replayed, never silent.
+
+Regression tests of the label-feed issue's item 3, each named after what a user met: re-landing
+day 6 with its labels printed "nothing to run" and left days 6-10 wrong; re-running only day 6
+left days 7-10 stale while the continuity check passed; a day landed after the next day ran was
+committed empty and never processed; an event re-sent on another day was stored twice.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import polars as pl
+import pytest
+
+from calpipe import cli, generate, pipeline, store
+from calpipe.errors import InputError
+from calpipe.generate import StreamSpec
+from calpipe.pipeline.inputs import ReplayRequired
+
+STREAMS = (StreamSpec("a", events_per_day=40), StreamSpec("b", events_per_day=25))
+N_DAYS = 10
+START = generate.DEFAULT_START
+#: Tables whose rows depend only on the events (pipeline_inputs also records file times).
+RESULT_TABLES = tuple(t for t in store.PARTITION_COLUMN if t != "pipeline_inputs")
+
+
+def day(i: int) -> dt.date:
+    return START + dt.timedelta(days=i)
+
+
+def _file(root, i: int):
+    return root / f"date={day(i).isoformat()}" / "events.parquet"
+
+
+def _tables(con, tables=RESULT_TABLES) -> dict[str, pl.DataFrame]:
+    return {t: store.query(con, f"SELECT * FROM {t} ORDER BY ALL") for t in tables}
+
+
+def _everything(con) -> dict[str, pl.DataFrame]:
+    return _tables(con, tuple(store.PARTITION_COLUMN))
+
+
+@pytest.fixture
+def chain(tmp_path):
+    events = generate.generate(n_days=N_DAYS, streams=STREAMS, seed=11)
+    store.write_landing(events, tmp_path / "landing")
+    con = store.connect(tmp_path / "db.duckdb")
+    source = store.EventSource.parse(str(tmp_path / "landing"))
+    pipeline.run_range(con, source)
+    yield con, source, tmp_path
+    con.close()
+
+
+def _reference(tmp_path, name: str) -> dict[str, pl.DataFrame]:
+    """The tables of one uninterrupted run on the landing as it is now, in a fresh database."""
+    con = store.connect(tmp_path / f"{name}.duckdb")
+    try:
+        pipeline.run_range(con, store.EventSource.parse(str(tmp_path / "landing")))
+        return _tables(con)
+    finally:
+        con.close()
+
+
+def _correct_labels(path) -> None:
+    """Re-land a day with some labels flipped (a corrected file)."""
+    ev = pl.read_parquet(path)
+    ev.with_columns(
+        pl.when(pl.int_range(pl.len()) % 3 == 0).then(1 - pl.col("label")).otherwise("label")
+        .alias("label")
+    ).write_parquet(path)  # fmt: skip
+
+
+def test_a_relanded_day_with_its_labels_printed_nothing_to_run(chain):
+    con, source, tmp = chain
+    _correct_labels(_file(tmp / "landing", 6))
+    summary = pipeline.run_range(con, source)
+    assert (summary.start, summary.end) == (day(6), day(N_DAYS - 1))
+    got = _tables(con)
+    want = _reference(tmp, "ref")
+    for t in RESULT_TABLES:
+        assert got[t].equals(want[t]), t
+    assert pipeline.run_range(con, source).days == 0  # replayed: up to date now
+
+
+def test_no_replay_refuses_with_the_exact_command_and_writes_nothing(chain, capsys):
+    con, source, tmp = chain
+    db = store.query(con, "SELECT path FROM duckdb_databases() WHERE NOT internal")["path"][0]
+    con.close()
+    _correct_labels(_file(tmp / "landing", 6))
+    with store.connect(db) as c:
+        before = _everything(c)
+    argv = ["run", "--events", source.location, "--db", db, "--no-replay"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert (
+        f"day {day(6)}: scores file 'date={day(6)}/events.parquet' changed after the day ran" in err
+    )
+    assert f"run --events {source.location} --db {db} --start {day(6)}" in err
+    with store.connect(db) as c:
+        after = _everything(c)
+    assert all(after[t].equals(before[t]) for t in before)
+    with store.connect(db) as c, pytest.raises(ReplayRequired) as info:
+        pipeline.run_range(c, source, replay=False)
+    assert info.value.day == day(6)
+
+
+def test_rerunning_only_day_6_left_days_7_to_10_stale_while_the_check_passed(chain):
+    con, source, tmp = chain
+    _correct_labels(_file(tmp / "landing", 6))
+    pipeline.run_range(con, source, day(6), day(6))  # only day 6, as a user might
+    outcome = pipeline.check_state_continuity(con, day(0), day(N_DAYS - 1))
+    assert not outcome.passed
+    assert f"day {day(7)} is stale" in outcome.description
+    with pytest.raises(ReplayRequired, match=rf"day {day(7)}: it ran from a state of {day(6)}"):
+        pipeline.run_range(con, source, replay=False)
+    summary = pipeline.run_range(con, source)
+    assert summary.start == day(7)
+    got = _tables(con)
+    want = _reference(tmp, "ref")
+    for t in RESULT_TABLES:
+        assert got[t].equals(want[t]), t
+    assert pipeline.check_state_continuity(con, day(0), day(N_DAYS - 1)).passed
+
+
+def test_rerunning_a_day_with_the_same_inputs_leaves_nothing_stale(chain):
+    con, source, _ = chain
+    before = _tables(con)
+    pipeline.run_range(con, source, day(4), day(4))
+    assert pipeline.run_range(con, source).days == 0
+    after = _tables(con)
+    assert all(after[t].equals(before[t]) for t in before)
+
+
+def test_a_day_landed_after_the_next_day_was_committed_empty_and_never_processed(tmp_path):
+    events = generate.generate(n_days=N_DAYS, streams=STREAMS, seed=11)
+    store.write_landing(events, tmp_path / "landing")
+    late = _file(tmp_path / "landing", 4)
+    held = late.read_bytes()
+    late.unlink()  # day 4 lands late
+    source = store.EventSource.parse(str(tmp_path / "landing"))
+    con = store.connect(tmp_path / "db.duckdb")
+    try:
+        pipeline.run_range(con, source)
+        assert (
+            store.fetch_one(con, "SELECT n_events FROM pipeline_days WHERE date = ?", [day(4)])[0]
+            == 0
+        )
+        late.write_bytes(held)
+        summary = pipeline.run_range(con, source)
+        assert summary.start == day(4)
+        got = _tables(con)
+    finally:
+        con.close()
+    want = _reference(tmp_path, "ref")
+    for t in RESULT_TABLES:
+        assert got[t].equals(want[t]), t
+
+
+def test_a_removed_file_and_a_changed_table_source_are_replayed(chain, tmp_path):
+    con, source, tmp = chain
+    _file(tmp / "landing", 8).unlink()
+    with pytest.raises(ReplayRequired, match=rf"day {day(8)}: scores file .* was removed"):
+        pipeline.run_range(con, source, replay=False)
+    # a table source: one changed score on day 3
+    events = generate.generate(n_days=N_DAYS, streams=STREAMS, seed=11)
+    tcon = store.connect(tmp_path / "table.duckdb")
+    try:
+        tcon.register("ev", events.to_arrow())
+        tcon.execute("CREATE TABLE landed AS SELECT * FROM ev")
+        tsource = store.EventSource.parse("landed")
+        pipeline.run_range(tcon, tsource)
+        assert pipeline.run_range(tcon, tsource).days == 0
+        tcon.execute(
+            "UPDATE landed SET score = 0.5 WHERE event_time = "
+            "(SELECT min(event_time) FROM landed WHERE CAST(event_time AS DATE) = ?)",
+            [day(3)],
+        )
+        with pytest.raises(ReplayRequired, match=rf"day {day(3)}: scores rows changed"):
+            pipeline.run_range(tcon, tsource, replay=False)
+        assert pipeline.run_range(tcon, tsource).start == day(3)
+    finally:
+        tcon.close()
+
+
+def test_an_event_resent_on_another_day_was_stored_twice(chain):
+    """An event of day 2 landed again in day 9's folder (with day 9's time): both paths refuse
+    it, naming the day it is stored on, and write nothing."""
+    con, source, tmp = chain
+    d2 = pl.read_parquet(_file(tmp / "landing", 2)).head(1)
+    d9 = pl.read_parquet(_file(tmp / "landing", 9))
+    resent = d2.with_columns(pl.lit(d9["event_time"][0]).alias("event_time"))
+    pl.concat([d9, resent]).write_parquet(_file(tmp / "landing", 9))
+    before = _everything(con)
+    key = f"stream {d2['stream'][0]!r}, event {d2['event_id'][0]}"
+    with pytest.raises(
+        InputError, match=rf"day {day(9)}, {key}: duplicate of the event stored on {day(2)}"
+    ):
+        pipeline.run_range(con, source)
+    with pytest.raises(InputError, match=rf"day {day(9)}, {key}: duplicate"):
+        pipeline.load_events(con, source, day(9), day(9))
+    after = _everything(con)
+    assert all(after[t].equals(before[t]) for t in before)
