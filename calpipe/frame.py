@@ -261,6 +261,96 @@ def protect_with_state(
     return _run(df, cols, cal, n_classes, state0)
 
 
+def arrive_labels(
+    state: pl.DataFrame,
+    labels: pl.DataFrame,
+    *,
+    by: str | Sequence[str] = "stream",
+    order_by: str | Sequence[str] = ("event_time", "event_id"),
+    score: str = "score",
+    label: str = "label",
+    label_time: str = "label_time",
+) -> pl.DataFrame:
+    """The state with labels of already processed events added to its pending lists: the label
+    feed of a nightly chain (labels that arrive days after their events).
+
+    ``labels`` has the stream keys ``by``, the event's order keys ``order_by`` (to order equal
+    label times as one pass does: by event), its raw base ``score`` (Float64, or a list of K
+    floats), its ``label`` and ``label_time``. The next :func:`protect_with_state` call applies
+    each label at its ``label_time`` as an update, before the stream's events after it and after
+    those at or before it (pending updates, docs/ARCHITECTURE.md §4), so that a chain fed this
+    way equals one pass over the events carrying their labels and label times::
+
+        one pass:  forecast(e_i) at t_i;  update(e_i, y_i) at s_i        (s_i >= t_i)
+        chain:     night d forecasts its events; labels with s_i on day d arrive on night d
+
+    Labels already pending come first on equal label times (in a nightly chain they are of an
+    earlier day). Raises StateError for a stream without state (its events were never
+    processed) or a label time before the stream's last processed event (that event was
+    forecast without it: the label arrived too late to replay as one pass).
+
+    >>> import calpipe, datetime as dt, polars as pl
+    >>> t = [dt.datetime(2024, 1, 1, h) for h in (1, 2, 3)]
+    >>> ev = pl.DataFrame({"stream": ["a"] * 3, "event_time": t, "event_id": [1, 2, 3],
+    ...                    "score": [0.2, 0.7, 0.4], "label": [None, None, None]},
+    ...                   schema_overrides={"label": pl.Int64})
+    >>> st = calpipe.protect_with_state(ev).state
+    >>> late = pl.DataFrame({"stream": ["a"], "event_time": [t[0]], "event_id": [1],
+    ...                      "score": [0.2], "label": [0],
+    ...                      "label_time": [dt.datetime(2024, 1, 2)]})
+    >>> arrive_labels(st, late)["pending_labels"].to_list()
+    [[0]]
+    """
+    by_t = (by,) if isinstance(by, str) else tuple(by)
+    order_t = (order_by,) if isinstance(order_by, str) else tuple(order_by)
+    for c in (*by_t, *order_t, score, label, label_time):
+        if c not in labels.columns:
+            raise InputError(c, None, f"missing column (the labels have {labels.columns})")
+    if labels.height == 0:
+        return state
+    keyed = state.select(*by_t, f"last_{order_t[0]}").with_row_index("__sid")
+    j = labels.join(keyed, on=list(by_t), how="left", nulls_equal=True, maintain_order="left")
+    check_rules(j, [
+        Rule(by_t[0], "label of a stream without state (its events were never processed)",
+             pl.col("__sid").is_null(), pl.struct(list(by_t))),
+        Rule(label, "null label", pl.col(label).is_null()),
+        Rule(label_time, "label_time before the stream's last processed event (it was forecast "
+             "without this label: the label arrived too late)",
+             pl.col(label_time).cast(_TIME_US) < pl.col(f"last_{order_t[0]}").cast(_TIME_US)),
+    ])  # fmt: skip
+    width = 1 if j.schema[score].is_numeric() else int(j[score].list.len().max())
+    new = j.select(
+        pl.col("__sid").cast(pl.Int64),
+        pl.col(label_time).cast(_TIME_US).to_physical().alias("t"),
+        pl.lit(1).alias("src"),
+        pl.struct(list(order_t)).rank("ordinal").cast(pl.Int64).alias("seq"),
+        pl.col(score).cast(pl.Float64 if width == 1 else pl.List(pl.Float64)).alias("sc"),
+        pl.col(label).cast(pl.Int64).alias("y"),
+    )
+    n_pend = state["pending_labels"].list.len()
+    old = pl.DataFrame({
+        "__sid": pl.int_range(state.height, eager=True).cast(pl.Int64).repeat_by(n_pend).explode(),
+        "t": state["pending_label_time"].explode().cast(_TIME_US).to_physical(),
+        "y": state["pending_labels"].explode(),
+    }).drop_nulls("y").with_columns(pl.lit(0).alias("src"), pl.int_range(pl.len()).alias("seq"))  # fmt: skip
+    flat = state["pending_scores"].explode().drop_nulls().to_numpy()
+    if width == 1:
+        new = new.with_columns(pl.col("sc").alias("sc"))
+        old = old.with_columns(pl.Series("sc", flat))
+    else:
+        old = old.with_columns(pl.Series("sc", flat.reshape(-1, width)).cast(pl.List(pl.Float64)))
+    merged = pl.concat([old.select(new.columns), new]).sort("__sid", "t", "src", "seq")
+    sid = merged["__sid"].to_numpy()
+    offsets = np.concatenate([[0], np.cumsum(np.bincount(sid, minlength=state.height))])
+    sc = merged["sc"].to_numpy() if width == 1 else np.vstack(merged["sc"].to_list()).ravel()
+    return state.with_columns(
+        _list_series(merged["t"].to_numpy(), offsets, pl.Int64)
+        .cast(pl.List(_TIME_US)).alias("pending_label_time"),
+        _list_series(sc, offsets * width, pl.Float64).alias("pending_scores"),
+        _list_series(merged["y"].to_numpy(), offsets, pl.Int64).alias("pending_labels"),
+    )  # fmt: skip
+
+
 def _check_input_columns(df: pl.DataFrame, cal: Calibrator) -> None:
     """The method's extra input columns (a user taxonomy): present, integer, in range."""
     n_cat = cal.n_categories_input()
