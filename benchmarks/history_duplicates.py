@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import platform
 import tempfile
 import time
 from pathlib import Path
@@ -24,18 +23,9 @@ import numpy as np
 import polars as pl
 
 from benchmarks.pipeline import day_events
+from benchmarks.quality import cpu_model
 from calpipe import pipeline, store
 from calpipe.pipeline.events import check_history_duplicates
-
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def measure(per_day: int, days: int, shuffled: bool) -> dict:
@@ -69,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-day", type=int, default=1_000_000)
     ap.add_argument("--days", type=int, default=30)
     a = ap.parse_args(argv)
-    print(f"CPU: {_cpu()}; history {a.days} days x {a.per_day:,} events, 1,000 streams")
+    print(f"CPU: {cpu_model()}; history {a.days} days x {a.per_day:,} events, 1,000 streams")
     print("| event ids | night (calpipe run, incl. the check) s | duplicate check s | share |")
     print("|---|---:|---:|---:|")
     for shuffled in (False, True):
