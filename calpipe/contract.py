@@ -172,8 +172,6 @@ def validate_frame(df: pl.DataFrame, cols: Columns, *, check_duplicates: bool = 
                     f"with label_time, {name!r} must be a Date/Datetime (got {schema[name]})",
                 )
         rules += [
-            Rule(lt, "null label_time for a labelled event",
-                 pl.col(lt).is_null() & pl.col(cols.label).is_not_null()),
             Rule(lt, "label_time given for an event without a label",
                  pl.col(lt).is_not_null() & pl.col(cols.label).is_null()),
             Rule(lt, f"label_time before the event's {t0!r} (a label cannot be known before its event)",

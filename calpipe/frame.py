@@ -151,8 +151,10 @@ def protect(
         Integer label in {0, 1} or 0..K-1; null = not known yet (forecast, no update).
     label_time : str, optional
         When each label became known. A label then updates the state at that time in the replay:
-        events at or before it do not see it. Labels not yet applied at the end of a batch are
-        kept in the state (:func:`protect_with_state`).
+        events at or before it do not see it. A null label time on a labelled event means the
+        label was known at its event (as without ``label_time``: the stream's next event sees
+        it), so instant and delayed labels mix in one frame. Labels not yet applied at the end
+        of a batch are kept in the state (:func:`protect_with_state`).
     by : str or sequence of str, optional
         Stream keys; default ``stream`` if the frame has it, else one stream. ``()`` = one stream.
     order_by : str or sequence of str
@@ -411,9 +413,13 @@ def _run(
     # each event where it is and write its outputs in place, and nothing is gathered into replay
     # order and back. Delayed labels need per-stream time arithmetic, so there the events are
     # put in replay order (event i = sorted row i) and the outputs put back at the end.
-    delayed = cols.label_time is not None
+    # Carried labels not applied yet (of an earlier batch with label_time) need the operation
+    # list of delayed labels even when this batch's labels are all known at their events.
+    pending0 = state0.height > 0 and bool(state0["pending_labels"].list.len().sum())
+    delayed = cols.label_time is not None or pending0
     needed = [cols.base, cols.label]
-    needed += [cols.order_by[0], cols.label_time] if delayed else []
+    needed += [cols.order_by[0]] if delayed else []
+    needed += [cols.label_time] if cols.label_time is not None else []
     needed += list(cal.input_columns().values())
     events = df.select(list(dict.fromkeys(needed)))
     if delayed and order is not None:
@@ -638,22 +644,30 @@ def _delayed_ops(cal, cols, sorted_df, sid, counts, base, labels, labelled, prev
     """Operation list with labels applied at their ``label_time`` (delayed feedback).
 
     Forecast of event i at its time; update of event i at its label_time; at equal times forecasts
-    come first (a label is seen only by events strictly after it). Updates at or after the batch's
-    last event time of the stream (its horizon) are deferred to the state's pending list, so that
-    k chunks equal one pass. Pending updates of earlier batches enter as extra pseudo-events;
-    they keep the raw score (``base``), which the calibrator prepares (clips) again on replay.
+    come first (a label is seen only by events strictly after it). A labelled event without a
+    label time (null, or no ``label_time`` column: a label known at its event) is updated right
+    after its own forecast, before the stream's next event even at an equal time, as without
+    ``label_time``. Timed updates at or after the batch's last event time of the stream (its
+    horizon) are deferred to the state's pending list, so that k chunks equal one pass (an
+    update known at its event is never deferred: applied at once it keeps one pass's order, as
+    every later operation of its stream comes after it). Pending updates of earlier batches
+    enter as extra pseudo-events; they keep the raw score (``base``), which the calibrator
+    prepares (clips) again on replay.
+
+    Sort key of an operation: (stream, time, phase, seq) with the events (phase 0, seq = event:
+    a forecast, or a step = forecast + update for a label known at its event) before the timed
+    updates at their time (phase 1, seq = event, or the pending position < 0: pending first).
     """
     n = sorted_df.height
     n_streams = counts.shape[0]
     te = sorted_df[cols.order_by[0]].cast(_TIME_US).to_physical().to_numpy().astype(np.int64)
-    tl = (
-        sorted_df[cols.label_time]
-        .cast(_TIME_US)
-        .to_physical()
-        .fill_null(0)
-        .to_numpy()
-        .astype(np.int64)
-    )
+    if cols.label_time is None:
+        timed = np.zeros(n, dtype=bool)
+        tl = np.zeros(n, dtype=np.int64)
+    else:
+        lt = sorted_df[cols.label_time].cast(_TIME_US)
+        timed = lt.is_not_null().to_numpy()
+        tl = lt.to_physical().fill_null(0).to_numpy().astype(np.int64)
     ends = np.cumsum(counts) - 1
     horizon = te[ends]
 
@@ -670,7 +684,8 @@ def _delayed_ops(cal, cols, sorted_df, sid, counts, base, labels, labelled, prev
     p_sc = p_sc if width == 1 else p_sc.reshape(m, width)
     p_tl = p_tl.astype(np.int64)
 
-    lab_idx = np.flatnonzero(labelled)
+    lab_idx = np.flatnonzero(labelled & timed)
+    now_idx = np.flatnonzero(labelled & ~timed)  # known at their event
     u_sid = np.concatenate([sid[lab_idx], p_sid])
     u_t = np.concatenate([tl[lab_idx], p_tl])
     u_seq = np.concatenate([lab_idx, np.arange(m, dtype=np.int64) - m])  # pending first on ties
@@ -678,14 +693,20 @@ def _delayed_ops(cal, cols, sorted_df, sid, counts, base, labels, labelled, prev
     apply_now = u_t < horizon[u_sid]
 
     a_sid, a_t, a_seq, a_ev = (x[apply_now] for x in (u_sid, u_t, u_seq, u_ev))
+    n_a = a_sid.shape[0]
     op_sid = np.concatenate([sid, a_sid])
     op_t = np.concatenate([te, a_t])
-    op_kind_key = np.concatenate([np.zeros(n, np.int64), np.ones(a_sid.shape[0], np.int64)])
+    op_phase = np.concatenate([np.zeros(n, np.int64), np.ones(n_a, np.int64)])
     op_seq = np.concatenate([np.arange(n, dtype=np.int64), a_seq])
     op_ev = np.concatenate([np.arange(n, dtype=np.int64), a_ev])
-    order = np.lexsort((op_seq, op_kind_key, op_t, op_sid))
+    order = np.lexsort((op_seq, op_phase, op_t, op_sid))
     op_event = np.ascontiguousarray(op_ev[order])
-    op_kind = np.where(op_kind_key[order] == 0, ops.OP_FORECAST, ops.OP_UPDATE).astype(np.int8)
+    # an event whose label is known at it is one step (forecast, then its update), as without
+    # label_time: its row's martingale is then the one after its own label
+    kind = np.full(n + n_a, ops.OP_UPDATE, dtype=np.int8)
+    kind[:n] = ops.OP_FORECAST
+    kind[now_idx] = ops.OP_STEP
+    op_kind = np.ascontiguousarray(kind[order])
     op_offsets = np.concatenate([[0], np.cumsum(np.bincount(op_sid, minlength=n_streams))]).astype(
         np.int64
     )
@@ -693,7 +714,8 @@ def _delayed_ops(cal, cols, sorted_df, sid, counts, base, labels, labelled, prev
     raw_scores = np.concatenate([base, p_sc])
     ext_scores = cal.prepare_scores(raw_scores)
     ext_labels = np.concatenate([labels, p_lab])
-    applied = np.bincount(a_sid, minlength=n_streams).astype(np.int64)
+    applied = np.bincount(np.concatenate([a_sid, sid[now_idx]]), minlength=n_streams)
+    applied = applied.astype(np.int64)
 
     # Deferred updates become the new pending lists (in apply order).
     d = ~apply_now

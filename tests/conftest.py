@@ -27,7 +27,7 @@ def make_events(
     n_streams: int | None = 3,
     n_classes: int = 2,
     null_frac: float = 0.3,
-    label_time: bool = False,
+    label_time: bool | str = False,
     time_dtype: str = "datetime",
     id_dtype: str = "int",
     extreme_frac: float = 0.05,
@@ -40,7 +40,8 @@ def make_events(
     ``event_id`` (Int64 or String, unique within a stream, not in time order), ``score`` (binary)
     or ``scores`` (List or Array of ``n_classes`` Float64 summing to 1), ``label`` (Int64,
     ``null_frac`` of them null) and, with ``label_time=True``, ``label_time`` (Datetime; event
-    time plus 0 to 12 hours, 0 about a third of the time; null where the label is null).
+    time plus 0 to 12 hours, 0 about a third of the time; null where the label is null; with
+    ``label_time="mixed"`` also null for a third of the labels: known at their event).
     ``extreme_frac`` of the base forecasts are exactly 0 or 1 in some class.
     """
     rng = np.random.default_rng(seed)
@@ -99,7 +100,12 @@ def make_events(
         delay = np.where(rng.random(n) < 0.35, 0, rng.integers(1, 13, size=n))
         unit = dt.timedelta(hours=1) if time_dtype == "datetime" else dt.timedelta(days=1)
         t_event = [T0 + unit * int(t) for t in ticks]
-        lt = [t_event[i] + unit * int(delay[i]) if labelled[i] else None for i in range(n)]
+        # "mixed": a third of the labels known at their event (null label_time)
+        known = rng.random(n) < (0.3 if label_time == "mixed" else 0.0)
+        lt = [
+            t_event[i] + unit * int(delay[i]) if labelled[i] and not known[i] else None
+            for i in range(n)
+        ]
         cols.append(pl.Series("label_time", lt, dtype=pl.Datetime("us")))
     return pl.DataFrame(cols)
 

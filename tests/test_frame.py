@@ -13,7 +13,7 @@ import itertools
 import numpy as np
 import polars as pl
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from polars.testing import assert_frame_equal
 
@@ -67,7 +67,7 @@ def interior(x: np.ndarray) -> np.ndarray:
 
 
 @st.composite
-def frames(draw, k: int, *, label_time: bool = False, streams=(None, 1, 2, 3), max_events=40):
+def frames(draw, k: int, *, label_time: bool | str = False, streams=(None, 1, 2, 3), max_events=40):
     seed = draw(st.integers(0, 2**32 - 1))
     n = draw(st.integers(1, max_events))
     return make_events(
@@ -164,7 +164,7 @@ def split_by_order_key(df: pl.DataFrame, cuts: list[int]) -> list[pl.DataFrame]:
     return [df.filter(pl.Series((pos >= lo) & (pos < hi))) for lo, hi in itertools.pairwise(bounds)]
 
 
-def check_chunks_equal_one_pass(data, name: str, k: int, label_time: bool) -> None:
+def check_chunks_equal_one_pass(data, name: str, k: int, label_time: bool | str) -> None:
     df = data.draw(frames(k, label_time=label_time, max_events=50))
     n_cuts = data.draw(st.integers(1, min(3, max(1, df.height - 1))), label="cuts")
     cuts = sorted(
@@ -197,6 +197,48 @@ def test_chunks_with_state_carried_equal_one_pass(name, k, data):
 @given(data=st.data())
 def test_chunks_with_delayed_labels_equal_one_pass(name, k, data):
     check_chunks_equal_one_pass(data, name, k, label_time=True)
+
+
+@pytest.mark.parametrize(("name", "k"), CASES)
+@FAST
+@given(data=st.data())
+def test_chunks_with_labels_known_at_the_event_and_delayed_labels_equal_one_pass(name, k, data):
+    check_chunks_equal_one_pass(data, name, k, label_time="mixed")
+
+
+@pytest.mark.parametrize(("name", "k"), CASES)
+@FAST
+@given(data=st.data())
+def test_a_null_label_time_is_a_label_known_at_its_event(name, k, data):
+    """label_time null on every labelled event = no label_time at all, bit for bit (rows and
+    state): instant labels mix with delayed ones in one frame (the pipeline's label feed)."""
+    df = data.draw(frames(k, label_time=True))
+    none = df.with_columns(pl.lit(None, pl.Datetime("us")).alias("label_time"))
+    a = run(df.drop("label_time"), name, k)
+    b = run(none, name, k, label_time="label_time")
+    assert_frame_equal(b.scores.drop("label_time"), a.scores, check_exact=True)
+    assert_frame_equal(b.state, a.state, check_exact=True)
+
+
+@pytest.mark.parametrize(("name", "k"), CASES)
+@FAST
+@given(data=st.data())
+def test_pending_labels_are_applied_by_a_call_without_label_time(name, k, data):
+    """Regression: a state with labels still pending (a batch run with label_time) resumed by a
+    call without label_time passed the pending labels through and never applied them. Now
+    the second call applies them at their times: = one pass with those labels' times and
+    the second batch's labels known at their events."""
+    df = data.draw(frames(k, label_time=True, max_events=50))
+    assume(df.height > 1)
+    cut = data.draw(st.integers(1, df.height - 1), label="cut")
+    first, second = split_by_order_key(df, [cut])
+    second = second.with_columns(pl.lit(None, pl.Datetime("us")).alias("label_time"))
+    r1 = run(first, name, k, label_time="label_time")
+    r2 = run(second.drop("label_time"), name, k, state=r1.state)
+    one = run(pl.concat([first, second]), name, k, label_time="label_time")
+    chunked = pl.concat([r1.scores, r2.scores], how="diagonal").sort(RID)
+    assert_same_rows(chunked, one.scores.sort(RID), k, tol=1e-12)
+    assert_frame_equal(r2.state, one.state, rel_tol=0, abs_tol=1e-12)
 
 
 # ----------------------------------------------------------------------------------------------

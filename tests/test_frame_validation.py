@@ -244,12 +244,19 @@ def test_label_time_equal_to_event_time_is_accepted():
     assert calpipe.protect(df, label_time="label_time").height == 6
 
 
-def test_label_time_missing_for_a_labelled_event():
+def test_a_labelled_event_without_label_time_is_known_at_its_event():
+    """A null label_time on a labelled event used to be an error; it now means the label was
+    known at its event (as without label_time), so instant and delayed labels mix."""
     df = delayed_frame()
     df = df.with_columns(df["label_time"].scatter(4, None))
-    with pytest.raises(InputError) as e:
-        calpipe.protect(df, label_time="label_time")
-    assert_input_error(e.value, "label_time", 4, "null label_time", "labelled")
+    out = calpipe.protect(df, label_time="label_time")
+    assert out.height == df.height
+    moved = calpipe.protect(
+        df.with_columns(df["label_time"].scatter(4, df["event_time"][4] + dt.timedelta(days=30))),
+        label_time="label_time",
+    )
+    # the label of row 4 is seen by a later event only when it is known at the event
+    assert not out["protected_score"].equals(moved["protected_score"])
 
 
 def test_label_time_given_for_an_unlabelled_event():
