@@ -68,6 +68,8 @@ PARTITION_COLUMN: dict[str, str] = {
     "martingale_alarms": "date",
     "calibration_map": "date",
     "pipeline_inputs": "date",
+    "event_labels": "date",
+    "quarantined_labels": "date",
 }
 
 #: Row order of each table on insert (so that a re-run writes byte-identical partitions) and of
@@ -83,6 +85,8 @@ SORT_KEYS: dict[str, tuple[str, ...]] = {
     "martingale_alarms": ("date", "stream"),
     "calibration_map": ("date", "stream", "term"),
     "pipeline_inputs": ("date", "kind", "file"),
+    "event_labels": ("date", "stream", "event_id"),
+    "quarantined_labels": ("date", "file", "stream", "event_id"),
 }
 
 _META_SQL_HASH = "sql_hash"
@@ -93,8 +97,9 @@ _META_SCHEMA = "schema_version"
 #: written before the version was recorded (they upgrade on the next read-write connection);
 #: 3 = calibration_map's term inputs (in_w1, in_w2, in_w0, in_eps); 4 = calibrator_state and
 #: calibration_map hold the rows of the streams that changed that day (pipeline_days.n_state_rows);
-#: 5 = pipeline_inputs and pipeline_days.state_hash (corrected, late and stale days are replayed).
-SCHEMA_VERSION = 5
+#: 5 = pipeline_inputs and pipeline_days.state_hash (corrected, late and stale days are replayed);
+#: 6 = the label feed (event_labels, quarantined_labels, pipeline_days.n_label_arrivals).
+SCHEMA_VERSION = 6
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*){0,2}$")
 
 
@@ -527,6 +532,11 @@ class ColumnMap:
     score: str = "score"
     label: str = "label"
 
+    @property
+    def day_time(self) -> str:
+        """The column whose date is a row's day (a table or Parquet glob source is split by it)."""
+        return self.event_time
+
     def required(self) -> list[str]:
         """The columns every file or table must have (the stream's unless ``stream=None``)."""
         names = [self.event_id, self.event_time, self.score, self.label]
@@ -647,7 +657,7 @@ class EventSource:
         if self.kind == "landing":
             days = [d for d, sub in self._landing_days() if day_files(sub)]
             return (days[0], days[-1]) if days else None
-        t = _sql_ident(self.columns.event_time)
+        t = _sql_ident(self.columns.day_time)
         row = fetch_one(
             con,
             f"SELECT CAST(min({t}) AS DATE), CAST(max({t}) AS DATE) FROM {self._relation_sql()}",
@@ -688,7 +698,7 @@ class EventSource:
                     )
                 )
             return pl.concat(parts, how="diagonal_relaxed") if parts else pl.DataFrame()
-        t = _sql_ident(self.columns.event_time)
+        t = _sql_ident(self.columns.day_time)
         return query(
             con,
             f"SELECT *, CAST({t} AS DATE) AS {DAY_COLUMN} FROM {self._relation_sql()} "

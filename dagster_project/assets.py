@@ -1,6 +1,7 @@
 """The assets of the nightly pipeline. Each one calls one function of :mod:`calpipe.pipeline`.
 
-Lineage: ``scored_events`` -> ``protected_scores`` + ``calibrator_state`` (one engine call; the
+Lineage: ``scored_events`` + ``event_labels`` (the label feed's arrivals, loaded with the events)
+-> ``protected_scores`` + ``calibrator_state`` (one engine call; the
 state of day d depends on its own day d - 1) -> ``calibration_daily``, ``martingale_alarms``,
 ``calibration_map``. All are daily-partitioned and use ``BackfillPolicy.single_run()``: a backfill
 over a range is one run, whose days the pipeline replays in order.
@@ -81,18 +82,31 @@ def _build_assets(partitions_def: DailyPartitionsDefinition) -> list:
     policy = BackfillPolicy.single_run()
     first_day = first_day_of(partitions_def)
 
-    @asset(
-        partitions_def=partitions_def, backfill_policy=policy, group_name=GROUP, kinds={"duckdb"},
-        description="Scored events of the day from the landing folder or table, validated "
-        "against the data contract (docs/ARCHITECTURE.md §3) and stored in DuckDB.",
+    @multi_asset(
+        specs=[
+            AssetSpec("scored_events", group_name=GROUP, kinds={"duckdb"},
+                      description="Scored events of the day from the landing folder or table, "
+                      "validated against the data contract (docs/ARCHITECTURE.md §3) and stored "
+                      "in DuckDB."),
+            AssetSpec("event_labels", group_name=GROUP, kinds={"duckdb"},
+                      description="Labels of the label feed that arrived that day (for the "
+                      "day's events or earlier ones), checked against the stored events."),
+        ],
+        partitions_def=partitions_def,
+        backfill_policy=policy,
     )  # fmt: skip
     def scored_events(
         context: AssetExecutionContext, duckdb: DuckDBResource, calpipe: CalpipeResource
-    ) -> MaterializeResult:
+    ):
         start, end = partition_range(context)
+        feed = calpipe.label_feed()
         with calpipe_connection(duckdb) as con:
-            res = pipeline.load_events(con, calpipe.source(), start, end)
-        return MaterializeResult(
+            res = pipeline.load_events(
+                con, calpipe.source(), start, end, feed,
+                on_unknown_label=calpipe.on_unknown_label,
+            )  # fmt: skip
+        yield MaterializeResult(
+            asset_key="scored_events",
             metadata={
                 "rows": res.rows["scored_events"],
                 "days": (end - start).days + 1,
@@ -100,12 +114,20 @@ def _build_assets(partitions_def: DailyPartitionsDefinition) -> list:
                 "days_without_events": len(res.notes),
                 "first_days_without_events": ", ".join(res.notes[:10]),
                 "source": calpipe.source().describe(),
-            }
+            },
+        )
+        yield MaterializeResult(
+            asset_key="event_labels",
+            metadata={
+                "rows": res.rows["event_labels"],
+                "quarantined": res.rows["quarantined_labels"],
+                "feed": feed.describe() if feed is not None else "none",
+            },
         )
 
     @multi_asset(
         specs=[
-            AssetSpec("protected_scores", deps=["scored_events"], group_name=GROUP,
+            AssetSpec("protected_scores", deps=["scored_events", "event_labels"], group_name=GROUP,
                       kinds={"duckdb"},
                       description="Scored events with the protected probability and the running "
                       "log10 test martingale of their stream."),

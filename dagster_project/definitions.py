@@ -8,6 +8,7 @@ variable                      meaning (default)
 ``CALPIPE_START_DATE``        the chain's first day (the demo's, 2008-06-09)
 ``CALPIPE_END_DATE``          last partition, or ``none`` for "up to yesterday" (the demo's)
 ``CALPIPE_SETTINGS``          calibrator as JSON (default: config.PIPELINE_DEFAULT_METHOD)
+``CALPIPE_LABELS``            the label feed (none)
 ============================  ===============================================================
 """
 
@@ -34,6 +35,7 @@ def build_definitions(
     last_day: dt.date | None = None,
     settings: pipeline.Settings | None = None,
     plots_dir: str = "",
+    labels: str = "",
 ) -> Definitions:
     """Definitions over one DuckDB file and one event source (tests build their own)."""
     settings = settings or pipeline.Settings()
@@ -46,7 +48,10 @@ def build_definitions(
         resources={
             "duckdb": DuckDBResource(database=str(Path(db).expanduser().resolve())),
             "calpipe": CalpipeResource(
-                events=events, settings_json=settings.to_json(), plots_dir=plots_dir
+                events=events,
+                settings_json=settings.to_json(),
+                plots_dir=plots_dir,
+                labels=labels,
             ),
         },
         # DuckDB allows one writing process per file: run the steps of a run in one process.
@@ -74,7 +79,8 @@ def defs_from_env() -> Definitions:
     )
     if first is None:
         raise ValueError("CALPIPE_START_DATE must be a date (the chain's first day), not none")
-    return build_definitions(db, events, first, last, settings)
+    labels = os.environ.get("CALPIPE_LABELS", "")
+    return build_definitions(db, events, first, last, settings, labels=labels)
 
 
 defs = defs_from_env()

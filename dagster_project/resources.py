@@ -11,6 +11,7 @@ from pydantic import Field
 
 from calpipe import store
 from calpipe.pipeline import Settings
+from calpipe.pipeline.labels import label_source
 
 
 class CalpipeResource(ConfigurableResource):
@@ -25,9 +26,22 @@ class CalpipeResource(ConfigurableResource):
         description='calibrator as JSON: {"method": ..., "params": {...}} (calpipe methods)',
     )
     plots_dir: str = Field(default="", description="folder for the PNG plots ('' = next to the DB)")
+    labels: str = Field(
+        default="",
+        description="label feed: labels that land after their events (landing folder with "
+        "date=YYYY-MM-DD/ = the arrival day, Parquet file/glob, or table); '' = none",
+    )
+    on_unknown_label: str = Field(
+        default="error",
+        description="a label of an unknown event: 'error' (fail the partition) or 'quarantine' "
+        "(park it in quarantined_labels)",
+    )
 
     def source(self) -> store.EventSource:
         return store.EventSource.parse(self.events)
+
+    def label_feed(self) -> store.EventSource | None:
+        return label_source(self.labels) if self.labels else None
 
     def settings(self) -> Settings:
         return Settings.from_json(self.settings_json)

@@ -94,13 +94,46 @@ UPDATE pipeline_days SET n_state_rows = n_streams WHERE n_state_rows IS NULL;
 -- stored day whose inputs differ from the source's.
 CREATE TABLE IF NOT EXISTS pipeline_inputs (
     date          DATE    NOT NULL,
-    kind          VARCHAR NOT NULL,  -- 'scores'
+    kind          VARCHAR NOT NULL,  -- 'scores' or 'labels'
     file          VARCHAR NOT NULL,
     size_bytes    BIGINT,
     mtime_ns      BIGINT,
     content_hash  VARCHAR NOT NULL,
     n_rows        BIGINT  NOT NULL
 );
+
+-- The label feed (calpipe/pipeline/labels.py): labels that arrive after their events, one row per
+-- label, partitioned by its arrival day `date` (the date of label_time; the landing folder's
+-- date=). The event's base score and time are copied from scored_events (the night that learns
+-- the label reads only its own partitions). Night d forecasts with the labels known before each
+-- event and learns each label at its label_time.
+CREATE TABLE IF NOT EXISTS event_labels (
+    date          DATE      NOT NULL,  -- arrival day: CAST(label_time AS DATE)
+    stream        VARCHAR   NOT NULL,
+    event_id      BIGINT    NOT NULL,  -- with stream: an event of scored_events
+    event_date    DATE      NOT NULL,  -- the event's day (<= date)
+    event_time    TIMESTAMP NOT NULL,
+    score         DOUBLE    NOT NULL,  -- the event's base score
+    label         INTEGER   NOT NULL,
+    label_time    TIMESTAMP NOT NULL,  -- >= event_time
+    file          VARCHAR   NOT NULL   -- the landing file (relative path), or the table
+);
+
+-- Labels of the feed for events calpipe does not know, parked by `--on-unknown-label quarantine`
+-- instead of failing the night (a later landing of their events replays them).
+CREATE TABLE IF NOT EXISTS quarantined_labels (
+    date          DATE      NOT NULL,  -- arrival day
+    stream        VARCHAR   NOT NULL,
+    event_id      BIGINT    NOT NULL,
+    label         INTEGER,
+    label_time    TIMESTAMP NOT NULL,
+    file          VARCHAR   NOT NULL,
+    reason        VARCHAR   NOT NULL
+);
+
+-- Labels that arrived on each day (the feed's rows of the day, event_labels).
+ALTER TABLE pipeline_days ADD COLUMN IF NOT EXISTS n_label_arrivals BIGINT;
+UPDATE pipeline_days SET n_label_arrivals = 0 WHERE n_label_arrivals IS NULL;
 
 -- Monitoring per stream and day (streams with events that day).
 CREATE TABLE IF NOT EXISTS calibration_daily (

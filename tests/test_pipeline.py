@@ -627,6 +627,9 @@ def test_transactions_span_whole_days_up_to_the_event_budget(monkeypatch):
             def wait(self):
                 pass
 
+            def flush(self, table=None):
+                pass
+
         yield Writer()
 
     monkeypatch.setattr(store, "replacing_partitions", replacing)

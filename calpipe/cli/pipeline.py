@@ -22,6 +22,7 @@ from calpipe import config, pipeline, store
 from calpipe.cli import ui_guard
 from calpipe.cli.options import add_method_options, method_params
 from calpipe.pipeline.inputs import ReplayRequired
+from calpipe.pipeline.labels import LabelColumns, label_source
 
 #: Project-local dagster instance folder (git-ignored); the Makefile exports the same path.
 DAGSTER_HOME = store.PROJECT_ROOT / ".dagster_home"
@@ -119,9 +120,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
         event_id=args.id_col, event_time=args.time_col, score=args.score_col, label=args.label_col,
     )  # fmt: skip
     source = store.EventSource.parse(args.events, columns)
+    labels = None
+    if args.labels:
+        labels = label_source(args.labels, LabelColumns(
+            stream=columns.stream, event_id=args.id_col, label=args.label_col,
+            label_time=args.label_time_col,
+        ))  # fmt: skip
     con = store.connect(args.db)
     try:
-        return _run(con, source, args, settings, t0)
+        return _run(con, source, labels, args, settings, t0)
     except duckdb.Error as exc:  # reading the source is a StoreError that names it
         print(f"calpipe: error: database {args.db}: {exc}", file=sys.stderr)
         return 2
@@ -129,11 +136,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
         con.close()
 
 
-def _run(con, source, args, settings, t0: float) -> int:
+def _run(con, source, labels, args, settings, t0: float) -> int:
     try:
         summary = pipeline.run_range(
             con, source, args.start, args.end, settings,
             log=lambda m: print(f"  {m}", flush=True), replay=not args.no_replay,
+            labels=labels, on_unknown_label=args.on_unknown_label,
         )  # fmt: skip
     except ReplayRequired as exc:
         argv = [a for a in (args.argv or []) if a != "--no-replay"]
@@ -281,12 +289,22 @@ def register(sub) -> None:
     r.add_argument("--no-replay", action="store_true",
                    help="refuse (with the command to run) instead of replaying stored days whose "
                         "inputs changed since they ran, or that an earlier re-run made stale")  # fmt: skip
+    r.add_argument("--labels", metavar="LABELS",
+                   help="label feed: labels that land after their events, as a landing folder "
+                        "(date=YYYY-MM-DD/ = the arrival day), Parquet file/glob or table of "
+                        "stream, event_id, label, label_time")  # fmt: skip
+    r.add_argument("--on-unknown-label", choices=("error", "quarantine"), default="error",
+                   help="a label of an event calpipe does not know: fail the night (default), or "
+                        "park it in the table quarantined_labels")  # fmt: skip
     g = r.add_argument_group("columns of the source")
     g.add_argument("--stream-col", default="stream", help="stream key ('none': one stream)")
     g.add_argument("--id-col", default="event_id")
     g.add_argument("--time-col", default="event_time")
     g.add_argument("--score-col", default="score")
     g.add_argument("--label-col", default="label")
+    g.add_argument(
+        "--label-time-col", default="label_time", help="label feed: when a label became known"
+    )
     add_method_options(r, config.PIPELINE_DEFAULT_METHOD)
     r.set_defaults(func=_cmd_run)
 

@@ -23,6 +23,7 @@ from calpipe.errors import StateError
 from calpipe.frame import protect_with_state
 from calpipe.pipeline.events import _BY, _ORDER, _PROTECT_INPUT
 from calpipe.pipeline.inputs import chain_hash, state_digest
+from calpipe.pipeline.labels import Arrivals, attach_labels, learn_late, stored_arrivals
 from calpipe.pipeline.settings import Settings, StageResult, _as_date
 from calpipe.pipeline.transactions import _write_days
 
@@ -190,7 +191,8 @@ def _protected_rows(cal: Calibrator, scores: pl.DataFrame, day: dt.date) -> pl.D
 
 def _state_rows(state: pl.DataFrame, day: dt.date, active: pl.Series) -> pl.DataFrame:
     """The ``calibrator_state`` rows of ``day``: the end-of-day state of the streams whose state
-    changed that day (``active``: the streams with events), keyed by the day.
+    changed that day (``active``: the streams with events or with labels of earlier events
+    arriving, :func:`_changed_streams`), keyed by the day.
 
     A stream without events keeps its state, so its latest row (of an earlier day) stays its
     state: the state at the end of day d is each stream's latest row on or before d
@@ -199,6 +201,15 @@ def _state_rows(state: pl.DataFrame, day: dt.date, active: pl.Series) -> pl.Data
     return state.filter(pl.col("stream").is_in(active.implode())).with_columns(
         pl.lit(day, pl.Date).alias("date")
     )
+
+
+def _changed_streams(events: pl.DataFrame, arrivals: Arrivals | None) -> pl.Series:
+    """The streams whose state a night changes: those with events, and those with labels of
+    earlier events arriving (their pending updates grow)."""
+    streams = events["stream"]
+    if arrivals is not None and arrivals.late.height:
+        streams = pl.concat([streams, arrivals.streams()])
+    return streams.unique()
 
 
 def _check_outputs(scores: pl.DataFrame, day: dt.date) -> None:
@@ -242,17 +253,38 @@ class _Chain:
         self.fp = self.cal.fingerprint(2)
         self.cfg = settings.to_json()
 
-    def protect(self, events: pl.DataFrame, state: pl.DataFrame | None):
+    def protect(
+        self,
+        events: pl.DataFrame,
+        state: pl.DataFrame | None,
+        arrivals: Arrivals | None = None,
+        late: pl.DataFrame | None = None,
+    ):
         """One :func:`calpipe.protect_with_state` call over the streams of ``events`` (columns
-        :data:`_PROTECT_INPUT`) from ``state``. Raises InputError for events that break the data
-        contract (validated there)."""
+        :data:`_PROTECT_INPUT`) from ``state``, learning the night's label ``arrivals``: those of
+        the events go to their rows (:func:`~calpipe.pipeline.labels.attach_labels`), ``late``
+        (the arrivals of ``state``'s streams for earlier events) to the state's pending updates
+        (:func:`~calpipe.pipeline.labels.learn_late`). Raises InputError for events that break
+        the data contract (validated there)."""
+        events = attach_labels(events, arrivals)
+        if late is not None and late.height and not self.cal.supports_label_time:
+            raise StateError(
+                f"method {self.cal.name!r} does not take delayed labels: the label feed needs a "
+                "method that does (`calpipe methods`)"
+            )
         return protect_with_state(
             events, score="score", label="label", by=_BY, order_by=_ORDER,
-            method=self.settings.method, state=state, **self.settings.kwargs,
+            label_time="label_time" if "label_time" in events.columns else None,
+            method=self.settings.method, state=learn_late(state, late), **self.settings.kwargs,
         )  # fmt: skip
 
     def day_row(
-        self, day: dt.date, n_events: int, n_active: int, rows: pl.DataFrame
+        self,
+        day: dt.date,
+        n_events: int,
+        n_active: int,
+        rows: pl.DataFrame,
+        n_arrivals: int = 0,
     ) -> dict[str, Any]:
         """The ``pipeline_days`` row of ``day`` (call once, after the day: the state is the
         day's); ``rows``: its ``calibrator_state`` rows (:func:`_state_rows`), which extend the
@@ -264,21 +296,23 @@ class _Chain:
             "n_streams": 0 if self.state is None else self.state.height,
             "n_active_streams": n_active, "n_state_rows": rows.height,
             "state_hash": self.state_hash, "prev_state_hash": prev,
+            "n_label_arrivals": n_arrivals,
         }  # fmt: skip
 
-    def step(self, events: pl.DataFrame, day: dt.date) -> _Day:
-        """Run ``day``'s events (columns :data:`_PROTECT_INPUT`) from the carried state: one
-        :meth:`protect` call over all streams."""
-        r = self.protect(events, self.state)
+    def step(self, events: pl.DataFrame, day: dt.date, arrivals: Arrivals | None = None) -> _Day:
+        """Run ``day``'s events (columns :data:`_PROTECT_INPUT`) from the carried state, with
+        the night's label ``arrivals``: one :meth:`protect` call over all streams."""
+        late = None if arrivals is None else arrivals.late
+        r = self.protect(events, self.state, arrivals, late)
         _check_outputs(r.scores, day)  # before anything of the day is written
         before, self.state = self.state, r.state
-        active = events["stream"].unique()
-        rows = _state_rows(r.state, day, active)
+        rows = _state_rows(r.state, day, _changed_streams(events, arrivals))
+        n_arrivals = 0 if arrivals is None else arrivals.rows.height
         return _Day(
             r.scores,
             _protected_rows(self.cal, r.scores, day),
             rows,
-            self.day_row(day, events.height, active.len(), rows),
+            self.day_row(day, events.height, events["stream"].n_unique(), rows, n_arrivals),
             before,
         )
 
@@ -312,7 +346,7 @@ def protect_days(
     )  # fmt: skip
 
     def write(writer: store.PartitionWriter, d: dt.date, events: pl.DataFrame) -> None:
-        day = chain.step(events, d)
+        day = chain.step(events, d, stored_arrivals(con, d))
         # in the input's order (the engine keeps it): no sort of the day's rows
         writer.insert("protected_scores", day.protected, sort=False)
         writer.insert("calibrator_state", day.state)

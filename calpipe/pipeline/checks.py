@@ -81,21 +81,26 @@ def check_row_counts(con, start: dt.date, end: dt.date) -> CheckOutcome:
 #: latest row of each stream before $1 joins the window.
 _STATE_JUMPS_SQL = """
 WITH s AS (
-    SELECT date, stream, n_events, n_labelled,
+    SELECT date, stream, n_events, n_labelled + len(coalesce(pending_labels, [])) AS n_known,
            lag(n_events) OVER (PARTITION BY stream ORDER BY date) AS prev_events,
-           lag(n_labelled) OVER (PARTITION BY stream ORDER BY date) AS prev_labelled
+           lag(n_labelled + len(coalesce(pending_labels, [])))
+               OVER (PARTITION BY stream ORDER BY date) AS prev_known
     FROM calibrator_state
     WHERE date BETWEEN $1 AND $2
        OR (date < $1 AND (stream, date) IN (SELECT (stream, max(date)) FROM calibrator_state
                                             WHERE date < $1 GROUP BY stream))),
-e AS (SELECT event_date AS date, stream, count(*) AS n_day, count(label) AS n_day_labelled
-      FROM scored_events WHERE event_date BETWEEN $1 AND $2 GROUP BY ALL)
+e AS (SELECT date, stream, sum(n_day) AS n_day, sum(n_day_labelled) AS n_day_labelled FROM (
+        SELECT event_date AS date, stream, count(*) AS n_day, count(label) AS n_day_labelled
+        FROM scored_events WHERE event_date BETWEEN $1 AND $2 GROUP BY ALL
+        UNION ALL
+        SELECT date, stream, 0, count(*) FROM event_labels WHERE date BETWEEN $1 AND $2
+        GROUP BY ALL) GROUP BY ALL)
 SELECT date, stream, s.prev_events, coalesce(e.n_day, 0) AS n_day, s.n_events,
-       s.prev_labelled, coalesce(e.n_day_labelled, 0) AS n_day_labelled, s.n_labelled
+       s.prev_known, coalesce(e.n_day_labelled, 0) AS n_day_labelled, s.n_known
 FROM s FULL OUTER JOIN e USING (date, stream)
 WHERE date >= $1
   AND (s.n_events IS NULL OR s.n_events <> coalesce(s.prev_events, 0) + coalesce(e.n_day, 0)
-       OR s.n_labelled <> coalesce(s.prev_labelled, 0) + coalesce(e.n_day_labelled, 0))
+       OR s.n_known <> coalesce(s.prev_known, 0) + coalesce(e.n_day_labelled, 0))
 ORDER BY date, stream LIMIT 10
 """
 
@@ -151,8 +156,8 @@ def check_state_continuity(con, start: dt.date, end: dt.date) -> CheckOutcome:
         r = jumps.row(0, named=True)
         if r["n_events"] is None:
             problems.append(
-                f"stream {r['stream']!r} has {r['n_day']} events on {r['date']} but no "
-                "calibrator_state row that day"
+                f"stream {r['stream']!r} has {r['n_day']} events and {r['n_day_labelled']} "
+                f"labels on {r['date']} but no calibrator_state row that day"
             )
         elif r["n_events"] != (r["prev_events"] or 0) + r["n_day"]:
             problems.append(
@@ -163,8 +168,9 @@ def check_state_continuity(con, start: dt.date, end: dt.date) -> CheckOutcome:
         else:
             problems.append(
                 f"state counts do not follow the labels: stream {r['stream']!r} on {r['date']} "
-                f"has n_labelled {r['n_labelled']}, expected {r['prev_labelled'] or 0} + "
-                f"{r['n_day_labelled']} labelled events of the day"
+                f"knows {r['n_known']} labels (n_labelled + pending), expected "
+                f"{r['prev_known'] or 0} + {r['n_day_labelled']} labels of the day (in its "
+                "scores rows and arrived)"
             )
     stale = store.query(
         con,

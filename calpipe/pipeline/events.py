@@ -15,7 +15,8 @@ import polars as pl
 from calpipe import config, store
 from calpipe.contract import Rule, check_rules, replay_order, resolve_columns, validate_frame
 from calpipe.errors import InputError
-from calpipe.pipeline.inputs import day_inputs, recorded_inputs, source_inputs
+from calpipe.pipeline.inputs import day_inputs, run_inputs
+from calpipe.pipeline.labels import Arrivals, _label_rows, _quarantine_rows, night_arrivals
 from calpipe.pipeline.settings import StageResult, _as_date
 from calpipe.pipeline.transactions import _write_days
 from calpipe.store import EventSource
@@ -153,8 +154,17 @@ def read_source_days(con, source: EventSource, start: dt.date, end: dt.date) -> 
     return _stored_events(chunk)
 
 
-def load_events(con, source: EventSource, start: dt.date, end: dt.date) -> StageResult:
-    """Stage ``scored_events``: validate the source's events of [start, end] and store them.
+def load_events(
+    con,
+    source: EventSource,
+    start: dt.date,
+    end: dt.date,
+    labels: EventSource | None = None,
+    *,
+    on_unknown_label: str = "error",
+) -> StageResult:
+    """Stage ``scored_events`` + ``event_labels``: validate the source's events of [start, end]
+    and the labels of the feed ``labels`` that arrived on those days, and store them.
 
     A bad event fails the stage with a clear message and writes nothing for its chunk; a day
     without events stores an empty partition (and is still a day of the chain). The result's
@@ -167,21 +177,26 @@ def load_events(con, source: EventSource, start: dt.date, end: dt.date) -> Stage
     """
     start, end = _as_date(start), _as_date(end)
     res = StageResult(start, end)
-    inputs = source_inputs(con, source, start, end, recorded_inputs(con, start, end))
+    inputs = run_inputs(con, source, labels, start, end)
+    arrivals: dict[dt.date, Arrivals] = {}
 
     def write(writer: store.PartitionWriter, d: dt.date, rows: pl.DataFrame) -> None:
         if rows.height == 0:
             res.notes.append(d.isoformat())
+        night = arrivals.pop(d)
         writer.insert("scored_events", rows, sort=False)
+        writer.insert("event_labels", _label_rows(night))
+        writer.insert("quarantined_labels", _quarantine_rows(night))
         writer.insert("pipeline_inputs", day_inputs(inputs, d))
 
-    tables = ["scored_events", "pipeline_inputs"]
+    tables = ["scored_events", "event_labels", "quarantined_labels", "pipeline_inputs"]
 
     def read(d: dt.date) -> pl.DataFrame:
         rows = read_source_days(con, source, d, d)
         check_history_duplicates(con, rows, d, end, source)
+        arrivals[d] = night_arrivals(con, labels, d, rows, on_unknown_label)
         return rows
 
     rows = _write_days(con, start, end, tables, read, write)
-    res.rows = {"scored_events": rows["scored_events"]}
+    res.rows = {t: rows[t] for t in tables[:3]}
     return res

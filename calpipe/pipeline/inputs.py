@@ -38,8 +38,10 @@ from calpipe import config, store
 from calpipe.errors import StateError
 from calpipe.store import EventSource
 
-#: ``pipeline_inputs.kind`` of the scored events' files (the label feed adds its own kind).
+#: ``pipeline_inputs.kind`` of the scored events' files, and of the label feed's
+#: (:data:`calpipe.pipeline.labels.LABELS`).
 SCORES = "scores"
+LABELS = "labels"
 
 _INPUT_SCHEMA = {
     "date": pl.Date,
@@ -77,10 +79,28 @@ def _parquet_rows(path: Path) -> int:
         raise store.StoreError(f"reading {path}: not a readable Parquet file ({exc})") from exc
 
 
-def source_inputs(
-    con, source: EventSource, start: dt.date, end: dt.date, known: pl.DataFrame | None = None
+def run_inputs(
+    con, source: EventSource, labels: EventSource | None, start: dt.date, end: dt.date
 ) -> pl.DataFrame:
-    """The ``pipeline_inputs`` rows of the source's days in [start, end], as the source is now.
+    """The ``pipeline_inputs`` rows of a run over [start, end]: the scored events' and, with a
+    label feed, the labels' (:func:`source_inputs` of each)."""
+    known = recorded_inputs(con, start, end)
+    rows = source_inputs(con, source, start, end, known)
+    if labels is not None:
+        rows = pl.concat([rows, source_inputs(con, labels, start, end, known, LABELS)])
+    return rows
+
+
+def source_inputs(
+    con,
+    source: EventSource,
+    start: dt.date,
+    end: dt.date,
+    known: pl.DataFrame | None = None,
+    kind: str = SCORES,
+) -> pl.DataFrame:
+    """The ``pipeline_inputs`` rows of the source's days in [start, end], as the source is now
+    (``kind``: ``scores``, or ``labels`` for the label feed).
 
     ``known``: rows recorded earlier; a landing file whose path, size and modification time
     match one of them keeps its hash and row count (no read). Table and glob sources are
@@ -88,7 +108,7 @@ def source_inputs(
     if source.kind == "landing":
         seen = {}
         if known is not None and known.height:
-            for r in known.iter_rows(named=True):
+            for r in known.filter(pl.col("kind") == kind).iter_rows(named=True):
                 seen[(r["date"], r["file"], r["size_bytes"], r["mtime_ns"])] = r
         root = Path(source.location)
         rows = []
@@ -100,11 +120,11 @@ def source_inputs(
                 digest, n = _sha256(f), _parquet_rows(f)
             else:
                 digest, n = old["content_hash"], old["n_rows"]
-            rows.append((d, SCORES, rel, st.st_size, st.st_mtime_ns, digest, n))
+            rows.append((d, kind, rel, st.st_size, st.st_mtime_ns, digest, n))
         return pl.DataFrame(rows, schema=_INPUT_SCHEMA, orient="row")
     rel = source.relation_sql()
     names = store.query(con, f"SELECT * FROM {rel} LIMIT 0").columns
-    t = store._sql_ident(source.columns.event_time)
+    t = store._sql_ident(source.columns.day_time)
     cols = ", ".join(store._sql_ident(c) for c in names)
     frame = store.query(
         con,
@@ -115,7 +135,7 @@ def source_inputs(
     )
     return frame.select(
         "date",
-        pl.lit(SCORES).alias("kind"),
+        pl.lit(kind).alias("kind"),
         pl.lit("").alias("file"),
         pl.lit(None, pl.Int64).alias("size_bytes"),
         pl.lit(None, pl.Int64).alias("mtime_ns"),

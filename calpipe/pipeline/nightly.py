@@ -16,9 +16,10 @@ import numpy as np
 import polars as pl
 
 from calpipe import config, store
-from calpipe.errors import CalpipeError, InputError
+from calpipe.errors import CalpipeError, InputError, StateError
 from calpipe.pipeline.chain import (
     _Chain,
+    _changed_streams,
     _check_outputs,
     _state_rows,
     chain_first_day,
@@ -40,12 +41,8 @@ from calpipe.pipeline.events import (
     check_history_duplicates,
     check_stream_names,
 )
-from calpipe.pipeline.inputs import (
-    ReplayRequired,
-    recorded_inputs,
-    replay_start,
-    source_inputs,
-)
+from calpipe.pipeline.inputs import LABELS, ReplayRequired, replay_start, run_inputs
+from calpipe.pipeline.labels import Arrivals, night_arrivals
 from calpipe.pipeline.settings import Settings, _as_date
 from calpipe.pipeline.tables import TABLES, FusedBatch, FusedDay, FusedSpan, write_fused
 from calpipe.pipeline.transactions import _write_days
@@ -63,10 +60,21 @@ class RunSummary:
     checks: list[CheckOutcome] = field(default_factory=list)
 
 
-def default_range(con, source: EventSource) -> tuple[dt.date, dt.date] | None:
+def _date_range(con, source: EventSource, labels: EventSource | None):
+    """First and last day of the scored events and the label feed together (a night with labels
+    and no events is a night too). None if neither has any."""
+    rngs = [r for r in (source.date_range(con), labels and labels.date_range(con)) if r]
+    if not rngs:
+        return None
+    return min(r[0] for r in rngs), max(r[1] for r in rngs)
+
+
+def default_range(
+    con, source: EventSource, labels: EventSource | None = None
+) -> tuple[dt.date, dt.date] | None:
     """The nightly default: from the day after the last day stored (or the source's first day)
-    to the source's last day. None if there is nothing to run."""
-    rng = source.date_range(con)
+    to the source's (or the label feed's) last day. None if there is nothing to run."""
+    rng = _date_range(con, source, labels)
     if rng is None:
         return None
     row = store.fetch_one(con, "SELECT max(date) FROM pipeline_days")
@@ -82,19 +90,33 @@ def _read_day(con, source: EventSource, d: dt.date, last: dt.date) -> pl.DataFra
     return chunk
 
 
-def _replay_range(con, source: EventSource, end: dt.date | None):
-    """((first day to recompute, last day), why, the source's inputs over them) if a stored day
+def _check_label_feed(con, labels: EventSource | None) -> None:
+    """StateError if the stored days were computed with a label feed and this run has none:
+    recomputing them without it would drop their labels."""
+    if labels is not None:
+        return
+    row = store.fetch_one(con, "SELECT min(date) FROM pipeline_inputs WHERE kind = ?", [LABELS])
+    if row is not None and row[0] is not None:
+        feed = store.get_meta(con, "labels") or "its label feed"
+        raise StateError(
+            f"the stored days from {row[0]} on were computed with the label feed {feed}; "
+            f"run with it (--labels {feed}): without it they would lose their labels"
+        )
+
+
+def _replay_range(con, source: EventSource, labels: EventSource | None, end: dt.date | None):
+    """((first day to recompute, last day), why, the sources' inputs over them) if a stored day
     changed since it ran (:func:`calpipe.pipeline.inputs.replay_start`), else None."""
     first = chain_first_day(con)
     row = store.fetch_one(con, "SELECT max(date) FROM pipeline_days")
     if first is None or row is None or row[0] is None:
         return None
-    rng = source.date_range(con)
-    # through the source's last day, and at least the stored days (a removed last day is
+    rng = _date_range(con, source, labels)
+    # through the sources' last day, and at least the stored days (a removed last day is
     # recomputed empty)
     last = max(row[0], rng[1]) if rng is not None else row[0]
     last = end or last
-    current = source_inputs(con, source, first, last, recorded_inputs(con, first, last))
+    current = run_inputs(con, source, labels, first, last)
     found = replay_start(con, source, first, current)
     if found is None:
         return None
@@ -128,6 +150,7 @@ def _run_day(
     d: dt.date,
     chunk: pl.DataFrame,
     inputs: pl.DataFrame,
+    arrivals: Arrivals | None = None,
 ) -> pl.DataFrame:
     """Day ``d`` of :func:`run_range`, its events ``chunk`` read from the source: one batch of
     streams at a time (:func:`_stream_batches`), write its events, run the engine (which
@@ -143,17 +166,20 @@ def _run_day(
     early = dict(chunk.schema) == _EVENT_SCHEMA
     k, batches = _stream_batches(chunk)
     before = chain.state
+    late = None if arrivals is None else arrivals.late
     parts, n_active = [], 0
     for i in range(k):
         events = chunk if batches is None else chunk[batches[i]]
-        state = before
+        state, late_i = before, late
         if k > 1 and before is not None:
             state = before.filter(pl.Series(_stream_bucket(before["stream"], k) == i))
+            if late is not None and late.height:
+                late_i = late.filter(pl.Series(_stream_bucket(late["stream"], k) == i))
         batch = FusedBatch(d, chain.cal, events, state)
         if early:
             write_fused(writer, "events", batch)
         try:
-            batch.result = chain.protect(events.select(_PROTECT_INPUT), state)
+            batch.result = chain.protect(events.select(_PROTECT_INPUT), state, arrivals, late_i)
         except InputError as exc:
             raise _source_error(exc, source, events) from None
         _check_outputs(batch.result.scores, d)  # before the day's transaction commits
@@ -164,8 +190,10 @@ def _run_day(
         n_active += batch.groups[1].shape[0]  # the batch's streams
         del events, batch  # free the batch before the next one
     chain.state = parts[0] if k == 1 else pl.concat(parts).sort("stream")
-    rows = _state_rows(chain.state, d, chunk["stream"].unique())
-    day = FusedDay(d, rows, chain.day_row(d, chunk.height, n_active, rows), inputs)
+    rows = _state_rows(chain.state, d, _changed_streams(chunk, arrivals))
+    arrivals = arrivals or Arrivals.empty(d)
+    row = chain.day_row(d, chunk.height, n_active, rows, arrivals.rows.height)
+    day = FusedDay(d, rows, row, inputs, arrivals)
     write_fused(writer, "day", day)
     return day.state
 
@@ -180,6 +208,8 @@ def run_range(
     first_day: dt.date | None = None,
     log: Callable[[str], None] | None = None,
     replay: bool = True,
+    labels: EventSource | None = None,
+    on_unknown_label: str = "error",
 ) -> RunSummary:
     """The nightly job without a daemon (``calpipe run``): the five stages over [start, end], then
     the data checks. Defaults: see :func:`default_range`; the chain's first day is the one stored,
@@ -201,9 +231,10 @@ def run_range(
     protects the next one (the writer's background INSERTs)."""
     settings = settings or Settings()
     say = log or (lambda _msg: None)
+    _check_label_feed(con, labels)
     inputs = None
     if start is None:
-        found = _replay_range(con, source, end)
+        found = _replay_range(con, source, labels, end)
         if found is not None:
             (start, end_replay), why, inputs = found
             if not replay:
@@ -215,12 +246,12 @@ def run_range(
             say(f"day {start}: {why}: replaying {start} .. {end or end_replay}")
             end = end or end_replay
     if start is None:
-        rng = default_range(con, source)
+        rng = default_range(con, source, labels)
         if rng is None:
             return RunSummary(None, None, 0, 0)
         start = rng[0]
     if end is None:
-        rng = source.date_range(con)
+        rng = _date_range(con, source, labels)
         if rng is None:
             return RunSummary(None, None, 0, 0)
         end = rng[1]
@@ -229,17 +260,25 @@ def run_range(
         return RunSummary(None, None, 0, 0)
     first = _as_date(first_day or chain_first_day(con) or start)
     if inputs is None:
-        inputs = source_inputs(con, source, start, end, recorded_inputs(con, start, end))
+        inputs = run_inputs(con, source, labels, start, end)
+    if labels is not None:
+        store.set_meta(con, "labels", labels.location)
     chain = _Chain(
         settings, first, state_before(con, start, settings, first), state_hash_before(con, start)
     )
     empty_days: list[dt.date] = []
     states: list[pl.DataFrame] = []
+    arrivals: dict[dt.date, Arrivals] = {}
+
+    def read(d: dt.date) -> pl.DataFrame:
+        chunk = _read_day(con, source, d, end)
+        arrivals[d] = night_arrivals(con, labels, d, chunk, on_unknown_label)
+        return chunk
 
     def write(writer: store.PartitionWriter, d: dt.date, chunk: pl.DataFrame) -> None:
         if chunk.height == 0:
             empty_days.append(d)
-        states.append(_run_day(writer, source, chain, d, chunk, inputs))
+        states.append(_run_day(writer, source, chain, d, chunk, inputs, arrivals.pop(d)))
 
     def finish(writer: store.PartitionWriter, _d0: dt.date, _d1: dt.date) -> None:
         write_fused(writer, "transaction", FusedSpan(settings, pl.concat(states)))
@@ -248,11 +287,17 @@ def run_range(
     # every registered table, each written by its fused writer: none is replaced without rows
     rows = _write_days(
         con, start, end, list(TABLES),
-        lambda d: _read_day(con, source, d, end), write, background=True, finish=finish,
+        read, write, background=True, finish=finish,
     )  # fmt: skip
     empty = f", {len(empty_days)} day(s) without events" if empty_days else ""
     say(f"scored_events: {rows['scored_events']} events, {start}..{end}{empty}")
     say(f"protected_scores / calibrator_state: {rows['protected_scores']} rows")
+    if labels is not None:
+        parked = rows["quarantined_labels"]
+        say(
+            f"event_labels: {rows['event_labels']} labels arrived"
+            + (f", {parked} of unknown events quarantined (quarantined_labels)" if parked else "")
+        )
     checks = [
         check_probabilities(con, start, end),
         check_row_counts(con, start, end),

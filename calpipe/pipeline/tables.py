@@ -14,18 +14,20 @@ the stage after reading its inputs from DuckDB, the fused writer from what the f
 memory (:class:`FusedBatch`, :class:`FusedDay`, :class:`FusedSpan`); so the two paths write
 identical tables (tested).
 
-=====================  ==========================  ===========================  =============
-table                  stage                       rows (both paths)            fused phase
-=====================  ==========================  ===========================  =============
-``scored_events``      ``load_events``             ``_stored_events``           events
-``protected_scores``   ``protect_days``            ``_protected_rows``          batch
-``calibrator_state``   ``protect_days``            ``_state_rows``              day
-``pipeline_days``      ``protect_days``            ``_Chain.day_row``           day
-``calibration_daily``  ``monitor_days``            ``_daily_rows``              batch
-``martingale_alarms``  ``alarm_days``              ``_first_crossings``         batch
-``calibration_map``    ``map_days``                ``_map_rows``                transaction
-``pipeline_inputs``    ``load_events``             ``day_inputs``               day
-=====================  ==========================  ===========================  =============
+======================  ==========================  ===========================  =============
+table                   stage                       rows (both paths)            fused phase
+======================  ==========================  ===========================  =============
+``scored_events``       ``load_events``             ``_stored_events``           events
+``protected_scores``    ``protect_days``            ``_protected_rows``          batch
+``calibrator_state``    ``protect_days``            ``_state_rows``              day
+``pipeline_days``       ``protect_days``            ``_Chain.day_row``           day
+``calibration_daily``   ``monitor_days``            ``_daily_rows``              batch
+``martingale_alarms``   ``alarm_days``              ``_first_crossings``         batch
+``calibration_map``     ``map_days``                ``_map_rows``                transaction
+``pipeline_inputs``     ``load_events``             ``day_inputs``               day
+``event_labels``        ``load_events``             ``_label_rows``              day
+``quarantined_labels``  ``load_events``             ``_quarantine_rows``         day
+======================  ==========================  ===========================  =============
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from calpipe.pipeline.alarms import _first_crossings, alarm_days
 from calpipe.pipeline.chain import _protected_rows, protect_days
 from calpipe.pipeline.events import _stored_events, load_events
 from calpipe.pipeline.inputs import day_inputs
+from calpipe.pipeline.labels import Arrivals, _label_rows, _quarantine_rows
 from calpipe.pipeline.mapping import _map_rows, map_days
 from calpipe.pipeline.monitoring import _daily_rows, _stream_groups, monitor_days
 from calpipe.pipeline.settings import Settings, StageResult
@@ -88,13 +91,14 @@ class FusedBatch:
 @dataclass
 class FusedDay:
     """A day of the fused run after all its batches: its ``calibrator_state`` rows (the state of
-    the streams that changed, keyed by the day), its ``pipeline_days`` row, and the run's
-    ``pipeline_inputs`` rows (this day's are written)."""
+    the streams that changed, keyed by the day), its ``pipeline_days`` row, the run's
+    ``pipeline_inputs`` rows (this day's are written) and the labels that arrived that night."""
 
     day: dt.date
     state: pl.DataFrame
     day_row: dict[str, Any]
     inputs: pl.DataFrame
+    arrivals: Arrivals
 
 
 @dataclass
@@ -123,6 +127,14 @@ def _fused_day_row(d: FusedDay) -> pl.DataFrame:
 
 def _fused_inputs(d: FusedDay) -> pl.DataFrame:
     return day_inputs(d.inputs, d.day)
+
+
+def _fused_labels(d: FusedDay) -> pl.DataFrame:
+    return _label_rows(d.arrivals)
+
+
+def _fused_quarantine(d: FusedDay) -> pl.DataFrame:
+    return _quarantine_rows(d.arrivals)
 
 
 def _fused_daily(b: FusedBatch) -> pl.DataFrame:
@@ -197,6 +209,8 @@ TABLES: dict[str, OutputTable] = {
         OutputTable("martingale_alarms", "001_tables.sql", alarm_days, _fused_alarms, "batch"),
         OutputTable("calibration_map", "001_tables.sql", map_days, _fused_map, "transaction"),
         OutputTable("pipeline_inputs", "001_tables.sql", load_events, _fused_inputs, "day"),
+        OutputTable("event_labels", "001_tables.sql", load_events, _fused_labels, "day"),
+        OutputTable("quarantined_labels", "001_tables.sql", load_events, _fused_quarantine, "day"),
     )
 }  # fmt: skip
 

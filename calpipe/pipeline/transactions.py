@@ -31,6 +31,11 @@ def day_range(start: dt.date, end: dt.date) -> list[tuple[dt.date, dt.date]]:
 
 _NO_DAY = pl.DataFrame()
 
+#: Tables that reading a day consults for the days before it (the history duplicate check, the
+#: label feed's lookup of its events and earlier labels): their rows of the transaction's earlier
+#: days are sent to DuckDB before the next day is read (the writer buffers rows across days).
+READ_BACK = ("scored_events", "event_labels")
+
 
 def _write_days(
     con,
@@ -63,7 +68,12 @@ def _write_days(
         with store.replacing_partitions(con, d, e, tables, background=background) as writer:
             for day in store.iter_days(d, e):
                 if day != d:
-                    writer.wait()  # the connection is free once the INSERTs sent so far are done
+                    # the day's reads see the earlier days of this transaction, and the
+                    # connection is free once the INSERTs sent so far are done
+                    for t in READ_BACK:
+                        if t in tables:
+                            writer.flush(t)
+                    writer.wait()
                     data = read(day)
                 write(writer, day, data)
                 data = _NO_DAY  # free the day before reading the next one

@@ -23,7 +23,7 @@ pytestmark = [
     ),
 ]
 
-ASSETS = {"scored_events", "protected_scores", "calibrator_state", "calibration_daily",
+ASSETS = {"scored_events", "event_labels", "protected_scores", "calibrator_state", "calibration_daily",
           "martingale_alarms", "calibration_map"}  # fmt: skip
 CHECKS = {("protected_scores", "probabilities_valid"), ("protected_scores", "rows_in_equal_rows_out"),
           ("calibrator_state", "state_continuity"), ("martingale_alarms", "no_martingale_alarm")}  # fmt: skip
@@ -47,6 +47,7 @@ def test_module_definitions_load_with_the_demo_defaults():
     )
     assert (mapping.start_offset, mapping.end_offset) == (-1, -1)
     assert AssetKey("scored_events") in graph.get(AssetKey("protected_scores")).parent_keys
+    assert AssetKey("event_labels") in graph.get(AssetKey("protected_scores")).parent_keys
     db = defs.resources["duckdb"].database
     assert Path(db).is_absolute() and Path(db) == store.DEFAULT_DB
 

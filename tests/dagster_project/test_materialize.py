@@ -201,3 +201,43 @@ def test_the_alarm_check_warns_without_failing_the_run(setup):
     assert alarms["date"][0] >= START + dt.timedelta(days=1)
     sql = read(db, "SELECT calibrate_score('drifting', 0.9) AS p")["p"][0]
     assert np.isfinite(sql) and sql < 0.9  # the map pulls an overconfident score in
+
+
+def test_a_label_feed_materializes_day_by_day_like_calpipe_run(tmp_path, instance):
+    """The assets with a label feed (CalpipeResource.labels): daily partitions one after the
+    other write the tables of one ``calpipe run`` over the same landings, and the chain equals
+    one pass with the labels at their label times."""
+    from calpipe import pipeline
+    from calpipe.pipeline.labels import label_source
+    from tests.pipeline.test_labels import split_feed
+
+    events = generate.generate(n_days=N_DAYS, streams=STREAMS, seed=11)
+    scores, labels, truth = split_feed(events, seed=7)
+    store.write_landing(scores, tmp_path / "scores")
+    store.write_landing(labels, tmp_path / "labels", time_column="label_time")
+    db = tmp_path / "db.duckdb"
+    defs = build_definitions(
+        db, str(tmp_path / "scores"), START, START + dt.timedelta(days=N_DAYS - 1),
+        labels=str(tmp_path / "labels"),
+    )  # fmt: skip
+    for i in range(N_DAYS):
+        r = materialize(
+            list(defs.assets), resources=defs.resources, instance=instance,
+            partition_key=day(i), raise_on_error=False,
+        )  # fmt: skip
+        assert r.success, failure_messages(r)
+    ref = tmp_path / "ref.duckdb"
+    con = store.connect(ref)
+    try:
+        src = store.EventSource.parse(str(tmp_path / "scores"))
+        pipeline.run_range(con, src, labels=label_source(str(tmp_path / "labels")))
+    finally:
+        con.close()
+    for t in ("protected_scores", "calibrator_state", "event_labels", "calibration_daily"):
+        sql = f"SELECT * FROM {t} ORDER BY ALL"
+        assert read(db, sql).equals(read(ref, sql)), t
+    assert read(db, "SELECT count(*) FROM event_labels").item() == labels.height > 0
+    one = calpipe.protect(truth, method=config.PIPELINE_DEFAULT_METHOD, label_time="label_time")
+    j = one.join(read(db, "SELECT * FROM protected_scores"), on=["stream", "event_id"], suffix="_c")
+    assert j.height == events.height
+    assert (j["protected_score"] - j["protected_score_c"]).abs().max() <= 1e-12

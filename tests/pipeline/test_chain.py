@@ -119,7 +119,7 @@ def test_a_stream_with_events_but_no_state_row_fails_the_continuity_check(idle):
     con.execute("UPDATE pipeline_days SET n_state_rows = 0 WHERE date = ?", [_day(2)])
     outcome = pipeline.check_state_continuity(con, _day(1), _day(5))
     assert not outcome.passed
-    assert f"stream 's0' has 25 events on {_day(2)} but no calibrator_state row" in (
+    assert f"stream 's0' has 25 events and 25 labels on {_day(2)} but no calibrator_state row" in (
         outcome.description
     )
 

@@ -201,3 +201,22 @@ def test_an_event_resent_on_another_day_was_stored_twice(chain):
         pipeline.load_events(con, source, day(9), day(9))
     after = _everything(con)
     assert all(after[t].equals(before[t]) for t in before)
+
+
+def test_a_duplicate_within_one_transaction_was_not_caught(tmp_path):
+    """Regression: the writer buffers rows across the days of a transaction, so day 9's read did
+    not see day 8's events of the same transaction and an event landed on both days was stored
+    twice. The read-back tables are sent to DuckDB before each day is read."""
+    events = generate.generate(n_days=N_DAYS, streams=STREAMS, seed=11)
+    d8 = events.filter(pl.col("event_time").dt.date() == day(8)).head(1)
+    resent = d8.with_columns(pl.col("event_time") + dt.timedelta(days=1))
+    store.write_landing(pl.concat([events, resent]), tmp_path / "landing")
+    source = store.EventSource.parse(str(tmp_path / "landing"))
+    con = store.connect(tmp_path / "db.duckdb")
+    try:  # the whole range is one transaction (TRANSACTION_ROWS is far above 10 small days)
+        key = f"stream {d8['stream'][0]!r}, event {d8['event_id'][0]}"
+        with pytest.raises(InputError, match=rf"day {day(9)}, {key}: duplicate of .* {day(8)}"):
+            pipeline.run_range(con, source)
+        assert store.query(con, "SELECT count(*) AS n FROM scored_events")["n"][0] == 0
+    finally:
+        con.close()

@@ -8,12 +8,15 @@ import contextlib
 import dataclasses
 import datetime as dt
 import re
+import shutil
 from collections import Counter
 
+import polars as pl
 import pytest
 
 from calpipe import config, generate, pipeline, store
 from calpipe.pipeline import tables
+from calpipe.pipeline.labels import label_source
 from tests.test_pipeline import drifting  # noqa: F401  (the fixture)
 
 START = generate.DEFAULT_START
@@ -105,9 +108,31 @@ def test_run_range_replaces_exactly_the_registered_tables_with_their_fused_write
             yield writer
 
     monkeypatch.setattr(store, "replacing_partitions", spy)
+    # a label feed: every third label arrives an hour after its event, and one label of an
+    # unknown event is parked (event_labels and quarantined_labels get rows)
+    events = pl.concat([pl.read_parquet(f) for f in sorted((tmp / "landing").rglob("*.parquet"))])
+    fed = (pl.int_range(pl.len()) % 3 == 0) & pl.col("label").is_not_null()
+    fed_rows = events.filter(fed).filter(
+        (pl.col("event_time") + pl.duration(hours=1)) <= pl.col("event_time").max()
+    )
+    labels = fed_rows.select(
+        "stream",
+        "event_id",
+        "label",
+        (pl.col("event_time") + pl.duration(hours=1)).alias("label_time"),
+    )
+    unknown = labels.head(1).with_columns(pl.lit(10**12).alias("event_id"))
+    keep = events.join(fed_rows.select("stream", "event_id"), on=["stream", "event_id"], how="anti")
+    shutil.rmtree(tmp / "landing")
+    store.write_landing(
+        pl.concat([keep, fed_rows.with_columns(pl.lit(None, pl.Int32).alias("label"))]),
+        tmp / "landing",
+    )
+    store.write_landing(pl.concat([labels, unknown]), tmp / "labels", time_column="label_time")
+    feed = label_source(str(tmp / "labels"))
     con = store.connect(tmp / "db.duckdb")
     try:
-        pipeline.run_range(con, source)
+        pipeline.run_range(con, source, labels=feed, on_unknown_label="quarantine")
         assert replaced and all(names == list(tables.TABLES) for names in replaced)
         assert set(calls) == set(tables.TABLES)
         for name in tables.TABLES:  # every table got rows (the hot stream crosses the alarm)

@@ -1,0 +1,380 @@
+"""The label feed: labels that land days after their events (docs/ARCHITECTURE.md §5).
+
+In a deployment the scores of day d land on day d and their labels days or weeks later, in a
+feed of their own: a landing folder ``date=YYYY-MM-DD/*.parquet`` (or a Parquet glob, or a
+table) of ``stream, event_id, label, label_time``, where the folder's date is the arrival day and
+``label_time`` falls on it. Night d
+
+1. reads the labels of arrival day d (:func:`read_arrivals`) and checks them against the events
+   (:func:`check_arrivals`): each names an event stored on a day <= d (or of day d itself), is
+   its first label, and is not earlier than the event; a bad label is an
+   :class:`~calpipe.errors.InputError` naming the file, stream, event and rule, and nothing of
+   the night is written (``on_unknown="quarantine"`` parks labels of unknown events in
+   ``quarantined_labels`` instead);
+2. gives the labels of day d's own events to their rows (:func:`attach_labels`: ``label_time``
+   column; an in-row label keeps a null label time, known at its event), and adds the labels of
+   earlier events to their streams' pending updates (:func:`calpipe.frame.arrive_labels`, with the
+   event's stored base score), so that the night's :func:`calpipe.protect_with_state` call learns
+   each label at its ``label_time``;
+3. stores them in ``event_labels`` (partitioned by arrival day) with the day's other tables; each
+   label file's hash is recorded in ``pipeline_inputs`` (kind ``labels``), so a corrected or late
+   label file replays the nights from its day (:mod:`calpipe.pipeline.inputs`).
+
+A chain run this way, night after night, equals one pass ``calpipe.protect(events,
+label_time="label_time")`` over every event with its final label and label time (null for labels
+in the scores rows) — tested to 1e-12 (``tests/pipeline/test_labels.py``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+
+from calpipe import store
+from calpipe.contract import _TIME_US, Rule, check_rules
+from calpipe.errors import InputError
+from calpipe.frame import arrive_labels
+from calpipe.store import EventSource
+
+#: What to do with a label whose event calpipe does not know: fail the night, or park it.
+ON_UNKNOWN = ("error", "quarantine")
+
+#: Column of a landing read naming each row's file (DuckDB's ``filename`` option).
+_FILE = "__calpipe_file"
+
+_ARRIVAL_SCHEMA = {
+    "stream": pl.String,
+    "event_id": pl.Int64,
+    "label": pl.Int32,
+    "label_time": pl.Datetime("us"),
+    "file": pl.String,
+}
+
+#: ``event_labels`` rows (the table's columns, in its order).
+_LABEL_SCHEMA = {
+    "date": pl.Date,
+    "stream": pl.String,
+    "event_id": pl.Int64,
+    "event_date": pl.Date,
+    "event_time": pl.Datetime("us"),
+    "score": pl.Float64,
+    "label": pl.Int32,
+    "label_time": pl.Datetime("us"),
+    "file": pl.String,
+}
+
+_QUARANTINE_SCHEMA = {
+    "date": pl.Date,
+    "stream": pl.String,
+    "event_id": pl.Int64,
+    "label": pl.Int32,
+    "label_time": pl.Datetime("us"),
+    "file": pl.String,
+    "reason": pl.String,
+}
+
+
+@dataclass(frozen=True)
+class LabelColumns:
+    """Names of the label feed's columns in a source. ``stream=None``: one stream, ``default``
+    (as for the events)."""
+
+    stream: str | None = "stream"
+    event_id: str = "event_id"
+    label: str = "label"
+    label_time: str = "label_time"
+
+    @property
+    def day_time(self) -> str:
+        """A label's day is its arrival day: the date of its ``label_time``."""
+        return self.label_time
+
+    def required(self) -> list[str]:
+        names = [self.event_id, self.label, self.label_time]
+        return names if self.stream is None else [self.stream, *names]
+
+    def check_file(self, path: Path) -> None:
+        """InputError naming the file if its Parquet schema lacks a required column."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        try:
+            names = pq.read_schema(path).names
+        except (pa.ArrowException, OSError) as exc:
+            raise store.StoreError(f"reading {path}: not a readable Parquet file ({exc})") from exc
+        missing = [c for c in self.required() if c not in names]
+        if missing:
+            raise InputError(
+                missing[0], None, f"labels {path}: missing column (the file has {names})"
+            )
+
+
+def label_source(text: str, columns: LabelColumns | None = None) -> EventSource:
+    """The label feed at ``text``: a landing folder with ``date=`` sub-folders, a Parquet
+    file/glob, or a table (as :meth:`calpipe.store.EventSource.parse`)."""
+    return EventSource.parse(text, columns or LabelColumns())
+
+
+@dataclass
+class Arrivals:
+    """The labels that arrived on one night, checked: ``rows`` (``event_labels`` rows) and the
+    labels of unknown events parked by ``on_unknown="quarantine"`` (``quarantined``)."""
+
+    day: dt.date
+    rows: pl.DataFrame
+    quarantined: pl.DataFrame
+
+    @classmethod
+    def empty(cls, day: dt.date) -> Arrivals:
+        return cls(day, pl.DataFrame(schema=_LABEL_SCHEMA), pl.DataFrame(schema=_QUARANTINE_SCHEMA))
+
+    @property
+    def same_day(self) -> pl.DataFrame:
+        """Labels of the night's own events (they go to their rows)."""
+        return self.rows.filter(pl.col("event_date") == self.day)
+
+    @property
+    def late(self) -> pl.DataFrame:
+        """Labels of events of earlier days (they go to their streams' pending updates)."""
+        return self.rows.filter(pl.col("event_date") < self.day)
+
+    def streams(self) -> pl.Series:
+        """Streams whose state the labels change (for the night's ``calibrator_state`` rows)."""
+        return self.late["stream"].unique()
+
+
+def read_arrivals(con, source: EventSource, day: dt.date) -> pl.DataFrame:
+    """The labels that arrived on ``day`` in the contract's names plus ``file`` (the landing file
+    relative to the folder, or the source), not yet checked. Empty if none."""
+    cm: LabelColumns = source.columns
+    if source.kind == "landing":
+        root = Path(source.location)
+        if not root.is_dir():
+            raise store.StoreError(f"labels landing folder {root} does not exist")
+        sub = root / f"date={day.isoformat()}"
+        files = store.day_files(sub) if sub.is_dir() else []
+        if not files:
+            return pl.DataFrame(schema=_ARRIVAL_SCHEMA)
+        for f in files:
+            cm.check_file(f)
+        lst = ", ".join(f"'{store._sql_str(str(f))}'" for f in files)
+        with source._reading():
+            raw = store.query(
+                con,
+                f"SELECT * FROM read_parquet([{lst}], union_by_name = true, "
+                f"hive_partitioning = false, filename = '{_FILE}')",
+            )
+        prefix = len(str(root)) + 1
+        raw = raw.with_columns(pl.col(_FILE).str.slice(prefix))
+    else:
+        raw = source.read_range(con, day, day)
+        if raw.width == 0:
+            return pl.DataFrame(schema=_ARRIVAL_SCHEMA)
+        raw = raw.drop(store.DAY_COLUMN).with_columns(pl.lit(source.location).alias(_FILE))
+    for c in cm.required():
+        if c not in raw.columns:
+            raise InputError(
+                c, None, f"labels {source.describe()}: missing column (it has {raw.columns})"
+            )
+    if not raw.schema[cm.event_id].is_integer():
+        raise InputError(cm.event_id, None, f"labels {source.describe()}: event ids must be "
+                         f"integers (got {raw.schema[cm.event_id]})")  # fmt: skip
+    if not raw.schema[cm.label_time].is_temporal():
+        raise InputError(cm.label_time, None, f"labels {source.describe()}: label_time must be a "
+                         f"Date or Datetime (got {raw.schema[cm.label_time]})")  # fmt: skip
+    lab = raw.schema[cm.label]
+    if not (lab.is_integer() or lab.is_float() or lab == pl.Boolean):
+        raise InputError(cm.label, None, f"labels {source.describe()}: labels must be 0/1 "
+                         f"(got {lab})")  # fmt: skip
+    stream = pl.col(cm.stream).cast(pl.String) if cm.stream else pl.lit(store.DEFAULT_STREAM)
+    return raw.select(
+        stream.alias("stream"),
+        pl.col(cm.event_id).cast(pl.Int64).alias("event_id"),
+        pl.col(cm.label).cast(pl.Float64).alias("__y"),
+        pl.col(cm.label_time).cast(pl.Datetime("us")).alias("label_time"),
+        pl.col(_FILE).alias("file"),
+    )
+
+
+#: For the night's labels (registered as ``_calpipe_label_keys``, with their row ``i``): the
+#: event stored on a day before $1 (the night) and a label that arrived on a night before it.
+#: The days from $1 on are being replaced by this run (each checked as it is read).
+_LOOKUP_SQL = """
+SELECT k.i, e.event_date, e.event_time, e.score, e.label AS row_label,
+       l.label AS prev_label, l.date AS prev_date
+FROM _calpipe_label_keys k
+LEFT JOIN scored_events e
+  ON e.stream = k.stream AND e.event_id = k.event_id AND e.event_date < $1
+LEFT JOIN event_labels l
+  ON l.stream = k.stream AND l.event_id = k.event_id AND l.date < $1
+"""
+
+
+def check_arrivals(
+    con,
+    raw: pl.DataFrame,
+    day: dt.date,
+    events: pl.DataFrame,
+    source: EventSource,
+    *,
+    on_unknown: str = "error",
+) -> Arrivals:
+    """The night's labels ``raw`` (:func:`read_arrivals`) checked against the events: the day's
+    own ``events`` (``stream, event_id, event_time, score, label``) and those stored in
+    ``scored_events`` before ``day``, and against the labels stored before ``day``.
+
+    Raises InputError naming the file, stream, event and the rule for: a null field, a label
+    outside {0, 1}, a ``label_time`` not on its arrival day, two labels of one event, a label of
+    an unknown event (unless ``on_unknown="quarantine"``), a label earlier than its event, a
+    second label of an event that has one (in its scores row or from an earlier night), and a
+    label that changes a stored one. Call it with the connection free (no INSERT pending)."""
+    if on_unknown not in ON_UNKNOWN:
+        raise ValueError(f"on_unknown must be one of {ON_UNKNOWN}, got {on_unknown!r}")
+    if raw.height == 0:
+        return Arrivals.empty(day)
+    raw = raw.with_row_index("i")
+    y = pl.col("__y")
+    _check(raw, source, day, [
+        *[Rule(c, f"null {c}", pl.col(c).is_null()) for c in ("stream", "event_id", "label_time")],
+        Rule("label", "null label", y.is_null(), y),
+        Rule("label", "label outside the classes 0..1 (labels are 0 or 1)", ~y.is_in([0.0, 1.0]), y),
+        Rule("label_time", f"label_time not on its arrival day {day} (a label lands in the folder "
+             "of the day it became known)", pl.col("label_time").cast(pl.Date) != day,
+             pl.col("label_time")),
+        Rule("event_id", "second label of the same event in the night's labels",
+             pl.struct("stream", "event_id").is_duplicated()),
+    ])  # fmt: skip
+    con.register("_calpipe_label_keys", raw.select("i", "stream", "event_id").to_arrow())
+    try:
+        stored = store.query(con, _LOOKUP_SQL, [day])
+    finally:
+        con.unregister("_calpipe_label_keys")
+    own = events.select(
+        "stream", "event_id",
+        pl.lit(day, pl.Date).alias("event_date"),
+        pl.col("event_time").cast(pl.Datetime("us")),
+        pl.col("score").cast(pl.Float64),
+        pl.col("label").cast(pl.Int32).alias("row_label"),
+    )  # fmt: skip
+    j = (
+        raw.join(stored.cast({"i": pl.UInt32}), on="i", how="left")
+        .join(own, on=["stream", "event_id"], how="left", suffix="_own")
+        .with_columns(
+            *[pl.coalesce(f"{c}_own", c).alias(c)
+              for c in ("event_date", "event_time", "score", "row_label")],
+            pl.col("__y").cast(pl.Int32).alias("label"),
+        )
+        .sort("i")
+    )  # fmt: skip
+    unknown = pl.col("event_date").is_null()
+    quarantined = pl.DataFrame(schema=_QUARANTINE_SCHEMA)
+    if on_unknown == "quarantine":
+        quarantined = j.filter(unknown).select(
+            pl.lit(day, pl.Date).alias("date"), "stream", "event_id", "label", "label_time",
+            "file", pl.lit(f"no scored event with this stream and event_id up to {day}")
+            .alias("reason"),
+        )  # fmt: skip
+        j = j.filter(~unknown)
+    lab, row, prev = pl.col("label"), pl.col("row_label"), pl.col("prev_label")
+    _check(j, source, day, [
+        Rule("event_id", f"label of an unknown event (no scored event with this stream and "
+             f"event_id up to {day}; --on-unknown-label quarantine parks such labels)", unknown),
+        Rule("label_time", "label earlier than its event", pl.col("label_time") <
+             pl.col("event_time"), pl.format("{} < event_time {}", pl.col("label_time"),
+                                             pl.col("event_time"))),
+        Rule("label", "second label of the same event (its scores row has it)",
+             row.is_not_null() & (row == lab), pl.col("event_date")),
+        Rule("label", "label that changes a stored one (its scores row has the other label)",
+             row.is_not_null() & (row != lab), row),
+        Rule("label", "second label of the same event (it arrived on an earlier night)",
+             prev.is_not_null() & (prev == lab), pl.col("prev_date")),
+        Rule("label", "label that changes a stored one (another label arrived on an earlier "
+             "night)", prev.is_not_null() & (prev != lab), pl.format("{} on {}", prev,
+                                                                    pl.col("prev_date"))),
+    ])  # fmt: skip
+    rows = j.select(pl.lit(day, pl.Date).alias("date"), *list(_LABEL_SCHEMA)[1:]).cast(
+        _LABEL_SCHEMA
+    )
+    return Arrivals(
+        day, rows.sort("stream", "event_id"), quarantined.sort("file", "stream", "event_id")
+    )
+
+
+def _check(frame: pl.DataFrame, source: EventSource, day: dt.date, rules: list[Rule]) -> None:
+    """InputError of the first broken rule, restated with the file, stream and event."""
+    try:
+        check_rules(frame, rules)
+    except InputError as exc:
+        r = frame.row(exc.row, named=True)
+        name = (
+            r["stream"]
+            if r["stream"] is None or len(r["stream"]) <= 60
+            else r["stream"][:60] + "..."
+        )
+        raise InputError(
+            exc.column, None,
+            f"labels {source.describe()}, day {day}, file {r['file']}, stream {name!r}, event "
+            f"{r['event_id']}: {exc.rule}",
+        ) from None  # fmt: skip
+
+
+def attach_labels(events: pl.DataFrame, arrivals: Arrivals | None) -> pl.DataFrame:
+    """The night's events with the labels that arrived for them: ``label`` filled in and a
+    ``label_time`` column (null for a label of the scores row: known at its event). ``events``
+    unchanged when no label of the night is for them (the engine's faster path)."""
+    same = None if arrivals is None else arrivals.same_day
+    if same is None or same.height == 0:
+        return events
+    fed = same.select(
+        "stream", "event_id", pl.col("label").alias("__fed"), pl.col("label_time").cast(_TIME_US)
+    )
+    out = events.join(fed, on=["stream", "event_id"], how="left", maintain_order="left")
+    return out.with_columns(pl.coalesce("label", "__fed").cast(events.schema["label"])).drop(
+        "__fed"
+    )
+
+
+def learn_late(state: pl.DataFrame | None, late: pl.DataFrame | None) -> pl.DataFrame | None:
+    """``state`` with ``late`` (:attr:`Arrivals.late` rows of its streams) pending in their
+    streams (:func:`calpipe.frame.arrive_labels`): the night's engine call applies each at its
+    ``label_time``."""
+    if state is None or late is None or late.height == 0:
+        return state
+    return arrive_labels(
+        state, late.select("stream", "event_time", "event_id", "score", "label", "label_time")
+    )
+
+
+def night_arrivals(
+    con, labels: EventSource | None, day: dt.date, events: pl.DataFrame, on_unknown: str = "error"
+) -> Arrivals:
+    """The labels of the feed ``labels`` that arrived on ``day``, checked (:func:`read_arrivals`,
+    :func:`check_arrivals`); none without a feed."""
+    if labels is None:
+        return Arrivals.empty(day)
+    raw = read_arrivals(con, labels, day)
+    return check_arrivals(con, raw, day, events, labels, on_unknown=on_unknown)
+
+
+def stored_arrivals(con, day: dt.date) -> Arrivals:
+    """The labels stored as arrived on ``day`` (``event_labels``): what the stage
+    :func:`calpipe.pipeline.protect_days` learns on that night."""
+    rows = store.query(con, "SELECT * FROM event_labels WHERE date = ?", [day])
+    return Arrivals(
+        day,
+        rows.select(list(_LABEL_SCHEMA)).cast(_LABEL_SCHEMA),
+        pl.DataFrame(schema=_QUARANTINE_SCHEMA),
+    )
+
+
+def _label_rows(arrivals: Arrivals) -> pl.DataFrame:
+    """``event_labels`` rows of a night."""
+    return arrivals.rows
+
+
+def _quarantine_rows(arrivals: Arrivals) -> pl.DataFrame:
+    """``quarantined_labels`` rows of a night."""
+    return arrivals.quarantined

@@ -1,0 +1,384 @@
+"""calpipe/pipeline/labels.py: scores today, labels later (#12 item 1).
+
+The oracle: a chain run night by night — each night's scores landing with some labels in its rows,
+the label feed's arrivals of the night in their own landing — equals one
+``calpipe.protect(events, label_time="label_time")`` pass over every event with its final label
+(label_time null for a label of its scores row: known at its event), to 1e-12. With random
+delays (labels reordered), a day whose scores land late, and a corrected label file, each replayed
+by ``calpipe run``'s nightly default.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+import calpipe
+from calpipe import generate, pipeline, store
+from calpipe.errors import InputError, StateError
+from calpipe.generate import StreamSpec
+from calpipe.pipeline import Settings
+from calpipe.pipeline.labels import label_source
+
+STREAMS = (
+    StreamSpec("a", events_per_day=40),
+    StreamSpec("b", events_per_day=25, drift="shift", drift_day=3, strength=1.5),
+    StreamSpec("c", events_per_day=3),
+)
+N_DAYS = 8
+START = generate.DEFAULT_START
+TOL = 1e-12
+
+
+def day(i: int) -> dt.date:
+    return START + dt.timedelta(days=i)
+
+
+def split_feed(events: pl.DataFrame, seed: int, *, frac: float = 0.6, max_delay_days: int = 3):
+    """(scores, labels, truth): ``frac`` of the labels leave their scores rows for the feed with
+    a random delay of 0 to ``max_delay_days`` days (a tenth exactly 0: label_time = event_time;
+    delays reorder labels); labels arriving after the last day never arrive. ``truth``: every
+    event with the label the chain learns and its label_time (null: known at its event)."""
+    rng = np.random.default_rng(seed)
+    n = events.height
+    labelled = events["label"].is_not_null().to_numpy()
+    fed = labelled & (rng.random(n) < frac)
+    delay = rng.integers(0, max_delay_days * 86_400_000_000, n)
+    delay[rng.random(n) < 0.1] = 0
+    lt = events["event_time"] + pl.Series(delay).cast(pl.Duration("us"))
+    last = events["event_time"].max().date()
+    arrives = fed & (lt.dt.date() <= last).to_numpy()
+    keep, arr = pl.Series(~fed), pl.Series(arrives)
+    scores = events.with_columns(pl.when(keep).then(pl.col("label")).alias("label"))
+    truth = events.with_columns(
+        pl.when(keep | arr).then(pl.col("label")).alias("label"),
+        pl.when(arr).then(lt).alias("label_time"),
+    )
+    labels = truth.filter(arr).select("stream", "event_id", "label", "label_time")
+    return scores, labels, truth
+
+
+def write_day(frame: pl.DataFrame, root: Path, d: dt.date, time_column: str) -> None:
+    part = frame.filter(pl.col(time_column).dt.date() == d)
+    if part.height:
+        store.write_landing(part, root, time_column=time_column)
+
+
+def one_pass(truth: pl.DataFrame, method: str) -> calpipe.ProtectResult:
+    return calpipe.protect_with_state(truth, method=method, label_time="label_time")
+
+
+def assert_chain_equals_one_pass(con, truth: pl.DataFrame, method: str) -> None:
+    one = one_pass(truth, method)
+    got = store.query(con, "SELECT * FROM protected_scores").join(
+        one.scores.select("stream", "event_id", "protected_score", "log10_martingale"),
+        on=["stream", "event_id"], suffix="_one",
+    )  # fmt: skip
+    assert got.height == truth.height
+    for c in ("protected_score", "log10_martingale"):
+        assert (got[c] - got[f"{c}_one"]).abs().max() <= TOL, c
+    # the labels the pipeline stored with each event: in its row, or arrived the same night
+    same_night = truth.filter(
+        pl.col("label_time").is_null()
+        | (pl.col("label_time").dt.date() == pl.col("event_time").dt.date())
+    )
+    assert got.filter(pl.col("label").is_not_null()).height == same_night["label"].count()
+    state = pipeline.state_as_of(con, truth["event_time"].max().date())
+    assert state["stream"].to_list() == one.state["stream"].to_list()
+    for c in ("n_events", "n_labelled", "log10_martingale", "log10_martingale_max"):
+        np.testing.assert_allclose(state[c].to_numpy(), one.state[c].to_numpy(), rtol=0, atol=TOL)
+    for c in ("weights", "pending_scores"):
+        np.testing.assert_allclose(
+            state[c].explode().to_numpy(), one.state[c].explode().to_numpy(), rtol=0, atol=TOL
+        )
+    for c in ("pending_labels", "pending_label_time"):
+        assert state[c].to_list() == one.state[c].to_list(), c
+
+
+def run_nights(tmp: Path, scores, labels, *, method: str, late: int | None = None, **kw):
+    """Night i: day i's scores land (a ``late`` day's two nights later), the labels of arrival
+    day i land, ``calpipe run``'s nightly default runs (replaying what changed)."""
+    con = store.connect(tmp / "db.duckdb")
+    (tmp / "scores").mkdir(exist_ok=True)
+    (tmp / "labels").mkdir(exist_ok=True)
+    src = store.EventSource.parse(str(tmp / "scores"))
+    lsrc = label_source(str(tmp / "labels"))
+    settings = Settings.make(method)
+    for i in range(N_DAYS):
+        if i != late:
+            write_day(scores, tmp / "scores", day(i), "event_time")
+        if late is not None and i == late + 2:
+            write_day(scores, tmp / "scores", day(late), "event_time")
+        write_day(labels, tmp / "labels", day(i), "label_time")
+        pipeline.run_range(con, src, settings=settings, labels=lsrc, **kw)
+    return con, src, lsrc, settings
+
+
+@pytest.fixture(scope="module")
+def events():
+    return generate.generate(n_days=N_DAYS, streams=STREAMS, seed=5)
+
+
+@pytest.mark.parametrize("method", ["composite-experts", "composite-jumper"])
+def test_a_nightly_chain_with_late_labels_equals_one_pass(tmp_path, events, method):
+    scores, labels, truth = split_feed(events, seed=1)
+    # labels of earlier days' events arrive (the test could not pass on same-day labels only)
+    assert truth.filter(pl.col("label_time").dt.date() > pl.col("event_time").dt.date()).height
+    con, *_ = run_nights(tmp_path, scores, labels, method=method)
+    try:
+        assert_chain_equals_one_pass(con, truth, method)
+        arrived = store.query(con, "SELECT * FROM event_labels")
+        assert arrived.height == labels.height
+        days = store.query(con, "SELECT sum(n_label_arrivals) AS n FROM pipeline_days")
+        assert days["n"][0] == labels.height
+    finally:
+        con.close()
+
+
+def test_a_late_scores_day_and_a_corrected_label_file_are_replayed(tmp_path, events):
+    """Day 2's scores land two nights late (its labels of nights 2-3 are parked as unknown,
+    then replayed), and after the last night a label file of day 4 is corrected (one label
+    flipped): the nightly default replays from day 4 and the chain equals one pass over the
+    corrected labels."""
+    method = "composite-jumper"
+    scores, labels, truth = split_feed(events, seed=2)
+    con, src, lsrc, settings = run_nights(
+        tmp_path, scores, labels, method=method, late=2, on_unknown_label="quarantine"
+    )
+    try:
+        assert store.query(con, "SELECT * FROM quarantined_labels").height == 0
+        assert_chain_equals_one_pass(con, truth, method)
+        # correct one label of arrival day 4
+        d4 = labels.filter(pl.col("label_time").dt.date() == day(4))
+        flip = d4.row(0, named=True)
+        fixed = d4.with_columns(
+            pl.when(pl.col("event_id") == flip["event_id"], pl.col("stream") == flip["stream"])
+            .then(1 - pl.col("label"))
+            .otherwise(pl.col("label"))
+            .alias("label")
+        )
+        store.write_landing(fixed, tmp_path / "labels", time_column="label_time")
+        logs: list[str] = []
+        summary = pipeline.run_range(con, src, settings=settings, labels=lsrc, log=logs.append)
+        assert summary.start == day(4) and summary.end == day(N_DAYS - 1)
+        assert any("labels file" in m for m in logs), logs
+        key = (pl.col("stream") == flip["stream"]) & (pl.col("event_id") == flip["event_id"])
+        truth2 = truth.with_columns(
+            pl.when(key).then(1 - pl.col("label")).otherwise(pl.col("label")).alias("label")
+        )
+        assert_chain_equals_one_pass(con, truth2, method)
+    finally:
+        con.close()
+
+
+def test_labels_known_at_their_event_and_a_feed_match_the_stages(tmp_path, events):
+    """The staged path (load_events with the feed, then protect_days: what the dagster assets
+    run) writes the fused run's rows."""
+    scores, labels, _ = split_feed(events, seed=3)
+    store.write_landing(scores, tmp_path / "scores")
+    store.write_landing(labels, tmp_path / "labels", time_column="label_time")
+    src = store.EventSource.parse(str(tmp_path / "scores"))
+    lsrc = label_source(str(tmp_path / "labels"))
+    fused, staged = store.connect(tmp_path / "f.duckdb"), store.connect(tmp_path / "s.duckdb")
+    try:
+        pipeline.run_range(fused, src, labels=lsrc)
+        s = Settings()
+        pipeline.load_events(staged, src, day(0), day(N_DAYS - 1), lsrc)
+        pipeline.protect_days(staged, day(0), day(N_DAYS - 1), s)
+        pipeline.monitor_days(staged, day(0), day(N_DAYS - 1))
+        pipeline.alarm_days(staged, day(0), day(N_DAYS - 1))
+        pipeline.map_days(staged, day(0), day(N_DAYS - 1), s)
+        for t in store.PARTITION_COLUMN:
+            a = store.query(fused, f"SELECT * FROM {t} ORDER BY ALL")
+            b = store.query(staged, f"SELECT * FROM {t} ORDER BY ALL")
+            if t == "pipeline_inputs":
+                a, b = a.drop("mtime_ns"), b.drop("mtime_ns")
+            assert a.equals(b), t
+        assert store.query(fused, "SELECT count(*) AS n FROM event_labels")["n"][0] == labels.height
+    finally:
+        fused.close()
+        staged.close()
+
+
+# ----------------------------------------------------------------------------------------------
+# Bad labels: a clear error naming file, stream, event and rule; nothing written
+# ----------------------------------------------------------------------------------------------
+@pytest.fixture
+def two_days(tmp_path, events):
+    """Days 0-1 scored and run with a clean feed; day 2's scores landed, ready for a bad label."""
+    scores, labels, _ = split_feed(events, seed=4)
+    for i in range(3):
+        write_day(scores, tmp_path / "scores", day(i), "event_time")
+    for i in range(2):
+        write_day(labels, tmp_path / "labels", day(i), "label_time")
+    con = store.connect(tmp_path / "db.duckdb")
+    src = store.EventSource.parse(str(tmp_path / "scores"))
+    lsrc = label_source(str(tmp_path / "labels"))
+    pipeline.run_range(con, src, end=day(1), labels=lsrc)
+    yield con, src, lsrc, scores, labels, tmp_path
+    con.close()
+
+
+def _snapshot(con) -> dict[str, pl.DataFrame]:
+    return {t: store.query(con, f"SELECT * FROM {t} ORDER BY ALL") for t in store.PARTITION_COLUMN}
+
+
+def _bad_night(two_days, rows: list[dict]) -> InputError:
+    con, src, lsrc, *_, tmp = two_days
+    before = _snapshot(con)
+    bad = pl.DataFrame(rows, schema={"stream": pl.String, "event_id": pl.Int64, "label": pl.Int32,
+                                     "label_time": pl.Datetime("us")})  # fmt: skip
+    folder = tmp / "labels" / f"date={day(2).isoformat()}"
+    folder.mkdir(parents=True, exist_ok=True)
+    bad.write_parquet(folder / "bad.parquet")
+    with pytest.raises(InputError) as e:
+        pipeline.run_range(con, src, labels=lsrc)
+    after = _snapshot(con)
+    for t in before:  # nothing was written
+        assert after[t].equals(before[t]), t
+    msg = str(e.value)
+    assert "file date=" in msg and "bad.parquet" in msg, msg
+    return e.value
+
+
+def _event(scores, i: int, *, labelled: bool | None = None) -> dict:
+    f = scores.filter(pl.col("event_time").dt.date() == day(i))
+    if labelled is not None:
+        f = f.filter(pl.col("label").is_not_null() == labelled)
+    return f.row(0, named=True)
+
+
+T2 = dt.datetime.combine(day(2), dt.time(23, 0))
+
+
+def test_a_label_of_an_unknown_event(two_days):
+    err = _bad_night(two_days, [{"stream": "a", "event_id": 10**9, "label": 1, "label_time": T2}])
+    assert "stream 'a', event 1000000000: label of an unknown event" in str(err)
+
+
+def test_a_label_of_an_unknown_event_is_quarantined_when_asked(two_days):
+    con, src, lsrc, *_, tmp = two_days
+    folder = tmp / "labels" / f"date={day(2).isoformat()}"
+    folder.mkdir(parents=True, exist_ok=True)
+    pl.DataFrame(
+        {"stream": ["zz"], "event_id": [7], "label": [1], "label_time": [T2]}
+    ).write_parquet(folder / "odd.parquet")
+    pipeline.run_range(con, src, labels=lsrc, on_unknown_label="quarantine")
+    q = store.query(con, "SELECT * FROM quarantined_labels")
+    assert q.select("date", "stream", "event_id", "file").rows() == [
+        (day(2), "zz", 7, f"date={day(2).isoformat()}/odd.parquet")
+    ]
+    assert "no scored event" in q["reason"][0]
+
+
+def test_a_second_label_for_the_same_event(two_days):
+    scores = two_days[3]
+    e = _event(scores, 2, labelled=False)
+    row = {"stream": e["stream"], "event_id": e["event_id"], "label": 1, "label_time": T2}
+    err = _bad_night(two_days, [row, row])
+    assert f"event {e['event_id']}: second label of the same event in the night's labels" in str(
+        err
+    )
+
+
+def test_a_label_for_an_event_labelled_in_its_scores_row(two_days):
+    scores = two_days[3]
+    e = _event(scores, 1, labelled=True)
+    same = {"stream": e["stream"], "event_id": e["event_id"], "label": e["label"], "label_time": T2}
+    err = _bad_night(two_days, [same])
+    assert "second label of the same event (its scores row has it)" in str(err)
+
+
+def test_a_label_that_changes_a_stored_one(two_days):
+    labels = two_days[4]
+    e = labels.filter(pl.col("label_time").dt.date() == day(1)).row(0, named=True)
+    flipped = {"stream": e["stream"], "event_id": e["event_id"], "label": 1 - e["label"],
+               "label_time": T2}  # fmt: skip
+    err = _bad_night(two_days, [flipped])
+    assert "label that changes a stored one (another label arrived on an earlier night)" in str(err)
+
+
+def test_a_label_earlier_than_its_event(two_days):
+    scores = two_days[3]
+    e = _event(scores, 2, labelled=False)
+    early = e["event_time"].replace(hour=0, minute=0, second=0, microsecond=0)
+    if early == e["event_time"]:  # pragma: no cover (event at midnight: any earlier time is day 1)
+        pytest.skip("event at midnight")
+    row = {"stream": e["stream"], "event_id": e["event_id"], "label": 1, "label_time": early}
+    err = _bad_night(two_days, [row])
+    assert "label earlier than its event" in str(err)
+
+
+def test_a_label_time_outside_its_arrival_day(two_days):
+    scores = two_days[3]
+    e = _event(scores, 1, labelled=False)
+    row = {"stream": e["stream"], "event_id": e["event_id"], "label": 1,
+           "label_time": T2 + dt.timedelta(days=1)}  # fmt: skip
+    err = _bad_night(two_days, [row])
+    assert f"label_time not on its arrival day {day(2)}" in str(err)
+
+
+def test_a_label_outside_the_classes(two_days):
+    scores = two_days[3]
+    e = _event(scores, 1, labelled=False)
+    err = _bad_night(two_days, [{"stream": e["stream"], "event_id": e["event_id"], "label": 2,
+                                 "label_time": T2}])  # fmt: skip
+    assert "label outside the classes" in str(err)
+
+
+def test_running_without_the_feed_after_running_with_it_is_refused(two_days):
+    """Recomputing days without the feed would drop their labels: refused, naming the feed."""
+    con, src, lsrc, *_ = two_days
+    with pytest.raises(StateError, match="--labels"):
+        pipeline.run_range(con, src, start=day(1))
+    with pytest.raises(StateError) as e:
+        pipeline.run_range(con, src)
+    assert lsrc.location in str(e.value)
+
+
+def test_calpipe_run_takes_a_label_feed_with_its_own_column_names(tmp_path, events, capsys):
+    """``calpipe run --labels`` with ``--label-time-col`` (and the shared ``--id-col``): the
+    run's log counts the arrivals, and the tables equal the Python API's."""
+    from calpipe import cli
+
+    scores, labels, _ = split_feed(events, seed=6)
+    store.write_landing(scores.rename({"event_id": "id"}), tmp_path / "scores")
+    feed = labels.rename({"event_id": "id", "label_time": "known_at"})
+    store.write_landing(feed, tmp_path / "labels", time_column="known_at")
+    db = tmp_path / "cli.duckdb"
+    argv = ["run", "--events", str(tmp_path / "scores"), "--labels", str(tmp_path / "labels"),
+            "--db", str(db), "--id-col", "id", "--label-time-col", "known_at"]  # fmt: skip
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert f"event_labels: {labels.height} labels arrived" in out
+    store.write_landing(scores, tmp_path / "s2")
+    store.write_landing(labels, tmp_path / "l2", time_column="label_time")
+    ref = store.connect(tmp_path / "ref.duckdb")
+    con = store.connect(db, read_only=True)
+    try:
+        pipeline.run_range(
+            ref,
+            store.EventSource.parse(str(tmp_path / "s2")),
+            labels=label_source(str(tmp_path / "l2")),
+        )
+        for t in ("protected_scores", "calibrator_state", "event_labels"):
+            a = store.query(
+                con,
+                f"SELECT * EXCLUDE (file) FROM {t} ORDER BY ALL"
+                if t == "event_labels"
+                else f"SELECT * FROM {t} ORDER BY ALL",
+            )
+            b = store.query(
+                ref,
+                f"SELECT * EXCLUDE (file) FROM {t} ORDER BY ALL"
+                if t == "event_labels"
+                else f"SELECT * FROM {t} ORDER BY ALL",
+            )
+            assert a.equals(b), t
+    finally:
+        con.close()
+        ref.close()
