@@ -65,6 +65,7 @@ PARTITION_COLUMN: dict[str, str] = {
     "calibrator_state": "date",
     "pipeline_days": "date",
     "calibration_daily": "date",
+    "calibration_arrivals": "date",
     "martingale_alarms": "date",
     "calibration_map": "date",
     "pipeline_inputs": "date",
@@ -82,6 +83,7 @@ SORT_KEYS: dict[str, tuple[str, ...]] = {
     "calibrator_state": ("date", "stream"),
     "pipeline_days": ("date",),
     "calibration_daily": ("date", "stream"),
+    "calibration_arrivals": ("date", "stream"),
     "martingale_alarms": ("date", "stream"),
     "calibration_map": ("date", "stream", "term"),
     "pipeline_inputs": ("date", "kind", "file"),
@@ -98,7 +100,8 @@ _META_SCHEMA = "schema_version"
 #: 3 = calibration_map's term inputs (in_w1, in_w2, in_w0, in_eps); 4 = calibrator_state and
 #: calibration_map hold the rows of the streams that changed that day (pipeline_days.n_state_rows);
 #: 5 = pipeline_inputs and pipeline_days.state_hash (corrected, late and stale days are replayed);
-#: 6 = the label feed (event_labels, quarantined_labels, pipeline_days.n_label_arrivals).
+#: 6 = the label feed (event_labels, quarantined_labels, calibration_arrivals,
+#: pipeline_days.n_label_arrivals).
 SCHEMA_VERSION = 6
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*){0,2}$")
 

@@ -167,15 +167,24 @@ def _build_assets(partitions_def: DailyPartitionsDefinition) -> list:
         for outcome, key in outcomes:
             yield to_result(outcome, key)
 
-    @asset(
-        partitions_def=partitions_def, backfill_policy=policy, group_name=GROUP, kinds={"duckdb"},
-        deps=["protected_scores", "calibrator_state"],
-        description="Monitoring per stream and day: counts, base vs protected log loss, Brier, "
-        "ECE (10 bins), means, end-of-day and maximum log10 martingale, alarm flag.",
+    @multi_asset(
+        specs=[
+            AssetSpec("calibration_daily", group_name=GROUP, kinds={"duckdb"},
+                      deps=["protected_scores", "calibrator_state"],
+                      description="Monitoring per stream and day: counts, base vs protected log "
+                      "loss, Brier, ECE (10 bins), means, end-of-day and maximum log10 "
+                      "martingale, alarm flag."),
+            AssetSpec("calibration_arrivals", group_name=GROUP, kinds={"duckdb"},
+                      deps=["protected_scores", "calibrator_state", "event_labels"],
+                      description="Monitoring by arrival: per stream and night, the forecasts "
+                      "whose labels were learnt that night (however old), judged by them."),
+        ],
+        partitions_def=partitions_def,
+        backfill_policy=policy,
     )  # fmt: skip
     def calibration_daily(
         context: AssetExecutionContext, duckdb: DuckDBResource, calpipe: CalpipeResource
-    ) -> MaterializeResult:
+    ):
         start, end = partition_range(context)
         with calpipe_connection(duckdb) as con:
             res = pipeline.monitor_days(con, start, end)
@@ -186,7 +195,10 @@ def _build_assets(partitions_def: DailyPartitionsDefinition) -> list:
                 ),
             }
             metadata |= _plot_metadata(con, duckdb, calpipe, start, end)
-        return MaterializeResult(metadata=metadata)
+        yield MaterializeResult(asset_key="calibration_daily", metadata=metadata)
+        yield MaterializeResult(
+            asset_key="calibration_arrivals", metadata={"rows": res.rows["calibration_arrivals"]}
+        )
 
     @asset(
         partitions_def=partitions_def, backfill_policy=policy, group_name=GROUP, kinds={"duckdb"},

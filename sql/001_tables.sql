@@ -131,6 +131,30 @@ CREATE TABLE IF NOT EXISTS quarantined_labels (
     reason        VARCHAR   NOT NULL
 );
 
+-- Monitoring by arrival: per stream and night, the forecasts whose labels were learnt that night
+-- (the labels of the night's scores rows, known at their events, and the feed's arrivals of the
+-- night), judged by those labels: the forecasts made at their events, however old. The alarm
+-- tests, in the order labels are learnt, that each label follows its base forecast given the
+-- labels learnt before it (docs/ARCHITECTURE.md §4).
+CREATE TABLE IF NOT EXISTS calibration_arrivals (
+    date                  DATE    NOT NULL,  -- the night the labels were learnt (arrival day)
+    stream                VARCHAR NOT NULL,
+    n_labels              BIGINT  NOT NULL,
+    base_log_loss         DOUBLE,
+    protected_log_loss    DOUBLE,
+    base_brier            DOUBLE,
+    protected_brier       DOUBLE,
+    base_ece              DOUBLE,
+    protected_ece         DOUBLE,
+    base_smooth_ece       DOUBLE,
+    protected_smooth_ece  DOUBLE,
+    mean_delay_s          DOUBLE,  -- label_time - event_time (0: known at the event)
+    max_delay_s           DOUBLE,
+    log10_martingale      DOUBLE,  -- the stream's test martingale at the end of the night
+    log10_martingale_max  DOUBLE,  -- its maximum to date
+    alarm                 BOOLEAN  -- log10_martingale_max >= 2
+);
+
 -- Labels that arrived on each day (the feed's rows of the day, event_labels).
 ALTER TABLE pipeline_days ADD COLUMN IF NOT EXISTS n_label_arrivals BIGINT;
 UPDATE pipeline_days SET n_label_arrivals = 0 WHERE n_label_arrivals IS NULL;

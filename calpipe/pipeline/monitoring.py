@@ -158,25 +158,91 @@ def _daily_rows(
     )
 
 
+#: The forecasts whose labels were learnt on the nights [$1, $2], each with its night, its label
+#: and how long the label took: the labels of each night's scores rows (known at their events,
+#: delay 0; those the feed brought the same night count as arrivals) and the feed's arrivals
+#: (``event_labels``), with the forecast made at the event (``protected_scores`` of its day). In
+#: one fixed order, so that both paths sum the same rows in the same order.
+_ARRIVED_SQL = """
+SELECT p.event_date AS date, p.stream, p.event_id, p.base_score, p.protected_score, p.label,
+       0.0 AS delay_s
+FROM protected_scores p
+WHERE p.event_date BETWEEN $1 AND $2 AND p.label IS NOT NULL
+  AND NOT EXISTS (SELECT 1 FROM event_labels l WHERE l.date = p.event_date
+                  AND l.event_date = p.event_date AND l.stream = p.stream
+                  AND l.event_id = p.event_id)
+UNION ALL
+SELECT l.date, l.stream, l.event_id, p.base_score, p.protected_score, l.label,
+       epoch_us(l.label_time) / 1e6 - epoch_us(l.event_time) / 1e6 AS delay_s
+FROM event_labels l
+JOIN protected_scores p
+  ON p.event_date = l.event_date AND p.stream = l.stream AND p.event_id = l.event_id
+WHERE l.date BETWEEN $1 AND $2
+ORDER BY date, stream, event_id
+"""
+
+
+def _arrival_rows(con, start: dt.date, end: dt.date, state: pl.DataFrame) -> pl.DataFrame:
+    """``calibration_arrivals`` rows of the nights [start, end]: per night and stream, the
+    forecasts whose labels were learnt that night (:data:`_ARRIVED_SQL`): how many, base vs
+    protected log loss, Brier, ECE and smooth ECE (:func:`daily_metrics`, over the forecasts
+    made at their events), the mean and largest label delay, and the stream's martingale at the
+    end of the night (``state``: the nights' ``calibrator_state`` rows; every stream that learnt
+    a label on a night has one). One query for the range: a night's rows do not depend on it."""
+    arrived = store.query(con, _ARRIVED_SQL, [start, end])
+    if arrived.height == 0:
+        return pl.DataFrame(schema={"date": pl.Date, "stream": pl.String})
+    keys = ("date", "stream")
+    stats = daily_metrics(arrived.with_columns(pl.lit(0.0).alias("log10_martingale")), keys)
+    delays = arrived.group_by(keys).agg(
+        pl.col("delay_s").mean().alias("mean_delay_s"), pl.col("delay_s").max().alias("max_delay_s")
+    )
+    end_of_night = state.select(*keys, "log10_martingale", "log10_martingale_max")
+    return (
+        stats.select(*keys, pl.col("n_labelled").alias("n_labels"), *_ARRIVAL_METRICS)
+        .join(delays, on=keys, how="left")
+        .join(end_of_night, on=keys, how="left")
+        .with_columns(
+            (pl.col("log10_martingale_max") >= config.ALARM_LOG10_THRESHOLD).alias("alarm")
+        )
+        .sort(keys)
+    )
+
+
+#: The metrics of ``calibration_arrivals`` (those of ``calibration_daily`` over labelled rows).
+_ARRIVAL_METRICS = tuple(
+    f"{who}_{m}"
+    for m in ("log_loss", "brier", "ece", "smooth_ece")
+    for who in ("base", "protected")
+)
+
+
 def monitor_days(con, start: dt.date, end: dt.date) -> StageResult:
-    """Stage ``calibration_daily``: one row per stream with events per day of [start, end].
+    """Stage ``calibration_daily`` + ``calibration_arrivals``: per day of [start, end], one row
+    per stream with events (forecast quality of the day's events) and one per stream that
+    learnt labels that night (the quality of the forecasts those labels judge: monitoring by
+    arrival, for labels that land days after their events).
 
     One transaction per chunk of :data:`calpipe.config.CHUNK_DAYS` days, computed one day at a
     time from the day's stored protected rows (in their stored order: the engine's) by
-    :func:`_daily_rows`, the function the fused run calls on the same rows in memory."""
+    :func:`_daily_rows`, the function the fused run calls on the same rows in memory, and
+    :func:`_arrival_rows`, which both paths run on the stored rows."""
     start, end = _as_date(start), _as_date(end)
     _require_chain(con, start, end, "calibration_daily")
-    res = StageResult(start, end, {"calibration_daily": 0})
+    tables = ["calibration_daily", "calibration_arrivals"]
+    res = StageResult(start, end, dict.fromkeys(tables, 0))
     for c0, c1 in day_range(start, end):
         state = store.read_partitions(
             con, "calibrator_state", c0, c1,
             columns=["date", "stream", "log10_martingale", "log10_martingale_max"],
         )  # fmt: skip
-        with store.replacing_partitions(con, c0, c1, ["calibration_daily"]) as writer:
+        with store.replacing_partitions(con, c0, c1, tables) as writer:
             for d in store.iter_days(c0, c1):
                 scores = store.query(con, _DAY_SCORES_SQL, [d])
                 state_d = state.filter(pl.col("date") == d)
                 writer.insert("calibration_daily", _daily_rows(scores, state_d, d))
                 del scores
-        res.rows["calibration_daily"] += writer.rows["calibration_daily"]
+            writer.insert("calibration_arrivals", _arrival_rows(con, c0, c1, state))
+        for t in tables:
+            res.rows[t] += writer.rows[t]
     return res

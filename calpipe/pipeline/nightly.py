@@ -280,8 +280,9 @@ def run_range(
             empty_days.append(d)
         states.append(_run_day(writer, source, chain, d, chunk, inputs, arrivals.pop(d)))
 
-    def finish(writer: store.PartitionWriter, _d0: dt.date, _d1: dt.date) -> None:
-        write_fused(writer, "transaction", FusedSpan(settings, pl.concat(states)))
+    def finish(writer: store.PartitionWriter, d0: dt.date, d1: dt.date) -> None:
+        span = FusedSpan(settings, pl.concat(states), con, writer, d0, d1)
+        write_fused(writer, "transaction", span)
         states.clear()
 
     # every registered table, each written by its fused writer: none is replaced without rows

@@ -22,6 +22,7 @@ table                   stage                       rows (both paths)           
 ``calibrator_state``    ``protect_days``            ``_state_rows``              day
 ``pipeline_days``       ``protect_days``            ``_Chain.day_row``           day
 ``calibration_daily``   ``monitor_days``            ``_daily_rows``              batch
+``calibration_arrivals``  ``monitor_days``          ``_arrival_rows``            transaction
 ``martingale_alarms``   ``alarm_days``              ``_first_crossings``         batch
 ``calibration_map``     ``map_days``                ``_map_rows``                transaction
 ``pipeline_inputs``     ``load_events``             ``day_inputs``               day
@@ -51,7 +52,7 @@ from calpipe.pipeline.events import _stored_events, load_events
 from calpipe.pipeline.inputs import day_inputs
 from calpipe.pipeline.labels import Arrivals, _label_rows, _quarantine_rows
 from calpipe.pipeline.mapping import _map_rows, map_days
-from calpipe.pipeline.monitoring import _daily_rows, _stream_groups, monitor_days
+from calpipe.pipeline.monitoring import _arrival_rows, _daily_rows, _stream_groups, monitor_days
 from calpipe.pipeline.settings import Settings, StageResult
 
 #: When the fused run calls a table's fused writer, and with what: ``events`` with a
@@ -103,10 +104,23 @@ class FusedDay:
 
 @dataclass
 class FusedSpan:
-    """The days of one transaction of the fused run: their ``calibrator_state`` rows."""
+    """The days of one transaction of the fused run: their ``calibrator_state`` rows, and the
+    open transaction (``con``, ``writer``) for the tables computed from the stored rows of its
+    days (:meth:`stored`)."""
 
     settings: Settings
     states: pl.DataFrame
+    con: Any = None
+    writer: store.PartitionWriter | None = None
+    start: dt.date | None = None
+    end: dt.date | None = None
+
+    def stored(self) -> Any:
+        """The connection, once every row of the transaction's days so far is in DuckDB (the
+        writer buffers them): queries on it see the transaction's days."""
+        self.writer.flush()
+        self.writer.wait()
+        return self.con
 
 
 def _fused_events(b: FusedBatch) -> pl.DataFrame:
@@ -147,6 +161,10 @@ def _fused_alarms(b: FusedBatch) -> pl.DataFrame:
 
 def _fused_map(s: FusedSpan) -> pl.DataFrame:
     return _map_rows(s.states, s.settings)
+
+
+def _fused_arrivals(s: FusedSpan) -> pl.DataFrame:
+    return _arrival_rows(s.stored(), s.start, s.end, s.states)
 
 
 @dataclass(frozen=True)
@@ -206,6 +224,8 @@ TABLES: dict[str, OutputTable] = {
         OutputTable("calibrator_state", "001_tables.sql", protect_days, _fused_state, "day"),
         OutputTable("pipeline_days", "001_tables.sql", protect_days, _fused_day_row, "day"),
         OutputTable("calibration_daily", "001_tables.sql", monitor_days, _fused_daily, "batch"),
+        OutputTable("calibration_arrivals", "001_tables.sql", monitor_days, _fused_arrivals,
+                    "transaction"),
         OutputTable("martingale_alarms", "001_tables.sql", alarm_days, _fused_alarms, "batch"),
         OutputTable("calibration_map", "001_tables.sql", map_days, _fused_map, "transaction"),
         OutputTable("pipeline_inputs", "001_tables.sql", load_events, _fused_inputs, "day"),

@@ -233,7 +233,13 @@ def test_a_label_feed_materializes_day_by_day_like_calpipe_run(tmp_path, instanc
         pipeline.run_range(con, src, labels=label_source(str(tmp_path / "labels")))
     finally:
         con.close()
-    for t in ("protected_scores", "calibrator_state", "event_labels", "calibration_daily"):
+    for t in (
+        "protected_scores",
+        "calibrator_state",
+        "event_labels",
+        "calibration_daily",
+        "calibration_arrivals",
+    ):
         sql = f"SELECT * FROM {t} ORDER BY ALL"
         assert read(db, sql).equals(read(ref, sql)), t
     assert read(db, "SELECT count(*) FROM event_labels").item() == labels.height > 0

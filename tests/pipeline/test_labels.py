@@ -382,3 +382,48 @@ def test_calpipe_run_takes_a_label_feed_with_its_own_column_names(tmp_path, even
     finally:
         con.close()
         ref.close()
+
+
+def test_monitoring_by_arrival_judges_the_forecasts_whose_labels_arrived(tmp_path, events):
+    """calibration_arrivals (#12 item 2): per night and stream, the forecasts whose labels were
+    learnt that night — in the night's scores rows or arrived from the feed, however old the
+    event — with their losses, computed here from the one pass's forecasts."""
+    from calpipe import metrics
+
+    method = "composite-jumper"
+    scores, labels, truth = split_feed(events, seed=8)
+    con, *_ = run_nights(tmp_path, scores, labels, method=method)
+    try:
+        got = store.query(con, "SELECT * FROM calibration_arrivals ORDER BY date, stream")
+        one = one_pass(truth, method).scores.join(
+            store.query(con, "SELECT stream, event_id, base_score FROM protected_scores"),
+            on=["stream", "event_id"],
+        )
+        learnt = one.filter(pl.col("label").is_not_null()).with_columns(
+            pl.coalesce(pl.col("label_time"), pl.col("event_time")).dt.date().alias("date"),
+            ((pl.col("label_time") - pl.col("event_time")).dt.total_microseconds() / 1e6)
+            .fill_null(0.0).alias("delay_s"),
+        )  # fmt: skip
+        want = (
+            learnt.group_by("date", "stream")
+            .agg(
+                pl.len().alias("n_labels"),
+                metrics.log_loss("base_score", "label").alias("base_log_loss"),
+                metrics.log_loss("protected_score", "label").alias("protected_log_loss"),
+                metrics.brier("protected_score", "label").alias("protected_brier"),
+                metrics.ece("protected_score", "label").alias("protected_ece"),
+                pl.col("delay_s").max().alias("max_delay_s"),
+            )
+            .sort("date", "stream")
+        )
+        assert got.select("date", "stream", "n_labels").equals(want.select(got.columns[:3]))
+        assert learnt["delay_s"].max() > 86_400  # some labels judge forecasts of earlier days
+        for c in ("base_log_loss", "protected_log_loss", "protected_brier", "protected_ece"):
+            np.testing.assert_allclose(got[c].to_numpy(), want[c].to_numpy(), rtol=0, atol=1e-12)
+        np.testing.assert_allclose(got["max_delay_s"], want["max_delay_s"], rtol=0, atol=1e-6)
+        # the martingale at the end of each night: the state's
+        end = pipeline.state_as_of(con, day(N_DAYS - 1))
+        last = got.filter(pl.col("date") == day(N_DAYS - 1)).join(end, on="stream", suffix="_s")
+        assert (last["log10_martingale"] - last["log10_martingale_s"]).abs().max() == 0
+    finally:
+        con.close()
