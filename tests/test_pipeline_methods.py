@@ -49,6 +49,7 @@ CASES = {
     "decay-beta": {"memory": 40},
 }
 STACK = ("composite-jumper", {"base_method": "platt", "base_params": {"window": 30}})
+BRIER = ("composite-jumper", {"loss": "brier", "clip": None})
 
 
 def test_every_binary_method_is_run_here():
@@ -125,3 +126,33 @@ def test_cli_run_stacks_a_batch_method_and_resumes(landing, capsys):
     other = [*argv[:-2], "--base-param", "refit_every=30", "--start", last.isoformat()]
     assert cli.main(other) == 2
     assert "fingerprint" in capsys.readouterr().err
+
+
+def test_the_brier_compatibility_mode_runs_in_the_pipeline(landing):
+    """loss="brier" (protected-classification 0.1.5's mode) used to be refused by the pipeline:
+    the chain equals one pass bit for bit; its map has no SQL form (served by serving_map)."""
+    tmp, events = landing
+    method, params = BRIER
+    settings = Settings.make(method, **params)
+    con = store.connect(tmp / "brier.duckdb")
+    try:
+        summary = pipeline.run_range(
+            con, store.EventSource.parse(str(tmp / "landing")), settings=settings
+        )
+        assert all(c.passed or c.warning for c in summary.checks)
+        chain = con.sql("SELECT * FROM protected_scores").pl()
+        assert con.sql("SELECT count(*) FROM calibration_map").fetchall()[0][0] == 0
+        last = pipeline.state_as_of(con, summary.end)
+    finally:
+        con.close()
+    one = calpipe.protect_with_state(events, method=method, **params)
+    j = one.scores.join(chain, on=["stream", "event_id"], suffix="_c")
+    assert j.height == events.height
+    for c in ("protected_score", "log10_martingale"):
+        assert (j[c] - j[f"{c}_c"]).abs().max() == 0.0, c
+    # no clip in Brier mode: the stored base is the raw score
+    assert (j["base_score"] - j["score"]).abs().max() == 0.0
+    fresh = pl.DataFrame({"stream": ["a", "b"], "score": [0.3, 0.8]})
+    mapped = pipeline.serving_map(last, fresh, settings)
+    want = pipeline.serving_map(one.state, fresh, settings)
+    assert mapped["protected_score"].to_list() == want["protected_score"].to_list()

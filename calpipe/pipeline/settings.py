@@ -23,10 +23,11 @@ class Settings:
 
     The pipeline runs every method of :data:`calpipe.calibrators.METHODS` that takes a binary
     ``score`` (:data:`calpipe.config.PIPELINE_DEFAULT_METHOD` by default, ``composite-experts``),
-    and stacks (``base_method``/``base_params``); the Brier compatibility mode and multiclass
-    scores are available in :func:`calpipe.protect` but not stored by the pipeline. The SQL
-    serving map (``calibration_map``) exists for the log-loss mixtures (the protected methods,
-    composite-experts over logistic inputs); other methods serve through :func:`serving_map`.
+    and stacks (``base_method``/``base_params``), in either loss (``loss="brier"``: the Brier
+    compatibility mode); multiclass scores are available in :func:`calpipe.protect` but not yet
+    stored by the pipeline. The SQL serving map (``calibration_map``) exists for the log-loss
+    mixtures (the protected methods, composite-experts over logistic inputs); other methods
+    serve through :func:`serving_map`.
 
     >>> Settings().fingerprint == Settings.from_json(Settings().to_json()).fingerprint
     True
@@ -51,11 +52,6 @@ class Settings:
     def calibrator(self) -> Calibrator:
         cal = make_calibrator(self.method, **self.kwargs)
         cal.check_classes(2)
-        if getattr(cal, "loss", "log") != "log":
-            raise ParameterError(
-                "the pipeline runs the log-loss methods (its serving map and SQL macros are the "
-                "log-loss mixture); use calpipe.protect for loss='brier'"
-            )
         return cal
 
     @property
