@@ -556,10 +556,10 @@ class ColumnMap:
         except (pa.ArrowException, OSError) as exc:
             raise StoreError(f"reading {path}: not a readable Parquet file ({exc})") from exc
         names = schema.names
-        if self.event_id in names and not pa.types.is_integer(schema.field(self.event_id).type):
+        if self.event_id in names and not _id_type_ok(schema.field(self.event_id).type):
             raise InputError(
-                self.event_id, None, f"{path}: event ids must be integers to be stored (the "
-                f"file has {schema.field(self.event_id).type})",
+                self.event_id, None, f"{path}: event ids must be integers or strings (UUIDs "
+                f"read as strings) to be stored (the file has {schema.field(self.event_id).type})",
             )  # fmt: skip
         missing = [c for c in self.required() if c not in names]
         if missing:
@@ -567,6 +567,16 @@ class ColumnMap:
             raise InputError(
                 missing[0], None, f"{path}: missing column (the file has {names}){hint}"
             )
+
+
+def _id_type_ok(t) -> bool:
+    """An Arrow type calpipe stores as an event id: integers (BIGINT), strings or UUIDs
+    (VARCHAR: DuckDB reads a Parquet UUID as its string form)."""
+    import pyarrow as pa
+
+    if getattr(t, "extension_name", None) is not None:
+        return t.extension_name == "arrow.uuid"
+    return pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
 
 
 #: Name of the single stream of a source that has no stream column.
@@ -791,7 +801,7 @@ def write_landing(
 def normalize_events(raw: pl.DataFrame, columns: ColumnMap) -> pl.DataFrame:
     """Rename a source's columns to the data contract and check the ones calpipe stores.
 
-    Returns columns ``stream, event_id, event_time, score, label`` (String, Int64,
+    Returns columns ``stream, event_id, event_time, score, label`` (String, Int64 or String,
     Datetime(us), source score dtype, source label dtype); raises InputError for a missing column
     or an event id that is not an integer.
     """
@@ -810,11 +820,13 @@ def normalize_events(raw: pl.DataFrame, columns: ColumnMap) -> pl.DataFrame:
         if c not in raw.columns:
             hint = " (one stream: --stream-col none)" if c == cm.stream else ""
             raise InputError(c, None, f"missing column (the source has {raw.columns}){hint}")
-    if not raw.schema[cm.event_id].is_integer():
+    id_type = raw.schema[cm.event_id]
+    string_ids = id_type in (pl.String, pl.Categorical) or isinstance(id_type, pl.Enum)
+    if not (id_type.is_integer() or string_ids):
         raise InputError(
             cm.event_id,
             None,
-            f"event ids must be integers to be stored (got {raw.schema[cm.event_id]})",
+            f"event ids must be integers or strings to be stored (got {id_type})",
         )
     if raw.schema[cm.event_id] == pl.UInt64:  # ids >= 2^63 do not fit the stored Int64
         big = raw.select((pl.col(cm.event_id) > 2**63 - 1).arg_true().first()).item()
@@ -840,7 +852,7 @@ def normalize_events(raw: pl.DataFrame, columns: ColumnMap) -> pl.DataFrame:
     )
     return raw.select(
         stream.alias("stream"),
-        pl.col(cm.event_id).cast(pl.Int64).alias("event_id"),
+        pl.col(cm.event_id).cast(pl.String if string_ids else pl.Int64).alias("event_id"),
         t.cast(pl.Datetime("us")).alias("event_time"),
         pl.col(cm.score).alias("score"),
         pl.col(cm.label).alias("label"),

@@ -488,8 +488,8 @@ def test_normalize_stores_aware_times_as_utc():
     ("raw", "match"),
     [
         (
-            pl.DataFrame({"event_id": ["a"], "event_time": [D1], "score": [0.1], "label": [0]}),
-            "integers",
+            pl.DataFrame({"event_id": [1.5], "event_time": [D1], "score": [0.1], "label": [0]}),
+            "integers or strings",
         ),
         (
             pl.DataFrame({"event_id": [1], "event_time": ["x"], "score": [0.1], "label": [0]}),
@@ -569,15 +569,16 @@ def test_uint64_event_ids_beyond_int64_were_a_cast_traceback():
         store.normalize_events(raw, store.ColumnMap(stream=None))
 
 
-def test_a_string_event_id_on_one_day_names_the_file(con, tmp_path):
+def test_a_float_event_id_on_one_day_names_the_file(con, tmp_path):
+    """(String and UUID ids are stored since #12 item 4: tests/pipeline/test_ids.py.)"""
     day = tmp_path / "landing" / f"date={D2.isoformat()}"
     day.mkdir(parents=True)
-    raw_events([D2]).with_columns(pl.col("event_id").cast(pl.String)).write_parquet(
+    raw_events([D2]).with_columns(pl.col("event_id").cast(pl.Float64)).write_parquet(
         day / "e.parquet"
     )
     src = store.EventSource.parse(str(tmp_path / "landing"))
     with pytest.raises(InputError, match=rf"date={D2.isoformat()}/e.parquet: event ids must be "
-                                         "integers"):  # fmt: skip
+                                         "integers or strings"):  # fmt: skip
         src.read_raw(con, D2)
 
 

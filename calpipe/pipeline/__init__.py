@@ -6,10 +6,13 @@ file and replaces its output partitions in one transaction (:mod:`calpipe.store`
 =====================  ===========================================  ================================
 stage                  writes                                       reads
 =====================  ===========================================  ================================
-:func:`load_events`    ``scored_events``                            the event source
-:func:`protect_days`   ``protected_scores``, ``calibrator_state``,  ``scored_events`` of d,
-                       ``pipeline_days``                            the state of d - 1
-:func:`monitor_days`   ``calibration_daily``                        protected scores, state
+:func:`load_events`    ``scored_events``, ``event_labels``,         the event source, the label
+                       ``quarantined_labels``, ``pipeline_inputs``  feed (labels of day d)
+:func:`protect_days`   ``protected_scores``, ``calibrator_state``,  ``scored_events`` and
+                       ``pipeline_days``                            ``event_labels`` of d, the
+                                                                    state of d - 1
+:func:`monitor_days`   ``calibration_daily``,                       protected scores, state,
+                       ``calibration_arrivals``                     labels arrived
 :func:`alarm_days`     ``martingale_alarms``                        protected scores (event times
                                                                     from scored events), state
 :func:`map_days`       ``calibration_map``                          the state rows of d
@@ -38,6 +41,8 @@ The modules, one concern each (every public name is re-exported here):
 * ``transactions``: transactions of whole days (:func:`day_range`, ``_write_days``);
 * ``events``, ``chain``, ``monitoring``, ``alarms``, ``mapping``: the five stages, each with
   the function that computes its table's rows from memory, shared with the fused run;
+* ``inputs``: what each day was computed from and which days to replay; ``labels``: the label
+  feed (labels that land after their events); ``ids``: the event id type a database stores;
 * ``tables``: the table registry; ``nightly``: :func:`run_range`; ``checks``: the data checks;
   ``reports``: metadata tables and plot frames; ``demo_job``: ``calpipe demo``.
 

@@ -15,6 +15,7 @@ import polars as pl
 from calpipe import config, store
 from calpipe.contract import Rule, check_rules, replay_order, resolve_columns, validate_frame
 from calpipe.errors import InputError
+from calpipe.pipeline.ids import ensure_id_type
 from calpipe.pipeline.inputs import day_inputs, run_inputs
 from calpipe.pipeline.labels import Arrivals, _label_rows, _quarantine_rows, night_arrivals
 from calpipe.pipeline.settings import StageResult, _as_date
@@ -90,11 +91,11 @@ def check_history_duplicates(
     whole history, not only within its day (a label re-sent as a new event, a day landed
     twice under two dates). ``last``: the run's last day (days ``day``..``last`` are being
     replaced). One semi-join of the day's keys against ``scored_events``; call it with the
-    connection free (no INSERT pending). Ids that are not integers are left to the
-    data contract's own error."""
-    if chunk.height == 0 or not chunk.schema["event_id"].is_integer():
+    connection free (no INSERT pending), after :func:`ensure_id_type`."""
+    if chunk.height == 0:
         return
-    keys = chunk.select(pl.col("stream").cast(pl.String), pl.col("event_id").cast(pl.Int64))
+    ids = pl.Int64 if chunk.schema["event_id"].is_integer() else pl.String
+    keys = chunk.select(pl.col("stream").cast(pl.String), pl.col("event_id").cast(ids))
     con.register("_calpipe_day_keys", keys.to_arrow())
     try:
         row = store.fetch_one(con, _DUPLICATE_SQL, [day, last])
@@ -123,8 +124,11 @@ def check_stream_names(chunk: pl.DataFrame, source: EventSource) -> None:
 
 
 def _stored_events(chunk: pl.DataFrame) -> pl.DataFrame:
-    """``scored_events`` rows: the contract's columns cast to the stored types."""
-    return chunk.select([pl.col(c).cast(t) for c, t in _EVENT_SCHEMA.items()])
+    """``scored_events`` rows: the contract's columns cast to the stored types (string ids stay
+    strings: :func:`ensure_id_type` made the database's id columns VARCHAR)."""
+    ids = pl.Int64 if chunk.schema["event_id"].is_integer() else pl.String
+    types = {**_EVENT_SCHEMA, "event_id": ids}
+    return chunk.select([pl.col(c).cast(t) for c, t in types.items()])
 
 
 def read_source_days(con, source: EventSource, start: dt.date, end: dt.date) -> pl.DataFrame:
@@ -193,6 +197,8 @@ def load_events(
 
     def read(d: dt.date) -> pl.DataFrame:
         rows = read_source_days(con, source, d, d)
+        if rows.height:
+            ensure_id_type(con, rows.schema["event_id"], source)
         check_history_duplicates(con, rows, d, end, source)
         arrivals[d] = night_arrivals(con, labels, d, rows, on_unknown_label)
         return rows

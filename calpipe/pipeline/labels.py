@@ -37,6 +37,7 @@ from calpipe import store
 from calpipe.contract import _TIME_US, Rule, check_rules
 from calpipe.errors import InputError
 from calpipe.frame import arrive_labels
+from calpipe.pipeline.ids import stored_id_type
 from calpipe.store import EventSource
 
 #: What to do with a label whose event calpipe does not know: fail the night, or park it.
@@ -179,9 +180,14 @@ def read_arrivals(con, source: EventSource, day: dt.date) -> pl.DataFrame:
             raise InputError(
                 c, None, f"labels {source.describe()}: missing column (it has {raw.columns})"
             )
-    if not raw.schema[cm.event_id].is_integer():
-        raise InputError(cm.event_id, None, f"labels {source.describe()}: event ids must be "
-                         f"integers (got {raw.schema[cm.event_id]})")  # fmt: skip
+    ids = stored_id_type(con)
+    if raw.schema[cm.event_id].is_integer() != (ids == pl.Int64):
+        raise InputError(
+            cm.event_id, None,
+            f"labels {source.describe()}: event ids are {raw.schema[cm.event_id]}, but this "
+            f"database stores {'integer' if ids == pl.Int64 else 'string'} event ids",
+        )  # fmt: skip
+
     if not raw.schema[cm.label_time].is_temporal():
         raise InputError(cm.label_time, None, f"labels {source.describe()}: label_time must be a "
                          f"Date or Datetime (got {raw.schema[cm.label_time]})")  # fmt: skip
@@ -192,7 +198,7 @@ def read_arrivals(con, source: EventSource, day: dt.date) -> pl.DataFrame:
     stream = pl.col(cm.stream).cast(pl.String) if cm.stream else pl.lit(store.DEFAULT_STREAM)
     return raw.select(
         stream.alias("stream"),
-        pl.col(cm.event_id).cast(pl.Int64).alias("event_id"),
+        pl.col(cm.event_id).cast(ids).alias("event_id"),
         pl.col(cm.label).cast(pl.Float64).alias("__y"),
         pl.col(cm.label_time).cast(pl.Datetime("us")).alias("label_time"),
         pl.col(_FILE).alias("file"),
@@ -296,7 +302,7 @@ def check_arrivals(
                                                                     pl.col("prev_date"))),
     ])  # fmt: skip
     rows = j.select(pl.lit(day, pl.Date).alias("date"), *list(_LABEL_SCHEMA)[1:]).cast(
-        _LABEL_SCHEMA
+        {**_LABEL_SCHEMA, "event_id": j.schema["event_id"]}
     )
     return Arrivals(
         day, rows.sort("stream", "event_id"), quarantined.sort("file", "stream", "event_id")
@@ -365,7 +371,9 @@ def stored_arrivals(con, day: dt.date) -> Arrivals:
     rows = store.query(con, "SELECT * FROM event_labels WHERE date = ?", [day])
     return Arrivals(
         day,
-        rows.select(list(_LABEL_SCHEMA)).cast(_LABEL_SCHEMA),
+        rows.select(list(_LABEL_SCHEMA)).cast(
+            {**_LABEL_SCHEMA, "event_id": rows.schema["event_id"]}
+        ),
         pl.DataFrame(schema=_QUARANTINE_SCHEMA),
     )
 

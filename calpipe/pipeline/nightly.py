@@ -41,6 +41,7 @@ from calpipe.pipeline.events import (
     check_history_duplicates,
     check_stream_names,
 )
+from calpipe.pipeline.ids import ensure_id_type
 from calpipe.pipeline.inputs import LABELS, ReplayRequired, replay_start, run_inputs
 from calpipe.pipeline.labels import Arrivals, night_arrivals
 from calpipe.pipeline.settings import Settings, _as_date
@@ -86,6 +87,8 @@ def _read_day(con, source: EventSource, d: dt.date, last: dt.date) -> pl.DataFra
     """Day ``d``'s events from the source, checked unique against the stored history (the
     writer has no INSERT pending when a day is read: the connection is free)."""
     chunk = _read_source(con, source, d, d)
+    if chunk.height:
+        ensure_id_type(con, chunk.schema["event_id"], source)
     check_history_duplicates(con, chunk, d, last, source)
     return chunk
 
@@ -163,7 +166,9 @@ def _run_day(
     # stored batch after batch: grouped by stream, which DuckDB writes and checkpoints faster
     # than streams interleaved in time (each stream keeps its rows in the source's order)
     check_stream_names(chunk, source)
-    early = dict(chunk.schema) == _EVENT_SCHEMA
+    early = dict(chunk.schema) == {**_EVENT_SCHEMA, "event_id": chunk.schema["event_id"]} and (
+        chunk.schema["event_id"] in (pl.Int64, pl.String)
+    )
     k, batches = _stream_batches(chunk)
     before = chain.state
     late = None if arrivals is None else arrivals.late
