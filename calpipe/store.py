@@ -101,8 +101,9 @@ _META_SCHEMA = "schema_version"
 #: calibration_map hold the rows of the streams that changed that day (pipeline_days.n_state_rows);
 #: 5 = pipeline_inputs and pipeline_days.state_hash (corrected, late and stale days are replayed);
 #: 6 = the label feed (event_labels, quarantined_labels, calibration_arrivals,
-#: pipeline_days.n_label_arrivals).
-SCHEMA_VERSION = 6
+#: pipeline_days.n_label_arrivals); 7 = K-class forecasts (``scores``, ``base_scores``,
+#: ``protected_scores`` lists; the binary columns nullable).
+SCHEMA_VERSION = 7
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*){0,2}$")
 
 
@@ -540,10 +541,19 @@ class ColumnMap:
         """The column whose date is a row's day (a table or Parquet glob source is split by it)."""
         return self.event_time
 
-    def required(self) -> list[str]:
-        """The columns every file or table must have (the stream's unless ``stream=None``)."""
-        names = [self.event_id, self.event_time, self.score, self.label]
-        return names if self.stream is None else [self.stream, *names]
+    def required(self, names: list[str] | None = None) -> list[str]:
+        """The columns every file or table must have (the stream's unless ``stream=None``);
+        with the source's column ``names``, its score column is :meth:`score_in`'s."""
+        score = self.score if names is None else self.score_in(names)
+        req = [self.event_id, self.event_time, score, self.label]
+        return req if self.stream is None else [self.stream, *req]
+
+    def score_in(self, names: list[str]) -> str:
+        """The score column of a source with columns ``names``: ``score`` (a float, or a list of
+        K class probabilities), or by default ``scores`` (K classes) if there is no ``score``."""
+        if self.score == "score" and "score" not in names and "scores" in names:
+            return "scores"
+        return self.score
 
     def check_file(self, path: Path) -> None:
         """InputError naming the file if its Parquet schema lacks a required column (exact
@@ -561,7 +571,7 @@ class ColumnMap:
                 self.event_id, None, f"{path}: event ids must be integers or strings (UUIDs "
                 f"read as strings) to be stored (the file has {schema.field(self.event_id).type})",
             )  # fmt: skip
-        missing = [c for c in self.required() if c not in names]
+        missing = [c for c in self.required(names) if c not in names]
         if missing:
             hint = " (one stream: --stream-col none)" if missing[0] == self.stream else ""
             raise InputError(
@@ -802,11 +812,12 @@ def normalize_events(raw: pl.DataFrame, columns: ColumnMap) -> pl.DataFrame:
     """Rename a source's columns to the data contract and check the ones calpipe stores.
 
     Returns columns ``stream, event_id, event_time, score, label`` (String, Int64 or String,
-    Datetime(us), source score dtype, source label dtype); raises InputError for a missing column
+    Datetime(us), source score dtype: a float or K-class vectors, source label dtype); raises InputError for a missing column
     or an event id that is not an integer.
     """
     cm = columns
-    needed = [cm.event_id, cm.event_time, cm.score, cm.label]
+    score = cm.score_in(raw.columns)
+    needed = [cm.event_id, cm.event_time, score, cm.label]
     if raw.width == 0:
         return pl.DataFrame(
             schema={
@@ -854,6 +865,6 @@ def normalize_events(raw: pl.DataFrame, columns: ColumnMap) -> pl.DataFrame:
         stream.alias("stream"),
         pl.col(cm.event_id).cast(pl.String if string_ids else pl.Int64).alias("event_id"),
         t.cast(pl.Datetime("us")).alias("event_time"),
-        pl.col(cm.score).alias("score"),
+        pl.col(score).alias("score"),
         pl.col(cm.label).alias("label"),
     )

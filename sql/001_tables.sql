@@ -10,9 +10,14 @@ CREATE TABLE IF NOT EXISTS scored_events (
     stream            VARCHAR   NOT NULL,  -- independent calibration stream
     event_id          BIGINT    NOT NULL,  -- unique within a stream
     event_time        TIMESTAMP NOT NULL,  -- replay order is (event_time, event_id)
-    score             DOUBLE    NOT NULL,  -- base probability of label 1
-    label             INTEGER              -- 0/1; NULL = not known (forecast, no update)
+    score             DOUBLE,              -- base probability of label 1 (binary)
+    label             INTEGER,             -- 0/1 (0..K-1); NULL = not known (forecast, no update)
+    scores            DOUBLE[]             -- K classes: the base probabilities (score NULL)
 );
+-- A database stores binary forecasts (score) or K-class ones (scores), set by its first events
+-- (calpipe/pipeline/classes.py). Databases from before K classes were stored gain the column.
+ALTER TABLE scored_events ADD COLUMN IF NOT EXISTS scores DOUBLE[];
+ALTER TABLE scored_events ALTER score DROP NOT NULL;
 
 -- Protected scores: the outputs of the engine per scored event, keyed like scored_events by
 -- (event_date, stream, event_id). The event's other inputs (event_time, score) and the day's
@@ -25,16 +30,23 @@ CREATE TABLE IF NOT EXISTS protected_scores (
     event_date         DATE      NOT NULL,
     stream             VARCHAR   NOT NULL,
     event_id           BIGINT    NOT NULL,  -- with stream and event_date: the scored event
-    base_score         DOUBLE    NOT NULL,  -- the base as the engine used it (clipped in log loss)
+    base_score         DOUBLE,              -- the base as the engine used it (clipped in log loss)
     label              INTEGER,
-    protected_score    DOUBLE    NOT NULL,
+    protected_score    DOUBLE,
     log10_martingale   DOUBLE    NOT NULL,  -- the stream's running log10 test martingale after it
     p_lower            DOUBLE,              -- Venn methods: the multiprobability [p_lower, p_upper]
-    p_upper            DOUBLE
+    p_upper            DOUBLE,
+    base_scores        DOUBLE[],            -- K classes: base_score and protected_score as
+    protected_scores   DOUBLE[]             -- vectors (the binary columns NULL)
 );
 -- Databases created before the Venn methods existed gain the interval columns.
 ALTER TABLE protected_scores ADD COLUMN IF NOT EXISTS p_lower DOUBLE;
 ALTER TABLE protected_scores ADD COLUMN IF NOT EXISTS p_upper DOUBLE;
+-- Databases from before K-class forecasts were stored gain the vectors.
+ALTER TABLE protected_scores ADD COLUMN IF NOT EXISTS base_scores DOUBLE[];
+ALTER TABLE protected_scores ADD COLUMN IF NOT EXISTS protected_scores DOUBLE[];
+ALTER TABLE protected_scores ALTER base_score DROP NOT NULL;
+ALTER TABLE protected_scores ALTER protected_score DROP NOT NULL;
 -- Databases created before protected_scores held only the outputs lose the copied inputs (the
 -- view v_protected_scores still shows them, from scored_events and pipeline_days).
 ALTER TABLE protected_scores DROP COLUMN IF EXISTS event_time;
@@ -113,11 +125,14 @@ CREATE TABLE IF NOT EXISTS event_labels (
     event_id      BIGINT    NOT NULL,  -- with stream: an event of scored_events
     event_date    DATE      NOT NULL,  -- the event's day (<= date)
     event_time    TIMESTAMP NOT NULL,
-    score         DOUBLE    NOT NULL,  -- the event's base score
+    score         DOUBLE,              -- the event's base score (binary)
     label         INTEGER   NOT NULL,
     label_time    TIMESTAMP NOT NULL,  -- >= event_time
-    file          VARCHAR   NOT NULL   -- the landing file (relative path), or the table
+    file          VARCHAR   NOT NULL,  -- the landing file (relative path), or the table
+    scores        DOUBLE[]             -- K classes: the event's base scores (score NULL)
 );
+ALTER TABLE event_labels ADD COLUMN IF NOT EXISTS scores DOUBLE[];
+ALTER TABLE event_labels ALTER score DROP NOT NULL;
 
 -- Labels of the feed for events calpipe does not know, parked by `--on-unknown-label quarantine`
 -- instead of failing the night (a later landing of their events replays them).

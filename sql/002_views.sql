@@ -10,7 +10,8 @@ SELECT
     p.log10_martingale,
     p.log10_martingale >= 2 AS at_alarm_level,
     d.method, d.config_fingerprint,
-    p.p_lower, p.p_upper
+    p.p_lower, p.p_upper,
+    e.scores, p.base_scores, p.protected_scores          -- K classes (the binary columns NULL)
 FROM protected_scores p
 LEFT JOIN scored_events e
        ON e.event_date = p.event_date AND e.stream = p.stream AND e.event_id = p.event_id

@@ -15,13 +15,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from calpipe import store
 from calpipe.calibrators import Calibrator
 from calpipe.errors import StateError
 from calpipe.frame import protect_with_state
-from calpipe.pipeline.events import _BY, _ORDER, _PROTECT_INPUT
+from calpipe.pipeline.classes import score_column, stored_n_classes
+from calpipe.pipeline.events import _BY, _ORDER, _protect_input
 from calpipe.pipeline.inputs import chain_hash, state_digest
 from calpipe.pipeline.labels import Arrivals, attach_labels, learn_late, stored_arrivals
 from calpipe.pipeline.settings import Settings, StageResult, _as_date
@@ -83,11 +85,12 @@ def state_before(con, day: dt.date, settings: Settings, first_day: dt.date) -> p
             f"cannot run day {day}: this database's chain starts on {rec_first}, but this run "
             f"says the first day is {first_day}"
         )
-    if fp != settings.fingerprint:
+    want = settings.fingerprint_for(stored_n_classes(con) or 2)
+    if fp != want:
         raise StateError(
             f"cannot run day {day}: day {prev} was computed by {method!r} with config "
             f"fingerprint {fp} ({cfg}), this run is {settings.method!r} with fingerprint "
-            f"{settings.fingerprint} ({settings.to_json()}); loading a state under another "
+            f"{want} ({settings.to_json()}); loading a state under another "
             "configuration is an error: use the same method options, or a new database"
         )
     altered = _state_rows_missing(con, first_day, prev)
@@ -156,19 +159,28 @@ def _state_rows_missing(con, first_day: dt.date, last: dt.date) -> tuple | None:
 
 
 def _martingale_base(cal: Calibrator, scores: pl.DataFrame) -> pl.Series:
-    """``base_score``: the forecast the martingale bets against (the clipped base, or a stack's
-    base-method forecast), so that base loss - protected loss = ln 10 * log10 S."""
-    if "base_method_score" in scores.columns:
-        seen = cal.martingale_base(scores["base_method_score"].to_numpy())
-        return pl.Series("base_score", seen)
-    return pl.Series("base_score", cal.martingale_base(scores["score"].to_numpy()))
+    """``base_score`` (``base_scores`` for K classes): the forecast the martingale bets against
+    (the clipped base, or a stack's base-method forecast), so that base loss - protected loss =
+    ln 10 * log10 S."""
+    if "scores" in scores.columns:
+        col = "base_method_scores" if "base_method_scores" in scores.columns else "scores"
+        vec = scores[col]
+        k = int(vec.list.len().max()) if vec.len() else 3
+        x = vec.list.to_array(k).to_numpy() if vec.len() else np.zeros((0, k))
+        seen = cal.martingale_base(np.ascontiguousarray(x, dtype=np.float64))
+        return pl.Series("base_scores", seen).cast(pl.List(pl.Float64))
+    col = "base_method_score" if "base_method_score" in scores.columns else "score"
+    return pl.Series("base_score", cal.martingale_base(scores[col].to_numpy()))
 
 
-#: A day's scored events in their stored order (the source's: deterministic, so the day's
-#: protected_scores rows, written in the same order, are too). No ORDER BY: calpipe.protect
-#: groups the streams by hashing and finds an event log already in time order without a sort,
-#: where a SQL sort by (stream, event_time, event_id) would cost more than the protection.
-_DAY_EVENTS_SQL = f"SELECT {', '.join(_PROTECT_INPUT)} FROM scored_events WHERE event_date = ?"
+def _day_events_sql(n_classes: int) -> str:
+    """A day's scored events in their stored order (the source's: deterministic, so the day's
+    protected_scores rows, written in the same order, are too). No ORDER BY: calpipe.protect
+    groups the streams by hashing and finds an event log already in time order without a sort,
+    where a SQL sort by (stream, event_time, event_id) would cost more than the protection."""
+    cols = ", ".join(_protect_input(n_classes))
+    return f"SELECT {cols} FROM scored_events WHERE event_date = ?"
+
 
 #: Interval outputs of the Venn methods, stored when the method produces them.
 _INTERVAL_COLUMNS = ("p_lower", "p_upper")
@@ -176,14 +188,16 @@ _INTERVAL_COLUMNS = ("p_lower", "p_upper")
 
 def _protected_rows(cal: Calibrator, scores: pl.DataFrame, day: dt.date) -> pl.DataFrame:
     """The ``protected_scores`` rows of one day: the event key and the engine's outputs only
-    (``v_protected_scores`` joins the inputs, method and fingerprint back)."""
+    (``v_protected_scores`` joins the inputs, method and fingerprint back). K classes:
+    ``base_scores``/``protected_scores`` vectors in place of the binary columns."""
+    out = "protected_scores" if "scores" in scores.columns else "protected_score"
     return scores.select(
         pl.lit(day, pl.Date).alias("event_date"),
         "stream",
         "event_id",
         _martingale_base(cal, scores),
         pl.col("label").cast(pl.Int32),
-        "protected_score",
+        pl.col(out).cast(pl.List(pl.Float64)) if out == "protected_scores" else out,
         "log10_martingale",
         *[c for c in _INTERVAL_COLUMNS if c in scores.columns],
     )
@@ -216,13 +230,20 @@ def _check_outputs(scores: pl.DataFrame, day: dt.date) -> None:
     """StateError naming the day, stream and event of the first protected score that is not a
     probability or martingale that is not finite: checked before the day is committed (the
     post-commit check ``probabilities_valid`` would find it only once it was stored)."""
-    p, m = pl.col("protected_score"), pl.col("log10_martingale")
-    bad = scores.filter(p.is_null() | p.is_nan() | (p < 0) | (p > 1) | ~m.is_finite())
+    name = "protected_scores" if "protected_scores" in scores.columns else "protected_score"
+    m = pl.col("log10_martingale")
+    if name == "protected_score":
+        p = pl.col(name)
+        invalid = p.is_null() | p.is_nan() | (p < 0) | (p > 1)
+    else:  # every class's probability in [0, 1] (the vectors sum to 1 by construction)
+        p = pl.col(name).list.eval(pl.element().is_nan() | (pl.element() < 0) | (pl.element() > 1))
+        invalid = pl.col(name).is_null() | p.list.any()
+    bad = scores.filter(invalid | ~m.is_finite())
     if bad.height:
         r = bad.row(0, named=True)
         raise StateError(
-            f"day {day}, stream {r['stream']!r}, event {r['event_id']}: protected_score "
-            f"{r['protected_score']} / log10_martingale {r['log10_martingale']} is not a finite "
+            f"day {day}, stream {r['stream']!r}, event {r['event_id']}: {name} "
+            f"{r[name]} / log10_martingale {r['log10_martingale']} is not a finite "
             f"probability ({bad.height} such events); nothing of the day is written"
         )
 
@@ -245,13 +266,25 @@ class _Chain:
     per stream) from one day to the next."""
 
     def __init__(
-        self, settings: Settings, first_day: dt.date, state: pl.DataFrame | None, state_hash
+        self,
+        settings: Settings,
+        first_day: dt.date,
+        state: pl.DataFrame | None,
+        state_hash,
+        n_classes: int | None = None,
     ):
         self.settings, self.first_day, self.state = settings, first_day, state
         self.state_hash = state_hash  # of the state carried (pipeline/inputs.py's hash chain)
-        self.cal = settings.calibrator()
-        self.fp = self.cal.fingerprint(2)
         self.cfg = settings.to_json()
+        self.use_classes(n_classes or 2)
+
+    def use_classes(self, n_classes: int) -> None:
+        """Run forecasts of ``n_classes`` classes (the database's, :mod:`~calpipe.pipeline.
+        classes`: set by the first events of a new database). ParameterError if the method
+        does not take that many classes."""
+        self.n_classes = n_classes
+        self.cal = self.settings.calibrator(n_classes)
+        self.fp = self.cal.fingerprint(n_classes)
 
     def protect(
         self,
@@ -272,8 +305,9 @@ class _Chain:
                 f"method {self.cal.name!r} does not take delayed labels: the label feed needs a "
                 "method that does (`calpipe methods`)"
             )
+        col = score_column(self.n_classes)
         return protect_with_state(
-            events, score="score", label="label", by=_BY, order_by=_ORDER,
+            events, **{col: col}, label="label", by=_BY, order_by=_ORDER,
             label_time="label_time" if "label_time" in events.columns else None,
             method=self.settings.method, state=learn_late(state, late), **self.settings.kwargs,
         )  # fmt: skip
@@ -340,13 +374,14 @@ def protect_days(
     if first_day is None:
         first_day = chain_first_day(con) or start
     first_day = _as_date(first_day)
+    k = stored_n_classes(con) or 2
     chain = _Chain(
         settings, first_day, state_before(con, start, settings, first_day),
-        state_hash_before(con, start),
+        state_hash_before(con, start), k,
     )  # fmt: skip
 
     def write(writer: store.PartitionWriter, d: dt.date, events: pl.DataFrame) -> None:
-        day = chain.step(events, d, stored_arrivals(con, d))
+        day = chain.step(events, d, stored_arrivals(con, d, k))
         # in the input's order (the engine keeps it): no sort of the day's rows
         writer.insert("protected_scores", day.protected, sort=False)
         writer.insert("calibrator_state", day.state)
@@ -356,7 +391,7 @@ def protect_days(
 
     tables = ["protected_scores", "calibrator_state", "pipeline_days"]
     rows = _write_days(
-        con, start, end, tables, lambda d: store.query(con, _DAY_EVENTS_SQL, [d]), write
+        con, start, end, tables, lambda d: store.query(con, _day_events_sql(k), [d]), write
     )
     return StageResult(start, end, {t: rows[t] for t in tables[:2]})
 

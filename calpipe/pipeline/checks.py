@@ -31,17 +31,24 @@ def check_probabilities(con, start: dt.date, end: dt.date) -> CheckOutcome:
     bad = store.query(
         con,
         """WITH bad AS (
-               SELECT event_date, stream, event_id, protected_score, log10_martingale
+               SELECT event_date, stream, event_id, protected_score, protected_scores,
+                      log10_martingale
                FROM protected_scores
                WHERE event_date BETWEEN $1 AND $2
-                 AND (protected_score IS NULL OR isnan(protected_score) OR protected_score < 0
-                      OR protected_score > 1 OR NOT isfinite(log10_martingale)))
+                 AND (CASE WHEN protected_scores IS NULL
+                           THEN protected_score IS NULL OR isnan(protected_score)
+                                OR protected_score < 0 OR protected_score > 1
+                           -- K classes: every class's probability in [0, 1], summing to 1
+                           ELSE NOT list_bool_and(list_transform(protected_scores,
+                                    lambda x: x >= 0 AND x <= 1 AND NOT isnan(x)))
+                                OR abs(list_sum(protected_scores) - 1) > $3 END
+                      OR NOT isfinite(log10_martingale)))
            SELECT b.* FROM bad b
            LEFT JOIN scored_events e
                   ON e.event_date = b.event_date AND e.stream = b.stream
                  AND e.event_id = b.event_id AND e.event_date BETWEEN $1 AND $2
            ORDER BY b.event_date, b.stream, e.event_time, b.event_id LIMIT 10""",
-        [start, end],
+        [start, end, config.SCORES_SUM_TOL],
     )
     ok = bad.height == 0
     return CheckOutcome(

@@ -15,6 +15,7 @@ import polars as pl
 from calpipe import config, store
 from calpipe.contract import Rule, check_rules, replay_order, resolve_columns, validate_frame
 from calpipe.errors import InputError
+from calpipe.pipeline.classes import ensure_n_classes, frame_n_classes, score_column, split_scores
 from calpipe.pipeline.ids import ensure_id_type
 from calpipe.pipeline.inputs import day_inputs, run_inputs
 from calpipe.pipeline.labels import Arrivals, _label_rows, _quarantine_rows, night_arrivals
@@ -35,8 +36,23 @@ _EVENT_SCHEMA = {
     "label": pl.Int32,
 }
 
-#: The columns calpipe.protect reads, in both paths (stored events, or fresh from the source).
+#: The columns calpipe.protect reads, in both paths (stored events, or fresh from the source),
+#: binary; :func:`_protect_input` for K classes.
 _PROTECT_INPUT = ("stream", "event_id", "event_time", "score", "label")
+
+
+def _protect_input(n_classes: int) -> tuple[str, ...]:
+    """:data:`_PROTECT_INPUT` with the forecast column of K classes (``score`` or ``scores``)."""
+    col = score_column(n_classes)
+    return tuple(col if c == "score" else c for c in _PROTECT_INPUT)
+
+
+def _event_schema(multiclass: bool) -> dict[str, pl.DataType]:
+    """The stored types of a night's events (K classes: ``scores`` in place of ``score``)."""
+    if not multiclass:
+        return _EVENT_SCHEMA
+    return {("scores" if c == "score" else c): (pl.List(pl.Float64) if c == "score" else t)
+            for c, t in _EVENT_SCHEMA.items()}  # fmt: skip
 
 
 def _read_source(con, source: EventSource, start: dt.date, end: dt.date) -> pl.DataFrame:
@@ -48,6 +64,10 @@ def _read_source(con, source: EventSource, start: dt.date, end: dt.date) -> pl.D
     days = raw[store.DAY_COLUMN]
     norm = store.normalize_events(raw.drop(store.DAY_COLUMN), source.columns)
     del raw
+    try:
+        norm, _ = split_scores(norm)
+    except InputError as exc:
+        raise _source_error(exc, source, norm.with_columns(days.alias("event_date"))) from None
     chunk = norm.with_columns(days.alias("event_date"))
     bad = chunk.filter(pl.col("event_time").cast(pl.Date) != pl.col("event_date"))
     if bad.height:
@@ -127,7 +147,7 @@ def _stored_events(chunk: pl.DataFrame) -> pl.DataFrame:
     """``scored_events`` rows: the contract's columns cast to the stored types (string ids stay
     strings: :func:`ensure_id_type` made the database's id columns VARCHAR)."""
     ids = pl.Int64 if chunk.schema["event_id"].is_integer() else pl.String
-    types = {**_EVENT_SCHEMA, "event_id": ids}
+    types = {**_event_schema("scores" in chunk.columns), "event_id": ids}
     return chunk.select([pl.col(c).cast(t) for c, t in types.items()])
 
 
@@ -135,15 +155,18 @@ def read_source_days(con, source: EventSource, start: dt.date, end: dt.date) -> 
     """Validated scored events of [start, end] from ``source`` (the rows ``load_events`` stores).
 
     Checks the data contract (docs/ARCHITECTURE.md §3, via :func:`calpipe.contract.validate_frame` and
-    :func:`calpipe.contract.replay_order`: scores in [0, 1], integer labels in {0, 1}, unique
+    :func:`calpipe.contract.replay_order`: scores in [0, 1] (K-class vectors summing to 1,
+    :mod:`calpipe.pipeline.classes`), integer labels in {0, 1} (0..K-1), unique
     (stream, event_id), ...) and that each landing file's events fall on its folder's date.
     Raises :class:`calpipe.errors.InputError` naming the day, stream and event of the first
     offending row.
     """
     chunk = _read_source(con, source, start, end)
     if chunk.height:
+        multi = "scores" in chunk.columns
         cols = resolve_columns(
-            chunk.columns, score="score", scores=None, label="label", label_time=None,
+            chunk.columns, score=None if multi else "score", scores="scores" if multi else None,
+            label="label", label_time=None,
             by=_BY, order_by=_ORDER,
         )  # fmt: skip
         check_stream_names(chunk, source)
@@ -199,6 +222,7 @@ def load_events(
         rows = read_source_days(con, source, d, d)
         if rows.height:
             ensure_id_type(con, rows.schema["event_id"], source)
+            ensure_n_classes(con, frame_n_classes(rows), source, d)
         check_history_duplicates(con, rows, d, end, source)
         arrivals[d] = night_arrivals(con, labels, d, rows, on_unknown_label)
         return rows

@@ -37,6 +37,7 @@ from calpipe import store
 from calpipe.contract import _TIME_US, Rule, check_rules
 from calpipe.errors import InputError
 from calpipe.frame import arrive_labels
+from calpipe.pipeline.classes import frame_n_classes, score_column, stored_n_classes
 from calpipe.pipeline.ids import stored_id_type
 from calpipe.store import EventSource
 
@@ -66,6 +67,15 @@ _LABEL_SCHEMA = {
     "label_time": pl.Datetime("us"),
     "file": pl.String,
 }
+
+
+def _label_schema(n_classes: int) -> dict[str, pl.DataType]:
+    """:data:`_LABEL_SCHEMA` for forecasts of K classes (the event's ``scores`` vector)."""
+    if n_classes == 2:
+        return _LABEL_SCHEMA
+    return {("scores" if c == "score" else c): (pl.List(pl.Float64) if c == "score" else t)
+            for c, t in _LABEL_SCHEMA.items()}  # fmt: skip
+
 
 _QUARANTINE_SCHEMA = {
     "date": pl.Date,
@@ -129,8 +139,12 @@ class Arrivals:
     quarantined: pl.DataFrame
 
     @classmethod
-    def empty(cls, day: dt.date) -> Arrivals:
-        return cls(day, pl.DataFrame(schema=_LABEL_SCHEMA), pl.DataFrame(schema=_QUARANTINE_SCHEMA))
+    def empty(cls, day: dt.date, n_classes: int = 2) -> Arrivals:
+        return cls(
+            day,
+            pl.DataFrame(schema=_label_schema(n_classes)),
+            pl.DataFrame(schema=_QUARANTINE_SCHEMA),
+        )
 
     @property
     def same_day(self) -> pl.DataFrame:
@@ -209,7 +223,7 @@ def read_arrivals(con, source: EventSource, day: dt.date) -> pl.DataFrame:
 #: event stored on a day before $1 (the night) and a label that arrived on a night before it.
 #: The days from $1 on are being replaced by this run (each checked as it is read).
 _LOOKUP_SQL = """
-SELECT k.i, e.event_date, e.event_time, e.score, e.label AS row_label,
+SELECT k.i, e.event_date, e.event_time, e.{score}, e.label AS row_label,
        l.label AS prev_label, l.date AS prev_date
 FROM _calpipe_label_keys k
 LEFT JOIN scored_events e
@@ -233,20 +247,24 @@ def check_arrivals(
     ``scored_events`` before ``day``, and against the labels stored before ``day``.
 
     Raises InputError naming the file, stream, event and the rule for: a null field, a label
-    outside {0, 1}, a ``label_time`` not on its arrival day, two labels of one event, a label of
+    outside the classes (0..K-1), a ``label_time`` not on its arrival day, two labels of one event, a label of
     an unknown event (unless ``on_unknown="quarantine"``), a label earlier than its event, a
     second label of an event that has one (in its scores row or from an earlier night), and a
     label that changes a stored one. Call it with the connection free (no INSERT pending)."""
     if on_unknown not in ON_UNKNOWN:
         raise ValueError(f"on_unknown must be one of {ON_UNKNOWN}, got {on_unknown!r}")
+    k = frame_n_classes(events) if events.height else (stored_n_classes(con) or 2)
     if raw.height == 0:
-        return Arrivals.empty(day)
+        return Arrivals.empty(day, k)
+    score, schema = score_column(k), _label_schema(k)
     raw = raw.with_row_index("i")
     y = pl.col("__y")
+    classes = [float(c) for c in range(k)]
     _check(raw, source, day, [
         *[Rule(c, f"null {c}", pl.col(c).is_null()) for c in ("stream", "event_id", "label_time")],
         Rule("label", "null label", y.is_null(), y),
-        Rule("label", "label outside the classes 0..1 (labels are 0 or 1)", ~y.is_in([0.0, 1.0]), y),
+        Rule("label", f"label outside the classes 0..{k - 1} (labels are integers 0..{k - 1})",
+             ~y.is_in(classes), y),
         Rule("label_time", f"label_time not on its arrival day {day} (a label lands in the folder "
              "of the day it became known)", pl.col("label_time").cast(pl.Date) != day,
              pl.col("label_time")),
@@ -255,14 +273,16 @@ def check_arrivals(
     ])  # fmt: skip
     con.register("_calpipe_label_keys", raw.select("i", "stream", "event_id").to_arrow())
     try:
-        stored = store.query(con, _LOOKUP_SQL, [day])
+        stored = store.query(con, _LOOKUP_SQL.format(score=score), [day])
     finally:
         con.unregister("_calpipe_label_keys")
+    if score not in events.columns:  # a night without events, in the binary form
+        events = events.rename({"score": score}).cast({score: schema[score]})
     own = events.select(
         "stream", "event_id",
         pl.lit(day, pl.Date).alias("event_date"),
         pl.col("event_time").cast(pl.Datetime("us")),
-        pl.col("score").cast(pl.Float64),
+        pl.col(score).cast(schema[score]),
         pl.col("label").cast(pl.Int32).alias("row_label"),
     )  # fmt: skip
     j = (
@@ -270,7 +290,7 @@ def check_arrivals(
         .join(own, on=["stream", "event_id"], how="left", suffix="_own")
         .with_columns(
             *[pl.coalesce(f"{c}_own", c).alias(c)
-              for c in ("event_date", "event_time", "score", "row_label")],
+              for c in ("event_date", "event_time", score, "row_label")],
             pl.col("__y").cast(pl.Int32).alias("label"),
         )
         .sort("i")
@@ -301,8 +321,8 @@ def check_arrivals(
              "night)", prev.is_not_null() & (prev != lab), pl.format("{} on {}", prev,
                                                                     pl.col("prev_date"))),
     ])  # fmt: skip
-    rows = j.select(pl.lit(day, pl.Date).alias("date"), *list(_LABEL_SCHEMA)[1:]).cast(
-        {**_LABEL_SCHEMA, "event_id": j.schema["event_id"]}
+    rows = j.select(pl.lit(day, pl.Date).alias("date"), *list(schema)[1:]).cast(
+        {**schema, "event_id": j.schema["event_id"]}
     )
     return Arrivals(
         day, rows.sort("stream", "event_id"), quarantined.sort("file", "stream", "event_id")
@@ -349,8 +369,11 @@ def learn_late(state: pl.DataFrame | None, late: pl.DataFrame | None) -> pl.Data
     ``label_time``."""
     if state is None or late is None or late.height == 0:
         return state
+    score = "scores" if "scores" in late.columns else "score"
     return arrive_labels(
-        state, late.select("stream", "event_time", "event_id", "score", "label", "label_time")
+        state,
+        late.select("stream", "event_time", "event_id", score, "label", "label_time"),
+        score=score,
     )
 
 
@@ -365,15 +388,15 @@ def night_arrivals(
     return check_arrivals(con, raw, day, events, labels, on_unknown=on_unknown)
 
 
-def stored_arrivals(con, day: dt.date) -> Arrivals:
-    """The labels stored as arrived on ``day`` (``event_labels``): what the stage
-    :func:`calpipe.pipeline.protect_days` learns on that night."""
+def stored_arrivals(con, day: dt.date, n_classes: int = 2) -> Arrivals:
+    """The labels stored as arrived on ``day`` (``event_labels``) of a database of
+    ``n_classes``-class forecasts: what the stage :func:`calpipe.pipeline.protect_days` learns
+    on that night."""
     rows = store.query(con, "SELECT * FROM event_labels WHERE date = ?", [day])
+    schema = _label_schema(n_classes)
     return Arrivals(
         day,
-        rows.select(list(_LABEL_SCHEMA)).cast(
-            {**_LABEL_SCHEMA, "event_id": rows.schema["event_id"]}
-        ),
+        rows.select(list(schema)).cast({**schema, "event_id": rows.schema["event_id"]}),
         pl.DataFrame(schema=_QUARANTINE_SCHEMA),
     )
 

@@ -18,6 +18,7 @@ from calpipe.calibrators import ProtectedCalibrator
 from calpipe.errors import StateError
 from calpipe.frame import state_from_rows
 from calpipe.pipeline.chain import _require_chain
+from calpipe.pipeline.classes import stored_n_classes
 from calpipe.pipeline.settings import Settings, StageResult, _as_date
 from calpipe.pipeline.transactions import day_range
 
@@ -71,10 +72,11 @@ _INPUT_COLUMNS = ("in_w1", "in_w2", "in_w0", "in_eps")
 
 
 def _map_rows(state: pl.DataFrame, settings: Settings) -> pl.DataFrame:
-    """``calibration_map`` rows of state rows: :func:`map_terms` for the methods whose map has
-    the SQL form (:func:`has_sql_map`); none for the others (no SQL form of a fitted
-    isotonic/Venn/... map: serve with serving_map())."""
-    if state.height and has_sql_map(settings.calibrator()):
+    """``calibration_map`` rows of state rows: :func:`map_terms` for the binary chains of the
+    methods whose map has the SQL form (:func:`has_sql_map`); none for the others (no SQL
+    form of a fitted isotonic/Venn/... map, nor of K-class maps yet: serve with serving_map())."""
+    binary = state.height and int(state["n_classes"][0]) == 2
+    if binary and has_sql_map(settings.calibrator()):
         return map_terms(state, settings)
     return pl.DataFrame(schema={"date": pl.Date, "stream": pl.String, "term": pl.Int32})
 
@@ -86,7 +88,7 @@ def map_days(con, start: dt.date, end: dt.date, settings: Settings) -> StageResu
     methods; for the other methods the partitions are left empty (use :func:`serving_map`)."""
     start, end = _as_date(start), _as_date(end)
     _require_chain(con, start, end, "calibration_map")
-    fp = settings.fingerprint
+    fp = settings.fingerprint_for(stored_n_classes(con) or 2)
     res = StageResult(start, end, {"calibration_map": 0})
     for c0, c1 in day_range(start, end):
         state = store.read_partitions(con, "calibrator_state", c0, c1)

@@ -20,6 +20,7 @@ from calpipe import config, metrics, store
 from calpipe.contract import stream_ids
 from calpipe.kernels.grouping import dense_ids
 from calpipe.pipeline.chain import _require_chain
+from calpipe.pipeline.classes import stored_n_classes
 from calpipe.pipeline.settings import StageResult, _as_date
 from calpipe.pipeline.transactions import day_range
 
@@ -55,6 +56,23 @@ def _corp_columns(
     return out
 
 
+#: The CORP columns of :func:`_corp_columns` (binary forecasts only: null for K classes).
+_CORP_COLUMNS = (
+    *[f"{who}_{name}_{part}" for name in ("log_loss", "brier") for who in ("base", "protected")
+      for part in ("mcb", "dsc")],
+    "log_loss_unc",
+    "brier_unc",
+)  # fmt: skip
+
+
+def _vectors(col: pl.Series) -> np.ndarray:
+    """(n, K) float array of a column of K-class probability vectors."""
+    if col.len() == 0:
+        return np.zeros((0, 3))
+    k = int(col.list.len().max())
+    return np.ascontiguousarray(col.list.to_array(k).to_numpy(), dtype=np.float64)
+
+
 def daily_metrics(
     scores: pl.DataFrame,
     keys: Sequence[str] = ("event_date", "stream"),
@@ -69,6 +87,11 @@ def daily_metrics(
     labelled ones, and the within-group maximum of the running log10 martingale. The base is
     ``base_score``, the score as the engine used it (clipped in log-loss mode), so that base
     minus protected cumulative log loss is the log test martingale.
+
+    K classes (``base_scores``/``protected_scores`` vectors): log loss of the label's
+    probability, the multiclass Brier score (sum over classes), ECE and smooth ECE of the top
+    label (:func:`calpipe.metrics.top_label`); the CORP decomposition and the means are binary
+    and null.
 
     The metrics are :mod:`calpipe.metrics`' grouped numpy forms (every group at once, as
     per-group sums in row order: the same rows in the same order give the same bits). Groups
@@ -85,8 +108,12 @@ def daily_metrics(
     keys = list(keys)
     ids, first = _stream_groups(scores, keys) if groups is None else groups
     n_groups = first.shape[0]
-    base = scores["base_score"].cast(pl.Float64).to_numpy()
-    prot = scores["protected_score"].cast(pl.Float64).to_numpy()
+    multiclass = "base_scores" in scores.columns
+    if multiclass:
+        base, prot = _vectors(scores["base_scores"]), _vectors(scores["protected_scores"])
+    else:
+        base = scores["base_score"].cast(pl.Float64).to_numpy()
+        prot = scores["protected_score"].cast(pl.Float64).to_numpy()
     y_all = scores["label"].cast(pl.Float64).to_numpy()  # null -> NaN
     labelled = ~np.isnan(y_all)
     # the labelled rows, once: every loss and the ECE are means over them (the grouped forms
@@ -94,6 +121,21 @@ def daily_metrics(
     ids_l, y = ids[labelled], y_all[labelled]
     base_l, prot_l = base[labelled], prot[labelled]
     del y_all
+    if multiclass:  # ECE of the top label (smooth ECE reduces to it itself); CORP is binary
+        base_ece = metrics.grouped_ece(*metrics.top_label(base_l, y), ids_l, n_groups)
+        prot_ece = metrics.grouped_ece(*metrics.top_label(prot_l, y), ids_l, n_groups)
+        corp = dict.fromkeys(_CORP_COLUMNS, np.full(n_groups, np.nan))
+        no_mean = np.full(n_groups, np.nan)
+        means = {"mean_score": no_mean, "mean_protected": no_mean, "mean_label": no_mean}
+    else:
+        base_ece = metrics.grouped_ece(base_l, y, ids_l, n_groups)
+        prot_ece = metrics.grouped_ece(prot_l, y, ids_l, n_groups)
+        corp = _corp_columns(base_l, prot_l, y, ids_l, n_groups)
+        means = {
+            "mean_score": metrics.grouped_mean(base, ids, n_groups),
+            "mean_protected": metrics.grouped_mean(prot, ids, n_groups),
+            "mean_label": metrics.grouped_mean(y, ids_l, n_groups),
+        }
     peak = np.full(n_groups, -np.inf)
     np.maximum.at(peak, ids, scores["log10_martingale"].cast(pl.Float64).to_numpy())
     n_lab = np.bincount(ids_l, minlength=n_groups)
@@ -104,14 +146,12 @@ def daily_metrics(
         "protected_log_loss": metrics.grouped_log_loss(prot_l, y, ids_l, n_groups),
         "base_brier": metrics.grouped_brier(base_l, y, ids_l, n_groups),
         "protected_brier": metrics.grouped_brier(prot_l, y, ids_l, n_groups),
-        "base_ece": metrics.grouped_ece(base_l, y, ids_l, n_groups),
-        "protected_ece": metrics.grouped_ece(prot_l, y, ids_l, n_groups),
+        "base_ece": base_ece,
+        "protected_ece": prot_ece,
         "base_smooth_ece": metrics.grouped_smooth_ece(base_l, y, ids_l, n_groups),
         "protected_smooth_ece": metrics.grouped_smooth_ece(prot_l, y, ids_l, n_groups),
-        **_corp_columns(base_l, prot_l, y, ids_l, n_groups),
-        "mean_score": metrics.grouped_mean(base, ids, n_groups),
-        "mean_protected": metrics.grouped_mean(prot, ids, n_groups),
-        "mean_label": metrics.grouped_mean(y, ids_l, n_groups),
+        **corp,
+        **means,
         "log10_martingale_max": peak,
     }
     # no labelled event: 0 / 0 -> null, as the polars means of an empty selection
@@ -123,16 +163,21 @@ def daily_metrics(
     out = pl.DataFrame(values).with_columns(
         pl.when(pl.col("n_labelled") > 0).then(pl.col(c)).alias(c) for c in over_labelled
     )
+    if multiclass:  # the binary-only columns: null, not NaN
+        out = out.with_columns(pl.col(c).fill_nan(None) for c in (*_CORP_COLUMNS, *means))
     keyed = scores.select(keys)[first.tolist()]
     return pl.concat([keyed, out], how="horizontal").sort(keys)
 
 
-#: One day's protected rows, the columns the monitoring reads, in their stored order (the
-#: order the engine wrote them: the sums of the metrics run in it, so both paths agree to the bit).
-_DAY_SCORES_SQL = (
-    "SELECT stream, base_score, protected_score, label, log10_martingale FROM protected_scores "
-    "WHERE event_date = ?"
-)
+def _day_scores_sql(n_classes: int) -> str:
+    """One day's protected rows, the columns the monitoring reads, in their stored order (the
+    order the engine wrote them: the sums of the metrics run in it, so both paths agree to the
+    bit)."""
+    s = "" if n_classes == 2 else "s"
+    return (
+        f"SELECT stream, base_score{s}, protected_score{s}, label, log10_martingale "
+        "FROM protected_scores WHERE event_date = ?"
+    )
 
 
 def _daily_rows(
@@ -164,7 +209,7 @@ def _daily_rows(
 #: (``event_labels``), with the forecast made at the event (``protected_scores`` of its day). In
 #: one fixed order, so that both paths sum the same rows in the same order.
 _ARRIVED_SQL = """
-SELECT p.event_date AS date, p.stream, p.event_id, p.base_score, p.protected_score, p.label,
+SELECT p.event_date AS date, p.stream, p.event_id, p.base_score{s}, p.protected_score{s}, p.label,
        0.0 AS delay_s
 FROM protected_scores p
 WHERE p.event_date BETWEEN $1 AND $2 AND p.label IS NOT NULL
@@ -172,7 +217,7 @@ WHERE p.event_date BETWEEN $1 AND $2 AND p.label IS NOT NULL
                   AND l.event_date = p.event_date AND l.stream = p.stream
                   AND l.event_id = p.event_id)
 UNION ALL
-SELECT l.date, l.stream, l.event_id, p.base_score, p.protected_score, l.label,
+SELECT l.date, l.stream, l.event_id, p.base_score{s}, p.protected_score{s}, l.label,
        epoch_us(l.label_time) / 1e6 - epoch_us(l.event_time) / 1e6 AS delay_s
 FROM event_labels l
 JOIN protected_scores p
@@ -189,7 +234,8 @@ def _arrival_rows(con, start: dt.date, end: dt.date, state: pl.DataFrame) -> pl.
     made at their events), the mean and largest label delay, and the stream's martingale at the
     end of the night (``state``: the nights' ``calibrator_state`` rows; every stream that learnt
     a label on a night has one). One query for the range: a night's rows do not depend on it."""
-    arrived = store.query(con, _ARRIVED_SQL, [start, end])
+    s = "" if (stored_n_classes(con) or 2) == 2 else "s"
+    arrived = store.query(con, _ARRIVED_SQL.format(s=s), [start, end])
     if arrived.height == 0:
         return pl.DataFrame(schema={"date": pl.Date, "stream": pl.String})
     keys = ("date", "stream")
@@ -231,6 +277,7 @@ def monitor_days(con, start: dt.date, end: dt.date) -> StageResult:
     _require_chain(con, start, end, "calibration_daily")
     tables = ["calibration_daily", "calibration_arrivals"]
     res = StageResult(start, end, dict.fromkeys(tables, 0))
+    day_sql = _day_scores_sql(stored_n_classes(con) or 2)
     for c0, c1 in day_range(start, end):
         state = store.read_partitions(
             con, "calibrator_state", c0, c1,
@@ -238,7 +285,7 @@ def monitor_days(con, start: dt.date, end: dt.date) -> StageResult:
         )  # fmt: skip
         with store.replacing_partitions(con, c0, c1, tables) as writer:
             for d in store.iter_days(c0, c1):
-                scores = store.query(con, _DAY_SCORES_SQL, [d])
+                scores = store.query(con, day_sql, [d])
                 state_d = state.filter(pl.col("date") == d)
                 writer.insert("calibration_daily", _daily_rows(scores, state_d, d))
                 del scores

@@ -33,9 +33,10 @@ from calpipe.pipeline.checks import (
     check_row_counts,
     check_state_continuity,
 )
+from calpipe.pipeline.classes import ensure_n_classes, frame_n_classes, stored_n_classes
 from calpipe.pipeline.events import (
-    _EVENT_SCHEMA,
-    _PROTECT_INPUT,
+    _event_schema,
+    _protect_input,
     _read_source,
     _source_error,
     check_history_duplicates,
@@ -83,12 +84,19 @@ def default_range(
     return (start, rng[1]) if start <= rng[1] else None
 
 
-def _read_day(con, source: EventSource, d: dt.date, last: dt.date) -> pl.DataFrame:
+def _read_day(con, source: EventSource, d: dt.date, last: dt.date, chain: _Chain) -> pl.DataFrame:
     """Day ``d``'s events from the source, checked unique against the stored history (the
-    writer has no INSERT pending when a day is read: the connection is free)."""
+    writer has no INSERT pending when a day is read: the connection is free), their number of
+    classes the database's (the first events of a new database set it, and the chain's)."""
     chunk = _read_source(con, source, d, d)
     if chunk.height:
         ensure_id_type(con, chunk.schema["event_id"], source)
+        k = frame_n_classes(chunk)
+        if k != chain.n_classes:
+            ensure_n_classes(con, k, source, d)
+            chain.use_classes(k)
+    elif chain.n_classes != 2:  # a day without events, in the chain's form
+        chunk = pl.DataFrame(schema=_event_schema(chain.n_classes != 2))
     check_history_duplicates(con, chunk, d, last, source)
     return chunk
 
@@ -166,9 +174,11 @@ def _run_day(
     # stored batch after batch: grouped by stream, which DuckDB writes and checkpoints faster
     # than streams interleaved in time (each stream keeps its rows in the source's order)
     check_stream_names(chunk, source)
-    early = dict(chunk.schema) == {**_EVENT_SCHEMA, "event_id": chunk.schema["event_id"]} and (
+    stored = _event_schema(chain.n_classes != 2)
+    early = dict(chunk.schema) == {**stored, "event_id": chunk.schema["event_id"]} and (
         chunk.schema["event_id"] in (pl.Int64, pl.String)
     )
+    protect_input = _protect_input(chain.n_classes)
     k, batches = _stream_batches(chunk)
     before = chain.state
     late = None if arrivals is None else arrivals.late
@@ -184,7 +194,7 @@ def _run_day(
         if early:
             write_fused(writer, "events", batch)
         try:
-            batch.result = chain.protect(events.select(_PROTECT_INPUT), state, arrivals, late_i)
+            batch.result = chain.protect(events.select(protect_input), state, arrivals, late_i)
         except InputError as exc:
             raise _source_error(exc, source, events) from None
         _check_outputs(batch.result.scores, d)  # before the day's transaction commits
@@ -269,14 +279,15 @@ def run_range(
     if labels is not None:
         store.set_meta(con, "labels", labels.location)
     chain = _Chain(
-        settings, first, state_before(con, start, settings, first), state_hash_before(con, start)
-    )
+        settings, first, state_before(con, start, settings, first), state_hash_before(con, start),
+        stored_n_classes(con),
+    )  # fmt: skip
     empty_days: list[dt.date] = []
     states: list[pl.DataFrame] = []
     arrivals: dict[dt.date, Arrivals] = {}
 
     def read(d: dt.date) -> pl.DataFrame:
-        chunk = _read_day(con, source, d, end)
+        chunk = _read_day(con, source, d, end, chain)
         arrivals[d] = night_arrivals(con, labels, d, chunk, on_unknown_label)
         return chunk
 

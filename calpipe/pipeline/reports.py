@@ -12,6 +12,7 @@ import datetime as dt
 import polars as pl
 
 from calpipe import config, store
+from calpipe.pipeline.classes import stored_n_classes
 from calpipe.pipeline.monitoring import daily_metrics
 
 
@@ -32,12 +33,19 @@ def markdown_table(df: pl.DataFrame, *, float_digits: int = 4) -> str:
     return "\n".join(lines)
 
 
+def _forecasts(con) -> list[str]:
+    """The base and protected forecast columns of ``protected_scores`` in this database: binary
+    ``base_score``/``protected_score``, or the K-class vectors (:mod:`calpipe.pipeline.classes`)."""
+    s = "" if (stored_n_classes(con) or 2) == 2 else "s"
+    return [f"base_score{s}", f"protected_score{s}"]
+
+
 def day_report(con, start: dt.date, end: dt.date) -> pl.DataFrame:
     """Per stream over [start, end]: events, base vs protected log loss / Brier / ECE, end and
     max log10 martingale, alarm (the markdown table of a materialization)."""
     scores = store.read_partitions(
         con, "protected_scores", start, end,
-        columns=["stream", "base_score", "protected_score", "label", "log10_martingale"],
+        columns=["stream", *_forecasts(con), "label", "log10_martingale"],
     )  # fmt: skip
     stats = daily_metrics(scores, keys=("stream",))
     last = store.query(  # the state at the end of `end`: each stream's latest row on or before it
@@ -74,7 +82,13 @@ def trajectory_frame(con, end: dt.date) -> pl.DataFrame:
 def reliability_frame(
     con, end: dt.date, days: int = config.RELIABILITY_WINDOW_DAYS
 ) -> pl.DataFrame:
-    """Protected rows of the ``days`` days ending on ``end`` (the reliability diagram)."""
+    """Protected rows of the ``days`` days ending on ``end`` (the reliability diagram of binary
+    forecasts: none for K classes, whose base and protected top labels differ)."""
+    if (stored_n_classes(con) or 2) != 2:
+        return pl.DataFrame(
+            schema={"stream": pl.String, "base_score": pl.Float64, "protected_score": pl.Float64,
+                    "label": pl.Int32}
+        )  # fmt: skip
     return store.read_partitions(
         con, "protected_scores", end - dt.timedelta(days=days - 1), end,
         columns=["stream", "base_score", "protected_score", "label"],
@@ -86,7 +100,8 @@ def stream_summary(con) -> pl.DataFrame:
     log loss / Brier / ECE, final and maximum log10 martingale, first alarm date."""
     scores = store.query(
         con,
-        "SELECT stream, base_score, protected_score, label, log10_martingale FROM protected_scores",
+        f"SELECT stream, {', '.join(_forecasts(con))}, label, log10_martingale "
+        "FROM protected_scores",
     )
     stats = daily_metrics(scores, keys=("stream",))
     latest = store.query(

@@ -21,11 +21,11 @@ from calpipe.errors import ParameterError
 class Settings:
     """The calibrator a chain runs: a method name and its parameters (validated on use).
 
-    The pipeline runs every method of :data:`calpipe.calibrators.METHODS` that takes a binary
-    ``score`` (:data:`calpipe.config.PIPELINE_DEFAULT_METHOD` by default, ``composite-experts``),
-    and stacks (``base_method``/``base_params``), in either loss (``loss="brier"``: the Brier
-    compatibility mode); multiclass scores are available in :func:`calpipe.protect` but not yet
-    stored by the pipeline. The SQL serving map (``calibration_map``) exists for the log-loss
+    The pipeline runs every method of :data:`calpipe.calibrators.METHODS`
+    (:data:`calpipe.config.PIPELINE_DEFAULT_METHOD` by default, ``composite-experts``) on the
+    forecasts a database stores (binary, or K classes for the methods that take them:
+    :mod:`calpipe.pipeline.classes`), and stacks (``base_method``/``base_params``), in either
+    loss (``loss="brier"``: the Brier compatibility mode). The SQL serving map (``calibration_map``) exists for the log-loss
     mixtures (the protected methods, composite-experts over logistic inputs); other methods
     serve through :func:`serving_map`.
 
@@ -49,14 +49,20 @@ class Settings:
             kw["base_params"] = dict(kw["base_params"])
         return kw
 
-    def calibrator(self) -> Calibrator:
+    def calibrator(self, n_classes: int = 2) -> Calibrator:
+        """The calibrator, checked to take forecasts of ``n_classes`` classes."""
         cal = make_calibrator(self.method, **self.kwargs)
-        cal.check_classes(2)
+        cal.check_classes(n_classes)
         return cal
 
     @property
     def fingerprint(self) -> str:
-        return self.calibrator().fingerprint(2)
+        """The fingerprint of the binary chain (:meth:`fingerprint_for` K classes)."""
+        return self.fingerprint_for(2)
+
+    def fingerprint_for(self, n_classes: int) -> str:
+        """The config fingerprint a chain of ``n_classes``-class forecasts records."""
+        return self.calibrator(n_classes).fingerprint(n_classes)
 
     def to_json(self) -> str:
         return json.dumps({"method": self.method, "params": self.kwargs}, sort_keys=True)

@@ -68,18 +68,52 @@ def write_day(frame: pl.DataFrame, root: Path, d: dt.date, time_column: str) -> 
         store.write_landing(part, root, time_column=time_column)
 
 
+def with_classes(events: pl.DataFrame, k: int, seed: int) -> pl.DataFrame:
+    """``events`` with K-class forecasts: a random ``scores`` vector per event (Dirichlet, a
+    few exactly 0 in a class) in place of ``score``, labels drawn from a sharpened forecast
+    (miscalibrated) where the event has one. K = 2: the binary events as they are."""
+    if k == 2:
+        return events
+    rng = np.random.default_rng(seed)
+    p = rng.dirichlet(np.full(k, 1.5), size=events.height)
+    p[rng.random(events.height) < 0.03, 0] = 0.0
+    p /= p.sum(axis=1, keepdims=True)
+    sharp = p**2 / (p**2).sum(axis=1, keepdims=True)
+    y = (rng.random(events.height)[:, None] > np.cumsum(sharp, axis=1)).sum(axis=1)
+    y = np.minimum(y, k - 1)
+    return events.drop("score").with_columns(
+        pl.Series("scores", p).cast(pl.List(pl.Float64)),
+        pl.when(pl.col("label").is_not_null()).then(pl.Series(y)).alias("label"),
+    )
+
+
+def _forecast(frame: pl.DataFrame) -> str:
+    return "protected_scores" if "scores" in frame.columns else "protected_score"
+
+
 def one_pass(truth: pl.DataFrame, method: str) -> calpipe.ProtectResult:
-    return calpipe.protect_with_state(truth, method=method, label_time="label_time")
+    col = "scores" if "scores" in truth.columns else "score"
+    return calpipe.protect_with_state(truth, **{col: col}, method=method, label_time="label_time")
 
 
 def assert_chain_equals_one_pass(con, truth: pl.DataFrame, method: str) -> None:
     one = one_pass(truth, method)
+    out = _forecast(truth)
     got = store.query(con, "SELECT * FROM protected_scores").join(
-        one.scores.select("stream", "event_id", "protected_score", "log10_martingale"),
+        one.scores.select("stream", "event_id", out, "log10_martingale"),
         on=["stream", "event_id"], suffix="_one",
     )  # fmt: skip
     assert got.height == truth.height
-    for c in ("protected_score", "log10_martingale"):
+    if out == "protected_scores":  # K classes: the vectors, class by class
+        assert got["protected_score"].null_count() == got.height
+        got = got.with_columns(
+            (pl.col(out).list.to_array(4) - pl.col(f"{out}_one").list.to_array(4))
+            .arr.eval(pl.element().abs())
+            .arr.max()
+            .alias(out),
+            pl.lit(0.0).alias(f"{out}_one"),
+        )
+    for c in (out, "log10_martingale"):
         assert (got[c] - got[f"{c}_one"]).abs().max() <= TOL, c
     # the labels the pipeline stored with each event: in its row, or arrived the same night
     same_night = truth.filter(
@@ -123,9 +157,10 @@ def events():
     return generate.generate(n_days=N_DAYS, streams=STREAMS, seed=5)
 
 
+@pytest.mark.parametrize("k", [2, 4])
 @pytest.mark.parametrize("method", ["composite-experts", "composite-jumper"])
-def test_a_nightly_chain_with_late_labels_equals_one_pass(tmp_path, events, method):
-    scores, labels, truth = split_feed(events, seed=1)
+def test_a_nightly_chain_with_late_labels_equals_one_pass(tmp_path, events, method, k):
+    scores, labels, truth = split_feed(with_classes(events, k, seed=7), seed=1)
     # labels of earlier days' events arrive (the test could not pass on same-day labels only)
     assert truth.filter(pl.col("label_time").dt.date() > pl.col("event_time").dt.date()).height
     con, *_ = run_nights(tmp_path, scores, labels, method=method)
@@ -139,13 +174,14 @@ def test_a_nightly_chain_with_late_labels_equals_one_pass(tmp_path, events, meth
         con.close()
 
 
-def test_a_late_scores_day_and_a_corrected_label_file_are_replayed(tmp_path, events):
+@pytest.mark.parametrize("k", [2, 4])
+def test_a_late_scores_day_and_a_corrected_label_file_are_replayed(tmp_path, events, k):
     """Day 2's scores land two nights late (its labels of nights 2-3 are parked as unknown,
     then replayed), and after the last night a label file of day 4 is corrected (one label
     flipped): the nightly default replays from day 4 and the chain equals one pass over the
     corrected labels."""
     method = "composite-jumper"
-    scores, labels, truth = split_feed(events, seed=2)
+    scores, labels, truth = split_feed(with_classes(events, k, seed=8), seed=2)
     con, src, lsrc, settings = run_nights(
         tmp_path, scores, labels, method=method, late=2, on_unknown_label="quarantine"
     )
@@ -157,7 +193,7 @@ def test_a_late_scores_day_and_a_corrected_label_file_are_replayed(tmp_path, eve
         flip = d4.row(0, named=True)
         fixed = d4.with_columns(
             pl.when(pl.col("event_id") == flip["event_id"], pl.col("stream") == flip["stream"])
-            .then(1 - pl.col("label"))
+            .then((pl.col("label") + 1) % k)
             .otherwise(pl.col("label"))
             .alias("label")
         )
@@ -168,17 +204,18 @@ def test_a_late_scores_day_and_a_corrected_label_file_are_replayed(tmp_path, eve
         assert any("labels file" in m for m in logs), logs
         key = (pl.col("stream") == flip["stream"]) & (pl.col("event_id") == flip["event_id"])
         truth2 = truth.with_columns(
-            pl.when(key).then(1 - pl.col("label")).otherwise(pl.col("label")).alias("label")
+            pl.when(key).then((pl.col("label") + 1) % k).otherwise(pl.col("label")).alias("label")
         )
         assert_chain_equals_one_pass(con, truth2, method)
     finally:
         con.close()
 
 
-def test_labels_known_at_their_event_and_a_feed_match_the_stages(tmp_path, events):
+@pytest.mark.parametrize("k", [2, 4])
+def test_labels_known_at_their_event_and_a_feed_match_the_stages(tmp_path, events, k):
     """The staged path (load_events with the feed, then protect_days: what the dagster assets
     run) writes the fused run's rows."""
-    scores, labels, _ = split_feed(events, seed=3)
+    scores, labels, _ = split_feed(with_classes(events, k, seed=9), seed=3)
     store.write_landing(scores, tmp_path / "scores")
     store.write_landing(labels, tmp_path / "labels", time_column="label_time")
     src = store.EventSource.parse(str(tmp_path / "scores"))
