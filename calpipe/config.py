@@ -374,3 +374,14 @@ SQL_PRINT_MAX_ROWS: int = 50
 #: copies a range run's metadata onto every partition, and a 900-day backfill would store 900
 #: copies of each PNG in the event log. Longer runs get the file paths only.
 EMBED_PLOTS_MAX_DAYS: int = 1
+
+#: calpipe.spark: buckets (cogroup groups, one engine call each) per core of the Spark session,
+#: so that buckets of unequal size still keep every core busy to the end of the stage.
+SPARK_BUCKETS_PER_CORE: int = 4
+#: calpipe.spark: the most events a bucket should hold when the day's size is known (a bucket is
+#: loaded whole into a Python worker: ~0.5 KB per event with the engine's working set, so 2M
+#: events stay near 1 GB, the size of the pipeline's own batches, PROTECT_BATCH_ROWS).
+SPARK_MAX_BUCKET_ROWS: int = 2_000_000
+#: calpipe.spark.session: the JVM heap of a local session (driver and executors in one JVM),
+#: where the shuffle of a multi-million-event night is buffered; Spark's 1 GB default runs out.
+SPARK_LOCAL_DRIVER_MEMORY: str = "4g"

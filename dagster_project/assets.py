@@ -145,6 +145,7 @@ def _build_assets(partitions_def: DailyPartitionsDefinition) -> list:
         settings = calpipe.settings()
         with calpipe_connection(duckdb) as con:
             res = pipeline.protect_days(con, start, end, settings, first_day=first_day)
+            fingerprint = settings.fingerprint_for(pipeline.stored_n_classes(con) or 2)
             table = pipeline.markdown_table(pipeline.day_report(con, start, end))
             outcomes = [
                 (pipeline.check_probabilities(con, start, end), "protected_scores"),
@@ -156,7 +157,7 @@ def _build_assets(partitions_def: DailyPartitionsDefinition) -> list:
             metadata={
                 "rows": res.rows["protected_scores"],
                 "method": settings.method,
-                "config_fingerprint": settings.fingerprint,
+                "config_fingerprint": fingerprint,
                 "metrics": MetadataValue.md(table),
             },
         )

@@ -9,6 +9,8 @@ variable                      meaning (default)
 ``CALPIPE_END_DATE``          last partition, or ``none`` for "up to yesterday" (the demo's)
 ``CALPIPE_SETTINGS``          calibrator as JSON (default: config.PIPELINE_DEFAULT_METHOD)
 ``CALPIPE_LABELS``            the label feed (none)
+``CALPIPE_SPARK_OUT``         output folder of the Spark assets (none: no Spark assets)
+``CALPIPE_SPARK_MASTER``      Spark master of their session (``local[*]``)
 ============================  ===============================================================
 """
 
@@ -36,24 +38,36 @@ def build_definitions(
     settings: pipeline.Settings | None = None,
     plots_dir: str = "",
     labels: str = "",
+    spark_out: str = "",
+    spark_master: str = "local[*]",
 ) -> Definitions:
-    """Definitions over one DuckDB file and one event source (tests build their own)."""
+    """Definitions over one DuckDB file and one event source (tests build their own); with
+    ``spark_out``, also the Spark assets (``dagster_project/spark_assets.py``) over the same
+    landing folder, writing Parquet under ``spark_out``."""
     settings = settings or pipeline.Settings()
     partitions_def = daily_partitions(first_day, last_day)
     job, schedule = build_nightly()
+    assets = build_assets(partitions_def)
+    resources = {
+        "duckdb": DuckDBResource(database=str(Path(db).expanduser().resolve())),
+        "calpipe": CalpipeResource(
+            events=events,
+            settings_json=settings.to_json(),
+            plots_dir=plots_dir,
+            labels=labels,
+        ),
+    }
+    if spark_out:
+        from dagster_project.spark_assets import build_spark_assets, spark_resource
+
+        params = {"method": settings.method, **settings.kwargs}
+        assets += build_spark_assets(partitions_def, events, spark_out, params)
+        resources["pyspark"] = spark_resource(spark_master)
     return Definitions(
-        assets=build_assets(partitions_def),
+        assets=assets,
         jobs=[job],
         schedules=[schedule],
-        resources={
-            "duckdb": DuckDBResource(database=str(Path(db).expanduser().resolve())),
-            "calpipe": CalpipeResource(
-                events=events,
-                settings_json=settings.to_json(),
-                plots_dir=plots_dir,
-                labels=labels,
-            ),
-        },
+        resources=resources,
         # DuckDB allows one writing process per file: run the steps of a run in one process.
         executor=in_process_executor,
     )
@@ -80,7 +94,11 @@ def defs_from_env() -> Definitions:
     if first is None:
         raise ValueError("CALPIPE_START_DATE must be a date (the chain's first day), not none")
     labels = os.environ.get("CALPIPE_LABELS", "")
-    return build_definitions(db, events, first, last, settings, labels=labels)
+    return build_definitions(
+        db, events, first, last, settings, labels=labels,
+        spark_out=os.environ.get("CALPIPE_SPARK_OUT", ""),
+        spark_master=os.environ.get("CALPIPE_SPARK_MASTER", "local[*]"),
+    )  # fmt: skip
 
 
 defs = defs_from_env()

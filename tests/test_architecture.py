@@ -39,6 +39,7 @@ LAYERS = {
     "calpipe.store": 4,
     "calpipe.pipeline": 4,
     "calpipe.cli": 5,
+    "calpipe.spark": 5,  # the nightly step on Spark: over the pipeline's functions, like the cli
 }
 
 

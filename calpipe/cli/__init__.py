@@ -1,8 +1,8 @@
 """The ``calpipe`` command (console script ``calpipe = calpipe.cli:main``).
 
 One module per group of sub-commands, each with a ``register(sub)`` that adds its commands:
-:mod:`.protect` (``protect``, ``methods``) and :mod:`.pipeline` (``demo``, ``run``, ``ui``,
-``sql``); :mod:`.options` holds the method options they share. This module only assembles the
+:mod:`.protect` (``protect``, ``methods``), :mod:`.pipeline` (``demo``, ``run``, ``ui``,
+``sql``) and :mod:`.spark` (``spark-run``); :mod:`.options` holds the method options they share. This module only assembles the
 parser and runs a command; nothing here is imported back by the command modules.
 """
 
@@ -12,7 +12,7 @@ import argparse
 import sys
 from contextlib import suppress
 
-from calpipe.cli import pipeline, protect
+from calpipe.cli import pipeline, protect, spark
 from calpipe.cli.options import Parser, add_method_options, method_params, parse_value
 from calpipe.cli.protect import stream_summary
 from calpipe.errors import CalpipeError
@@ -27,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     protect.register(sub)
     pipeline.register(sub)
+    spark.register(sub)
     return parser
 
 

@@ -74,6 +74,7 @@ from calpipe.pipeline.checks import (
     check_row_counts,
     check_state_continuity,
 )
+from calpipe.pipeline.classes import stored_n_classes
 from calpipe.pipeline.demo_job import (
     BANK_FILE,
     BANK_SCORE,
@@ -146,6 +147,7 @@ __all__ = [
     "serving_map",
     "state_as_of",
     "state_before",
+    "stored_n_classes",
     "stream_summary",
     "trajectory_frame",
 ]

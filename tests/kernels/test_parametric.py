@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from calpipe import config
@@ -133,6 +133,7 @@ def _platt_gradient(s, y, a, b, eps):
 
 @FEW
 @given(seed=SEEDS, n=st.integers(2, 120), edge=st.sampled_from([0.0, 0.2]))
+@example(seed=27758, n=4, edge=0.2)  # near-separable: (a, b) = (1.5, -18.3) along a flat ridge
 def test_platt_is_stationary_and_monotone(seed, n, edge):
     s, y = _binary_data(seed, n=n, edge=edge)
     fitted = K.platt_fit(s, y)
@@ -152,8 +153,12 @@ def test_platt_is_stationary_and_monotone(seed, n, edge):
     if a >= 0:  # Platt promises monotonicity only for a >= 0
         assert np.all(np.diff(p) >= 0)
     np.testing.assert_array_equal(K.platt_fit(s, y), fitted)  # deterministic
+    # row order only changes the sums' rounding: the same map. Compared as maps, not as (a, b):
+    # on a near-separable set the objective is flat (curvature ~ the ridge) along a line of
+    # (a, b), where Newton's stopping rule leaves ~1e-8 of parameter noise with no effect on p
     perm = np.random.default_rng(seed).permutation(n)
-    np.testing.assert_allclose(K.platt_fit(s[perm], y[perm]), fitted, rtol=1e-8, atol=1e-8)
+    p_perm = K.platt_predict(K.platt_fit(s[perm], y[perm]), grid).p
+    np.testing.assert_allclose(p_perm, p, rtol=0, atol=1e-7)
 
 
 def test_platt_degenerate_sets():

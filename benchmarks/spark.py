@@ -1,0 +1,151 @@
+"""The Spark issue's speed targets: one night on Spark (``calpipe.spark``) against one process.
+
+One night of ``--events`` events over ``--streams`` streams (composite-jumper, the pipeline's
+benchmarks' method) in a landing folder, run side by side in one process:
+
+- ``calpipe run`` (single process, DuckDB tables) on the landing folder;
+- ``calpipe.spark.run_days`` end to end (read Parquet, cogroup, write scores/state/daily
+  Parquet) on Spark local[2] and local[1] (session start-up and the numba warm-up of the Python
+  workers excluded: a warm-up night runs first);
+- the same Spark job with a pass-through cogroup function (returns its events): Spark's own
+  cost (read, shuffle, the JVM <-> Python Arrow round trip, write) without calpipe's, so that
+  the per-event cost of each is reported apart;
+
+and the executors a 1-billion-event night needs to finish in 10 minutes, from the measured
+per-core rate. Prints a markdown table with the CPU model (ratios, not absolute rates, are the
+targets: the CPUs of these machines differ 3-5x).
+
+    python -m benchmarks.spark [--size smoke|full] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.pipeline import day_events
+from benchmarks.quality import cpu_model
+
+SIZES = {"smoke": (200_000, 1_000), "full": (5_000_000, 10_000)}
+DAY = dt.date(2024, 3, 1)
+METHOD = "composite-jumper"
+#: A 10-minute night of 1e9 events, on executors of this many cores (a common executor size).
+TARGET_EVENTS, TARGET_SECONDS, CORES_PER_EXECUTOR = 1_000_000_000, 600, 4
+
+
+def _spark_night(session, landing: Path, out: Path, *, passthrough: bool = False) -> float:
+    """Seconds for one night on ``session``: calpipe's job, or the same plumbing with a
+    pass-through function instead of the engine."""
+    from calpipe import spark as cs
+
+    def read(d):
+        return session.read.parquet(str(landing / f"date={d.isoformat()}"))
+
+    t = time.perf_counter()
+    if passthrough:
+        from pyspark.sql import functions as F
+
+        ev = read(DAY)
+        n = cs.default_buckets(session)
+        bucket = F.pmod(F.xxhash64("stream"), F.lit(n)).alias("__b")
+        keyed = ev.select(bucket, *ev.columns)
+        same = keyed.groupBy("__b").cogroup(keyed.limit(0).groupBy("__b"))
+        res = same.applyInArrow(lambda left, right: left, keyed.schema)
+        res.drop("__b").write.mode("overwrite").parquet(str(out / "passthrough"))
+    else:
+        cs.run_days(session, read, str(out), DAY, DAY, method=METHOD)
+    return time.perf_counter() - t
+
+
+def _spark(master: str, landing: Path, out: Path, warm: Path) -> dict[str, float]:
+    from calpipe import spark as cs
+
+    session = cs.session(master, app=f"calpipe-bench-{master}")
+    session.sparkContext.setLogLevel("ERROR")
+    try:
+        from calpipe import spark as _  # noqa: F401
+
+        _spark_night(session, warm, out / "warm")  # workers start and load the kernels
+        return {
+            "calpipe": _spark_night(session, landing, out / "night"),
+            "passthrough": _spark_night(session, landing, out / "pt", passthrough=True),
+        }
+    finally:
+        session.stop()
+
+
+def run(size: str) -> str:
+    from calpipe import pipeline, store
+
+    n, streams = SIZES[size]
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        landing, warm = tmp / "landing", tmp / "warm"
+        store.write_landing(day_events(n, streams, DAY, 1), landing)
+        store.write_landing(day_events(10_000, 100, DAY, 2), warm)
+        # single process: calpipe run on the same landing folder (warm-up night first)
+        con = store.connect(tmp / "warm.duckdb")
+        pipeline.run_range(con, store.EventSource.parse(str(warm)),
+                           settings=pipeline.Settings.make(METHOD))  # fmt: skip
+        con.close()
+        con = store.connect(tmp / "one.duckdb")
+        t = time.perf_counter()
+        pipeline.run_range(con, store.EventSource.parse(str(landing)),
+                           settings=pipeline.Settings.make(METHOD))  # fmt: skip
+        one = time.perf_counter() - t
+        con.close()
+        s2 = _spark("local[2]", landing, tmp / "s2", warm)
+        s1 = _spark("local[1]", landing, tmp / "s1", warm)
+    per_core = n / s1["calpipe"]
+    cores = TARGET_EVENTS / TARGET_SECONDS / per_core
+    executors = -(-cores // CORES_PER_EXECUTOR)
+
+    def us(sec: float) -> str:
+        return f"{sec / n * 1e6:.2f}"
+
+    rows = [
+        ("calpipe run (one process, DuckDB tables)", one, "1.00x"),
+        ("Spark local[2] end to end", s2["calpipe"], f"{s2['calpipe'] / one:.2f}x calpipe run (target <= 3x)"),
+        ("Spark local[1] end to end", s1["calpipe"], f"local[2] throughput {s1['calpipe'] / s2['calpipe']:.2f}x local[1] (target >= 1.6x)"),
+        ("Spark local[2], pass-through function", s2["passthrough"], "Spark's own cost: read, shuffle, Arrow round trip, write"),
+        ("Spark local[1], pass-through function", s1["passthrough"], ""),
+    ]  # fmt: skip
+    lines = [
+        f"### Spark: one night, {n:,} events over {streams:,} streams ({METHOD})",
+        "",
+        f"CPU: {cpu_model()}; pyspark local mode, Java 17. Warm workers (a warm-up night ran "
+        "first); session start-up excluded.",
+        "",
+        "| run | wall s | events/s | us/event | figure |",
+        "|---|---:|---:|---:|---|",
+        *[f"| {r} | {s:.2f} | {n / s / 1e6:.2f}M | {us(s)} | {f} |" for r, s, f in rows],
+        "",
+        f"- Per event on local[2]: Spark's own overhead {us(s2['passthrough'])} us, calpipe's "
+        f"engine and metrics {us(s2['calpipe'] - s2['passthrough'])} us (the difference).",
+        f"- Per core (local[1]) {per_core / 1e6:.2f}M events/s end to end: a 1-billion-event "
+        f"night in 10 minutes needs ~{cores:.0f} cores, i.e. {executors:.0f} executors of "
+        f"{CORES_PER_EXECUTOR} cores (linear scaling assumed; buckets of <= 2M events each).",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--size", choices=list(SIZES), default="smoke")
+    ap.add_argument("--out", help="also write the table to this file")
+    a = ap.parse_args(argv)
+    table = run(a.size)
+    print(table)
+    if a.out:
+        Path(a.out).write_text(table + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
