@@ -385,3 +385,7 @@ SPARK_MAX_BUCKET_ROWS: int = 2_000_000
 #: calpipe.spark.session: the JVM heap of a local session (driver and executors in one JVM),
 #: where the shuffle of a multi-million-event night is buffered; Spark's 1 GB default runs out.
 SPARK_LOCAL_DRIVER_MEMORY: str = "4g"
+#: calpipe.spark: state or metrics rows per Arrow IPC slice of the cogroup's combined output
+#: (0.7-6 KB a state row, the default method's the largest: slices of at most ~60 MB, far below
+#: a Spark binary value's 2 GB limit).
+SPARK_ROWS_PER_BLOB: int = 10_000

@@ -8,6 +8,11 @@ the state of the day before are grouped by a hash *bucket* of the stream keys,
 fixed overhead each: 5-7x slower). Every stream lives in one bucket, so each stream's rows are
 exactly those of one process: the Spark chain equals :func:`calpipe.protect` bit for bit.
 
+A bucket is one task: the cogroup repartitions to exactly ``n_buckets`` partitions, bucket i in
+partition i (:func:`_bucket_column`). The cogroup's output holds the scores rows and, per bucket,
+the state rows and the day's per-stream metrics as Arrow IPC slices (narrow rows: the output is
+persisted once and written three times); :func:`_unpack` turns the slices back into rows.
+
 The knob that matters is the bucket count (``n_buckets``): a cogroup group is loaded whole into a
 Python worker (the bucket's events as Arrow, then as polars, plus the engine's working set,
 ~0.5 KB per event), so ``events / n_buckets`` must fit an executor's Python memory; more buckets
@@ -41,10 +46,15 @@ from calpipe.frame import protect_with_state
 
 #: Column of the bucket of a row's stream keys (dropped from every output).
 _BUCKET = "__calpipe_bucket"
-#: Which output a row of the cogroup's combined result is: 0 = a scores row, 1 = a state row.
+#: Which output a row of the cogroup's combined result is: :data:`_SCORES` (one row per event),
+#: :data:`_STATES` or :data:`_DAILY` (one row per slice of a bucket's state or metrics rows).
 _KIND = "__calpipe_kind"
-#: Prefix of the state's columns in the combined result (their names clash with the scores').
-_STATE = "__calpipe_state_"
+_SCORES, _STATES, _DAILY = 0, 1, 2
+#: The combined result's column holding a slice of state or metrics rows as an Arrow IPC stream.
+#: Why not the state's own columns: the combined rows are persisted (computed once, written three
+#: times), and a dozen always-null state columns on every event's row made the persist and the
+#: Arrow -> JVM row conversion cost more than the engine itself (1M events: 2.8 s against 1.4 s).
+_BLOB = "__calpipe_blob"
 
 
 def _pyspark():
@@ -132,13 +142,16 @@ def _polars_schema(spark_schema) -> pl.Schema:
 @dataclass(frozen=True)
 class _Bucket:
     """What runs in a Python worker for one bucket: one :func:`calpipe.protect_with_state` call
-    over the bucket's events from the bucket's state, returning the scores and state rows as one
-    Arrow table (``_KIND`` tells them apart; state columns prefixed :data:`_STATE`)."""
+    over the bucket's events from the bucket's state, returning one Arrow table of the scores
+    rows (``_KIND`` = :data:`_SCORES`) followed by the state rows and, if ``metrics`` is set, the
+    per-stream metrics of the day (:class:`_Metrics`), both as Arrow IPC slices in :data:`_BLOB`
+    (:func:`_unpack` turns them back into rows)."""
 
     kwargs: dict[str, Any]
     score_schema: pl.Schema
     state_schema: pl.Schema
     out_schema: pa.Schema
+    metrics: _Metrics | None = None
 
     def __call__(self, events: pa.Table, state: pa.Table) -> pa.Table:
         ev = pl.from_arrow(events)
@@ -151,17 +164,62 @@ class _Bucket:
             st = pl.from_arrow(state).drop(_BUCKET).cast(dict(self.state_schema))
         r = protect_with_state(ev, state=st, **self.kwargs)
         scores = r.scores.cast(dict(self.score_schema)).with_columns(
-            pl.lit(0, pl.Int8).alias(_KIND)
+            pl.lit(_SCORES, pl.Int8).alias(_KIND), pl.lit(None, pl.Binary).alias(_BLOB)
         )
-        rows = r.state.cast(dict(self.state_schema))
-        rows = rows.rename({c: _STATE + c for c in rows.columns}).with_columns(
-            pl.lit(1, pl.Int8).alias(_KIND)
+        packed = _pack(_STATES, r.state.cast(dict(self.state_schema)))
+        if self.metrics is not None and r.scores.height:
+            packed += _pack(_DAILY, self.metrics.rows(r.scores))
+        blobs = pl.DataFrame(
+            {_KIND: [k for k, _ in packed], _BLOB: [b for _, b in packed]},
+            schema={_KIND: pl.Int8, _BLOB: pl.Binary},
         )
-        both = pl.concat([scores, rows], how="diagonal")
+        both = pl.concat([scores, blobs], how="diagonal")
         return both.select(self.out_schema.names).to_arrow().cast(self.out_schema)
 
     def _input_columns(self) -> list[str]:
         return [c for c in self.score_schema if c not in _OUTPUT_COLUMNS]
+
+
+def _pack(kind: int, rows: pl.DataFrame) -> list[tuple[int, bytes]]:
+    """``rows`` as Arrow IPC streams of at most :data:`calpipe.config.SPARK_ROWS_PER_BLOB` rows
+    each (a Spark binary value stays far below its 2 GB limit however many streams a bucket
+    holds)."""
+    out = []
+    for start in range(0, rows.height, config.SPARK_ROWS_PER_BLOB):
+        sink = pa.BufferOutputStream()
+        part = rows.slice(start, config.SPARK_ROWS_PER_BLOB).to_arrow()
+        with pa.ipc.new_stream(sink, part.schema) as writer:
+            writer.write_table(part)
+        out.append((kind, sink.getvalue().to_pybytes()))
+    return out
+
+
+@dataclass(frozen=True)
+class _Unpack:
+    """A ``mapInArrow`` function: the rows of the :data:`_BLOB` slices of a batch, cast to
+    ``schema`` (the Arrow schema of the DataFrame it returns)."""
+
+    schema: pa.Schema
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for blob in batch.column(_BLOB).to_pylist():
+                table = pa.ipc.open_stream(blob).read_all()
+                yield from table.select(self.schema.names).cast(self.schema).to_batches()
+
+
+def _unpack(combined, kind: int, schema: pl.Schema):
+    """The rows of ``kind`` packed in ``combined`` (:func:`_pack`), as a DataFrame of ``schema``."""
+    F, T = _pyspark()
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    struct = T.StructType(_struct(schema))
+    fn = _Unpack(to_arrow_schema(struct, timezone="UTC", prefers_large_types=False))
+    blobs = combined.filter(F.col(_KIND) == kind).select(_BLOB)
+    # a few rows per bucket: one Python task per core decodes them (not one per bucket, whose
+    # fixed cost per task was most of the decoding's time)
+    cores = max(1, int(combined.sparkSession.sparkContext.defaultParallelism))
+    return blobs.coalesce(cores).mapInArrow(_plain_iter(fn), struct)
 
 
 #: Columns the engine adds to the events (present or not, depending on the method).
@@ -176,10 +234,12 @@ class SparkDay:
     """The result of :func:`protect_day`: ``scores`` (the events with calpipe's outputs, as
     :func:`calpipe.protect` returns them) and ``state`` (one row per stream). Unpacks as
     ``scores, state = protect_day(...)``. Both come from one cached cogroup (computed once
-    whichever is written first); :meth:`release` drops the cache once both are written."""
+    whichever is written first); :meth:`release` drops the cache once both are written.
+    ``daily``: the day's per-stream metrics when asked for (``protect_day(daily=True)``)."""
 
     scores: Any
     state: Any
+    daily: Any = None
     _combined: Any = field(repr=False, default=None)
 
     def __iter__(self) -> Iterator[Any]:
@@ -209,6 +269,7 @@ def protect_day(
     method: str = config.DEFAULT_METHOD,
     by: str | Sequence[str] = "stream",
     n_buckets: int | None = None,
+    daily: bool = False,
     **params,
 ) -> SparkDay:
     """Protect one night's events on Spark, resuming each stream from ``state``.
@@ -227,7 +288,9 @@ def protect_day(
     engine call in a Python worker (module docstring: the bucket count against executor memory);
     ``params`` are :func:`calpipe.protect`'s (``score=``/``scores=``, ``label_time=``,
     ``base_method=``, the method's parameters). Bad input raises in the worker: Spark reports it
-    as a ``PythonException`` carrying calpipe's message (column, row, rule).
+    as a ``PythonException`` carrying calpipe's message (column, row, rule). ``daily=True`` also
+    computes the day's per-stream metrics (:func:`daily_metrics`) in the same cogroup, as
+    ``SparkDay.daily``: no second shuffle of the scores.
 
     Examples
     --------
@@ -251,32 +314,75 @@ def protect_day(
     empty = pl.DataFrame(schema=_polars_schema(events.schema))
     probe = protect_with_state(empty, **kwargs)
     score_schema, state_schema = probe.scores.schema, probe.state.schema
-    out = T.StructType(
-        [*_struct(score_schema), *_struct(state_schema, _STATE), T.StructField(_KIND, T.ByteType())]
-    )
+    out = T.StructType([
+        *_struct(score_schema), T.StructField(_KIND, T.ByteType()),
+        T.StructField(_BLOB, T.BinaryType()),
+    ])  # fmt: skip
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    fn = _Bucket(kwargs, score_schema, state_schema, to_arrow_schema(out, timezone="UTC"))
-    bucket = F.pmod(F.xxhash64(*by_t), F.lit(n)).alias(_BUCKET)
+    metrics = _Metrics(by_t, {"method": method, **params}, score_schema) if daily else None
+    fn = _Bucket(
+        kwargs, score_schema, state_schema,
+        to_arrow_schema(out, timezone="UTC", prefers_large_types=False), metrics,
+    )  # fmt: skip
+    bucket = _bucket_column(spark, by_t, n)
     if state is None:
         state = spark.createDataFrame([], T.StructType(_struct(state_schema)))
     state = _naive_times(state)
+    # one shuffle partition (one task) per bucket, asked for explicitly: Spark's adaptive
+    # execution coalesces the partitions of an implicit groupBy shuffle to about the core count
+    # by their bytes (8 buckets of 5M events became 3 tasks of 1.3M, 1.9M and 1.9M events on 2
+    # cores), but not those of a repartition; the cogroup reuses this partitioning
     combined = (
         events.select(bucket, *events.columns)
+        .repartition(n, _BUCKET)
         .groupBy(_BUCKET)
-        .cogroup(state.select(bucket, *state.columns).groupBy(_BUCKET))
+        .cogroup(state.select(bucket, *state.columns).repartition(n, _BUCKET).groupBy(_BUCKET))
         .applyInArrow(_plain2(fn), out)
     )
     from pyspark import StorageLevel
 
-    # on local disk, not the JVM heap: a night's combined rows (with the state's vectors) are
-    # as large as its events, far more than a default 1 GB heap caches
-    combined = combined.persist(StorageLevel.DISK_ONLY)
-    scores = combined.filter(F.col(_KIND) == 0).select(*score_schema.names())
-    st = combined.filter(F.col(_KIND) == 1).select(
-        *[F.col(_STATE + c).alias(c) for c in state_schema.names()]
-    )
-    return SparkDay(scores, st, combined)
+    # computed once, read by each write: on local disk, not the JVM heap (a night's scores rows
+    # are as large as its events, far more than a default 1 GB heap caches)
+    combined = combined.persist(StorageLevel.MEMORY_AND_DISK)
+    scores = combined.filter(F.col(_KIND) == _SCORES).select(*score_schema.names())
+    st = _unpack(combined, _STATES, state_schema)
+    per_stream = _unpack(combined, _DAILY, metrics.out_schema()) if metrics else None
+    return SparkDay(scores, st, per_stream, combined)
+
+
+def _bucket_column(spark, by: tuple[str, ...], n: int):
+    """The bucket of each row's stream keys, ``xxhash64(by) mod n``, as a *label* chosen so that
+    bucket i lands in partition i of a ``repartition(n, bucket)``.
+
+    Why labels: a repartition places a key by Spark's Murmur3 hash of it mod n, and the hashes
+    of the numbers 0..n-1 collide: with 8 buckets in 8 partitions, four partitions held two
+    buckets each and four none, so half the tasks did all the work."""
+    F, _ = _pyspark()
+    labels = _spread_labels(spark, n)
+    index = F.pmod(F.xxhash64(*by), F.lit(n))
+    # long, as the labels were hashed (Spark hashes an int and a long of one value differently)
+    labels_col = F.array(*[F.lit(v).cast("long") for v in labels])
+    return F.element_at(labels_col, (index + 1).cast("int")).alias(_BUCKET)
+
+
+def _spread_labels(spark, n: int) -> list[int]:
+    """``n`` longs, the i-th the first number whose Spark hash partition among ``n``
+    (``pmod(hash(v), n)``, as ``repartition(n, col)`` computes it) is i: one small Spark job."""
+    F, _ = _pyspark()
+    limit = 64 * n
+    while True:
+        rows = (
+            spark.range(0, limit)
+            .select(F.pmod(F.hash(F.col("id")), F.lit(n)).alias("p"), "id")
+            .groupBy("p")
+            .agg(F.min("id").alias("id"))
+            .collect()
+        )
+        first = {int(r["p"]): int(r["id"]) for r in rows}
+        if len(first) == n:
+            return [first[i] for i in range(n)]
+        limit *= 4  # pragma: no cover - 64 candidates per partition are plenty
 
 
 def _naive_times(df):
@@ -361,16 +467,9 @@ def run_days(
     d = start
     while d <= end:
         events = read_events(d)
-        day = protect_day(events, state, **kwargs)
+        day = protect_day(events, state, daily=True, **kwargs)
         stamp = F.lit(d).cast("date").alias("date")
-        for name, frame in (
-            ("scores", day.scores),
-            ("state", day.state),
-            (
-                "daily",
-                daily_metrics(day.scores, by=kwargs.get("by", "stream"), **_metric_kw(kwargs)),
-            ),
-        ):
+        for name, frame in (("scores", day.scores), ("state", day.state), ("daily", day.daily)):
             frame.select("*", stamp).write.mode("overwrite").partitionBy("date").parquet(
                 f"{out}/{name}"
             )
@@ -382,10 +481,6 @@ def run_days(
         done.append(d)
         d += dt.timedelta(days=1)
     return done
-
-
-def _metric_kw(kwargs: dict) -> dict:
-    return {k: v for k, v in kwargs.items() if k not in ("by", "n_buckets")}
 
 
 def daily_metrics(scores, *, by: str | Sequence[str] = "stream", **params):
@@ -418,6 +513,15 @@ def _plain1(fn):
     return run
 
 
+def _plain_iter(fn):
+    """``fn`` as a plain function of an iterator of batches (see :func:`_plain1`)."""
+
+    def run(batches):
+        return fn(batches)
+
+    return run
+
+
 def _plain2(fn):
     """``fn`` as a plain function of two tables (see :func:`_plain1`)."""
 
@@ -436,7 +540,8 @@ class _Metrics:
     in_schema: pl.Schema
     arrow: pa.Schema | None = None
 
-    def _rows(self, scores: pl.DataFrame) -> pl.DataFrame:
+    def rows(self, scores: pl.DataFrame) -> pl.DataFrame:
+        """The metrics of ``scores`` (:func:`protect_with_state`'s rows), one row per stream."""
         from calpipe.calibrators import make_calibrator
         from calpipe.pipeline.chain import _martingale_base
         from calpipe.pipeline.monitoring import daily_metrics as metrics
@@ -459,8 +564,8 @@ class _Metrics:
         return metrics(rows, keys=self.by)
 
     def out_schema(self) -> pl.Schema:
-        return self._rows(pl.DataFrame(schema=self.in_schema)).schema
+        return self.rows(pl.DataFrame(schema=self.in_schema)).schema
 
     def __call__(self, table: pa.Table) -> pa.Table:
         scores = pl.from_arrow(table).drop(_BUCKET)
-        return self._rows(scores).to_arrow().cast(self.arrow)
+        return self.rows(scores).to_arrow().cast(self.arrow)

@@ -150,6 +150,42 @@ def test_spark_run_writes_partitions_and_a_rerun_of_a_day_is_idempotent(
         np.testing.assert_allclose(got[c].to_numpy(), want[c].to_numpy(), rtol=1e-12, err_msg=c)
 
 
+def test_each_bucket_gets_a_task_of_its_own(spark, events):
+    """Regression: the hashes of the bucket numbers 0..n-1 collided in the cogroup's shuffle
+    (and adaptive execution merged its partitions by bytes), so with 8 buckets half the tasks
+    were empty and the others did twice the work. Now bucket i is partition i."""
+    from pyspark.sql import functions as F
+
+    n = 8
+    labels = cs._spread_labels(spark, n)
+    assert len(set(labels)) == n
+    many = generate.generate(
+        n_days=1, streams=[StreamSpec(f"s{i}", events_per_day=5) for i in range(64)], seed=3
+    )
+    day = cs.protect_day(spark.createDataFrame(many.to_arrow()), None, n_buckets=n)
+    scores = day.scores
+    assert scores.rdd.getNumPartitions() == n
+    per_task = scores.groupBy(F.spark_partition_id().alias("task")).agg(
+        F.countDistinct(F.pmod(F.xxhash64("stream"), F.lit(n))).alias("buckets")
+    )
+    rows = per_task.collect()
+    day.release()
+    assert len(rows) == n  # every task holds data ...
+    assert all(r["buckets"] == 1 for r in rows)  # ... of exactly one bucket
+
+
+def test_daily_metrics_in_the_cogroup_equal_the_separate_pass(spark, events):
+    """protect_day(daily=True) computes the per-stream metrics inside the cogroup (no second
+    shuffle); they equal daily_metrics() over the day's scores."""
+    part = events.filter(pl.col("event_time").dt.date() == DAYS[0])
+    day = cs.protect_day(spark.createDataFrame(part.to_arrow()), None, daily=True, n_buckets=3)
+    inside = pl.from_arrow(day.daily.toArrow()).sort("stream")
+    apart = pl.from_arrow(cs.daily_metrics(day.scores).toArrow()).sort("stream")
+    day.release()
+    assert inside.height == part["stream"].n_unique()
+    assert inside.equals(apart)
+
+
 def test_a_day_needs_the_state_of_the_day_before(spark, events, tmp_path):
     with pytest.raises(calpipe.errors.CalpipeError, match="has no state of"):
         cs.run_days(spark, lambda d: None, str(tmp_path), DAYS[1], DAYS[1], first_day=DAYS[0])
