@@ -422,16 +422,65 @@ def _day_path(root: str, d: dt.date) -> str:
     return f"{root.rstrip('/')}/date={d.isoformat()}"
 
 
-def read_state(spark, out: str, day: dt.date):
+#: Table formats :func:`run_days` writes.
+TABLE_FORMATS = ("parquet", "delta")
+
+
+def read_state(spark, out: str, day: dt.date, table_format: str = "parquet"):
     """The state at the end of ``day`` written by :func:`run_days` under ``out`` (None if that
     day has no state: the chain's first day)."""
-    path = _day_path(f"{out}/state", day)
     from pyspark.errors import AnalysisException
 
+    if table_format == "delta":
+        F, _ = _pyspark()
+        try:
+            table = spark.read.format("delta").load(f"{out}/state")
+        except AnalysisException:
+            return None
+        rows = table.where(F.col("date") == F.lit(day)).drop("date")
+        return rows if rows.limit(1).count() else None
     try:
-        return spark.read.parquet(path)
+        return spark.read.parquet(_day_path(f"{out}/state", day))
     except AnalysisException:
         return None
+
+
+def _check_format(spark, table_format: str) -> None:
+    """Refuse an unknown format, or Delta on a session without Delta Lake (before any write)."""
+    if table_format not in TABLE_FORMATS:
+        raise ParameterError(
+            f"table_format must be one of {', '.join(TABLE_FORMATS)}, got {table_format!r}"
+        )
+    if table_format != "delta":
+        return
+    try:
+        jvm = spark.sparkContext._jvm
+        jvm.org.apache.spark.sql.execution.datasources.DataSource.lookupDataSource(
+            "delta", spark._jsparkSession.sessionState().conf()
+        )
+    except Exception as exc:  # py4j wraps Spark's DATA_SOURCE_NOT_FOUND
+        raise CalpipeError(
+            "table_format='delta' needs Delta Lake on this Spark session: start it with the "
+            "delta-spark package (spark.jars.packages io.delta:delta-spark_2.13:<version>) and "
+            "spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension, or write Parquet "
+            "(table_format='parquet'); nothing was written"
+        ) from exc
+
+
+def _write_day(frame, path: str, d: dt.date, table_format: str) -> None:
+    """Replace day ``d``'s partition of the table at ``path`` with ``frame`` (plus ``date``):
+    Parquet by dynamic partition overwrite, Delta by ``replaceWhere`` (one atomic commit)."""
+    F, _ = _pyspark()
+    rows = frame.select("*", F.lit(d).cast("date").alias("date"))
+    w = rows.write.mode("overwrite").partitionBy("date")
+    if table_format == "delta":
+        # replaceWhere is refused beside dynamic partition overwrite (the session's mode for
+        # Parquet): this write is static, its predicate names the day
+        w.format("delta").option("partitionOverwriteMode", "static").option(
+            "replaceWhere", f"date = DATE'{d.isoformat()}'"
+        ).save(path)
+    else:
+        w.parquet(path)
 
 
 def run_days(
@@ -442,6 +491,7 @@ def run_days(
     end: dt.date,
     *,
     first_day: dt.date | None = None,
+    table_format: str = "parquet",
     log: Callable[[str], None] | None = None,
     **kwargs,
 ) -> list[dt.date]:
@@ -451,13 +501,15 @@ def run_days(
     :func:`calpipe.pipeline.monitoring.daily_metrics`) as Parquet partitioned by ``date``, each
     day's partition replaced by a dynamic partition overwrite, so re-running a day rewrites
     exactly its partitions. ``first_day`` (default ``start``) starts from no state; a later
-    ``start`` needs the state of ``start - 1``. ``kwargs``: :func:`protect_day`'s."""
-    F, _ = _pyspark()
+    ``start`` needs the state of ``start - 1``. ``table_format="delta"`` writes Delta tables
+    instead, each day replaced by ``replaceWhere`` in one atomic commit (needs Delta Lake on the
+    session; checked before anything is written). ``kwargs``: :func:`protect_day`'s."""
+    _check_format(spark, table_format)
     say = log or (lambda _m: None)
     first = first_day or start
     state = None
     if start > first:
-        state = read_state(spark, out, start - dt.timedelta(days=1))
+        state = read_state(spark, out, start - dt.timedelta(days=1), table_format)
         if state is None:
             raise CalpipeError(
                 f"cannot run {start}: {out}/state has no state of {start - dt.timedelta(days=1)}; "
@@ -468,15 +520,12 @@ def run_days(
     while d <= end:
         events = read_events(d)
         day = protect_day(events, state, daily=True, **kwargs)
-        stamp = F.lit(d).cast("date").alias("date")
         for name, frame in (("scores", day.scores), ("state", day.state), ("daily", day.daily)):
-            frame.select("*", stamp).write.mode("overwrite").partitionBy("date").parquet(
-                f"{out}/{name}"
-            )
+            _write_day(frame, f"{out}/{name}", d, table_format)
         day.release()
         # the next day starts from the state as written (not the cached frame): what a re-run
         # of the next day alone reads too
-        state = read_state(spark, out, d)
+        state = read_state(spark, out, d, table_format)
         say(f"{d}: written to {out}/{{scores,state,daily}}/date={d}")
         done.append(d)
         d += dt.timedelta(days=1)

@@ -3,7 +3,8 @@
 Reads a landing folder of scored events (``date=YYYY-MM-DD/*.parquet``), runs the days in order
 with :func:`calpipe.spark.run_days` (each day from the state of the day before under ``--out``)
 and writes ``OUT/scores``, ``OUT/state`` and ``OUT/daily`` as Parquet partitioned by ``date``,
-a day's partitions replaced by a dynamic partition overwrite (re-running a day rewrites it).
+a day's partitions replaced by a dynamic partition overwrite (re-running a day rewrites it), or
+as Delta tables with ``--table-format delta`` (a day replaced by ``replaceWhere``).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ def _cmd_spark_run(args: argparse.Namespace) -> int:
     done = cs.run_days(
         session, read, args.out, start, end, first_day=args.first_day or days[0],
         method=args.method, by=args.by, n_buckets=args.n_buckets,
+        table_format=args.table_format,
         log=lambda m: print(f"  {m}", flush=True), **params,
     )  # fmt: skip
     print(
@@ -52,6 +54,8 @@ def _cmd_spark_run(args: argparse.Namespace) -> int:
 
 def register(sub) -> None:
     """Add ``spark-run`` to the ``calpipe`` sub-command parser."""
+    from calpipe.spark import TABLE_FORMATS  # pyspark itself is imported only when run
+
     r = sub.add_parser("spark-run", help="the nightly step on Spark (spark-submit; calpipe[spark])")
     r.add_argument("--events", required=True, help="landing folder (date=YYYY-MM-DD/*.parquet)")
     r.add_argument("--out", required=True, help="output folder: scores/, state/, daily/ by date")
@@ -62,6 +66,9 @@ def register(sub) -> None:
     r.add_argument("--master", default="local[*]",
                    help="Spark master when not under spark-submit (default local[*])")  # fmt: skip
     r.add_argument("--by", default="stream", help="stream key column (default stream)")
+    r.add_argument("--table-format", choices=TABLE_FORMATS, default="parquet",
+                   help="parquet (dynamic partition overwrite) or delta (replaceWhere; needs "
+                        "Delta Lake on the session)")  # fmt: skip
     r.add_argument("--scores", help="K-class forecasts: the list column (instead of score)")
     r.add_argument("--label-time-col", help="delayed labels: when each label became known")
     r.add_argument("--n-buckets", type=int,

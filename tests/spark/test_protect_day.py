@@ -186,6 +186,17 @@ def test_daily_metrics_in_the_cogroup_equal_the_separate_pass(spark, events):
     assert inside.equals(apart)
 
 
+def test_delta_without_delta_lake_is_refused_before_anything_is_written(spark, events, tmp_path):
+    """table_format='delta' on a session without Delta Lake (this one: CI cannot fetch the
+    delta-spark JARs) names what to install; no output folder is created."""
+    out = tmp_path / "out"
+    with pytest.raises(calpipe.errors.CalpipeError, match="needs Delta Lake on this Spark"):
+        cs.run_days(spark, lambda d: None, str(out), DAYS[0], DAYS[0], table_format="delta")
+    with pytest.raises(calpipe.errors.ParameterError, match="table_format must be one of"):
+        cs.run_days(spark, lambda d: None, str(out), DAYS[0], DAYS[0], table_format="orc")
+    assert not out.exists()
+
+
 def test_a_day_needs_the_state_of_the_day_before(spark, events, tmp_path):
     with pytest.raises(calpipe.errors.CalpipeError, match="has no state of"):
         cs.run_days(spark, lambda d: None, str(tmp_path), DAYS[1], DAYS[1], first_day=DAYS[0])
