@@ -85,7 +85,7 @@ SORT_KEYS: dict[str, tuple[str, ...]] = {
     "calibration_daily": ("date", "stream"),
     "calibration_arrivals": ("date", "stream"),
     "martingale_alarms": ("date", "stream"),
-    "calibration_map": ("date", "stream", "term"),
+    "calibration_map": ("date", "stream", "layer", "term"),
     "pipeline_inputs": ("date", "kind", "file"),
     "event_labels": ("date", "stream", "event_id"),
     "quarantined_labels": ("date", "file", "stream", "event_id"),
@@ -102,8 +102,10 @@ _META_SCHEMA = "schema_version"
 #: 5 = pipeline_inputs and pipeline_days.state_hash (corrected, late and stale days are replayed);
 #: 6 = the label feed (event_labels, quarantined_labels, calibration_arrivals,
 #: pipeline_days.n_label_arrivals); 7 = K-class forecasts (``scores``, ``base_scores``,
-#: ``protected_scores`` lists; the binary columns nullable).
-SCHEMA_VERSION = 7
+#: ``protected_scores`` lists; the binary columns nullable); 8 = every method's map in
+#: ``calibration_map`` (``layer`` of a stack, step/linear tables: ``x``, ``y_at``, ``y_right``,
+#: ``x_next``, ``y_next``).
+SCHEMA_VERSION = 8
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*){0,2}$")
 
 

@@ -228,7 +228,8 @@ def _build_assets(partitions_def: DailyPartitionsDefinition) -> list:
         partitions_def=partitions_def, backfill_policy=policy, group_name=GROUP, kinds={"duckdb"},
         deps=["calibrator_state"],
         description="Serving map of every stream at the end of the day (docs/ARCHITECTURE.md §4), as exact "
-        "terms; apply it in SQL with calibrate_score(stream, score).",
+        "terms or step/linear tables (a stack in two layers); apply it in SQL with "
+        "calibrate_score(stream, score).",
     )  # fmt: skip
     def calibration_map(
         context: AssetExecutionContext, duckdb: DuckDBResource, calpipe: CalpipeResource

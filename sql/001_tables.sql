@@ -245,8 +245,8 @@ CREATE TABLE IF NOT EXISTS martingale_alarms (
 CREATE TABLE IF NOT EXISTS calibration_map (
     date               DATE    NOT NULL,
     stream             VARCHAR NOT NULL,
-    term               INTEGER NOT NULL,  -- 0 = passive (the base forecast), t + 1 = function t
-    family             VARCHAR NOT NULL,  -- identity | quadratic | cubic | cox
+    term               INTEGER NOT NULL,  -- 0 = passive (the base forecast), t + 1 = function t; a table's piece
+    family             VARCHAR NOT NULL,  -- identity | quadratic | cubic | cox | step | linear
     a                  DOUBLE  NOT NULL,  -- eps (quadratic), a (cubic), alpha (cox)
     b                  DOUBLE  NOT NULL,  -- 0 (quadratic), b (cubic), beta (cox)
     weight             DOUBLE  NOT NULL,
@@ -258,13 +258,30 @@ CREATE TABLE IF NOT EXISTS calibration_map (
     in_w1              DOUBLE,
     in_w2              DOUBLE,
     in_w0              DOUBLE,
-    in_eps             DOUBLE
+    in_eps             DOUBLE,
+    -- 0, or 1 for the top of a stack (applied to layer 0's output)
+    layer              INTEGER DEFAULT 0,
+    -- family step / linear: one piece of a table (term = its index; the first at x = -inf):
+    -- p' = y_at at p = x, else on x < p (< the next x): y_right (step), or the line from
+    -- (x, y_at) to (x_next, y_next) (linear; y_right where x_next is NULL)
+    x                  DOUBLE,
+    y_at               DOUBLE,
+    y_right            DOUBLE,
+    x_next             DOUBLE,
+    y_next             DOUBLE
 );
 -- schema version 3: the input columns (a database of version <= 2 gains them)
 ALTER TABLE calibration_map ADD COLUMN IF NOT EXISTS in_w1 DOUBLE;
 ALTER TABLE calibration_map ADD COLUMN IF NOT EXISTS in_w2 DOUBLE;
 ALTER TABLE calibration_map ADD COLUMN IF NOT EXISTS in_w0 DOUBLE;
 ALTER TABLE calibration_map ADD COLUMN IF NOT EXISTS in_eps DOUBLE;
+-- schema version 8: every method's map (layers of a stack, step and linear tables)
+ALTER TABLE calibration_map ADD COLUMN IF NOT EXISTS layer INTEGER DEFAULT 0;
+ALTER TABLE calibration_map ADD COLUMN IF NOT EXISTS x DOUBLE;
+ALTER TABLE calibration_map ADD COLUMN IF NOT EXISTS y_at DOUBLE;
+ALTER TABLE calibration_map ADD COLUMN IF NOT EXISTS y_right DOUBLE;
+ALTER TABLE calibration_map ADD COLUMN IF NOT EXISTS x_next DOUBLE;
+ALTER TABLE calibration_map ADD COLUMN IF NOT EXISTS y_next DOUBLE;
 
 -- Key-value facts about this database (SQL layer version, the chain's configuration).
 CREATE TABLE IF NOT EXISTS calpipe_meta (

@@ -1,10 +1,15 @@
 -- Macros that apply a stored serving map to fresh scores in plain SQL (docs/ARCHITECTURE.md §4).
--- They evaluate the calibrating functions exactly, so they equal calpipe's polars serving map
--- (calpipe.pipeline.serving_map) to rounding.
+-- They evaluate the map's terms (calibrating functions, logistic and temperature maps) and its
+-- step/linear tables exactly, so they equal calpipe's polars serving map
+-- (calpipe.pipeline.serving_map) to rounding (tests/pipeline/test_mapping.py: 1e-12).
 
 -- The clip of the engine's log-loss mode: p -> min(max(p, eps), 1 - eps).
 CREATE OR REPLACE MACRO calpipe_clip(p, eps) AS
     least(greatest(CAST(p AS DOUBLE), CAST(eps AS DOUBLE)), 1 - CAST(eps AS DOUBLE));
+
+-- The logistic function, without overflow for large |z|.
+CREATE OR REPLACE MACRO calpipe_sigmoid(z) AS
+    CASE WHEN z >= 0 THEN 1 / (1 + exp(-z)) ELSE exp(z) / (1 + exp(z)) END;
 
 -- One calibrating function f(p) of a map term.
 CREATE OR REPLACE MACRO calpipe_term(family, a, b, p) AS
@@ -13,11 +18,9 @@ CREATE OR REPLACE MACRO calpipe_term(family, a, b, p) AS
         WHEN 'quadratic' THEN p + a * p * (1 - p)
         WHEN 'cubic'     THEN p + a * p * (p - b) * (p - 1)
         WHEN 'cox'       THEN exp(a) * pow(p, b) / (exp(a) * pow(p, b) + pow(1 - p, b))
+        -- temperature scaling, a = 1/T, b = eps: the two-class softmax of ln max(p, eps) / T
+        WHEN 'temperature' THEN calpipe_sigmoid(a * ln(greatest(p, b)) - a * ln(greatest(1 - p, b)))
     END;
-
--- The logistic function, without overflow for large |z|.
-CREATE OR REPLACE MACRO calpipe_sigmoid(z) AS
-    CASE WHEN z >= 0 THEN 1 / (1 + exp(-z)) ELSE exp(z) / (1 + exp(z)) END;
 
 -- A term's input q(p): p itself (w1 NULL), or the logistic map of a composite-experts input
 -- (online Platt/beta scaling, a windowed Platt/beta fit): sigmoid(w1 ln c - w2 ln(1 - c) + w0).
@@ -31,30 +34,67 @@ CREATE OR REPLACE MACRO calpipe_map_term(family, a, b, clip, w1, w2, w0, eps, p)
     calpipe_term(family, a, b,
                  calpipe_clip(calpipe_input(calpipe_clip(p, clip), w1, w2, w0, eps), clip));
 
--- Protected probability of `score` under the latest map of stream `s` (NULL: no map yet).
---   SELECT calibrate_score('bank-telemarketing', 0.3);
-CREATE OR REPLACE MACRO calibrate_score(s, score) AS (
-    SELECT sum(m.weight * calpipe_map_term(m.family, m.a, m.b, m.clip, m.in_w1, m.in_w2, m.in_w0, m.in_eps, score))
-    FROM v_latest_calibration_map m
-    WHERE m.stream = s
+-- A step/linear table's piece (row `x` <= p of the table) evaluated at p.
+CREATE OR REPLACE MACRO calpipe_piece(family, x, y_at, y_right, x_next, y_next, p) AS
+    CASE WHEN x = p THEN y_at
+         WHEN family = 'linear' AND x_next IS NOT NULL
+             THEN (y_next - y_at) / (x_next - x) * (p - x) + y_at
+         ELSE y_right
+    END;
+
+-- Equal-width bin of q among n of [0, 1], as the calibeating kernel computes it.
+CREATE OR REPLACE MACRO calpipe_bin(q, n) AS least(CAST(floor(q * n) AS INTEGER), CAST(n AS INTEGER) - 1);
+
+-- Calibrated probability of `score` under stream `s`'s map in force at the end of day `as_of`
+-- (its latest map on or before; NULL: no map yet), for every method with a SQL form
+-- (calpipe.pipeline.mapping.has_sql_map). A layer is a step/linear table (the piece with the
+-- largest x <= p), a bin table (family bins: the value of p's bin, p where NULL) or a weighted
+-- sum of terms; layer 1 (a stack's top, a calibeating table) is applied to layer 0's value.
+CREATE OR REPLACE MACRO calibrate_score_as_of(s, score, as_of) AS (
+    WITH m AS (
+        SELECT * FROM calibration_map
+        WHERE stream = s
+          AND date = (SELECT max(date) FROM calibration_map
+                      WHERE stream = s AND date <= CAST(as_of AS DATE))
+    ),
+    l0 AS (
+        SELECT CASE WHEN bool_or(m.family IN ('step', 'linear'))
+                    THEN arg_max(calpipe_piece(m.family, m.x, m.y_at, m.y_right, m.x_next,
+                                               m.y_next, CAST(score AS DOUBLE)), m.x)
+                         FILTER (WHERE m.x <= CAST(score AS DOUBLE))
+                    WHEN bool_or(m.family = 'bins')
+                    THEN max(coalesce(m.y_at, CAST(score AS DOUBLE)))
+                         FILTER (WHERE m.term = calpipe_bin(CAST(score AS DOUBLE), m.a))
+                    ELSE sum(m.weight * calpipe_map_term(m.family, m.a, m.b, m.clip, m.in_w1,
+                                                         m.in_w2, m.in_w0, m.in_eps,
+                                                         CAST(score AS DOUBLE)))
+               END AS v
+        FROM m WHERE coalesce(m.layer, 0) = 0
+    ),
+    l1 AS (
+        SELECT CASE WHEN bool_or(m.family IN ('step', 'linear'))
+                    THEN arg_max(calpipe_piece(m.family, m.x, m.y_at, m.y_right, m.x_next,
+                                               m.y_next, l0.v), m.x) FILTER (WHERE m.x <= l0.v)
+                    WHEN bool_or(m.family = 'bins')
+                    THEN max(coalesce(m.y_at, l0.v)) FILTER (WHERE m.term = calpipe_bin(l0.v, m.a))
+                    ELSE sum(m.weight * calpipe_map_term(m.family, m.a, m.b, m.clip, m.in_w1,
+                                                         m.in_w2, m.in_w0, m.in_eps, l0.v))
+               END AS v,
+               count(*) AS n
+        FROM m, l0 WHERE m.layer = 1
+    )
+    SELECT CASE WHEN l1.n > 0 THEN l1.v ELSE l0.v END FROM l0, l1
 );
 
--- The same under the map in force at the end of day `as_of` (the latest map on or before it).
-CREATE OR REPLACE MACRO calibrate_score_as_of(s, score, as_of) AS (
-    SELECT sum(m.weight * calpipe_map_term(m.family, m.a, m.b, m.clip, m.in_w1, m.in_w2, m.in_w0, m.in_eps, score))
-    FROM calibration_map m
-    WHERE m.stream = s
-      AND m.date = (SELECT max(date) FROM calibration_map
-                    WHERE stream = s AND date <= CAST(as_of AS DATE))
-);
+-- The same under the latest map of stream `s`.
+--   SELECT calibrate_score('bank-telemarketing', 0.3);
+CREATE OR REPLACE MACRO calibrate_score(s, score) AS
+    calibrate_score_as_of(s, score, DATE '9999-12-31');
 
 -- The latest map of stream `s` tabulated on n + 1 equally spaced points of [0, 1] (for plots).
 --   SELECT * FROM calibration_curve('bank-telemarketing', 10);
 CREATE OR REPLACE MACRO calibration_curve(s, n) AS TABLE
-    SELECT g.i / n AS p,
-           sum(m.weight * calpipe_map_term(m.family, m.a, m.b, m.clip, m.in_w1, m.in_w2, m.in_w0,
-                                          m.in_eps, g.i / n)) AS protected_p
-    FROM range(0, n + 1) AS g(i), v_latest_calibration_map m
-    WHERE m.stream = s
-    GROUP BY g.i
+    SELECT g.i / n AS p, calibrate_score(s, g.i / n) AS protected_p
+    FROM range(0, n + 1) AS g(i)
+    WHERE EXISTS (SELECT 1 FROM calibration_map WHERE stream = s)
     ORDER BY g.i;

@@ -517,6 +517,15 @@ class Calibrator(Generic[StateT]):
         w2 ln(1 - p) + w0) (the SQL form of a ``composite-experts`` input)."""
         return False
 
+    def map_breakpoints(self, state: StateT) -> list[tuple[np.ndarray, bool] | None] | None:
+        """Where each stream's binary map may change value, for the methods whose map is
+        piecewise constant (``(x, False)``: constant on each open interval between consecutive
+        x, any value at an x) or piecewise linear between the x (``(x, True)``, constant outside
+        [x_1, x_m]); None for a stream not fitted yet (the base passes through). None for a
+        method without that form. The SQL serving map of ``calibration_map`` (family ``step`` /
+        ``linear``) tabulates the map at and between these points, exactly."""
+        return None
+
     def serving_map(self, state: StateT, scores: np.ndarray) -> np.ndarray:
         """The map p -> p' each stream's state applies to fresh scores: its next forecast.
 

@@ -87,6 +87,18 @@ class Temperature(WindowedCalibrator):
     check_params = ({"window": 5, "refit_every": 4},)
     parameters: ClassVar[dict[str, Param]] = {**WINDOW_PARAMS}
 
+    def binary_temperature(self, state) -> np.ndarray:
+        """Each stream's binary map as ``[1/T, eps]``: p' = sigmoid(ln max(p, eps) / T -
+        ln max(1 - p, eps) / T), the two-class softmax of the kernel (its SQL form, family
+        ``temperature``); NaN rows for streams not fitted yet (the base passes through). Not a
+        logistic map of the clipped score: the kernel floors p and 1 - p separately."""
+        out = np.full((state.n_streams, 2), np.nan)
+        for s in range(state.n_streams):
+            fitted = self._unpack(state, s, 1)[3]
+            if fitted.size:
+                out[s] = fitted[:2]
+        return out
+
 
 class Venn(WindowedCalibrator):
     """Inductive Venn predictor (paper 002): equal-mass bins of the window's base scores as the
@@ -97,6 +109,8 @@ class Venn(WindowedCalibrator):
     extra_outputs = ("p_lower", "p_upper")
     fit = staticmethod(venn_kernel.fit)
     predict = staticmethod(venn_kernel.predict)
+    #: the bin of a score changes at the taxonomy's edges only
+    steps_of = staticmethod(lambda f, w: (venn_kernel.bin_edges(f), False))
     fit_params = ("n_bins",)
     check_params = ({"window": 8, "refit_every": 5, "n_bins": 2},)
     parameters: ClassVar[dict[str, Param]] = {
@@ -118,6 +132,8 @@ class Histogram(WindowedCalibrator):
     summary = "histogram binning: equal-mass bins, mean label per bin (Zadrozny & Elkan 2001)"
     fit = staticmethod(histogram.fit)
     predict = staticmethod(histogram.predict)
+    #: the bin of a score changes at the cuts only
+    steps_of = staticmethod(lambda f, w: (histogram.binary_cuts(f), False))
     fit_params = ("n_bins", "prior_strength")
     check_params = ({"window": 8, "refit_every": 4, "n_bins": 3},)
     parameters: ClassVar[dict[str, Param]] = {
@@ -147,6 +163,8 @@ class Isotonic(WindowedCalibrator):
     classes = "binary"
     fit = staticmethod(isotonic.isotonic_fit)
     predict = staticmethod(isotonic.isotonic_predict)
+    #: the thresholds: steps between them, or linear interpolation
+    steps_of = staticmethod(lambda f, w: isotonic.binary_thresholds(f))
     fit_params = ("interpolation",)
     check_params = ({"window": 8, "refit_every": 4}, {"window": 6, "interpolation": "step"})
     parameters: ClassVar[dict[str, Param]] = {
@@ -170,6 +188,7 @@ class RocIsotonic(WindowedCalibrator):
     summary = "ROC-regularized isotonic regression (paper 003, Alg. 2), binary and K classes"
     fit = staticmethod(isotonic.rrir_fit)
     predict = staticmethod(isotonic.rrir_predict)
+    steps_of = staticmethod(lambda f, w: isotonic.binary_thresholds(f))
     fit_params = ("max_regions", "min_region_size", "max_candidates")
     check_params = ({"window": 9, "refit_every": 5, "max_regions": 3},)
     parameters: ClassVar[dict[str, Param]] = {
@@ -207,6 +226,8 @@ class VennAbers(WindowedCalibrator):
     extra_outputs = ("p_lower", "p_upper")
     fit = staticmethod(venn_abers.fit)
     predict = staticmethod(venn_abers.predict)
+    #: p0 and p1 depend on #{s'_j < s} and #{s'_j <= s}: they change at the fit's scores s'
+    steps_of = staticmethod(lambda f, w: (venn_abers.binary_breakpoints(f), False))
     fit_params = ("cross", "n_folds", "merge", "multiclass")
     check_params = (
         {"window": 8, "refit_every": 4},

@@ -190,6 +190,12 @@ class VennPredictor(OnlineCalibrator):
         b = self.params["n_bins"]
         return np.arange(1, b, dtype=np.float64) / b
 
+    def map_breakpoints(self, state: FlatState) -> list[tuple[np.ndarray, bool] | None] | None:
+        # score bins fixed in advance: every stream's map changes at the same edges
+        if self.category_column is not None:
+            return None
+        return [(self.edges(), False)] * state.n_streams
+
     def _n_cat(self, n_classes: int) -> int:
         if self.category_column is not None:
             return int(self.params["n_categories"])

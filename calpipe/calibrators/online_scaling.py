@@ -138,11 +138,27 @@ class OnlineScaling(OnlineCalibrator):
         (a, b, c). Only without calibeating: a bin table has no such form."""
         if not self.has_logistic_map():
             raise ParameterError(f"method {self.name!r} has no logistic serving map")
+        return self._expert_logistic(state)
+
+    def _expert_logistic(self, state: FlatState) -> np.ndarray:
         d = OS.n_params(self.model, 2)
         theta = state.values.reshape(state.n_streams, -1)[:, :d]
         w = theta[:, [0, 0, 1]] if self.model == OS.MODEL_PLATT else theta
         eps = np.full((state.n_streams, 1), float(self._get("score_clip")))
         return np.ascontiguousarray(np.hstack([w, eps]))
+
+    def calibeat_map(self, state: FlatState) -> tuple[np.ndarray | None, np.ndarray]:
+        """A calibeating method's binary map in two steps: the expert's logistic map ``[w1, w2,
+        w0, eps]`` per stream (None for ``online-histogram``: the expert is the base score), then
+        per stream and equal-width bin of the expert's forecast the value forecast
+        (:func:`calpipe.kernels.online_scaling.calibeat_table`; NaN: the expert's forecast)."""
+        if self.calibeat == OS.CALIBEAT_NONE:
+            raise ParameterError(f"method {self.name!r} does not calibeat")
+        d, nb, w = self._shapes(2)
+        beat = state.values.reshape(state.n_streams, -1)[:, d + d * d :].reshape(-1, nb, w)
+        table = OS.calibeat_table(beat, self.calibeat, nb)
+        expert = None if self.model == OS.MODEL_NONE else self._expert_logistic(state)
+        return expert, table
 
     def _kernel(self, x, y, ev, kind, off, vectors, n_classes, inputs):
         d, nb, w = self._shapes(n_classes)

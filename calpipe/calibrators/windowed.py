@@ -319,6 +319,19 @@ class WindowedCalibrator(Calibrator[FlatState]):
             out[done] = type(self).logistic_of(vals.reshape(done.size, size))
         return out
 
+    #: ``(fitted, window scores) -> (x, linear)``: where the fitted binary map may change value
+    #: (see :meth:`map_breakpoints`), for the methods whose map is a step or linear table.
+    steps_of: ClassVar[Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, bool]] | None] = None
+
+    def map_breakpoints(self, state: FlatState) -> list[tuple[np.ndarray, bool] | None] | None:
+        if type(self).steps_of is None:
+            return None
+        out: list[tuple[np.ndarray, bool] | None] = []
+        for s in range(state.n_streams):
+            _, window, _, fitted = self._unpack(state, s, 1)
+            out.append(None if fitted.size == 0 else type(self).steps_of(fitted, window))
+        return out
+
     def serving_map(self, state: FlatState, scores: np.ndarray) -> np.ndarray:
         """Each stream's current map applied to ``scores`` (S, n) or (S, n, K)."""
         n_classes = 2 if scores.ndim == 2 else scores.shape[2]

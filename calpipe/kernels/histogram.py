@@ -163,6 +163,14 @@ def _unpack(fitted: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
     return out
 
 
+def binary_cuts(fitted: np.ndarray) -> np.ndarray:
+    """The cuts between the bins of a binary fitted vector (where its map changes value)."""
+    blocks = _unpack(fitted)
+    if len(blocks) != 1:
+        raise ValueError("not a binary histogram-binning fitted vector")
+    return blocks[0][0]
+
+
 def predict(fitted: np.ndarray, scores: np.ndarray) -> Prediction:
     """Apply fitted histogram binning: the value of the bin holding each score.
 

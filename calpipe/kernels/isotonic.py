@@ -689,6 +689,16 @@ def _unpack_binary(f: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
     return int(f[0]), np.ascontiguousarray(f[2 : 2 + m]), np.ascontiguousarray(f[2 + m :])
 
 
+def binary_thresholds(fitted: np.ndarray) -> tuple[np.ndarray, bool]:
+    """The thresholds x of a binary (linear or step) fitted vector and whether the map is
+    linear between them (constant outside [x_1, x_m] either way)."""
+    f = np.asarray(fitted, dtype=np.float64)
+    if int(f[0]) not in (LAYOUT_LINEAR, LAYOUT_STEP):
+        raise ValueError("not a binary isotonic fitted vector")
+    code, x, _ = _unpack_binary(f)
+    return x, code == LAYOUT_LINEAR
+
+
 def isotonic_predict(fitted: np.ndarray, scores: np.ndarray) -> Prediction:
     """Apply a fitted isotonic (or ROC-regularized isotonic) map to new scores.
 

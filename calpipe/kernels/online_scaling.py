@@ -219,6 +219,38 @@ def _hedge_weights(rho, b, w):
         w[0] = 1.0
 
 
+@njit(cache=True)
+def _calibeat_values(beat, calibeat, n_bins):
+    out = np.full((beat.shape[0], n_bins), np.nan)
+    w = np.zeros(n_bins)
+    mids = (np.arange(n_bins) + 0.5) / n_bins  # as _online_scaling computes them
+    for s in range(beat.shape[0]):
+        for b in range(n_bins):
+            if calibeat == CALIBEAT_TRACKING:
+                if beat[s, b, 1] > 0.0:
+                    out[s, b] = beat[s, b, 0] / beat[s, b, 1]
+            else:
+                _hedge_weights(beat[s, b], b, w)
+                v = 0.0
+                for i in range(n_bins):
+                    v += w[i] * mids[i]
+                out[s, b] = v
+    return out
+
+
+def calibeat_table(beat: np.ndarray, calibeat: int, n_bins: int) -> np.ndarray:
+    """The calibeating forecast of an expert forecast f in bin b = min(floor(f n_bins),
+    n_bins - 1), per stream and bin, from the statistics ``beat`` (S, n_bins, W): the bin's mean
+    label (tracking; NaN while the bin is empty: f itself is forecast) or Foster's forecast
+    (hedging), exactly as :func:`online_scaling` forecasts them. (S, n_bins)."""
+    if calibeat not in (CALIBEAT_TRACKING, CALIBEAT_HEDGING):
+        raise ValueError(f"no calibeating table for calibeat code {calibeat}")
+    b = np.ascontiguousarray(beat, dtype=np.float64)
+    if b.ndim != 3 or b.shape[1] != n_bins:
+        raise ValueError(f"beat must be (S, {n_bins}, W), got {b.shape}")
+    return _calibeat_values(b, calibeat, n_bins)
+
+
 @njit(cache=True, inline="always")
 def _split(rho, i, w):
     # rho_i >= 0 >= rho_{i+1}, not both 0 (one of them is rho_b != 0 or a sign change)

@@ -445,6 +445,11 @@ def fit(
     return np.ascontiguousarray(np.concatenate([head, edges, counts]))
 
 
+def bin_edges(fitted: np.ndarray) -> np.ndarray:
+    """The edges of a fitted score taxonomy (where a score's category changes)."""
+    return _unpack(fitted)[2]
+
+
 def _unpack(fitted: np.ndarray):
     f = np.asarray(fitted, dtype=np.float64)
     taxonomy, k, n_cat, n_edges = (int(v) for v in f[:_HEADER])

@@ -608,6 +608,17 @@ def _sub_offsets(fitted: np.ndarray, pos: int) -> tuple[np.ndarray, int]:
     return offs, pos
 
 
+def binary_breakpoints(fitted: np.ndarray) -> np.ndarray:
+    """The calibration scores s' of a binary fitted vector, over its folds: p0 and p1 depend on
+    a test score only through #{s'_j < s} and #{s'_j <= s}, so they change only at these."""
+    f = np.ascontiguousarray(fitted, dtype=np.float64)
+    if int(f[0]) != 1:
+        raise ValueError("not a binary Venn-ABERS fitted vector")
+    offs, _ = _sub_offsets(f, _HEADER)
+    parts = [f[o + 1 : o + 1 + int(f[o])] for o in offs]
+    return np.unique(np.concatenate(parts)) if parts else np.zeros(0)
+
+
 def predict(fitted: np.ndarray, scores: np.ndarray) -> Prediction:
     """Calibrated probabilities of test scores under a fitted Venn-ABERS predictor.
 

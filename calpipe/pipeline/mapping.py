@@ -1,9 +1,11 @@
 """Stage ``calibration_map`` and the serving map: each stream's map p -> p' at the end of a day.
 
-Owns the map's SQL form (:func:`map_weights`, :func:`map_terms`: the weighted terms of the
-protected methods' mixture, which the ``calibrate_score`` macros of ``sql/003_macros.sql``
-evaluate), the table's rows (:func:`_map_rows`, written by the stage :func:`map_days` and by the
-fused run) and :func:`serving_map`, the map applied to fresh scores in polars for every method.
+Owns the map's SQL form (:func:`has_sql_map`, :func:`map_terms`: per stream and layer, the
+weighted terms of a mixture, a logistic or temperature map as one term, or a step/linear table
+tabulated from the calibrator's own serving map at its breakpoints; the ``calibrate_score``
+macros of ``sql/003_macros.sql`` evaluate them), the table's rows (:func:`_map_rows`, written by
+the stage :func:`map_days` and by the fused run) and :func:`serving_map`, the map applied to
+fresh scores in polars for every method.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import polars as pl
 
 from calpipe import store
 from calpipe.calibrators import ProtectedCalibrator
+from calpipe.calibrators.stacked import Stacked
 from calpipe.errors import StateError
 from calpipe.frame import state_from_rows
 from calpipe.pipeline.chain import _require_chain
@@ -31,50 +34,196 @@ def map_weights(state: pl.DataFrame, settings: Settings) -> tuple[np.ndarray, np
 
 
 def has_sql_map(cal) -> bool:
-    """Whether ``cal``'s serving map has the SQL form (the log-loss mixtures: the protected
-    methods, and ``composite-experts`` over inputs with a logistic map)."""
-    if not hasattr(cal, "map_terms"):
-        return False
-    if isinstance(cal, ProtectedCalibrator):
-        return cal.loss == "log"
-    return all(c.has_logistic_map() for c in cal._inputs(2))
+    """Whether ``cal``'s binary serving map has a SQL form in ``calibration_map``: a mixture of
+    calibrating functions (the log-loss protected methods; ``composite-experts`` over inputs
+    with a logistic map), a logistic map (Platt, beta, OPS/OBS, decay-beta), temperature
+    scaling (family ``temperature``), a step or linear table (isotonic, ROC-isotonic,
+    histogram, Venn, Venn-ABERS, the Venn predictor on score bins), calibeating (the expert's logistic map, then a table of its forecast's bins:
+    two layers), or a stack of two one-layer forms (``base_method``: two layers)."""
+    if isinstance(cal, Stacked):  # two layers, each of one (a calibeating method takes two)
+        return all(_form(c) not in (None, "calibeat") for c in (cal.base, cal.top))
+    return _form(cal) is not None
+
+
+def _form(cal) -> str | None:
+    """Which SQL form a (non-stacked) calibrator's binary map has (see :func:`has_sql_map`)."""
+    if hasattr(cal, "map_terms"):
+        if isinstance(cal, ProtectedCalibrator):
+            return "terms" if cal.loss == "log" else None
+        return "terms" if all(c.has_logistic_map() for c in cal._inputs(2)) else None
+    if cal.has_logistic_map():
+        return "logistic"
+    if hasattr(cal, "binary_temperature"):
+        return "temperature"
+    if hasattr(cal, "calibeat_map") and cal.calibeat:
+        return "calibeat"
+    if cal.map_breakpoints(cal.initial_state(1, 2)) is not None:
+        return "steps"
+    return None
 
 
 def map_terms(state: pl.DataFrame, settings: Settings) -> pl.DataFrame:
-    """``calibration_map`` rows of state rows (columns ``date``/``stream`` kept): the terms of
-    each stream's map (:class:`calpipe.calibrators.base.MapTerms`, from the calibrator), one
-    row per term, with the term's input map (``in_*``, NULL: the clipped base)."""
+    """``calibration_map`` rows of state rows (columns ``date``/``stream`` kept): each stream's
+    map in its SQL form (:func:`has_sql_map`), one row per term (a mixture's terms; one term for
+    a logistic map, with the map as the term's input ``in_*``) or per piece of a step/linear
+    table (family ``step``/``linear``: ``x``, ``y_at``, ``y_right``, ``x_next``, ``y_next``),
+    ``layer`` 0; layer 1, applied to layer 0's value, is a stack's top or a calibeating method's
+    bin table (family ``bins``: value ``y_at`` per equal-width bin ``term``)."""
     cal = settings.calibrator()
-    mt = cal.map_terms(state_from_rows(cal, state, 2))
-    n, t = mt.weight.shape
-    inputs = mt.inputs if mt.inputs is not None else np.full((n, t, 4), np.nan)
-    flat = inputs.reshape(n * t, 4)
-    terms = pl.DataFrame(
-        {
-            "term": pl.Series(np.tile(np.arange(t), n), dtype=pl.Int32),
-            "family": np.tile(mt.family, n),
-            "a": np.tile(mt.a, n),
-            "b": np.tile(mt.b, n),
-            "weight": mt.weight.ravel(),
-            **{c: flat[:, j] for j, c in enumerate(_INPUT_COLUMNS)},
-        }
-    ).with_columns(pl.col(c).fill_nan(None) for c in _INPUT_COLUMNS)
-    keys = state.select("date", "stream").select(pl.all().repeat_by(t).explode())
-    return pl.concat([keys, terms], how="horizontal").with_columns(
-        pl.lit(float(cal.params["clip"])).alias("clip"),
-        pl.lit(cal.name).alias("method"),
-        pl.lit(cal.fingerprint(2)).alias("config_fingerprint"),
+    st = state_from_rows(cal, state, 2)
+    keys = state.select("date", "stream")
+    if isinstance(cal, Stacked):
+        rows = [
+            _layer_rows(c, part, keys, layer)
+            for layer, c, part in zip((0, 1), (cal.base, cal.top), cal._split(st, 2), strict=True)
+        ]
+    elif _form(cal) == "calibeat":  # the expert's map, then its forecast's bin
+        expert, table = cal.calibeat_map(st)
+        n = keys.height
+        first = _term_frame(
+            keys, 1, np.full(n, "identity"), np.zeros(n), np.zeros(n), np.ones(n),
+            expert if expert is not None else np.full((n, 4), np.nan), 0.0, 0,
+        )  # fmt: skip
+        rows = [first, _bin_rows(table, keys, 1)]
+    else:
+        rows = [_layer_rows(cal, st, keys, 0)]
+    out = pl.concat(rows, how="diagonal_relaxed").with_columns(
+        pl.lit(cal.name).alias("method"), pl.lit(cal.fingerprint(2)).alias("config_fingerprint")
     )
+    absent = [pl.lit(None, pl.Float64).alias(c) for c in _COLUMNS if c not in out.columns]
+    return out.with_columns(absent).select(_COLUMNS)
 
 
+#: ``calibration_map``'s columns, in the table's order.
+_COLUMNS = (
+    "date", "stream", "term", "family", "a", "b", "weight", "clip", "method",
+    "config_fingerprint", "in_w1", "in_w2", "in_w0", "in_eps", "layer", "x", "y_at", "y_right",
+    "x_next", "y_next",
+)  # fmt: skip
 #: Columns of a term's input map in ``calibration_map`` (NULL: the clipped base).
 _INPUT_COLUMNS = ("in_w1", "in_w2", "in_w0", "in_eps")
 
 
+def _layer_rows(cal, st, keys: pl.DataFrame, layer: int) -> pl.DataFrame:
+    """The rows of one calibrator's map (one layer) for the streams of ``st`` (``keys``)."""
+    form = _form(cal)
+    if form == "terms":
+        mt = cal.map_terms(st)
+        n, t = mt.weight.shape
+        inputs = mt.inputs if mt.inputs is not None else np.full((n, t, 4), np.nan)
+        return _term_frame(
+            keys, t, np.tile(mt.family, n), np.tile(mt.a, n), np.tile(mt.b, n),
+            mt.weight.ravel(), inputs.reshape(n * t, 4), float(cal.params["clip"]), layer,
+        )  # fmt: skip
+    if form == "logistic":  # one identity term whose input is the map (NaN: the base)
+        n = keys.height
+        return _term_frame(
+            keys, 1, np.full(n, "identity"), np.zeros(n), np.zeros(n), np.ones(n),
+            cal.logistic_map(st), 0.0, layer,
+        )  # fmt: skip
+    if form == "temperature":  # one term: family temperature (a = 1/T, b = eps), or identity
+        n = keys.height
+        te = cal.binary_temperature(st)
+        fitted = ~np.isnan(te[:, 0])
+        return _term_frame(
+            keys, 1, np.where(fitted, "temperature", "identity"), np.nan_to_num(te[:, 0]),
+            np.nan_to_num(te[:, 1]), np.ones(n), np.full((n, 4), np.nan), 0.0, layer,
+        )  # fmt: skip
+    return _step_rows(cal, st, keys, layer)
+
+
+def _term_frame(keys, t, family, a, b, weight, inputs, clip, layer) -> pl.DataFrame:
+    terms = pl.DataFrame(
+        {
+            "term": pl.Series(np.tile(np.arange(t), keys.height), dtype=pl.Int32),
+            "family": family, "a": a, "b": b, "weight": weight,
+            **{c: inputs[:, j] for j, c in enumerate(_INPUT_COLUMNS)},
+        }
+    ).with_columns(pl.col(c).fill_nan(None) for c in _INPUT_COLUMNS)  # fmt: skip
+    rep = keys.select(pl.all().repeat_by(t).explode())
+    return pl.concat([rep, terms], how="horizontal").with_columns(
+        pl.lit(clip).alias("clip"), pl.lit(layer, pl.Int32).alias("layer")
+    )
+
+
+def _bin_rows(table: np.ndarray, keys: pl.DataFrame, layer: int) -> pl.DataFrame:
+    """Family ``bins``: value ``y_at`` of equal-width bin ``term`` of [0, 1] (``a`` = the bin
+    count; a score q is in bin min(floor(q a), a - 1)); NULL: q itself."""
+    s, nb = table.shape
+    rep = keys.select(pl.all().repeat_by(nb).explode())
+    return pl.concat(
+        [rep, pl.DataFrame({
+            "term": pl.Series(np.tile(np.arange(nb), s), dtype=pl.Int32),
+            "family": ["bins"] * (s * nb), "a": np.full(s * nb, float(nb)),
+            "b": np.zeros(s * nb), "weight": np.zeros(s * nb), "clip": np.zeros(s * nb),
+            "layer": pl.Series([layer] * (s * nb), dtype=pl.Int32), "y_at": table.ravel(),
+        }).with_columns(pl.col("y_at").fill_nan(None))],
+        how="horizontal",
+    )  # fmt: skip
+
+
+def _step_rows(cal, st, keys: pl.DataFrame, layer: int) -> pl.DataFrame:
+    """A step/linear table per stream: the calibrator's own serving map evaluated at each
+    breakpoint (``y_at``) and inside each interval after it (``y_right``: the map is constant
+    there, or linear to the next point), plus a first row at x = -inf for the scores below the
+    first point. Points where a step map does not change are dropped (exactly the same map)."""
+    bps = cal.map_breakpoints(st)
+    pts, spans = [], []
+    for bp in bps:
+        x = np.unique(bp[0]) if bp is not None else np.zeros(0)
+        left = x[0] / 2 if x.size and x[0] > 0 else (x[0] if x.size else 0.5)
+        right = (x[-1] + 1) / 2 if x.size and x[-1] < 1 else (x[-1] if x.size else 0.5)
+        mids = (x[:-1] + x[1:]) / 2
+        pts.append(np.concatenate([[left], x, mids, [right]]))
+        spans.append(x)
+    width = max(p.size for p in pts)
+    grid = np.stack([np.pad(p, (0, width - p.size), mode="edge") for p in pts])
+    vals = cal.serving_map(st, np.ascontiguousarray(grid))
+    out = []
+    for s, (bp, x) in enumerate(zip(bps, spans, strict=True)):
+        key = keys.row(s)
+        if bp is None:  # not fitted yet: the base passes through (one identity term)
+            out.append(_term_frame(keys.slice(s, 1), 1, np.array(["identity"]), np.zeros(1),
+                                   np.zeros(1), np.ones(1), np.full((1, 4), np.nan), 0.0, layer))  # fmt: skip
+            continue
+        m, v = x.size, vals[s]
+        y_left, y_at, y_mid, y_end = v[0], v[1 : 1 + m], v[1 + m : 2 * m], v[2 * m]
+        linear = bool(bp[1])
+        y_right = np.concatenate([y_mid, [y_end]])
+        xs = np.concatenate([[-np.inf], x])
+        ya = np.concatenate([[y_left], y_at])
+        yr = np.concatenate([[y_left], y_right])
+        if linear:
+            yr = np.concatenate([[y_left], y_at[:-1], [y_end]])  # unused between points
+        keep = np.ones(m + 1, dtype=bool)
+        if not linear:  # a point where the value does not change adds nothing
+            keep[1:] = (ya[1:] != yr[:-1]) | (yr[1:] != yr[:-1])
+        xs, ya, yr = xs[keep], ya[keep], yr[keep]
+        xn = np.concatenate([xs[1:], [np.nan]]) if linear else np.full(xs.size, np.nan)
+        yn = np.concatenate([ya[1:], [np.nan]]) if linear else np.full(xs.size, np.nan)
+        if linear:
+            xn[0] = yn[0] = np.nan  # below the first point: constant
+        k = xs.size
+        out.append(
+            pl.DataFrame({
+                "date": [key[0]] * k, "stream": [key[1]] * k,
+                "term": pl.Series(np.arange(k), dtype=pl.Int32),
+                "family": ["linear" if linear else "step"] * k,
+                "a": np.zeros(k), "b": np.zeros(k), "weight": np.zeros(k), "clip": np.zeros(k),
+                "layer": pl.Series([layer] * k, dtype=pl.Int32),
+                "x": xs, "y_at": ya, "y_right": yr, "x_next": xn, "y_next": yn,
+            }, schema_overrides={"date": keys.schema["date"]}).with_columns(
+                pl.col("x_next", "y_next").fill_nan(None)
+            )
+        )  # fmt: skip
+    return pl.concat(out, how="diagonal_relaxed") if out else keys.clear()
+
+
 def _map_rows(state: pl.DataFrame, settings: Settings) -> pl.DataFrame:
     """``calibration_map`` rows of state rows: :func:`map_terms` for the binary chains of the
-    methods whose map has the SQL form (:func:`has_sql_map`); none for the others (no SQL
-    form of a fitted isotonic/Venn/... map, nor of K-class maps yet: serve with serving_map())."""
+    methods whose map has a SQL form (:func:`has_sql_map`); none for the others (K-class maps,
+    calibeating, calibrated regression, a Venn taxonomy on a user column, the Brier mode: serve
+    those with serving_map())."""
     binary = state.height and int(state["n_classes"][0]) == 2
     if binary and has_sql_map(settings.calibrator()):
         return map_terms(state, settings)
@@ -84,8 +233,9 @@ def _map_rows(state: pl.DataFrame, settings: Settings) -> pl.DataFrame:
 def map_days(con, start: dt.date, end: dt.date, settings: Settings) -> StageResult:
     """Stage ``calibration_map``: the serving map of every stream at the end of each day.
 
-    The map's SQL form (terms of the mixture, ``calpipe_protect`` macro) exists for the protected
-    methods; for the other methods the partitions are left empty (use :func:`serving_map`)."""
+    Rows for the binary methods with a SQL form (:func:`has_sql_map`, evaluated by the
+    ``calibrate_score`` macros); for the others the partitions are left empty (use
+    :func:`serving_map`)."""
     start, end = _as_date(start), _as_date(end)
     _require_chain(con, start, end, "calibration_map")
     fp = settings.fingerprint_for(stored_n_classes(con) or 2)

@@ -25,8 +25,8 @@ class Settings:
     (:data:`calpipe.config.PIPELINE_DEFAULT_METHOD` by default, ``composite-experts``) on the
     forecasts a database stores (binary, or K classes for the methods that take them:
     :mod:`calpipe.pipeline.classes`), and stacks (``base_method``/``base_params``), in either
-    loss (``loss="brier"``: the Brier compatibility mode). The SQL serving map (``calibration_map``) exists for the log-loss
-    mixtures (the protected methods, composite-experts over logistic inputs); other methods
+    loss (``loss="brier"``: the Brier compatibility mode). The SQL serving map (``calibration_map``) exists for every
+    binary method with a SQL form (:func:`calpipe.pipeline.mapping.has_sql_map`); the others
     serve through :func:`serving_map`.
 
     >>> Settings().fingerprint == Settings.from_json(Settings().to_json()).fingerprint

@@ -1,0 +1,177 @@
+"""calpipe/pipeline/mapping.py: every method's serving map in SQL (#12 item 5).
+
+For each binary method (and stacks), a 4-day chain writes ``calibration_map``; the
+``calibrate_score`` macro on a grid that holds the stored scores, every breakpoint of the stored
+tables and the doubles next to them equals :func:`calpipe.pipeline.serving_map` (the calibrator's
+own map) to 1e-12. The methods without a SQL form are listed by name, so a new method must be
+classified here.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import numpy as np
+import polars as pl
+import pytest
+
+from calpipe import generate, pipeline, store
+from calpipe.calibrators import METHODS, make_calibrator
+from calpipe.generate import StreamSpec
+from calpipe.pipeline import Settings
+from calpipe.pipeline.mapping import has_sql_map
+
+TOL = 1e-12
+STREAMS = (
+    StreamSpec("a", events_per_day=60),
+    StreamSpec("b", events_per_day=40, drift="shift", drift_day=1, strength=1.5),
+)
+#: Methods whose binary map has no SQL form yet, and why (served by serving_map()).
+NO_SQL_FORM = {
+    "calibrated-regression": "a fixed point y = clip(theta . f(y, s)), solved by iteration",
+}
+#: Windows small enough to be filled (and refitted) within the chain.
+SMALL_WINDOW = {"window": 30, "refit_every": 11}
+STACKS = [
+    ("composite-jumper", {}, "isotonic", SMALL_WINDOW),
+    ("jumper", {}, "venn-abers", {"window": 30, "cross": True}),
+    ("isotonic", {"window": 25}, "platt", {"window": 30}),
+    ("composite-experts", {}, "histogram", SMALL_WINDOW),
+]
+
+
+def _params(method: str) -> dict:
+    return dict(SMALL_WINDOW) if "window" in METHODS[method].parameters else {}
+
+
+def _chain(tmp_path, settings: Settings):
+    events = generate.generate(n_days=4, streams=STREAMS, seed=2)
+    store.write_landing(events, tmp_path / "landing")
+    con = store.connect(tmp_path / "db.duckdb")
+    pipeline.run_range(con, store.EventSource.parse(str(tmp_path / "landing")), settings=settings)
+    return con, events
+
+
+def _grid(con, events: pl.DataFrame) -> np.ndarray:
+    """Scores where a table's value changes, the doubles beside them, the stored scores and an
+    even grid of [0, 1]."""
+    x = store.query(con, "SELECT x FROM calibration_map WHERE x IS NOT NULL")["x"].to_numpy()
+    x = x[np.isfinite(x)]
+    near = np.concatenate([x, np.nextafter(x, -1.0), np.nextafter(x, 2.0)])
+    p = np.concatenate([near, events["score"].to_numpy(), np.linspace(0.0, 1.0, 101)])
+    return np.unique(np.clip(p, 0.0, 1.0))
+
+
+def _check_sql_equals_serving_map(con, events, settings: Settings, as_of: dt.date | None = None):
+    day = as_of or store.query(con, "SELECT max(date) AS d FROM calibrator_state")["d"][0]
+    state = pipeline.state_as_of(con, day)
+    p = _grid(con, events)
+    for stream in ("a", "b"):
+        want = pipeline.serving_map(
+            state, pl.DataFrame({"stream": [stream] * p.size, "score": p}), settings
+        )["protected_score"].to_numpy()
+        got = con.execute(
+            "SELECT calibrate_score_as_of(?, s, ?) FROM unnest(?) AS t(s)",
+            [stream, day, p.tolist()],
+        ).fetchall()
+        got = np.array([g[0] for g in got], dtype=np.float64)
+        assert np.max(np.abs(got - want)) <= TOL, (settings.method, stream)
+    assert con.execute("SELECT calibrate_score('nope', 0.5)").fetchall() == [(None,)]
+
+
+BINARY = [m for m, c in METHODS.items() if getattr(c, "classes", "both") in ("binary", "both")]
+
+
+@pytest.mark.parametrize("method", BINARY)
+def test_every_method_s_sql_map_equals_its_serving_map(tmp_path, method):
+    settings = Settings.make(method, **_params(method))
+    con, events = _chain(tmp_path, settings)
+    try:
+        n_rows = store.query(con, "SELECT count(*) AS n FROM calibration_map")["n"][0]
+        if method in NO_SQL_FORM:
+            assert not has_sql_map(settings.calibrator())
+            assert n_rows == 0
+            return
+        assert has_sql_map(settings.calibrator())
+        assert n_rows > 0
+        _check_sql_equals_serving_map(con, events, settings)
+    finally:
+        con.close()
+
+
+def test_the_methods_without_a_sql_form_are_the_listed_ones():
+    """A new method must be classified: SQL form, or a named reason in NO_SQL_FORM."""
+    without = {m for m in BINARY if not has_sql_map(make_calibrator(m, **_params(m)))}
+    assert without == set(NO_SQL_FORM)
+
+
+@pytest.mark.parametrize(("top", "top_params", "base", "base_params"), STACKS)
+def test_a_stack_s_sql_map_is_its_top_over_its_base(tmp_path, top, top_params, base, base_params):
+    """A stack is two layers of calibration_map: the top's map applied to the base's value."""
+    settings = Settings.make(top, base_method=base, base_params=base_params, **top_params)
+    con, events = _chain(tmp_path, settings)
+    try:
+        layers = store.query(con, "SELECT DISTINCT layer FROM calibration_map ORDER BY layer")
+        assert layers["layer"].to_list() == [0, 1]
+        _check_sql_equals_serving_map(con, events, settings)
+    finally:
+        con.close()
+
+
+def test_a_step_map_as_of_an_earlier_day_and_its_curve(tmp_path):
+    """calibrate_score_as_of reads the map in force that day (a stream's latest row on or before
+    it); calibration_curve tabulates the latest map through calibrate_score."""
+    settings = Settings.make("venn-abers", window=30, refit_every=7)
+    con, events = _chain(tmp_path, settings)
+    try:
+        days = store.query(con, "SELECT DISTINCT date FROM calibration_map ORDER BY date")["date"]
+        _check_sql_equals_serving_map(con, events, settings, as_of=days[1])
+        curve = store.query(con, "SELECT * FROM calibration_curve('a', 20)")
+        direct = store.query(
+            con, "SELECT calibrate_score('a', i / 20) AS p FROM range(0, 21) AS t(i) ORDER BY i"
+        )
+        assert curve.height == 21
+        assert curve["protected_p"].to_list() == direct["p"].to_list()
+        assert store.query(con, "SELECT * FROM calibration_curve('nope', 20)").height == 0
+    finally:
+        con.close()
+
+
+def test_a_table_drops_the_points_where_a_step_map_does_not_change(tmp_path):
+    """Venn-ABERS tabulates p at every calibration score, but stores only the points where the
+    value changes: fewer pieces than calibration scores, the same map (checked above)."""
+    settings = Settings.make("venn-abers", window=30)
+    con, _ = _chain(tmp_path, settings)
+    try:
+        per = store.query(
+            con,
+            "SELECT stream, date, count(*) AS n FROM calibration_map GROUP BY ALL ORDER BY n DESC",
+        )
+        assert per["n"].max() <= 2 * 30 + 1
+        assert (per["n"] >= 1).all()
+        first = store.query(
+            con,
+            "SELECT min(x) AS x FROM calibration_map WHERE family = 'step' GROUP BY stream, date",
+        )
+        assert (first["x"] == -np.inf).all()  # every table starts below the lowest score
+    finally:
+        con.close()
+
+
+def test_a_calibeating_map_is_its_expert_then_a_bin_table(tmp_path):
+    """tops: layer 0 the OPS logistic map, layer 1 the bin table of its forecast (NULL while a
+    bin is empty: the OPS forecast itself); a stack with a calibeating layer would need three
+    layers and has no SQL form (served by serving_map)."""
+    settings = Settings.make("tops", n_bins=7)
+    con, events = _chain(tmp_path, settings)
+    try:
+        fam = store.query(con, "SELECT layer, family, count(*) AS n FROM calibration_map "
+                               "GROUP BY ALL ORDER BY layer")  # fmt: skip
+        assert fam["family"].to_list() == ["identity", "bins"]
+        assert store.query(con, "SELECT count(*) AS n FROM calibration_map "
+                                "WHERE family = 'bins' AND y_at IS NULL")["n"][0] > 0  # fmt: skip
+        _check_sql_equals_serving_map(con, events, settings)
+    finally:
+        con.close()
+    stacked = Settings.make("tops", base_method="isotonic", base_params=SMALL_WINDOW)
+    assert not has_sql_map(stacked.calibrator())
