@@ -640,6 +640,41 @@ def _join_state(cal, cols, n_classes, streams, first_rows, state0, n_streams):
     return bstate, prev
 
 
+def _merge_updates(sid, te, a_sid, a_t, a_seq) -> np.ndarray:
+    """The order of the operations ``[events..., updates...]`` by (stream, time, phase, seq):
+    events (phase 0, seq = position) before the updates at their time (phase 1, seq ``a_seq``).
+
+    The events come sorted by (stream, time) already, so only the updates are sorted (by a key
+    packing stream and time into one int64, stably after ordering them by seq) and merged in
+    by a binary search: O(n_a log n_a + n_a log n) instead of a 4-key lexsort of all
+    operations (1.3 s of a 2M-event, 2M-label night). Falls back to the lexsort when the events
+    are not sorted or the packed key would overflow."""
+    sid, a_sid = sid.astype(np.int64, copy=False), a_sid.astype(np.int64, copy=False)
+    n, n_a = sid.shape[0], a_sid.shape[0]
+    t_min = int(min(te.min(initial=0), a_t.min(initial=0)))  # Python ints: no overflow here
+    span = int(max(te.max(initial=0), a_t.max(initial=0))) - t_min + 1
+    n_streams = int(max(sid.max(initial=0), a_sid.max(initial=0))) + 1
+    if n_streams * span <= np.iinfo(np.int64).max:
+        ek = sid * span + (te - t_min)
+        if n < 2 or bool(np.all(ek[1:] >= ek[:-1])):
+            by_seq = np.argsort(a_seq, kind="stable")
+            uk = a_sid[by_seq] * span + (a_t[by_seq] - t_min)
+            upd = by_seq[np.argsort(uk, kind="stable")]
+            pos = np.searchsorted(ek, a_sid[upd] * span + (a_t[upd] - t_min), side="right")
+            slots = pos + np.arange(n_a, dtype=np.int64)
+            order = np.empty(n + n_a, dtype=np.int64)
+            is_event = np.ones(n + n_a, dtype=bool)
+            is_event[slots] = False
+            order[is_event] = np.arange(n, dtype=np.int64)
+            order[slots] = n + upd
+            return order
+    op_sid = np.concatenate([sid, a_sid])
+    op_t = np.concatenate([te, a_t])
+    op_phase = np.concatenate([np.zeros(n, np.int64), np.ones(n_a, np.int64)])
+    op_seq = np.concatenate([np.arange(n, dtype=np.int64), a_seq])
+    return np.lexsort((op_seq, op_phase, op_t, op_sid))
+
+
 def _delayed_ops(cal, cols, sorted_df, sid, counts, base, labels, labelled, prev, n_classes):
     """Operation list with labels applied at their ``label_time`` (delayed feedback).
 
@@ -695,11 +730,8 @@ def _delayed_ops(cal, cols, sorted_df, sid, counts, base, labels, labelled, prev
     a_sid, a_t, a_seq, a_ev = (x[apply_now] for x in (u_sid, u_t, u_seq, u_ev))
     n_a = a_sid.shape[0]
     op_sid = np.concatenate([sid, a_sid])
-    op_t = np.concatenate([te, a_t])
-    op_phase = np.concatenate([np.zeros(n, np.int64), np.ones(n_a, np.int64)])
-    op_seq = np.concatenate([np.arange(n, dtype=np.int64), a_seq])
     op_ev = np.concatenate([np.arange(n, dtype=np.int64), a_ev])
-    order = np.lexsort((op_seq, op_phase, op_t, op_sid))
+    order = _merge_updates(sid, te, a_sid, a_t, a_seq)
     op_event = np.ascontiguousarray(op_ev[order])
     # an event whose label is known at it is one step (forecast, then its update), as without
     # label_time: its row's martingale is then the one after its own label
