@@ -8,7 +8,7 @@ export DAGSTER_HOME := $(CURDIR)/.dagster_home
 export DAGSTER_DISABLE_TELEMETRY := 1
 export NUMBA_CACHE_DIR := $(CURDIR)/.venv/numba_cache
 
-.PHONY: setup setup-dev demo test lint format check-defs bench bench-spark quality clean
+.PHONY: setup setup-dev demo test lint format check-defs bench bench-spark bench-labels quality clean
 
 $(VENV)/.runtime: requirements/runtime.lock pyproject.toml
 	$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "calpipe needs Python 3.11"'
@@ -44,12 +44,16 @@ test: setup-dev lint             ## set up, lint, run the whole test suite, smok
 	$(BIN)/python -m benchmarks.run --size smoke --repeat 1 --out $(VENV)/BENCHMARKS.smoke.md
 	$(BIN)/python -m benchmarks.quality --size smoke --out $(VENV)/QUALITY.smoke.md
 	$(BIN)/python -W ignore -m benchmarks.spark --size smoke --out $(VENV)/SPARK.smoke.md
+	$(BIN)/python -W ignore -m benchmarks.label_night --size smoke --out $(VENV)/LABELS.smoke.md
 
 bench: setup-dev                 ## full benchmark suite (items 1-9 + Venn-ABERS) -> BENCHMARKS.md
 	$(BIN)/python -m benchmarks.run --size full --out BENCHMARKS.md
 
 bench-spark: setup-dev           ## calpipe.spark vs one process, one 5M-event night (table for BENCHMARKS.md)
 	$(BIN)/python -W ignore -m benchmarks.spark --size full
+
+bench-labels: setup-dev          ## the label feed: a 10M-score + 10M-label night, a 60-night chain (table for BENCHMARKS.md)
+	$(BIN)/python -W ignore -m benchmarks.label_night --size full
 
 quality: setup-dev               ## forecast quality on real drifting streams vs the anchors -> QUALITY.md
 	$(BIN)/python -m benchmarks.quality --size full --out QUALITY.md

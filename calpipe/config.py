@@ -297,6 +297,16 @@ PROTECT_BATCH_ROWS: int = 2_000_000
 #: written; the pipeline never reads those blocks back, and its own queries (checks, alarm joins)
 #: stay within this or spill to disk.
 DUCKDB_MEMORY_LIMIT: str = "256MB"
+#: How long a connection waits for a DuckDB file locked by another process before it gives up
+#: (a notebook's query or a dagster step usually lets go within seconds; a nightly job should
+#: not fail on one), retrying after 0.1 s, 0.2 s, ... at most 2 s apart.
+LOCK_WAIT_SECONDS: float = 10.0
+LOCK_RETRY_FIRST_SECONDS: float = 0.1
+LOCK_RETRY_MAX_SECONDS: float = 2.0
+#: calibration_arrivals reads a night's arrived labels joined to their forecasts in parts of
+#: about this many labels: the join needs ~100 bytes a label of DuckDB's buffer pool (600k
+#: labels failed at 32 MB, passed at 64 MB), so parts of 1M stay well inside 256 MB.
+ARRIVALS_QUERY_ROWS: int = 1_000_000
 
 #: A pipeline transaction spans whole days up to about this many events (at least one day):
 #: measured, a transaction's peak RSS grows ~350 bytes per event it holds (DuckDB's uncommitted

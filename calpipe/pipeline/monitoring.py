@@ -212,7 +212,7 @@ _ARRIVED_SQL = """
 SELECT p.event_date AS date, p.stream, p.event_id, p.base_score{s}, p.protected_score{s}, p.label,
        0.0 AS delay_s
 FROM protected_scores p
-WHERE p.event_date BETWEEN $1 AND $2 AND p.label IS NOT NULL
+WHERE p.event_date BETWEEN $1 AND $2 AND p.label IS NOT NULL {part_p}
   AND NOT EXISTS (SELECT 1 FROM event_labels l WHERE l.date = p.event_date
                   AND l.event_date = p.event_date AND l.stream = p.stream
                   AND l.event_id = p.event_id)
@@ -222,9 +222,29 @@ SELECT l.date, l.stream, l.event_id, p.base_score{s}, p.protected_score{s}, l.la
 FROM event_labels l
 JOIN protected_scores p
   ON p.event_date = l.event_date AND p.stream = l.stream AND p.event_id = l.event_id
-WHERE l.date BETWEEN $1 AND $2
+WHERE l.date BETWEEN $1 AND $2 {part_l} {part_p}
 ORDER BY date, stream, event_id
 """
+
+
+def _arrived(con, start: dt.date, end: dt.date, s: str) -> pl.DataFrame:
+    """:data:`_ARRIVED_SQL`'s rows, in parts of about :data:`calpipe.config.ARRIVALS_QUERY_ROWS`
+    arrived labels (streams split by hash), concatenated in the query's order. Why parts: the
+    join of a night's labels with their forecasts must fit DuckDB's buffer pool (the pipeline's
+    256 MB): 10M arrived labels failed with "Out of Memory" in one query."""
+    n = store.query(
+        con, "SELECT count(*) AS n FROM event_labels WHERE date BETWEEN $1 AND $2", [start, end]
+    )["n"][0]
+    k = max(1, -(-int(n) // config.ARRIVALS_QUERY_ROWS))
+    if k == 1:
+        return store.query(con, _ARRIVED_SQL.format(s=s, part_p="", part_l=""), [start, end])
+    parts = [
+        store.query(con, _ARRIVED_SQL.format(
+            s=s, part_p=f"AND hash(p.stream) % {k} = {i}", part_l=f"AND hash(l.stream) % {k} = {i}",
+        ), [start, end])
+        for i in range(k)
+    ]  # fmt: skip
+    return pl.concat(parts).sort("date", "stream", "event_id")
 
 
 def _arrival_rows(con, start: dt.date, end: dt.date, state: pl.DataFrame) -> pl.DataFrame:
@@ -235,7 +255,7 @@ def _arrival_rows(con, start: dt.date, end: dt.date, state: pl.DataFrame) -> pl.
     end of the night (``state``: the nights' ``calibrator_state`` rows; every stream that learnt
     a label on a night has one). One query for the range: a night's rows do not depend on it."""
     s = "" if (stored_n_classes(con) or 2) == 2 else "s"
-    arrived = store.query(con, _ARRIVED_SQL.format(s=s), [start, end])
+    arrived = _arrived(con, start, end, s)
     if arrived.height == 0:
         return pl.DataFrame(schema={"date": pl.Date, "stream": pl.String})
     keys = ("date", "stream")

@@ -464,3 +464,53 @@ def test_monitoring_by_arrival_judges_the_forecasts_whose_labels_arrived(tmp_pat
         assert (last["log10_martingale"] - last["log10_martingale_s"]).abs().max() == 0
     finally:
         con.close()
+
+
+def test_arrivals_larger_than_duckdb_s_memory_limit_are_read_in_parts(tmp_path, monkeypatch):
+    """Regression: a night's arrived labels were joined to their forecasts in one DuckDB query,
+    whose hash join must fit the connection's buffer pool: 10M labels failed with "Out of
+    Memory" at the pipeline's 256 MB (BENCHMARKS.md, label feed). Here 300,000 labels at a
+    24 MB limit: the one query fails; in parts of 40,000 labels (by stream hash) it passes and
+    gives exactly the rows the run stored."""
+    from calpipe import config
+    from calpipe.pipeline.monitoring import _ARRIVED_SQL, _arrival_rows
+
+    n = 300_000
+    rng = np.random.default_rng(5)
+    t0 = np.datetime64(day(0).isoformat(), "us")
+    scores = pl.DataFrame({
+        "stream": rng.integers(0, 50, n).astype(str),
+        "event_id": np.arange(n, dtype=np.int64),
+        "event_time": t0 + np.sort(rng.integers(0, 86_400_000_000, n)).astype("timedelta64[us]"),
+        "score": rng.uniform(0.05, 0.95, n),
+        "label": pl.Series([None] * n, dtype=pl.Int32),
+    })  # fmt: skip
+    labels = scores.select(
+        "stream", "event_id",
+        pl.Series("label", (rng.random(n) < 0.5).astype(np.int32)),
+        pl.lit(np.datetime64(day(1).isoformat(), "us") + np.timedelta64(3600, "s"))
+        .alias("label_time"),
+    )  # fmt: skip
+    night = scores.head(10).with_columns(
+        pl.col("event_id") + n, pl.col("event_time") + pl.duration(days=1)
+    )
+    write_day(scores, tmp_path / "scores", day(0), "event_time")
+    write_day(night, tmp_path / "scores", day(1), "event_time")
+    write_day(labels, tmp_path / "labels", day(1), "label_time")
+    con = store.connect(tmp_path / "db.duckdb")
+    try:
+        pipeline.run_range(con, store.EventSource.parse(str(tmp_path / "scores")),
+                           settings=Settings.make("jumper"),
+                           labels=label_source(str(tmp_path / "labels")))  # fmt: skip
+        stored = store.query(con, "SELECT * EXCLUDE (date) FROM calibration_arrivals "
+                                  "WHERE date = ? ORDER BY stream", [day(1)])  # fmt: skip
+        assert stored["n_labels"].sum() == n
+        state = store.query(con, "SELECT * FROM calibrator_state WHERE date = ?", [day(1)])
+        con.execute("SET memory_limit = '24MB'")
+        with pytest.raises(Exception, match="Out of Memory"):
+            store.query(con, _ARRIVED_SQL.format(s="", part_p="", part_l=""), [day(1), day(1)])
+        monkeypatch.setattr(config, "ARRIVALS_QUERY_ROWS", 40_000)
+        parts = _arrival_rows(con, day(1), day(1), state).drop("date")
+        assert parts.select(stored.columns).equals(stored)
+    finally:
+        con.close()

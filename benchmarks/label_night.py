@@ -1,0 +1,238 @@
+"""The label feed's speed and memory targets (#12): a night of scores plus labels of earlier days.
+
+1. **One night**: N scores of day d (unlabelled) and N labels arriving on day d for the events of
+   day d - 1 (already stored), into a database holding day d - 1. ``calpipe run --labels`` (the
+   default method) against the time DuckDB takes to load both Parquet files into tables
+   (target <= 3x), and its peak RSS against the night's Arrow size (target <= 4x).
+2. **A chain**: ``--nights`` nights of M scores each, 70 % labelled the same night and 30 %
+   arriving 1-30 days late, run night by night in one process (``calpipe run`` with the label
+   feed): its peak RSS against one night of the same size run alone (target: equal, +-20 %).
+
+Each measurement runs in a fresh process (peak RSS = its own ``VmHWM``); the CPU model is printed
+(ratios, not absolute rates, are the targets).
+
+    python -m benchmarks.label_night [--size smoke|full] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.pipeline import peak_rss_mib, warm_up
+from benchmarks.quality import cpu_model
+
+#: (night scores = night labels, chain nights, chain scores per night)
+SIZES = {
+    "smoke": (200_000, 8, 20_000),
+    "medium": (2_000_000, 30, 100_000),
+    "full": (10_000_000, 60, 200_000),
+}
+DAY0 = dt.date(2024, 3, 1)
+SEED = 20241126
+#: The targets' method (as the pipeline benchmarks' items 5-6); the default method is shown too.
+TARGET_METHOD, DEFAULT_METHOD = "composite-jumper", "composite-experts"
+#: Of the chain's labels, the share arriving 1-30 days after their event's day.
+LATE_SHARE, MAX_DELAY_DAYS = 0.3, 30
+
+
+def _scores(n: int, n_streams: int, day: dt.date, seed: int):
+    """One day of unlabelled scored events (streams s0000.., ids unique across days)."""
+    import polars as pl
+
+    rng = np.random.default_rng(seed)
+    start = np.datetime64(day.isoformat(), "us")
+    micros = np.sort(rng.integers(0, 86_400_000_000, n))
+    return pl.DataFrame({
+        "stream": pl.Series(rng.integers(0, n_streams, n)).cast(pl.String).str.zfill(4)
+        .str.replace(r"^", "s"),
+        "event_id": (day.toordinal() * 100_000_000 + np.arange(n)).astype(np.int64),
+        "event_time": start + micros.astype("timedelta64[us]"),
+        "score": rng.beta(2.0, 3.0, n),
+        "label": pl.Series([None] * n, dtype=pl.Int32),
+    })  # fmt: skip
+
+
+def _labels(events, arrival_days: np.ndarray, seed: int):
+    """Labels of ``events`` (truth p^0.7) arriving on the given days, at a time of that day after
+    the event."""
+    import polars as pl
+
+    rng = np.random.default_rng(seed)
+    n = events.height
+    p = events["score"].to_numpy()
+    ev_t = events["event_time"].to_numpy()
+    day_start = arrival_days.astype("datetime64[D]").astype("datetime64[us]")
+    lo = np.maximum(day_start, ev_t + np.timedelta64(1, "us"))
+    span = (day_start + np.timedelta64(86_400_000_000 - 1, "us") - lo).astype(np.int64)
+    label_time = lo + (rng.random(n) * span).astype("timedelta64[us]")
+    return pl.DataFrame({
+        "stream": events["stream"], "event_id": events["event_id"],
+        "label": pl.Series((rng.random(n) < p**0.7).astype(np.int32)),
+        "label_time": label_time,
+    })  # fmt: skip
+
+
+def prepare(root: Path, size: str) -> dict:
+    """Landing folders and the database holding the day before the night."""
+    from calpipe import pipeline, store
+
+    n, nights, per_night = SIZES[size]
+    n_streams = max(100, n // 1000)
+    prev, night = DAY0, DAY0 + dt.timedelta(days=1)
+    ev_prev = _scores(n, n_streams, prev, SEED)
+    store.write_landing(ev_prev, root / "landing")
+    for method in (TARGET_METHOD, DEFAULT_METHOD):
+        con = store.connect(root / f"history-{method}.duckdb")
+        pipeline.run_range(con, store.EventSource.parse(str(root / "landing")),
+                           settings=pipeline.Settings.make(method))  # fmt: skip
+        con.close()
+    # the night lands beside the stored day (as a nightly landing folder grows); a copy alone
+    # for DuckDB's load and the Arrow size
+    tonight = _scores(n, n_streams, night, SEED + 1)
+    store.write_landing(tonight, root / "landing")
+    store.write_landing(tonight, root / "night")
+    arrive = np.full(n, np.datetime64(night.isoformat()))
+    store.write_landing(_labels(ev_prev, arrive, SEED + 2), root / "night_labels",
+                        time_column="label_time")  # fmt: skip
+    # the chain: nights of per_night scores, 70 % labelled the same night, 30 % 1-30 days late
+    rng = np.random.default_rng(SEED + 3)
+    chain_streams = max(100, per_night // 100)
+    for i in range(nights):
+        d = DAY0 + dt.timedelta(days=i)
+        ev = _scores(per_night, chain_streams, d, SEED + 10 + i)
+        late = rng.random(per_night) < LATE_SHARE
+        delay = np.where(late, rng.integers(1, MAX_DELAY_DAYS + 1, per_night), 0)
+        arrive = np.datetime64(d.isoformat()) + delay.astype("timedelta64[D]")
+        keep = arrive < np.datetime64((DAY0 + dt.timedelta(days=nights)).isoformat())
+        lab = _labels(ev, arrive, SEED + 100 + i).filter(keep)
+        store.write_landing(ev, root / "chain")
+        store.write_landing(lab, root / "chain_labels", time_column="label_time")
+        if i == 0:  # one night of the chain's size, alone
+            store.write_landing(ev, root / "one")
+            store.write_landing(lab.filter(lab["label_time"].dt.date() == d),
+                                root / "one_labels", time_column="label_time")  # fmt: skip
+    return {"events": n, "streams": n_streams, "nights": nights, "per_night": per_night}
+
+
+def child(spec: dict) -> dict:
+    """One measurement in this (fresh) process."""
+    import duckdb
+    import polars as pl
+
+    kind, root = spec["kind"], Path(spec["root"])
+    if kind == "duckdb_load":
+        t0 = time.perf_counter()
+        con = duckdb.connect(str(root / "load.duckdb"))
+        for name in ("night", "night_labels"):
+            files = [str(f) for f in sorted((root / name).glob("date=*/*.parquet"))]
+            con.execute(f"CREATE TABLE {name} AS SELECT * FROM read_parquet({files!r})")
+        con.close()
+        return {"seconds": time.perf_counter() - t0}
+    if kind == "arrow_size":
+        size = sum(
+            pl.read_parquet(f).estimated_size()
+            for name in ("night", "night_labels")
+            for f in (root / name).glob("date=*/*.parquet")
+        )
+        return {"arrow_mib": size / 2**20}
+    from calpipe import pipeline, store
+    from calpipe.pipeline.labels import label_source
+
+    method = spec["method"]
+    warm_up(method)
+    events, labels, db = {
+        "night": ("landing", "night_labels", f"night-{method}.duckdb"),
+        "chain": ("chain", "chain_labels", "chain.duckdb"),
+        "one": ("one", "one_labels", "one.duckdb"),
+    }[kind]
+    t0 = time.perf_counter()
+    con = store.connect(root / db)
+    s = pipeline.run_range(con, store.EventSource.parse(str(root / events)),
+                           settings=pipeline.Settings.make(method),
+                           labels=label_source(str(root / labels)))  # fmt: skip
+    con.close()
+    return {"seconds": time.perf_counter() - t0, "peak_mib": peak_rss_mib(), "days": s.days}
+
+
+def _run_child(spec: dict) -> dict:
+    cmd = [sys.executable, "-W", "ignore", "-m", "benchmarks.label_night", "--child",
+           json.dumps(spec)]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if done.returncode:
+        raise RuntimeError(f"{spec['kind']} failed:\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def run(size: str) -> str:
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        info = prepare(root, size)
+        for method in (TARGET_METHOD, DEFAULT_METHOD):
+            shutil.copy(root / f"history-{method}.duckdb", root / f"night-{method}.duckdb")
+        load = _run_child({"kind": "duckdb_load", "root": str(root)})
+        arrow = _run_child({"kind": "arrow_size", "root": str(root)})
+        spec = {"root": str(root), "method": TARGET_METHOD}
+        night = _run_child({**spec, "kind": "night"})
+        default = _run_child({**spec, "kind": "night", "method": DEFAULT_METHOD})
+        one = _run_child({**spec, "kind": "one"})
+        chain = _run_child({**spec, "kind": "chain"})
+    n = info["events"]
+    rows = [
+        ("DuckDB loads the night's scores and labels (2 tables)", load["seconds"], "", "1.00x"),
+        ("calpipe run --labels, one night", night["seconds"], f"{night['peak_mib']:,.0f}",
+         f"{night['seconds'] / load['seconds']:.2f}x the load (target <= 3x); peak "
+         f"{night['peak_mib'] / arrow['arrow_mib']:.2f}x the night's Arrow size "
+         f"{arrow['arrow_mib']:,.0f} MiB (target <= 4x)"),
+        (f"the same night, default method ({DEFAULT_METHOD})", default["seconds"],
+         f"{default['peak_mib']:,.0f}",
+         f"{default['seconds'] / load['seconds']:.2f}x the load; peak "
+         f"{default['peak_mib'] / arrow['arrow_mib']:.2f}x the Arrow size (informational)"),
+        (f"calpipe run --labels, one night of {info['per_night']:,} scores", one["seconds"],
+         f"{one['peak_mib']:,.0f}", "the chain's night alone"),
+        (f"calpipe run --labels, {info['nights']} nights (30 % of labels 1-30 days late)",
+         chain["seconds"], f"{chain['peak_mib']:,.0f}",
+         f"peak {chain['peak_mib'] / one['peak_mib']:.2f}x one night's (target 1 +- 0.2)"),
+    ]  # fmt: skip
+    lines = [
+        f"### Label feed: a night of {n:,} scores + {n:,} labels of the day before; a "
+        f"{info['nights']}-night chain",
+        "",
+        f"CPU: {cpu_model()}; method {TARGET_METHOD} (the targets', as BENCHMARKS items 5-6) "
+        f"unless named; {info['streams']:,} streams. Each row is a fresh process; peak = its "
+        "VmHWM.",
+        "",
+        "| run | wall s | peak MiB | figure |",
+        "|---|---:|---:|---|",
+        *[f"| {r} | {s:.2f} | {m} | {f} |" for r, s, m, f in rows],
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--size", choices=list(SIZES), default="smoke")
+    ap.add_argument("--out", help="also write the table to this file")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.child:
+        print(json.dumps(child(json.loads(a.child))))
+        return 0
+    table = run(a.size)
+    print(table)
+    if a.out:
+        Path(a.out).write_text(table + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
