@@ -37,3 +37,7 @@ class StateError(CalpipeError):
     def __init__(self, message: str, *, stream: int | None = None):
         self.stream = stream
         super().__init__(message)
+
+
+class StoreError(CalpipeError):
+    """The database or an event source cannot be used as asked."""

@@ -46,7 +46,8 @@ import duckdb
 import polars as pl
 
 from calpipe import config
-from calpipe.errors import CalpipeError, InputError
+from calpipe.errors import InputError, StoreError
+from calpipe.locks import open_waiting
 
 #: The project folder (the repository of an editable install): defaults live under it.
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -107,10 +108,6 @@ _META_SCHEMA = "schema_version"
 #: ``x_next``, ``y_next``).
 SCHEMA_VERSION = 8
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*){0,2}$")
-
-
-class StoreError(CalpipeError):
-    """The database or an event source cannot be used as asked."""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -190,29 +187,28 @@ def _db_name(con: duckdb.DuckDBPyConnection) -> str:
     return f"database {row[0] if row and row[0] else '(in memory)'}"
 
 
-def connect(path: str | Path, *, read_only: bool = False) -> duckdb.DuckDBPyConnection:
+def connect(
+    path: str | Path, *, read_only: bool = False, lock_wait: float | None = None
+) -> duckdb.DuckDBPyConnection:
     """Open (creating if needed) a calpipe DuckDB file and install the SQL layer.
 
     ``path`` is made absolute; its folder is created. A read-only connection does not install
     anything (the file must have been opened read-write by calpipe before). A read-write
     connection's DuckDB memory limit is :data:`calpipe.config.DUCKDB_MEMORY_LIMIT` (``SET
-    memory_limit`` changes it).
+    memory_limit`` changes it). When another process holds the file's lock (a writer, or a
+    read-only connection when this one writes), the connection is retried with backoff for
+    ``lock_wait`` seconds (default :data:`calpipe.config.LOCK_WAIT_SECONDS`), then refused with
+    a :class:`StoreError` naming that process.
     """
     p = Path(path).expanduser().resolve()
-    if read_only:
-        if not p.exists():
-            raise StoreError(f"database {p} does not exist")
-        return configure_session(duckdb.connect(str(p), read_only=True))
-    p.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        con = duckdb.connect(str(p))
-    except duckdb.IOException as exc:
-        raise StoreError(
-            f"cannot open {p} for writing: {exc}. DuckDB allows one writing process per file; "
-            "is a dagster run or another calpipe command using it?"
-        ) from exc
+    if read_only and not p.exists():
+        raise StoreError(f"database {p} does not exist")
+    if not read_only:
+        p.parent.mkdir(parents=True, exist_ok=True)
+    con = open_waiting(p, read_only, config.LOCK_WAIT_SECONDS if lock_wait is None else lock_wait)
     configure_session(con)
-    install_sql(con)
+    if not read_only:
+        install_sql(con)
     return con
 
 

@@ -212,23 +212,59 @@ def test_a_read_only_database_file_is_a_clear_error_and_stays_as_it_was(landing,
     assert all(after[t].equals(before[t]) for t in ALL_TABLES)
 
 
-def test_a_lock_held_by_another_process_is_a_clear_error(landing, capsys):
-    from calpipe import cli
+def _hold(db, seconds: float, *, read_only: bool = False) -> subprocess.Popen:
+    """Another process holding ``db`` (as a notebook would) for ``seconds``."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import duckdb, sys, time; "
+         "c = duckdb.connect(sys.argv[1], read_only=sys.argv[3] == '1'); "
+         "print('HOLDING', flush=True); time.sleep(float(sys.argv[2])); c.close()",
+         str(db), str(seconds), "1" if read_only else "0"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert holder.stdout.readline().strip() == "HOLDING"
+    return holder
+
+
+def test_a_lock_held_by_another_process_is_a_clear_error(landing, capsys, monkeypatch):
+    from calpipe import cli, config
 
     tmp, _ = landing
     db = tmp / "locked.duckdb"
     store.connect(db).close()
-    holder = subprocess.Popen(
-        [sys.executable, "-c", "import duckdb, sys, time; c = duckdb.connect(sys.argv[1]); "
-         "print('HOLDING', flush=True); time.sleep(120)", str(db)],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    monkeypatch.setattr(config, "LOCK_WAIT_SECONDS", 0.5)
+    holder = _hold(db, 120, read_only=True)  # a notebook's read-only connection blocks writers
     try:
-        assert holder.stdout.readline().strip() == "HOLDING"
+        t0 = time.monotonic()
         assert cli.main(["run", "--events", str(tmp / "landing"), "--db", str(db)]) == 2
+        assert time.monotonic() - t0 >= 0.3  # it retried before giving up
         err = capsys.readouterr().err
         assert f"cannot open {db} for writing" in err and "one writing process" in err
+        assert f"(PID {holder.pid})" in err  # names the process holding the lock
     finally:
         holder.kill()
         holder.wait()
     assert _tables(db)["pipeline_days"].height == 0  # nothing was written
+
+
+def test_a_lock_let_go_within_the_wait_is_waited_for(landing, capsys):
+    """calpipe run retries with backoff while another process holds the file (a dagster step,
+    a notebook's query): a lock held for a second delays the night, it does not fail it; and
+    calpipe sql waits for a writer the same way."""
+    from calpipe import cli
+
+    tmp, _ = landing
+    db = tmp / "waited.duckdb"
+    store.connect(db).close()
+    holder = _hold(db, 1.0)
+    try:
+        assert cli.main(["run", "--events", str(tmp / "landing"), "--db", str(db)]) == 0
+    finally:
+        holder.wait()
+    assert _tables(db)["pipeline_days"].height > 0
+    holder = _hold(db, 1.0)
+    try:
+        capsys.readouterr()
+        assert cli.main(["sql", "SELECT count(*) AS n FROM pipeline_days", "--db", str(db)]) == 0
+        assert "n" in capsys.readouterr().out
+    finally:
+        holder.wait()
