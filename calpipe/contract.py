@@ -120,8 +120,18 @@ def validate_frame(df: pl.DataFrame, cols: Columns, *, check_duplicates: bool = 
         for c in (*cols.by, *cols.order_by)
     ]
     lab_dtype = schema[cols.label]
-    if not (lab_dtype.is_integer() or lab_dtype == pl.Boolean or lab_dtype == pl.Null):
-        raise InputError(cols.label, None, f"labels must be integers (got dtype {lab_dtype})")
+    if lab_dtype.is_float():  # 0.0 / 1.0 labels, as scikit-learn and pandas often give them
+        lab = pl.col(cols.label)
+        rules += [
+            Rule(cols.label, "label is NaN (a missing label is null)", lab.is_nan()),
+            Rule(cols.label, "label is not a whole number (a float label must be 0.0, 1.0, ...)",
+                 lab.is_finite() & (lab != lab.floor())),
+            Rule(cols.label, "label is infinite", lab.is_infinite()),
+        ]  # fmt: skip
+    elif not (lab_dtype.is_integer() or lab_dtype == pl.Boolean or lab_dtype == pl.Null):
+        raise InputError(
+            cols.label, None, f"labels must be integers or whole floats (got dtype {lab_dtype})"
+        )
 
     if cols.score is not None:
         dt = schema[cols.score]
@@ -156,7 +166,7 @@ def validate_frame(df: pl.DataFrame, cols: Columns, *, check_duplicates: bool = 
                  (lst.list.sum() - 1.0).abs() > config.SCORES_SUM_TOL, lst.list.sum()),
         ]  # fmt: skip
 
-    y = pl.col(cols.label).cast(pl.Int64)
+    y = pl.col(cols.label).cast(pl.Int64, strict=False)  # NaN / inf float labels: rules above
     rules.append(
         Rule(cols.label, f"label outside the classes 0..{n_classes - 1}",
              y.is_not_null() & ((y < 0) | (y >= n_classes)))

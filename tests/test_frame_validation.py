@@ -199,10 +199,33 @@ def test_label_outside_the_classes(value, k):
     assert_input_error(e.value, "label", FIRST_BAD, "label outside the classes", f"0..{k - 1}")
 
 
-def test_label_of_a_float_dtype_is_rejected():
+def test_labels_of_a_float_dtype_are_the_integer_labels():
+    """0.0 / 1.0 labels (as scikit-learn and pandas give them) used to be refused: they are the
+    integer labels, output for output."""
+    df = binary_frame()
+    for method in ("composite-experts", "venn-abers"):
+        want = calpipe.protect(df, method=method)
+        got = calpipe.protect(df.with_columns(pl.col("label").cast(pl.Float64)), method=method)
+        assert_frame_equal(got.drop("label"), want.drop("label"))
+
+
+@pytest.mark.parametrize(
+    ("value", "rule"),
+    [(0.5, "not a whole number"), (float("nan"), "label is NaN"), (float("inf"), "infinite"),
+     (2.0, "label outside the classes")],
+)  # fmt: skip
+def test_a_float_label_that_is_not_a_class_names_its_row(value, rule):
+    labels = pl.Series("label", [0.0, 1.0, None, 1.0, 0.0, 1.0], dtype=pl.Float64)
+    df = binary_frame().with_columns(labels.scatter(list(BAD_ROWS), value))
     with pytest.raises(InputError) as e:
-        calpipe.protect(binary_frame().with_columns(pl.col("label").cast(pl.Float64)))
-    assert_input_error(e.value, "label", None, "integers")
+        calpipe.protect(df)
+    assert_input_error(e.value, "label", FIRST_BAD, rule)
+
+
+def test_label_of_a_string_dtype_is_rejected():
+    with pytest.raises(InputError) as e:
+        calpipe.protect(binary_frame().with_columns(pl.col("label").cast(pl.String)))
+    assert_input_error(e.value, "label", None, "integers or whole floats")
 
 
 def test_duplicate_stream_and_event_id_names_the_second_occurrence():
