@@ -1,9 +1,12 @@
 """calpipe: protected probabilistic classification as a batch data pipeline.
 
-The public surface: :func:`protect` and :func:`protect_with_state` (polars transforms), the
-calibrator objects (:mod:`calpipe.calibrators`), and :func:`methods` (what can be run).
+The public surface: :func:`protect` and :func:`protect_with_state` (polars transforms),
+:func:`serving_map` (a state's maps applied to fresh scores), :mod:`calpipe.metrics` (log loss,
+Brier, ECE, smooth ECE, CORP as polars expressions), the calibrator objects
+(:mod:`calpipe.calibrators`), and :func:`methods` (what can be run).
 """
 
+from calpipe import metrics
 from calpipe.calibrators import (
     METHODS,
     CompositeJumper,
@@ -14,6 +17,7 @@ from calpipe.calibrators import (
 )
 from calpipe.errors import CalpipeError, InputError, ParameterError, StateError
 from calpipe.frame import ProtectResult, protect, protect_with_state
+from calpipe.serving import serving_map
 
 __version__ = "0.1.0"
 
@@ -46,6 +50,8 @@ __all__ = [
     "__version__",
     "make_calibrator",
     "methods",
+    "metrics",
     "protect",
     "protect_with_state",
+    "serving_map",
 ]

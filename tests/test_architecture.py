@@ -35,6 +35,7 @@ LAYERS = {
     "calpipe.metrics": 3,
     "calpipe.generate": 3,
     "calpipe.plots": 3,
+    "calpipe.serving": 3,  # the serving map in polars (the pipeline's SQL form is in mapping)
     "calpipe": 3,  # the package root: the public facade over frame and calibrators
     "calpipe.store": 4,
     "calpipe.locks": 4,  # opening a DuckDB file another process may hold (under store)

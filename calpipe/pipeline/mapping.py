@@ -24,6 +24,7 @@ from calpipe.pipeline.chain import _require_chain
 from calpipe.pipeline.classes import stored_n_classes
 from calpipe.pipeline.settings import Settings, StageResult, _as_date
 from calpipe.pipeline.transactions import day_range
+from calpipe.serving import apply_serving_map
 
 
 def map_weights(state: pl.DataFrame, settings: Settings) -> tuple[np.ndarray, np.ndarray]:
@@ -263,61 +264,8 @@ def serving_map(
     score: str = "score",
     stream: str = "stream",
 ) -> pl.DataFrame:
-    """Apply each stream's serving map (its state's next forecast, docs/ARCHITECTURE.md §4) to fresh scores.
-
-    ``state`` is a state frame (one row per stream, from :func:`calpipe.protect_with_state` or the
-    ``calibrator_state`` table); ``scores`` has the stream column and a ``score`` column (binary:
-    Float64; K classes: a list of K floats). Returns ``scores`` with ``protected_score`` (or
-    ``protected_scores``), null for streams without state. Uses the calibrator's own
-    :meth:`~calpipe.calibrators.protected.ProtectedCalibrator.serving_map` (the kernel), one
-    vectorized call for all rows.
-
-    >>> import calpipe, polars as pl
-    >>> ev = pl.DataFrame({"stream": ["a"] * 3, "event_time": [1, 2, 3], "event_id": [1, 2, 3],
-    ...                    "score": [0.2, 0.7, 0.4], "label": [0, 1, 1]})
-    >>> st = calpipe.protect_with_state(ev).state
-    >>> out = serving_map(st, pl.DataFrame({"stream": ["a", "b"], "score": [0.5, 0.5]}))
-    >>> round(out["protected_score"][0], 4), out["protected_score"][1]
-    (0.5067, None)
-    """
-    settings = settings or Settings()
-    cal = settings.calibrator()
-    multiclass = isinstance(scores.schema[score], pl.List | pl.Array)
-    out_name = "protected_scores" if multiclass else "protected_score"
-    joined = scores.with_row_index("__row").join(
-        state.select(stream, "method", "weights", "log10_martingale", "config_fingerprint"),
-        on=stream, how="left", maintain_order="left",
-    )  # fmt: skip
-    has = joined["weights"].is_not_null().to_numpy()
-    k = 2
-    if multiclass:
-        k = (
-            int(joined[score].list.len().max())
-            if isinstance(scores.schema[score], pl.List)
-            else scores.schema[score].size
-        )
-    fp = cal.fingerprint(k)
-    bad = joined.filter(
-        pl.col("config_fingerprint").is_not_null() & (pl.col("config_fingerprint") != fp)
-    )
-    if bad.height:
-        cal.check_state(bad["config_fingerprint"][0], bad["method"][0], k)
-    sub = joined.filter(pl.Series(has))
-    n = sub.height
-    result = np.full((joined.height, k) if multiclass else joined.height, np.nan)
-    if n:
-        bstate = state_from_rows(cal, sub, k)
-        if multiclass:
-            col_in = sub[score]
-            arr = col_in.list.to_array(k) if isinstance(col_in.dtype, pl.List) else col_in
-            x = arr.cast(pl.Array(pl.Float64, k)).to_numpy().reshape(n, 1, k)
-        else:
-            x = sub[score].cast(pl.Float64).to_numpy()[:, None]
-        mapped = cal.serving_map(bstate, np.ascontiguousarray(x))
-        result[has] = mapped[:, 0]
-    if multiclass:
-        col = pl.Series(out_name, result).cast(pl.Array(pl.Float64, k)).cast(pl.List(pl.Float64))
-        col = pl.select(pl.when(pl.Series(has)).then(col)).to_series().alias(out_name)
-    else:
-        col = pl.Series(out_name, result).fill_nan(None)
-    return scores.with_columns(col)
+    """:func:`calpipe.serving_map` with the calibrator of ``settings`` (a chain's settings;
+    default :class:`Settings`): each stream's map at the end of its state, applied to fresh
+    scores (docs/ARCHITECTURE.md §4)."""
+    cal = (settings or Settings()).calibrator()
+    return apply_serving_map(state, scores, cal, score=score, stream=stream)
