@@ -10,7 +10,7 @@ counting sort, a sort only for rows out of order within a stream).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,6 +42,36 @@ class Columns:
     @property
     def out(self) -> str:
         return "protected_score" if self.score is not None else "protected_scores"
+
+
+def as_polars(frame) -> tuple[pl.DataFrame, Callable[[pl.DataFrame], object] | None]:
+    """The events as a polars DataFrame, and how to give a result back in the caller's kind
+    (None: as polars).
+
+    polars (eager or lazy: collected), pandas (back as pandas; NaN is missing, as in pandas),
+    Arrow tables and record batches (back as Arrow), or a mapping of column name to array/list
+    such as numpy arrays (back as polars; NaN is missing). Anything else is an :class:`InputError` naming its type (it used to fail deep inside
+    with ``AttributeError: ... no attribute 'height'``)."""
+    if isinstance(frame, pl.DataFrame):
+        return frame, None
+    if isinstance(frame, pl.LazyFrame):
+        return frame.collect(), None
+    kind = type(frame).__module__.split(".")[0]
+    if kind == "pandas" and hasattr(frame, "columns"):
+        return pl.from_pandas(frame), lambda df: df.to_pandas()
+    if kind == "pyarrow" and hasattr(frame, "schema"):
+        return pl.from_arrow(frame), lambda df: df.to_arrow()
+    if isinstance(frame, Mapping):
+        try:
+            # NaN is numpy's only missing value: null, as pandas' conversion makes it
+            return pl.DataFrame(dict(frame)).fill_nan(None), None
+        except (TypeError, ValueError, pl.exceptions.PolarsError) as exc:
+            raise InputError(None, None, f"events as a mapping of columns: {exc}") from exc
+    raise InputError(
+        None, None,
+        f"events must be a polars, pandas or Arrow table or a mapping of columns to arrays, "
+        f"got {type(frame).__module__}.{type(frame).__name__}",
+    )  # fmt: skip
 
 
 def resolve_columns(

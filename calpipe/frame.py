@@ -32,6 +32,7 @@ from calpipe.contract import (
     Columns,
     Rule,
     _lex_greater,
+    as_polars,
     check_rules,
     replay_order,
     resolve_columns,
@@ -203,12 +204,15 @@ def protect(
     └────────┴─────────────────┘
     """
     lazy = isinstance(frame, pl.LazyFrame)
+    df, back = as_polars(frame)
     result = protect_with_state(
-        frame, score=score, scores=scores, label=label, label_time=label_time,
+        df, score=score, scores=scores, label=label, label_time=label_time,
         by=by, order_by=order_by, method=method, base_method=base_method,
         base_params=base_params, **params,
     ).scores  # fmt: skip
-    return result.lazy() if lazy else result
+    if lazy:
+        return result.lazy()
+    return back(result) if back is not None else result
 
 
 def protect_with_state(
@@ -240,7 +244,14 @@ def protect_with_state(
     processed key.
     """
     cal = make_calibrator(method, base_method=base_method, base_params=base_params, **params)
-    df = frame.collect() if isinstance(frame, pl.LazyFrame) else frame
+    df, back = as_polars(frame)
+    if back is not None:  # pandas / Arrow in: scores back in that kind (the state stays polars)
+        result = protect_with_state(
+            df, score=score, scores=scores, label=label, label_time=label_time, by=by,
+            order_by=order_by, method=method, base_method=base_method, base_params=base_params,
+            state=state, **params,
+        )  # fmt: skip
+        return ProtectResult(back(result.scores), result.state)
     cols = resolve_columns(
         df.columns, score=score, scores=scores, label=label, label_time=label_time,
         by=by, order_by=order_by,
