@@ -368,9 +368,10 @@ RELIABILITY_PANELS_PER_ROW: int = 4
 #: Figure resolution: sharp in the dagster UI, small enough (~50-150 kB) to embed in metadata.
 PLOT_DPI: int = 100
 
-#: The trajectory plot's y axis turns symmetric-log above this log10 S (linear below it): a
-#: stream at log10 S ~ 3600 (the bank stream) would otherwise flatten the ones near the alarm at 2.
-TRAJECTORY_SYMLOG_ABOVE: float = 10.0
+#: The trajectory plot's legend: at most this many entries (50 streams made it taller than the
+#: plot; the rest are counted in the last entry), in columns of this many rows, beside the axes.
+MAX_LEGEND_ENTRIES: int = 24
+LEGEND_ROWS: int = 12
 
 
 # --- The command line and the UI (cli/, dagster_project/) ---

@@ -1,8 +1,11 @@
 """Matplotlib figures of the pipeline: martingale trajectories and reliability diagrams.
 
-Figures are drawn with the non-interactive Agg backend (no display needed) and returned as
-:class:`matplotlib.figure.Figure` objects; :func:`to_png` turns one into PNG bytes (what the
-dagster metadata embeds) and :func:`save_png` writes it to a file.
+Figures are :class:`matplotlib.figure.Figure` objects made without pyplot, so importing this
+module neither switches matplotlib's backend nor registers figures with pyplot (a notebook's
+inline backend stays as it was); each function draws into a given ``ax=`` instead when asked.
+:func:`to_png` turns a figure into PNG bytes (what the dagster metadata embeds) and
+:func:`save_png` writes it to a file. Both take :func:`calpipe.protect`'s output as it comes
+(``event_time`` and ``score`` are used when there is no ``date`` / ``base_score`` column).
 
 Example
 -------
@@ -19,12 +22,8 @@ from __future__ import annotations
 import io
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import matplotlib
-
-matplotlib.use("Agg")  # headless: metadata, CI, servers
-
-import matplotlib.pyplot as plt
 import polars as pl
 from matplotlib.figure import Figure
 
@@ -32,13 +31,16 @@ from calpipe import config, metrics
 
 # the plot limits live in calpipe.config with their reasons; this one stays importable here
 from calpipe.config import MAX_RELIABILITY_PANELS
+from calpipe.errors import ParameterError
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 
 def to_png(fig: Figure) -> bytes:
-    """The figure as PNG bytes (and close it)."""
+    """The figure as PNG bytes."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=config.PLOT_DPI, bbox_inches="tight")
-    plt.close(fig)
     return buf.getvalue()
 
 
@@ -50,6 +52,30 @@ def save_png(fig: Figure, path: str | Path) -> Path:
     return path
 
 
+def _first_present(frame: pl.DataFrame, name: str, fallback: str) -> str:
+    """``name`` if ``frame`` has it, else ``fallback`` (protect's own column) if it has that."""
+    return fallback if name not in frame.columns and fallback in frame.columns else name
+
+
+def _legend(ax: Axes) -> None:
+    """Beside the axes (it covers no curve), in columns of at most
+    :data:`calpipe.config.LEGEND_ROWS` rows (never taller than the plot), and at most
+    :data:`calpipe.config.MAX_LEGEND_ENTRIES` entries: the last (the alarm level) is kept, the
+    streams beyond the cap are counted in one entry."""
+    from matplotlib.lines import Line2D
+
+    handles, labels = ax.get_legend_handles_labels()
+    cap = config.MAX_LEGEND_ENTRIES
+    if len(handles) > cap:
+        kept = cap - 2
+        more = Line2D([], [], linestyle="none")
+        handles = [*handles[:kept], more, handles[-1]]
+        labels = [*labels[:kept], f"... and {len(labels) - 1 - kept} more", labels[-1]]
+    ncol = max(1, math.ceil(len(handles) / config.LEGEND_ROWS))
+    ax.legend(handles, labels, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+              ncol=ncol, frameon=False)  # fmt: skip
+
+
 def martingale_trajectory(
     trajectory: pl.DataFrame,
     *,
@@ -57,33 +83,33 @@ def martingale_trajectory(
     stream: str = "stream",
     value: str = "log10_martingale",
     title: str = "Test martingale per stream (end of day)",
+    ax: Axes | None = None,
 ) -> Figure:
     """log10 S per stream over time, with the alarm level log10 S = 2 (S = 100) drawn.
 
-    ``trajectory`` has one row per (stream, date). Streams whose martingale spans several orders
-    of magnitude (the bank stream reaches log10 S ~ 3600) would flatten the others, so the y axis
-    is symmetric-log above :data:`calpipe.config.TRAJECTORY_SYMLOG_ABOVE`.
+    ``trajectory`` has one row per (stream, date), or is :func:`calpipe.protect`'s output (one
+    row per event: ``event_time`` is the x axis when there is no ``date`` column). The y axis is
+    linear: the values are already log10 S. ``ax``: draw into these axes (their figure is
+    returned) instead of a new figure.
     """
-    fig, ax = plt.subplots(figsize=(9, 4.5))
+    date = _first_present(trajectory, date, "event_time")
+    if ax is None:
+        fig = Figure(figsize=(9, 4.5))
+        ax = fig.subplots()
     streams = trajectory[stream].unique().sort().to_list()
     for s in streams:
         part = trajectory.filter(pl.col(stream) == s).sort(date)
         ax.plot(part[date].to_list(), part[value].to_list(), label=str(s), linewidth=1.4)
     ax.axhline(config.ALARM_LOG10_THRESHOLD, color="red", linestyle="--", linewidth=1,
                label="alarm: S = 100")  # fmt: skip
-    top = trajectory[value].max() if trajectory.height else 0.0
-    if top is not None and top > config.TRAJECTORY_SYMLOG_ABOVE:
-        ax.set_yscale("symlog", linthresh=config.TRAJECTORY_SYMLOG_ABOVE)
-        bottom = min(float(trajectory[value].min()), 0.0)
-        ax.set_ylim(bottom=bottom - 1.0)  # a calibrated stream's martingale stays near 0
     ax.set_xlabel(date)
     ax.set_ylabel("log10 test martingale")
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
     if streams:
-        ax.legend(fontsize=8, loc="upper left")
-    fig.autofmt_xdate()
-    return fig
+        _legend(ax)
+    ax.figure.autofmt_xdate()
+    return ax.figure
 
 
 def reliability_diagram(
@@ -95,35 +121,54 @@ def reliability_diagram(
     label: str = "label",
     n_bins: int = config.ECE_BINS,
     title: str = "Reliability: base vs protected",
+    ax: Axes | None = None,
 ) -> Figure:
     """One panel per stream: observed frequency vs mean forecast in ``n_bins`` equal-width bins,
-    base (dashed) and protected (solid), with the diagonal of perfect calibration."""
+    base (dashed) and protected (solid), with the diagonal of perfect calibration.
+
+    ``scores``: the pipeline's protected rows, or :func:`calpipe.protect`'s output (``score``
+    is the base when there is no ``base_score`` column). ``ax``: draw the one stream of
+    ``scores`` into these axes (their figure is returned); more streams need a figure of panels.
+    """
+    base = _first_present(scores, base, "score")
     labelled = scores.filter(pl.col(label).is_not_null())
     sizes = labelled.group_by(stream).len().sort(["len", stream], descending=[True, False])
     streams = sizes[stream].head(MAX_RELIABILITY_PANELS).sort().to_list()
-    n = max(1, len(streams))
-    cols = min(config.RELIABILITY_PANELS_PER_ROW, n)
-    rows = math.ceil(n / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 3.2 * rows), squeeze=False)
-    for i, ax in enumerate(axes.ravel()):
+    if ax is not None:
+        if len(streams) > 1:
+            raise ParameterError(
+                f"reliability_diagram(ax=...) draws one stream; these scores have {len(streams)}"
+                " (filter them to one, or leave ax out for a panel per stream)"
+            )
+        axes = [ax]
+        fig = ax.figure
+    else:
+        n = max(1, len(streams))
+        cols = min(config.RELIABILITY_PANELS_PER_ROW, n)
+        rows = math.ceil(n / cols)
+        fig = Figure(figsize=(3.2 * cols, 3.2 * rows))
+        axes = list(fig.subplots(rows, cols, squeeze=False).ravel())
+        fig.suptitle(title)
+    for i, panel in enumerate(axes):
         if i >= len(streams):
-            ax.axis("off")
+            panel.axis("off")
             continue
         part = labelled.filter(pl.col(stream) == streams[i])
-        ax.plot([0, 1], [0, 1], color="grey", linewidth=0.8)
+        panel.plot([0, 1], [0, 1], color="grey", linewidth=0.8)
         for col, style, name in ((base, "--", "base"), (protected, "-", "protected")):
             tab = metrics.reliability_table(part, col, label, n_bins=n_bins)
             ece = part.select(metrics.ece(col, label, n_bins=n_bins)).item()
-            ax.plot(tab["mean_forecast"].to_list(), tab["observed"].to_list(), style, marker="o",
-                    markersize=3, label=f"{name} (ECE {ece:.3f})")  # fmt: skip
-        ax.set_title(f"{streams[i]} ({part.height} labelled)", fontsize=9)
-        ax.set_xlim(0, 1)
-        ax.set_ylim(0, 1)
-        ax.set_xlabel("mean forecast", fontsize=8)
-        ax.set_ylabel("observed frequency", fontsize=8)
-        ax.legend(fontsize=7, loc="upper left")
+            panel.plot(tab["mean_forecast"].to_list(), tab["observed"].to_list(), style,
+                       marker="o", markersize=3, label=f"{name} (ECE {ece:.3f})")  # fmt: skip
+        panel.set_title(f"{streams[i]} ({part.height} labelled)", fontsize=9)
+        panel.set_xlim(0, 1)
+        panel.set_ylim(0, 1)
+        panel.set_xlabel("mean forecast", fontsize=8)
+        panel.set_ylabel("observed frequency", fontsize=8)
+        panel.legend(fontsize=7, loc="upper left")
     if not streams:
-        axes[0, 0].text(0.5, 0.5, "no labelled events", ha="center")
-    fig.suptitle(title)
-    fig.tight_layout()
+        axes[0].axis("on")
+        axes[0].text(0.5, 0.5, "no labelled events", ha="center")
+    if ax is None:
+        fig.tight_layout()
     return fig

@@ -58,10 +58,57 @@ def test_trajectory_has_one_line_per_stream_and_the_alarm_level():
     assert img[..., :3].std() > 0.05  # not a blank canvas
 
 
-def test_trajectory_switches_to_symlog_for_large_martingales():
+def test_trajectory_axis_is_linear_as_the_values_are_already_log10():
+    """Regression: a symlog axis over log10 S was a log of a log."""
     big = trajectory().with_columns(pl.col("log10_martingale") * 1000)
-    assert plots.martingale_trajectory(big).axes[0].get_yscale() == "symlog"
-    assert plots.martingale_trajectory(trajectory()).axes[0].get_yscale() == "linear"
+    assert plots.martingale_trajectory(big).axes[0].get_yscale() == "linear"
+
+
+def test_a_legend_of_fifty_streams_sits_beside_the_plot_and_is_capped():
+    days = [dt.date(2024, 1, 1) + dt.timedelta(days=i) for i in range(5)]
+    many = pl.DataFrame({
+        "date": days * 50, "stream": np.repeat([f"s{i:02d}" for i in range(50)], 5),
+        "log10_martingale": np.linspace(0, 3, 250),
+    })  # fmt: skip
+    ax = plots.martingale_trajectory(many).axes[0]
+    texts = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert len(texts) == config.MAX_LEGEND_ENTRIES
+    assert texts[-2] == f"... and {50 - (config.MAX_LEGEND_ENTRIES - 2)} more"
+    assert texts[-1].startswith("alarm")
+    assert ax.get_legend().get_bbox_to_anchor().x0 > ax.get_window_extent().x1 - 1  # outside
+
+
+def test_plots_take_an_ax_and_protect_s_output_and_leave_the_backend_alone():
+    """Regression: importing calpipe.plots switched matplotlib's backend to Agg, the plots drew
+    only new figures and wanted the pipeline's columns (date, base_score)."""
+    import subprocess
+    import sys
+
+    code = ("import matplotlib; matplotlib.use('svg'); import calpipe.plots; "
+            "print(matplotlib.get_backend())")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "svg"
+
+    from matplotlib.figure import Figure
+
+    import calpipe
+
+    base = scored(1)
+    events = pl.DataFrame({
+        "stream": base["stream"], "score": base["base_score"], "label": base["label"],
+        "event_id": np.arange(base.height),
+        "event_time": np.datetime64("2024-01-01T00:00", "us")
+        + np.arange(base.height).astype("timedelta64[m]"),
+    })  # fmt: skip
+    out = calpipe.protect(events, method="jumper")
+    fig = Figure()
+    left, right = fig.subplots(1, 2)
+    assert plots.martingale_trajectory(out, ax=left) is fig
+    assert plots.reliability_diagram(out, ax=right) is fig
+    assert len(left.get_lines()) == 2  # the stream and the alarm level
+    assert plots.to_png(fig).startswith(PNG_MAGIC)
+    with pytest.raises(calpipe.ParameterError, match="draws one stream"):
+        plots.reliability_diagram(scored(2), ax=right)
 
 
 def test_reliability_has_a_panel_per_stream_with_base_and_protected():
