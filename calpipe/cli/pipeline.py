@@ -132,8 +132,23 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except duckdb.Error as exc:  # reading the source is a StoreError that names it
         print(f"calpipe: error: database {args.db}: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # the open transaction was rolled back on the way out
+        print(_interrupted(con, args), file=sys.stderr)
+        return 130  # the shell's code for a command ended by SIGINT
     finally:
         con.close()
+
+
+def _interrupted(con, args) -> str:
+    """One line for Ctrl-C: what is committed and how to resume (no traceback)."""
+    try:
+        last = con.sql("SELECT max(date) FROM pipeline_days").fetchall()[0][0]
+    except (duckdb.Error, KeyboardInterrupt):
+        last = None
+    again = shlex.join([_prog(), *(args.argv or [])])
+    done = f"the days up to {last} are committed" if last else "no day is committed yet"
+    return (f"calpipe: interrupted: {done} (each day is one transaction; the one in progress "
+            f"was rolled back). Run the same command to resume:\n  {again}")  # fmt: skip
 
 
 def _run(con, source, labels, args, settings, t0: float) -> int:
