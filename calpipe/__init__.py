@@ -6,7 +6,7 @@ Brier, ECE, smooth ECE, CORP as polars expressions), the calibrator objects
 (:mod:`calpipe.calibrators`), and :func:`methods` (what can be run).
 """
 
-from calpipe import metrics
+from calpipe import _numba_cache, metrics  # noqa: F401 (_numba_cache first: NUMBA_CACHE_DIR)
 from calpipe.calibrators import (
     METHODS,
     CompositeJumper,

@@ -1,0 +1,32 @@
+"""Where numba keeps calpipe's compiled kernels, set before any kernel is compiled or loaded.
+
+Imported first by ``calpipe/__init__.py``. Unless ``NUMBA_CACHE_DIR`` is set (the Makefile sets
+the repository's ``.venv/numba_cache``; Spark executors get theirs from the session), the
+kernels are cached in the user's cache directory: an installed package's folder may be
+read-only or shared, and without a writable cache every process compiles them again (10-50 s).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+
+def numba_cache_dir() -> str:
+    """The user's cache directory for calpipe's kernels (XDG on Linux, ~/Library/Caches on
+    macOS, %LOCALAPPDATA% on Windows)."""
+    home = Path.home()
+    if sys.platform == "win32":
+        base = os.environ.get("LOCALAPPDATA") or str(home / "AppData" / "Local")
+    elif sys.platform == "darwin":
+        base = str(home / "Library" / "Caches")
+    else:
+        base = os.environ.get("XDG_CACHE_HOME") or str(home / ".cache")
+    return str(Path(base) / "calpipe" / "numba")
+
+
+if not os.environ.get("NUMBA_CACHE_DIR"):
+    os.environ["NUMBA_CACHE_DIR"] = numba_cache_dir()
+    if "numba" in sys.modules:  # numba read its configuration when it was imported
+        sys.modules["numba"].config.CACHE_DIR = os.environ["NUMBA_CACHE_DIR"]
