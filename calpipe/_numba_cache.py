@@ -26,7 +26,11 @@ def numba_cache_dir() -> str:
     return str(Path(base) / "calpipe" / "numba")
 
 
-if not os.environ.get("NUMBA_CACHE_DIR"):
+#: Whether calpipe chose the directory (the user did not): then there is nothing to hand on to
+#: other machines' processes (a Spark executor importing calpipe chooses its own).
+DEFAULTED = not os.environ.get("NUMBA_CACHE_DIR")
+
+if DEFAULTED:
     os.environ["NUMBA_CACHE_DIR"] = numba_cache_dir()
     if "numba" in sys.modules:  # numba read its configuration when it was imported
         sys.modules["numba"].config.CACHE_DIR = os.environ["NUMBA_CACHE_DIR"]

@@ -93,12 +93,24 @@ def session(master: str = "local[*]", app: str = "calpipe", **conf: str):
         )
     if local and "spark.driver.memory" not in conf:  # the local session's executors are the driver
         builder = builder.config("spark.driver.memory", config.SPARK_LOCAL_DRIVER_MEMORY)
-    cache = os.environ.get("NUMBA_CACHE_DIR")
-    if cache:
-        builder = builder.config("spark.executorEnv.NUMBA_CACHE_DIR", cache)
+    for k, v in executor_env().items():
+        builder = builder.config(k, v)
     for k, v in conf.items():
         builder = builder.config(k, v)
     return builder.getOrCreate()
+
+
+def executor_env() -> dict[str, str]:
+    """Spark settings that hand this process's ``NUMBA_CACHE_DIR`` on to the executors when the
+    user set one (a shared folder: workers load the compiled kernels instead of compiling
+    them); none when calpipe chose the user's cache directory, which each executor chooses for
+    itself on its own machine."""
+    from calpipe import _numba_cache
+
+    cache = os.environ.get("NUMBA_CACHE_DIR")
+    if cache and not _numba_cache.DEFAULTED:
+        return {"spark.executorEnv.NUMBA_CACHE_DIR": cache}
+    return {}
 
 
 # ----------------------------------------------------------------------------------------------

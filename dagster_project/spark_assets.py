@@ -42,8 +42,7 @@ def spark_resource(master: str = "local[*]") -> PySparkResource:
         "spark.sql.sources.partitionOverwriteMode": "dynamic",
         "spark.ui.enabled": "false",
     }
-    if os.environ.get("NUMBA_CACHE_DIR"):
-        conf["spark.executorEnv.NUMBA_CACHE_DIR"] = os.environ["NUMBA_CACHE_DIR"]
+    conf.update(calpipe_spark.executor_env())
     return PySparkResource(spark_config=conf)
 
 
