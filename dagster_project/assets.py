@@ -132,7 +132,8 @@ def _build_assets(partitions_def: DailyPartitionsDefinition) -> list:
                       description="Scored events with the protected probability and the running "
                       "log10 test martingale of their stream."),
             AssetSpec("calibrator_state", group_name=GROUP, kinds={"duckdb"},
-                      deps=[AssetDep("calibrator_state", partition_mapping=PREVIOUS_DAY)],
+                      deps=[AssetDep("calibrator_state", partition_mapping=PREVIOUS_DAY),
+                            "scored_events", "event_labels"],
                       description="Calibrator state of every stream at the end of the day; day d "
                       "resumes from day d - 1."),
         ],
