@@ -22,13 +22,16 @@ PROTECT_CHECKS = [
 
 ALARM_CHECKS = [
     AssetCheckSpec("no_martingale_alarm", asset="martingale_alarms",
-                   description="warns while a stream's test martingale is at or above 100"),
+                   description="warns for the streams whose test martingale first reached 100 "
+                   "on the run's days (earlier alarms are counted in its metadata)"),
 ]  # fmt: skip
 
 
 def to_result(outcome: CheckOutcome, asset_key: str) -> AssetCheckResult:
     """A dagster check result from a calpipe :class:`~calpipe.pipeline.CheckOutcome`."""
     metadata = {"summary": MetadataValue.text(outcome.description)}
+    metadata.update({k: MetadataValue.int(int(v)) if float(v).is_integer()
+                     else MetadataValue.float(float(v)) for k, v in outcome.values.items()})  # fmt: skip
     if outcome.details is not None and outcome.details.height:
         metadata["details"] = MetadataValue.md(markdown_table(outcome.details.head(20)))
     return AssetCheckResult(

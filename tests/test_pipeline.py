@@ -282,6 +282,22 @@ def test_demo_checks_pass_and_warn_on_alarms(demo):
     }
 
 
+def test_the_alarm_check_warns_the_night_a_stream_crosses_not_every_night_after(demo):
+    """Regression: no_martingale_alarm failed on every partition once any stream had ever
+    crossed; it now names the streams that crossed on the checked days and counts the others."""
+    _, con = demo
+    alarms = store.query(con, "SELECT stream, date FROM martingale_alarms ORDER BY date")
+    first = alarms.row(0, named=True)
+    on_it = pipeline.check_alarms(con, first["date"], first["date"])
+    assert not on_it.passed and first["stream"] in on_it.description
+    assert on_it.values["new_alarms"] >= 1
+    later = pipeline.DEMO_LAST_DAY
+    assert later > alarms["date"].max()
+    after = pipeline.check_alarms(con, later, later)
+    assert after.passed and after.values == {"new_alarms": 0, "streams_in_alarm": alarms.height}
+    assert f"{alarms.height} stream(s) alarmed before" in after.description
+
+
 def test_demo_command_prints_the_summary_and_next_steps(demo, monkeypatch):
     res, _ = demo
     monkeypatch.setattr(pipeline, "demo", lambda db, log=None: res)

@@ -8,7 +8,7 @@ the job.
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import polars as pl
 
@@ -17,13 +17,15 @@ from calpipe import config, store
 
 @dataclass
 class CheckOutcome:
-    """Result of a data check: ``passed``, a one-line ``description``, a small ``details`` frame."""
+    """Result of a data check: ``passed``, a one-line ``description``, a small ``details``
+    frame, and ``values``: the check's numbers (what the dagster check shows as metadata)."""
 
     name: str
     passed: bool
     description: str
     details: pl.DataFrame | None = None
     warning: bool = False  # severity: a failed warning check does not fail the job
+    values: dict[str, float] = field(default_factory=dict)
 
 
 def check_probabilities(con, start: dt.date, end: dt.date) -> CheckOutcome:
@@ -55,7 +57,7 @@ def check_probabilities(con, start: dt.date, end: dt.date) -> CheckOutcome:
         "probabilities_valid", ok,
         "every protected score is a probability in [0, 1]" if ok
         else f"{bad.height}+ invalid protected scores (first: {bad.row(0)})",
-        bad,
+        bad, values={"invalid_rows_shown": bad.height},
     )  # fmt: skip
 
 
@@ -78,7 +80,7 @@ def check_row_counts(con, start: dt.date, end: dt.date) -> CheckOutcome:
         "rows_in_equal_rows_out", ok,
         "rows in = rows out for every day and stream" if ok
         else f"{diff.height} (day, stream) with rows in != rows out, first {diff.row(0)}",
-        diff,
+        diff, values={"mismatched_day_streams": diff.height},
     )  # fmt: skip
 
 
@@ -197,26 +199,32 @@ def check_state_continuity(con, start: dt.date, end: dt.date) -> CheckOutcome:
     return CheckOutcome(
         "state_continuity", ok,
         f"the chain has no gap from {lo} to {end}" if ok else "; ".join(problems),
-        jumps if jumps.height else None,
+        jumps if jumps.height else None, values={"problems": len(problems)},
     )  # fmt: skip
 
 
 def check_alarms(con, start: dt.date, end: dt.date) -> CheckOutcome:
-    """Warning: streams whose test martingale has reached 100 (log10 S >= 2) by the end of
-    ``end``: their base forecasts are rejected as miscalibrated at the 1 % level (Ville)."""
-    hot = store.query(
+    """Warning: streams whose test martingale first reached 100 (log10 S >= 2) on a day of
+    [start, end] (``martingale_alarms``): their base forecasts are rejected as miscalibrated at
+    the 1 % level (Ville). Streams that crossed on earlier days are counted, not re-raised: a
+    nightly check warns once, the night a stream alarms, not on every night after it."""
+    new = store.query(
         con,
-        """SELECT s.stream, s.log10_martingale, s.log10_martingale_max, a.date AS alarm_date
-           FROM calibrator_state s LEFT JOIN martingale_alarms a USING (stream)
-           WHERE s.date <= ? AND s.log10_martingale_max >= ?
-           QUALIFY row_number() OVER (PARTITION BY s.stream ORDER BY s.date DESC) = 1
-           ORDER BY s.stream""",
-        [end, config.ALARM_LOG10_THRESHOLD],
+        """SELECT stream, date AS alarm_date, event_time, log10_martingale
+           FROM martingale_alarms WHERE date BETWEEN ? AND ? ORDER BY stream""",
+        [start, end],
     )
-    ok = hot.height == 0
+    before = store.query(
+        con, "SELECT count(*) AS n FROM martingale_alarms WHERE date < ?", [start]
+    )["n"][0]
+    ok = new.height == 0
+    earlier = f"; {before} stream(s) alarmed before {start}" if before else ""
+    span = f"{start}" if start == end else f"{start}..{end}"
     return CheckOutcome(
         "no_martingale_alarm", ok,
-        "no stream has reached log10 S >= 2" if ok
-        else f"{hot.height} stream(s) at alarm level (S >= 100): {', '.join(hot['stream'].to_list())}",
-        hot, warning=True,
+        (f"no stream reached log10 S >= 2 on {span}{earlier}" if ok
+         else f"{new.height} stream(s) reached the alarm level (S >= 100) on {span}: "
+              f"{', '.join(new['stream'].to_list())}{earlier}"),
+        new, warning=True,
+        values={"new_alarms": new.height, "streams_in_alarm": new.height + int(before)},
     )  # fmt: skip

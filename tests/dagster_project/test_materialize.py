@@ -196,6 +196,8 @@ def test_the_alarm_check_warns_without_failing_the_run(setup):
     )
     assert not check.passed and check.severity == AssetCheckSeverity.WARN
     assert "drifting" in check.description and "calm" not in check.description
+    assert check.metadata["new_alarms"].value == 1  # numeric metadata, not only text
+    assert check.metadata["streams_in_alarm"].value == 1
     alarms = read(db, "SELECT stream, date FROM martingale_alarms")
     assert alarms["stream"].to_list() == ["drifting"]
     assert alarms["date"][0] >= START + dt.timedelta(days=1)
