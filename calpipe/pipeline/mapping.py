@@ -180,44 +180,55 @@ def _step_rows(cal, st, keys: pl.DataFrame, layer: int) -> pl.DataFrame:
     width = max(p.size for p in pts)
     grid = np.stack([np.pad(p, (0, width - p.size), mode="edge") for p in pts])
     vals = cal.serving_map(st, np.ascontiguousarray(grid))
-    out = []
+    cols: dict[str, list[np.ndarray]] = {
+        c: [] for c in ("x", "y_at", "y_right", "x_next", "y_next")
+    }
+    owner, linear_of, unfitted = [], [], []
     for s, (bp, x) in enumerate(zip(bps, spans, strict=True)):
-        key = keys.row(s)
         if bp is None:  # not fitted yet: the base passes through (one identity term)
-            out.append(_term_frame(keys.slice(s, 1), 1, np.array(["identity"]), np.zeros(1),
-                                   np.zeros(1), np.ones(1), np.full((1, 4), np.nan), 0.0, layer))  # fmt: skip
+            unfitted.append(s)
             continue
         m, v = x.size, vals[s]
         y_left, y_at, y_mid, y_end = v[0], v[1 : 1 + m], v[1 + m : 2 * m], v[2 * m]
         linear = bool(bp[1])
-        y_right = np.concatenate([y_mid, [y_end]])
         xs = np.concatenate([[-np.inf], x])
         ya = np.concatenate([[y_left], y_at])
-        yr = np.concatenate([[y_left], y_right])
-        if linear:
-            yr = np.concatenate([[y_left], y_at[:-1], [y_end]])  # unused between points
-        keep = np.ones(m + 1, dtype=bool)
-        if not linear:  # a point where the value does not change adds nothing
-            keep[1:] = (ya[1:] != yr[:-1]) | (yr[1:] != yr[:-1])
-        xs, ya, yr = xs[keep], ya[keep], yr[keep]
-        xn = np.concatenate([xs[1:], [np.nan]]) if linear else np.full(xs.size, np.nan)
-        yn = np.concatenate([ya[1:], [np.nan]]) if linear else np.full(xs.size, np.nan)
-        if linear:
-            xn[0] = yn[0] = np.nan  # below the first point: constant
-        k = xs.size
-        out.append(
-            pl.DataFrame({
-                "date": [key[0]] * k, "stream": [key[1]] * k,
-                "term": pl.Series(np.arange(k), dtype=pl.Int32),
-                "family": ["linear" if linear else "step"] * k,
+        if linear:  # y_right only below the first point and after the last
+            yr = np.concatenate([[y_left], y_at[:-1], [y_end]])
+        else:
+            yr = np.concatenate([[y_left], y_mid, [y_end]])
+            # a point where the value does not change adds nothing (the same map)
+            keep = np.concatenate([[True], (ya[1:] != yr[:-1]) | (yr[1:] != yr[:-1])])
+            xs, ya, yr = xs[keep], ya[keep], yr[keep]
+        nan = np.full(xs.size, np.nan)
+        xn = np.concatenate([[np.nan], xs[2:], [np.nan]])[: xs.size] if linear else nan
+        yn = np.concatenate([[np.nan], ya[2:], [np.nan]])[: xs.size] if linear else nan
+        for c, arr in zip(cols, (xs, ya, yr, xn, yn), strict=True):
+            cols[c].append(arr)
+        owner.append(np.full(xs.size, s))
+        linear_of.append(np.full(xs.size, linear))
+    parts = []
+    if unfitted:
+        parts.append(_term_frame(
+            keys[unfitted], 1, np.full(len(unfitted), "identity"), np.zeros(len(unfitted)),
+            np.zeros(len(unfitted)), np.ones(len(unfitted)), np.full((len(unfitted), 4), np.nan),
+            0.0, layer,
+        ))  # fmt: skip
+    if owner:
+        rows = np.concatenate(owner)
+        k = rows.size
+        starts = np.r_[0, np.flatnonzero(np.diff(rows)) + 1]
+        term = np.arange(k) - np.repeat(starts, np.diff(np.r_[starts, k]))
+        parts.append(
+            pl.concat([keys[rows], pl.DataFrame({
+                "term": pl.Series(term, dtype=pl.Int32),
+                "family": np.where(np.concatenate(linear_of), "linear", "step"),
                 "a": np.zeros(k), "b": np.zeros(k), "weight": np.zeros(k), "clip": np.zeros(k),
-                "layer": pl.Series([layer] * k, dtype=pl.Int32),
-                "x": xs, "y_at": ya, "y_right": yr, "x_next": xn, "y_next": yn,
-            }, schema_overrides={"date": keys.schema["date"]}).with_columns(
-                pl.col("x_next", "y_next").fill_nan(None)
-            )
+                "layer": pl.Series(np.full(k, layer), dtype=pl.Int32),
+                **{c: np.concatenate(v) for c, v in cols.items()},
+            })], how="horizontal").with_columns(pl.col("x_next", "y_next").fill_nan(None))
         )  # fmt: skip
-    return pl.concat(out, how="diagonal_relaxed") if out else keys.clear()
+    return pl.concat(parts, how="diagonal_relaxed") if parts else keys.clear()
 
 
 def _map_rows(state: pl.DataFrame, settings: Settings) -> pl.DataFrame:
