@@ -268,6 +268,17 @@ def test_a_lock_let_go_within_the_wait_is_waited_for(landing, capsys):
         assert "n" in capsys.readouterr().out
     finally:
         holder.wait()
+    # --lock-wait 0 fails at once instead, naming the holder
+    holder = _hold(db, 30)
+    try:
+        t0 = time.monotonic()
+        query = ["sql", "SELECT 1", "--db", str(db), "--lock-wait", "0"]
+        assert cli.main(query) == 2
+        assert time.monotonic() - t0 < 2.0
+        assert f"(PID {holder.pid})" in capsys.readouterr().err
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def test_ctrl_c_ends_calpipe_run_with_one_line_and_the_run_resumes(landing):

@@ -126,7 +126,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             stream=columns.stream, event_id=args.id_col, label=args.label_col,
             label_time=args.label_time_col,
         ))  # fmt: skip
-    con = store.connect(args.db)
+    con = store.connect(args.db, lock_wait=args.lock_wait)
     try:
         return _run(con, source, labels, args, settings, t0)
     except duckdb.Error as exc:  # reading the source is a StoreError that names it
@@ -262,7 +262,7 @@ def _cmd_sql(args: argparse.Namespace) -> int:
     # with --write the database must exist too (a mistyped --db is an error, not a new file)
     if args.write and not Path(args.db).expanduser().exists():
         raise store.StoreError(f"database {args.db} does not exist")
-    con = store.connect(args.db, read_only=not args.write)
+    con = store.connect(args.db, read_only=not args.write, lock_wait=args.lock_wait)
     # A user's query gets DuckDB's default memory limit, not the small buffer pool the pipeline's
     # writes use (config.DUCKDB_MEMORY_LIMIT): analytical queries should not spill needlessly.
     con.execute("RESET memory_limit")
@@ -285,6 +285,14 @@ def _cmd_sql(args: argparse.Namespace) -> int:
 
 
 # ----------------------------------------------------------------------------------------------
+def _lock_wait_option(parser) -> None:
+    parser.add_argument(
+        "--lock-wait", type=float, default=None, metavar="SECONDS",
+        help="how long to wait for a database another process holds (default "
+             f"{config.LOCK_WAIT_SECONDS:g} s, retrying with backoff; 0: fail at once)",
+    )  # fmt: skip
+
+
 def register(sub) -> None:
     """Add ``demo``, ``run``, ``ui`` and ``sql`` to the ``calpipe`` sub-command parser."""
     default_db = str(store.DEFAULT_DB)
@@ -298,6 +306,7 @@ def register(sub) -> None:
     r.add_argument("--events", required=True,
                    help="landing folder (date=YYYY-MM-DD/), Parquet file/glob, or DuckDB table")  # fmt: skip
     r.add_argument("--db", required=True, help="DuckDB file (created if needed)")
+    _lock_wait_option(r)
     r.add_argument("--start", type=_date,
                    help="first day (default: the day after the last one stored, else the first event's)")  # fmt: skip
     r.add_argument("--end", type=_date, help="last day (default: the last event's day)")
@@ -333,6 +342,7 @@ def register(sub) -> None:
     s = sub.add_parser("sql", help="run a SQL query on a calpipe database and print the result")
     s.add_argument("query", help='e.g. "SELECT * FROM v_alarms"')
     s.add_argument("--db", default=default_db, help=f"DuckDB file (default: {default_db})")
+    _lock_wait_option(s)
     s.add_argument("--max-rows", type=int, default=config.SQL_PRINT_MAX_ROWS)
     s.add_argument("--csv", action="store_true", help="print CSV instead of a table")
     s.add_argument("--write", action="store_true",
