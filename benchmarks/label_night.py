@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.cli import emit, size_parser
 from benchmarks.pipeline import peak_rss_mib, warm_up
 from benchmarks.quality import cpu_model
 
@@ -219,19 +220,13 @@ def run(size: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--size", choices=list(SIZES), default="smoke")
-    ap.add_argument("--out", help="also write the table to this file")
+    ap = size_parser(SIZES)
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.child:
         print(json.dumps(child(json.loads(a.child))))
         return 0
-    table = run(a.size)
-    print(table)
-    if a.out:
-        Path(a.out).write_text(table + "\n")
-    return 0
+    return emit(run(a.size), a.out)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.cli import emit, size_parser
 from benchmarks.pipeline import day_events
 from benchmarks.quality import cpu_model
 
@@ -168,9 +169,7 @@ def run(size: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--size", choices=list(SIZES), default="smoke")
-    ap.add_argument("--out", help="also write the table to this file")
+    ap = size_parser(SIZES)
     ap.add_argument("--worker", nargs=5, metavar=("MASTER", "LANDING", "OUT", "WARM", "REPEATS"),
                     help=argparse.SUPPRESS)  # fmt: skip
     a = ap.parse_args(argv)
@@ -178,11 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         master, landing, out, warm, repeats = a.worker
         print(json.dumps(_spark(master, Path(landing), Path(out), Path(warm), int(repeats))))
         return 0
-    table = run(a.size)
-    print(table)
-    if a.out:
-        Path(a.out).write_text(table + "\n")
-    return 0
+    return emit(run(a.size), a.out)
 
 
 if __name__ == "__main__":

@@ -50,8 +50,9 @@ def as_polars(frame) -> tuple[pl.DataFrame, Callable[[pl.DataFrame], object] | N
 
     polars (eager or lazy: collected), pandas (back as pandas; NaN is missing, as in pandas),
     Arrow tables and record batches (back as Arrow), or a mapping of column name to array/list
-    such as numpy arrays (back as polars; NaN is missing). Anything else is an :class:`InputError` naming its type (it used to fail deep inside
-    with ``AttributeError: ... no attribute 'height'``)."""
+    such as numpy arrays (back as polars; NaN is missing). Anything else is an
+    :class:`InputError` naming its type (it used to fail deep inside with ``AttributeError:
+    ... no attribute 'height'``)."""
     if isinstance(frame, pl.DataFrame):
         return frame, None
     if isinstance(frame, pl.LazyFrame):

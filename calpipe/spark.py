@@ -29,6 +29,7 @@ UTC, as calpipe stores them); :func:`session` does both.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import os
 import re
 import sys
@@ -354,8 +355,8 @@ def protect_day(
     )
     from pyspark import StorageLevel
 
-    # computed once, read by each write: on local disk, not the JVM heap (a night's scores rows
-    # are as large as its events, far more than a default 1 GB heap caches)
+    # computed once, read by each write; spilled to local disk where the executors' memory does
+    # not hold it (a night's scores rows are as large as its events)
     combined = combined.persist(StorageLevel.MEMORY_AND_DISK)
     scores = combined.filter(F.col(_KIND) == _SCORES).select(*score_schema.names())
     st = _unpack(combined, _STATES, state_schema)
@@ -378,9 +379,11 @@ def _bucket_column(spark, by: tuple[str, ...], n: int):
     return F.element_at(labels_col, (index + 1).cast("int")).alias(_BUCKET)
 
 
-def _spread_labels(spark, n: int) -> list[int]:
+@functools.lru_cache(maxsize=64)
+def _spread_labels(spark, n: int) -> tuple[int, ...]:
     """``n`` longs, the i-th the first number whose Spark hash partition among ``n``
-    (``pmod(hash(v), n)``, as ``repartition(n, col)`` computes it) is i: one small Spark job."""
+    (``pmod(hash(v), n)``, as ``repartition(n, col)`` computes it) is i: one small Spark job,
+    once per session and bucket count (a backfill's nights reuse it)."""
     F, _ = _pyspark()
     limit = 64 * n
     while True:
@@ -393,7 +396,7 @@ def _spread_labels(spark, n: int) -> list[int]:
         )
         first = {int(r["p"]): int(r["id"]) for r in rows}
         if len(first) == n:
-            return [first[i] for i in range(n)]
+            return tuple(first[i] for i in range(n))
         limit *= 4  # pragma: no cover - 64 candidates per partition are plenty
 
 
@@ -550,18 +553,17 @@ def daily_metrics(scores, *, by: str | Sequence[str] = "stream", **params):
     vs protected log loss, Brier, ECE, smooth ECE, CORP, the day's maximum log10 martingale),
     one row per stream; ``params``: the method and its parameters (the martingale's base is the
     method's clipped base or a stack's base-method forecast)."""
-    F, T = _pyspark()
+    _, T = _pyspark()
     by_t = (by,) if isinstance(by, str) else tuple(by)
     fn = _Metrics(by_t, params, _polars_schema(scores.schema))
     schema = T.StructType(_struct(fn.out_schema()))
     from pyspark.sql.pandas.types import to_arrow_schema
 
     fn = _Metrics(by_t, params, fn.in_schema, to_arrow_schema(schema, timezone="UTC"))
-    n = config.SPARK_BUCKETS_PER_CORE * max(
-        1, int(scores.sparkSession.sparkContext.defaultParallelism)
-    )
-    bucket = F.pmod(F.xxhash64(*by_t), F.lit(n)).alias(_BUCKET)
-    return scores.select(bucket, *scores.columns).groupBy(_BUCKET).applyInArrow(_plain1(fn), schema)
+    spark = scores.sparkSession
+    n = default_buckets(spark)
+    keyed = scores.select(_bucket_column(spark, by_t, n), *scores.columns)
+    return keyed.repartition(n, _BUCKET).groupBy(_BUCKET).applyInArrow(_plain1(fn), schema)
 
 
 def _plain1(fn):

@@ -54,3 +54,8 @@ def test_numpy_columns_with_nan_as_the_missing_label(events):
 def test_anything_else_names_its_type():
     with pytest.raises(InputError, match=r"got builtins\.list"):
         calpipe.protect([0.2, 0.7])
+
+
+def test_a_mapping_that_is_not_a_table_names_the_problem():
+    with pytest.raises(InputError, match="events as a mapping of columns"):
+        calpipe.protect({"stream": ["a", "b"], "score": [0.5]})

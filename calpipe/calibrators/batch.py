@@ -93,10 +93,9 @@ class Temperature(WindowedCalibrator):
         ``temperature``); NaN rows for streams not fitted yet (the base passes through). Not a
         logistic map of the clipped score: the kernel floors p and 1 - p separately."""
         out = np.full((state.n_streams, 2), np.nan)
-        for s in range(state.n_streams):
-            fitted = self._unpack(state, s, 1)[3]
-            if fitted.size:
-                out[s] = fitted[:2]
+        done, fits = self.fixed_size_fits(state)
+        if done.size:
+            out[done] = fits[:, :2]
         return out
 
 

@@ -308,16 +308,23 @@ class WindowedCalibrator(Calibrator[FlatState]):
         base passes through)."""
         if not self.has_logistic_map():
             raise ParameterError(f"method {self.name!r} has no logistic serving map")
+        out = np.full((state.n_streams, 4), np.nan)
+        done, fits = self.fixed_size_fits(state)
+        if done.size:
+            out[done] = type(self).logistic_of(fits)
+        return out
+
+    def fixed_size_fits(self, state: FlatState) -> tuple[np.ndarray, np.ndarray]:
+        """``(streams fitted, their fitted vectors as rows)`` of a binary state, for the methods
+        whose fitted vector has one size (the parametric ones), read in one vectorised take."""
         start = state.offsets[:-1]
         b = state.values[start + 1].astype(np.int64)
         f = state.values[start + 2].astype(np.int64)
-        out = np.full((state.n_streams, 4), np.nan)
         done = np.flatnonzero(f > 0)
-        if done.size:
-            size = int(f[done[0]])
-            vals, _ = ragged_take(state.values, start[done] + _HEADER + 2 * b[done], f[done])
-            out[done] = type(self).logistic_of(vals.reshape(done.size, size))
-        return out
+        if not done.size:
+            return done, np.zeros((0, 0))
+        vals, _ = ragged_take(state.values, start[done] + _HEADER + 2 * b[done], f[done])
+        return done, vals.reshape(done.size, int(f[done[0]]))
 
     #: ``(fitted, window scores) -> (x, linear)``: where the fitted binary map may change value
     #: (see :meth:`map_breakpoints`), for the methods whose map is a step or linear table.

@@ -147,8 +147,8 @@ def _interrupted(con, args) -> str:
         last = None
     again = shlex.join([_prog(), *(args.argv or [])])
     done = f"the days up to {last} are committed" if last else "no day is committed yet"
-    return (f"calpipe: interrupted: {done} (each day is one transaction; the one in progress "
-            f"was rolled back). Run the same command to resume:\n  {again}")  # fmt: skip
+    return (f"calpipe: interrupted: {done} (the transaction in progress was rolled back). "
+            f"Run the same command to resume:\n  {again}")  # fmt: skip
 
 
 def _run(con, source, labels, args, settings, t0: float) -> int:

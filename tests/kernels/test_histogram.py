@@ -205,3 +205,14 @@ def test_multiclass_all_zero_row_keeps_base():
     # a prior (m-estimate towards the class frequencies 1/3) removes the all-zero rows
     fitted = H.fit(s, np.array([0, 1, 2]), n_bins=3, prior_strength=1.0)
     np.testing.assert_allclose(H.predict(fitted, probe[:1]).p, [[1 / 3, 1 / 3, 1 / 3]])
+
+
+def test_binary_cuts_refuse_a_multiclass_fit():
+    import numpy as np
+    import pytest
+
+    from calpipe.kernels import histogram
+
+    s = np.array([[0.7, 0.2, 0.1], [0.2, 0.5, 0.3], [0.1, 0.1, 0.8], [0.6, 0.3, 0.1]])
+    with pytest.raises(ValueError, match="not a binary histogram-binning fitted vector"):
+        histogram.binary_cuts(histogram.fit(s, np.array([0, 1, 2, 1]), n_bins=2))

@@ -455,3 +455,18 @@ def test_bank_first_5000_events_calibrate_the_rest():
         for f in fits(s_all[cal], y_all[cal]):
             ll = log_loss(K.isotonic_predict(f, s_all[rest]).p, y_all[rest])
             assert np.isfinite(ll) and ll < log_loss(s_all[rest], y_all[rest])
+
+
+def test_binary_thresholds_refuse_a_tree_fit():
+    import numpy as np
+    import pytest
+
+    from calpipe.kernels import isotonic
+
+    p3 = np.array([[0.8, 0.1, 0.1], [0.1, 0.8, 0.1], [0.1, 0.1, 0.8]])
+    with pytest.raises(ValueError, match="not a binary isotonic fitted vector"):
+        isotonic.binary_thresholds(isotonic.rrir_fit(p3, np.array([0, 1, 2])))
+    x, linear = isotonic.binary_thresholds(
+        isotonic.isotonic_fit(np.array([0.2, 0.4, 0.6]), np.array([0, 1, 1]))
+    )
+    assert linear and list(x) == [0.2, 0.4, 0.6]

@@ -214,3 +214,19 @@ def test_bad_arguments_are_refused():
         OS.online_scaling(*args, OS.MODEL_PLATT, OS.CALIBEAT_NONE, 0.0, 100.0, 0.01, 10)
     with pytest.raises(ValueError, match="needs \\(n, K\\)"):
         OS.online_scaling(*args, OS.MODEL_VECTOR, OS.CALIBEAT_NONE, 0.1, 100.0, 0.01, 10)
+
+
+def test_the_calibeating_table_refuses_what_it_cannot_tabulate():
+    """calibeat_table (the SQL form of tops/hops): no table without calibeating, and the
+    statistics must have the bin count's shape."""
+    import numpy as np
+    import pytest
+
+    from calpipe.kernels import online_scaling as OS
+
+    with pytest.raises(ValueError, match="no calibeating table for calibeat code 0"):
+        OS.calibeat_table(np.zeros((1, 4, 2)), OS.CALIBEAT_NONE, 4)
+    with pytest.raises(ValueError, match=r"beat must be \(S, 5, W\)"):
+        OS.calibeat_table(np.zeros((1, 4, 2)), OS.CALIBEAT_TRACKING, 5)
+    table = OS.calibeat_table(np.array([[[1.0, 2.0], [0.0, 0.0]]]), OS.CALIBEAT_TRACKING, 2)
+    assert table[0, 0] == 0.5 and np.isnan(table[0, 1])  # an empty bin: the expert's forecast

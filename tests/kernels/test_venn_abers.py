@@ -550,3 +550,16 @@ def test_bank_ivap_equals_package():
     b0, b1 = naive.ivap_p0p1(s[cal], y[cal], s[test][:50])  # and the definition, on a few
     np.testing.assert_allclose(p0[:50], b0, atol=ATOL, rtol=0)
     np.testing.assert_allclose(p1[:50], b1, atol=ATOL, rtol=0)
+
+
+def test_binary_breakpoints_are_the_fit_scores_and_refuse_a_multiclass_fit():
+    import numpy as np
+    import pytest
+
+    from calpipe.kernels import venn_abers
+
+    f = venn_abers.fit(np.array([0.1, 0.4, 0.4, 0.9]), np.array([0, 1, 0, 1]))
+    assert list(venn_abers.binary_breakpoints(f)) == [0.1, 0.4, 0.9]
+    p3 = np.array([[0.8, 0.1, 0.1], [0.1, 0.8, 0.1], [0.1, 0.1, 0.8]])
+    with pytest.raises(ValueError, match="not a binary Venn-ABERS fitted vector"):
+        venn_abers.binary_breakpoints(venn_abers.fit(p3, np.array([0, 1, 2])))
