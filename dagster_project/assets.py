@@ -27,9 +27,10 @@ from dagster import (
 from dagster_duckdb import DuckDBResource
 
 from calpipe import config, pipeline, plots
-from dagster_project.checks import ALARM_CHECKS, PROTECT_CHECKS, to_result
-from dagster_project.partitions import first_day_of, partition_range
-from dagster_project.resources import CalpipeResource, calpipe_connection
+
+from .checks import ALARM_CHECKS, PROTECT_CHECKS, to_result
+from .partitions import first_day_of, partition_range
+from .resources import CalpipeResource, calpipe_connection
 
 GROUP = "calpipe"
 

@@ -24,10 +24,11 @@ from dagster import Definitions, in_process_executor
 from dagster_duckdb import DuckDBResource
 
 from calpipe import pipeline, store
-from dagster_project.assets import build_assets
-from dagster_project.partitions import daily_partitions
-from dagster_project.resources import CalpipeResource
-from dagster_project.schedules import build_nightly
+
+from .assets import build_assets
+from .partitions import daily_partitions
+from .resources import CalpipeResource
+from .schedules import build_nightly
 
 
 def build_definitions(
@@ -58,7 +59,7 @@ def build_definitions(
         ),
     }
     if spark_out:
-        from dagster_project.spark_assets import build_spark_assets, spark_resource
+        from .spark_assets import build_spark_assets, spark_resource
 
         params = {"method": settings.method, **settings.kwargs}
         assets += build_spark_assets(partitions_def, events, spark_out, params)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dagster import AssetSelection, build_schedule_from_partitioned_job, define_asset_job
 
-from dagster_project.assets import GROUP
+from .assets import GROUP
 
 #: The schedule fires at 01:30 UTC: late enough for yesterday's landing files (and labels) to
 #: be complete, early enough for the monitoring tables to be ready in the morning.

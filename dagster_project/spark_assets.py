@@ -27,7 +27,8 @@ from dagster import (
 from dagster_pyspark import PySparkResource
 
 from calpipe import spark as calpipe_spark
-from dagster_project.partitions import first_day_of, partition_range
+
+from .partitions import first_day_of, partition_range
 
 GROUP = "calpipe_spark"
 

@@ -943,8 +943,10 @@ def test_cli_run_sql_and_ui(small, capsys):
     out = capsys.readouterr().out
     assert "-h 127.0.0.1 -p " in out  # dagster on an internal port, behind the guard on 3999
     assert "guard: http://127.0.0.1:3999 -> 127.0.0.1:" in out
-    assert f"DAGSTER_HOME={cli_pipeline.DAGSTER_HOME}" in out
-    assert cli_pipeline.DAGSTER_HOME.parent == store.PROJECT_ROOT
+    # one dagster instance per database, beside it: another database's runs never show
+    assert f"DAGSTER_HOME={db.resolve().with_name(db.stem + '.dagster')}" in out
+    other = db.resolve().parent / "other.duckdb"
+    assert cli_pipeline.dagster_home(other) != cli_pipeline.dagster_home(db.resolve())
     assert f"CALPIPE_START_DATE={day(0)}" in out and "CALPIPE_END_DATE=none" in out
 
 

@@ -24,8 +24,13 @@ from calpipe.cli.options import add_method_options, method_params
 from calpipe.pipeline.inputs import ReplayRequired
 from calpipe.pipeline.labels import LabelColumns, label_source
 
-#: Project-local dagster instance folder (git-ignored); the Makefile exports the same path.
-DAGSTER_HOME = store.PROJECT_ROOT / ".dagster_home"
+
+def dagster_home(db: Path) -> Path:
+    """The dagster instance folder of one database: ``demo.duckdb`` -> ``demo.dagster/`` beside
+    it. One instance per database, so the UI never shows another database's runs and asset
+    materializations (a shared instance showed a fresh file as fully materialized)."""
+    return db.with_name(f"{db.stem}.dagster")
+
 
 #: Instance settings ``calpipe ui`` writes if the folder has none: no telemetry, no sign-up
 #: pop-up, and one run at a time, because DuckDB allows a single writing process per file.
@@ -183,9 +188,10 @@ def ui_command(
 ) -> tuple[list[str], dict[str, str]]:
     """The ``dagster dev`` command line and environment ``calpipe ui`` runs: loopback host and
     ``port`` (an internal one: users reach it through :mod:`calpipe.cli.ui_guard`), the
-    project-local DAGSTER_HOME, and the code location configured from the database's chain."""
+    database's own DAGSTER_HOME (:func:`dagster_home`), and the code location configured from
+    the database's chain."""
     env = {
-        "DAGSTER_HOME": str(DAGSTER_HOME),
+        "DAGSTER_HOME": str(dagster_home(db)),
         "DAGSTER_DISABLE_TELEMETRY": "1",
         "CALPIPE_DB": str(db),
     }
@@ -211,7 +217,7 @@ def ui_command(
         env["CALPIPE_SETTINGS"] = meta["settings"]  # type: ignore[assignment]
     cmd = [
         sys.executable, "-m", "dagster", "dev", "-h", UI_HOST, "-p", str(port),
-        "-m", "dagster_project.definitions",
+        "-m", "calpipe.dagster_project.definitions",
     ]  # fmt: skip
     return cmd, env
 
@@ -234,15 +240,16 @@ def _cmd_ui(args: argparse.Namespace) -> int:
         print(" ".join(cmd))
         print(f"guard: http://{UI_HOST}:{args.port} -> 127.0.0.1:{inner} (calpipe.cli.ui_guard)")
         return 0
-    DAGSTER_HOME.mkdir(parents=True, exist_ok=True)
-    yaml = DAGSTER_HOME / "dagster.yaml"
+    home = dagster_home(db)
+    home.mkdir(parents=True, exist_ok=True)
+    yaml = home / "dagster.yaml"
     if not yaml.exists():
         yaml.write_text(DAGSTER_YAML)
     print(
-        f"dagster UI on http://{UI_HOST}:{args.port} (DAGSTER_HOME={DAGSTER_HOME}; foreign Host "
+        f"dagster UI on http://{UI_HOST}:{args.port} (DAGSTER_HOME={home}; foreign Host "
         "and Origin headers and GraphQL mutations over GET are refused); Ctrl-C stops it"
     )
-    proc = subprocess.Popen(cmd, env=os.environ | env, cwd=store.PROJECT_ROOT)
+    proc = subprocess.Popen(cmd, env=os.environ | env, cwd=db.parent)
     try:
         ui_guard.serve(args.port, inner)  # until Ctrl-C (uvicorn handles the signal)
     finally:

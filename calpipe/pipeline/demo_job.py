@@ -25,9 +25,13 @@ from calpipe.store import EventSource
 #: The bank demo: stream name, the base score column, and the shipped file (docs/ARCHITECTURE.md §3 columns).
 BANK_STREAM = "bank-telemarketing"
 BANK_SCORE = "score_rf1000"
-DATA_DIR = store.PROJECT_ROOT / "data"
+DATA_DIR = store.shipped("data")
 BANK_FILE = DATA_DIR / "bank_marketing_scored.parquet"
-GENERATED_FILE = DATA_DIR / "generated" / "synthetic_streams.parquet"
+#: The generated synthetic set: ``data/generated/`` (git-ignored) in a checkout, else beside the
+#: demo database (an installed package's data folder is not the place for it).
+GENERATED_FILE = (
+    (DATA_DIR if store.CHECKOUT else store.DATA_HOME) / "generated" / "synthetic_streams.parquet"
+)
 
 #: The demo's daily partitions: the bank stream's first and last contact dates (docs/REFERENCE_DATA.md:
 #: 2008-06-09 .. 2010-11-17); the synthetic streams end on the same day.
@@ -51,7 +55,7 @@ def demo_events(
     *, seed: int = generate.DEFAULT_SEED, generated: Path = GENERATED_FILE
 ) -> pl.DataFrame:
     """The demo set: the bank stream and the seeded synthetic streams (the synthetic set is also
-    written to ``generated``, by default ``data/generated/``, git-ignored)."""
+    written to ``generated``, by default ``data/generated/`` in a checkout, git-ignored)."""
     synthetic = generate.generate(seed=seed)
     generated.parent.mkdir(parents=True, exist_ok=True)
     tmp = generated.with_suffix(".parquet.tmp")

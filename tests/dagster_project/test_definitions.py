@@ -9,11 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from calpipe.dagster_project import definitions
 from dagster import AssetKey, BackfillPolicy, build_schedule_context
 
 from calpipe import pipeline, store
 from calpipe.errors import ParameterError
-from dagster_project import definitions
 
 #: dagster's own notices (backfill_policy is "beta"; its schedule helper calls a deprecated API).
 pytestmark = [

@@ -8,6 +8,7 @@ import datetime as dt
 import numpy as np
 import polars as pl
 import pytest
+from calpipe.dagster_project.definitions import build_definitions
 from dagster import AssetCheckSeverity, DagsterInstance, materialize
 from dagster._core.storage.tags import (
     ASSET_PARTITION_RANGE_END_TAG,
@@ -17,7 +18,6 @@ from dagster._core.storage.tags import (
 import calpipe
 from calpipe import config, generate, store
 from calpipe.generate import StreamSpec
-from dagster_project.definitions import build_definitions
 
 #: dagster's own notices (backfill_policy is "beta"; its schedule helper calls a deprecated API).
 pytestmark = [
