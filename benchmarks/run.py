@@ -17,6 +17,8 @@ Measurements (the numbering of BENCHMARKS.md):
    of a 30-day backfill (both from :mod:`benchmarks.pipeline`);
 7. scaling in events and in streams;
 8. start-up: first ``protect`` call of a fresh process, numba cache cold vs warm;
+9. every method of the default's mixture; 13. the river and scikit-learn APIs
+   (:mod:`benchmarks.online`);
 and the Venn-ABERS speed against the ``venn-abers`` package (:mod:`benchmarks.venn_abers`).
 
 ``protect`` measurements run in a child process each (``--child``), so that the peak RSS
@@ -560,7 +562,7 @@ def main(argv=None) -> None:
     only = (
         set(args.only.split(","))
         if args.only
-        else {"1", "2", "3", "4", "5", "6", "7", "8", "9", "va"}
+        else {"1", "2", "3", "4", "5", "6", "7", "8", "9", "13", "va"}
     )
     t_suite = time.perf_counter()
     parts = [
@@ -601,6 +603,10 @@ def main(argv=None) -> None:
         emit(measure_startup(args.repeat))
     if "9" in only:
         emit(measure_default(args.size, size["many_streams"], args.repeat))
+    if "13" in only:  # calpipe.river / calpipe.sklearn
+        from benchmarks import online as bench_online
+
+        emit(bench_online.measure(args.size, args.repeat))
     total = f"Suite wall time: {time.perf_counter() - t_suite:.0f} s (`--size {args.size}`).\n"
     print(total, flush=True)
     parts.append(total)

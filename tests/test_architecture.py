@@ -36,6 +36,8 @@ LAYERS = {
     "calpipe.generate": 3,
     "calpipe.plots": 3,
     "calpipe.serving": 3,  # the serving map in polars (the pipeline's SQL form is in mapping)
+    "calpipe.sklearn": 3,  # scikit-learn estimators over the calibrators (like the facade)
+    "calpipe.river": 3,  # river's online protocol over the calibrators and the per-event kernel
     "calpipe": 3,  # the package root: the public facade over frame and calibrators
     "calpipe.store": 4,
     "calpipe.locks": 4,  # opening a DuckDB file another process may hold (under store)

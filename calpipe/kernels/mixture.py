@@ -3,7 +3,8 @@ binary and K classes (paper 000 Algorithm 2 and its test martingale, Algorithm 1
 Algorithm 1).
 
 Public entry points: :func:`mixture_binary`, :func:`mixture_multiclass` (all streams of a batch
-over an operation list, :mod:`calpipe.kernels.ops`), :func:`jump_mix` (the jump-mixing step,
+over an operation list, :mod:`calpipe.kernels.ops`), :func:`binary_event` (one event of one
+stream, in place: the online form), :func:`jump_mix` (the jump-mixing step,
 the one copy every kernel and the serving map use) and :func:`serving_weights` (the weights of
 the serving map p -> p' of a state).
 
@@ -441,6 +442,40 @@ def _binary_lanes(
         if busy[lane] != 0:
             _binary_lane_out(lane, lane_stream[lane], A, PW, M, active, passive, log10m)
             start[lane_stream[lane]] = lane_op[lane]
+
+
+@njit(cache=True, error_model="numpy")
+def binary_event(pe, ye, kind, code, params, rates, a, pm):
+    """One operation of one binary stream, in place: the online form of :func:`mixture_binary`
+    for callers that see one event at a time (``calpipe.river.Protected``).
+
+    ``pe`` the clipped base P(y=1); ``ye`` the label (read by updates); ``kind`` an operation of
+    :mod:`calpipe.kernels.ops` (a forecast then an update of the same event = one step);
+    ``a`` (R*T) the active weights A[j, t] at a[j * T + t] and ``pm`` = [P, log10 S]: the
+    caller's own state buffers, **updated in place** (unlike the batch kernels, which return a
+    new state: per-event allocation would cost more than the recursion). Runs
+    :func:`_binary_stream` itself, so the outputs are bit-identical to a batch.
+    Returns the forecast p' (NaN for an update).
+    """
+    n_rates, n_fun = rates.shape[0], params.shape[0]
+    ea = np.empty(n_fun)
+    for t in range(n_fun):
+        ea[t] = math.exp(params[t, 0])
+    p1 = np.full(1, pe)
+    y1 = np.full(1, ye, dtype=np.int8)
+    ev = np.zeros(1, dtype=np.int64)
+    kd = np.full(1, kind, dtype=np.int8)
+    out_p = np.full(1, np.nan)
+    out_m = np.full(1, np.nan)
+    rat = np.empty(1)
+    pw, m = _binary_stream(
+        p1, y1, ev, kd, 0, 1, code, params, ea, rates, n_rates, n_fun, a, pm[0], pm[1],
+        out_p, out_m, np.empty(n_fun), np.empty(n_rates * n_fun), np.empty(n_fun),
+        rat, rat.view(np.int64),
+    )  # fmt: skip
+    pm[0] = pw
+    pm[1] = m
+    return out_p[0]
 
 
 def mixture_binary(

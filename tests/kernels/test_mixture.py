@@ -320,3 +320,33 @@ def many_streams_batch(seed: int, *, n_long: int = 0, long_len: int = 300) -> Ba
         p, y, np.array(op_event, np.int64), np.array(op_kind, np.int8),
         np.array(offsets, np.int64), LANE_STREAMS,
     )  # fmt: skip
+
+
+@pytest.mark.parametrize("family", ["cox2", "quadratic", "cubic"])
+def test_binary_event_one_at_a_time_equals_the_batch_kernel(family):
+    """binary_event (the online form, calpipe.river) runs the batch recursion on its own
+    buffers: forecast then update per event = the batch's steps bit for bit, and a forecast
+    leaves the buffers as they were."""
+    from calpipe.kernels.mixture import binary_event, mixture_binary
+
+    fam = families.binary_family(family)
+    rates = np.array([1e-2, 1e-3, 1e-4])
+    rng = np.random.default_rng(5)
+    p = rng.uniform(0.01, 0.99, 300)
+    y = (rng.uniform(size=300) < p**2).astype(np.int8)
+    a0 = np.full((1, 3, fam.size), 0.5 / (3 * fam.size))
+    want = mixture_binary(
+        p, y, np.arange(300), np.zeros(300, np.int8), np.array([0, 300]), fam.code, fam.params,
+        rates, np.array([0.5]), a0, np.zeros(1),
+    )  # fmt: skip
+    a, pm = a0[0].ravel().copy(), np.array([0.5, 0.0])
+    got = np.empty(300)
+    for i in range(300):
+        before = a.copy(), pm.copy()
+        got[i] = binary_event(p[i], 0, O.OP_FORECAST, fam.code, fam.params, rates, a, pm)
+        np.testing.assert_array_equal(a, before[0])
+        np.testing.assert_array_equal(pm, before[1])
+        assert np.isnan(binary_event(p[i], y[i], O.OP_UPDATE, fam.code, fam.params, rates, a, pm))
+    np.testing.assert_array_equal(got, want[0])
+    np.testing.assert_array_equal(a, want[3][0].ravel())
+    assert (pm[0], pm[1]) == (want[2][0], want[4][0])
