@@ -381,6 +381,12 @@ UI_PORT: int = 3000
 #: Rows ``calpipe sql`` prints by default (``--max-rows``): a screenful; ``--csv`` prints all.
 SQL_PRINT_MAX_ROWS: int = 50
 
+#: ``calpipe report``: streams with a section of their own (alarmed first; the summary lists all):
+#: each section holds two SVG plots, so 10k streams would make a page no browser opens.
+REPORT_MAX_STREAMS: int = 50
+#: ``calpipe report``: days of daily metrics per stream (the reliability window's month).
+REPORT_DAILY_DAYS: int = 30
+
 #: Plots are embedded in the metadata only when a run covers at most this many days: dagster
 #: copies a range run's metadata onto every partition, and a 900-day backfill would store 900
 #: copies of each PNG in the event log. Longer runs get the file paths only.

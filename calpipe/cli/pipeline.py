@@ -108,6 +108,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     db_opt = "" if Path(res.db) == store.DEFAULT_DB else f" --db {res.db}"
     print("\nNext:")
     print(f"  {prog} ui{db_opt}    # dagster UI on http://{UI_HOST}:{UI_PORT}")
+    print(f"  {prog} report{db_opt}    # one HTML page: trajectories, reliability, metrics, alarms")
     for q in EXAMPLE_QUERIES:
         print(f'  {prog} sql{db_opt} "{q}"')
     print(f"\ndone in {time.perf_counter() - t0:.1f} s")
@@ -292,6 +293,19 @@ def _cmd_sql(args: argparse.Namespace) -> int:
 
 
 # ----------------------------------------------------------------------------------------------
+# report
+# ----------------------------------------------------------------------------------------------
+def _cmd_report(args: argparse.Namespace) -> int:
+    t0 = time.perf_counter()
+    out = pipeline.write_report(
+        args.db, args.out, max_streams=args.max_streams, lock_wait=args.lock_wait
+    )
+    size = out.stat().st_size
+    print(f"calpipe report: {out} ({size / 1e6:.1f} MB, {time.perf_counter() - t0:.1f} s)")
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------
 def _lock_wait_option(parser) -> None:
     parser.add_argument(
         "--lock-wait", type=float, default=None, metavar="SECONDS",
@@ -301,7 +315,7 @@ def _lock_wait_option(parser) -> None:
 
 
 def register(sub) -> None:
-    """Add ``demo``, ``run``, ``ui`` and ``sql`` to the ``calpipe`` sub-command parser."""
+    """Add ``demo``, ``run``, ``ui``, ``sql`` and ``report`` to the ``calpipe`` sub-command parser."""
     default_db = str(store.DEFAULT_DB)
     d = sub.add_parser(
         "demo", help="load the demo data into DuckDB and run every daily partition in order"
@@ -355,3 +369,11 @@ def register(sub) -> None:
     s.add_argument("--write", action="store_true",
                    help="open read-write (default: read-only; the database must exist)")  # fmt: skip
     s.set_defaults(func=_cmd_sql)
+
+    rp = sub.add_parser("report", help="write one self-contained HTML page over a calpipe database")
+    rp.add_argument("--db", default=default_db, help=f"DuckDB file (default: {default_db})")
+    rp.add_argument("--out", help="HTML file (default: <db name>.report.html beside the database)")
+    _lock_wait_option(rp)
+    rp.add_argument("--max-streams", type=int, default=config.REPORT_MAX_STREAMS,
+                    help="streams with a section of plots and daily metrics (alarmed first)")  # fmt: skip
+    rp.set_defaults(func=_cmd_report)

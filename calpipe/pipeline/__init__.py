@@ -89,6 +89,7 @@ from calpipe.pipeline.demo_job import (
     demo_events,
 )
 from calpipe.pipeline.events import load_events, read_source_days
+from calpipe.pipeline.html_report import html_report, write_report
 from calpipe.pipeline.mapping import map_days, map_terms, map_weights, serving_map
 from calpipe.pipeline.monitoring import daily_metrics, monitor_days
 from calpipe.pipeline.nightly import RunSummary, default_range, run_range
@@ -134,6 +135,7 @@ __all__ = [
     "default_range",
     "demo",
     "demo_events",
+    "html_report",
     "load_events",
     "map_days",
     "map_terms",
@@ -150,4 +152,5 @@ __all__ = [
     "stored_n_classes",
     "stream_summary",
     "trajectory_frame",
+    "write_report",
 ]

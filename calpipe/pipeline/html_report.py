@@ -1,0 +1,188 @@
+"""``calpipe report``: one self-contained HTML page over a calpipe database.
+
+What a person would rather look at than query: the run (database, days, method), the summary
+per stream (:func:`calpipe.pipeline.reports.stream_summary`), every alarm, and per stream its
+test martingale trajectory, a reliability diagram of the last
+:data:`~calpipe.config.RELIABILITY_WINDOW_DAYS` days (binary forecasts), and its daily metrics of
+the last :data:`~calpipe.config.REPORT_DAILY_DAYS` days (``calibration_daily``). Plots are inline
+SVG, styles inline: the page loads nothing from anywhere, so it can be mailed or archived.
+
+Streams are shown alarmed first (by first alarm), then by maximum log10 S, at most
+:data:`~calpipe.config.REPORT_MAX_STREAMS` of them (the page says how many it left out).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import html
+import io
+import json
+from pathlib import Path
+
+import polars as pl
+from matplotlib.figure import Figure
+
+from calpipe import __version__, config, plots, store
+from calpipe.errors import StoreError
+from calpipe.pipeline.chain import chain_first_day
+from calpipe.pipeline.classes import stored_n_classes
+from calpipe.pipeline.reports import reliability_frame, stream_summary
+
+_STYLE = """
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2em auto;max-width:1100px;
+color:#1d2330;padding:0 1em}
+h1{margin-bottom:.2em}h2{border-bottom:1px solid #d0d5dd;padding-bottom:.2em;margin-top:2em}
+table{border-collapse:collapse;font-size:13px;margin:.5em 0 1em}
+th,td{border:1px solid #d0d5dd;padding:3px 8px;text-align:right;white-space:nowrap}
+th{background:#f2f4f7}td.s,th.s{text-align:left}
+tr.alarm td{background:#fdecea}.meta{color:#555}.plots{display:flex;flex-wrap:wrap;gap:1em}
+.plots svg{max-width:100%;height:auto}.note{color:#8a5300}
+"""
+
+#: The daily metrics columns the per-stream tables show (calibration_daily), in order.
+_DAILY = ["date", "n_events AS events", "n_labelled AS labelled", "base_log_loss AS base_LL",
+          "protected_log_loss AS prot_LL", "base_brier AS base_Brier", "protected_brier AS prot_Brier",
+          "base_ece AS base_ECE", "protected_ece AS prot_ECE", "log10_martingale AS log10_S",
+          "alarm"]  # fmt: skip
+
+
+def _svg(fig: Figure) -> str:
+    """A figure as inline SVG (no XML prologue: it sits inside the page's HTML)."""
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", bbox_inches="tight")
+    text = buf.getvalue()
+    return text[text.index("<svg") :]
+
+
+def _table(df: pl.DataFrame, *, alarm_col: str | None = None, digits: int = 4) -> str:
+    """A frame as an HTML table (text left, numbers right; rows with ``alarm_col`` set shaded)."""
+    if df.height == 0:
+        return "<p class='meta'>(none)</p>"
+    text_cols = {
+        c for c, t in df.schema.items() if t in (pl.String, pl.Date, pl.Datetime, pl.Boolean)
+    }
+
+    def cell(c, v):
+        if v is None:
+            s = ""
+        elif isinstance(v, float):
+            s = f"{v:.{digits}f}"
+        else:
+            s = str(v)
+        return f"<td{' class=s' if c in text_cols else ''}>{html.escape(s)}</td>"
+
+    head = "".join(
+        f"<th{' class=s' if c in text_cols else ''}>{html.escape(c)}</th>" for c in df.columns
+    )
+    rows = []
+    for row in df.iter_rows(named=True):
+        cls = " class=alarm" if alarm_col and row.get(alarm_col) else ""
+        rows.append(f"<tr{cls}>" + "".join(cell(c, v) for c, v in row.items()) + "</tr>")
+    return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
+
+
+def html_report(
+    con,
+    *,
+    title: str,
+    max_streams: int = config.REPORT_MAX_STREAMS,
+    daily_days: int = config.REPORT_DAILY_DAYS,
+) -> str:
+    """The report page of the database behind ``con`` (read only), as one HTML string."""
+    last = store.query(con, "SELECT max(date) AS d FROM pipeline_days").item()
+    if last is None:
+        raise StoreError(f"{title}: no day has been run yet; run `calpipe run` first")
+    first = chain_first_day(con)
+    settings = store.get_meta(con, "settings")
+    method = json.loads(settings).get("method") if settings else None
+    summary = stream_summary(con).with_columns(
+        (pl.col("max_log10_S") >= config.ALARM_LOG10_THRESHOLD).alias("alarm")
+    )
+    order = summary.sort(
+        [pl.col("first_alarm").is_null(), "first_alarm", pl.col("max_log10_S")],
+        descending=[False, False, True],
+    )["stream"].to_list()
+    shown, left_out = order[:max_streams], len(order) - min(len(order), max_streams)
+    alarms = store.query(
+        con,
+        "SELECT stream, date, event_time, event_id, round(log10_martingale, 4) AS log10_S "
+        "FROM martingale_alarms ORDER BY date, stream",
+    )
+    daily = store.query(
+        con,
+        f"SELECT stream, {', '.join(_DAILY)} FROM calibration_daily WHERE date > ? ORDER BY stream, date",
+        [last - dt.timedelta(days=daily_days)],
+    )
+    trajectory = store.query(
+        con, "SELECT date, stream, log10_martingale FROM calibrator_state ORDER BY stream, date"
+    )
+    binary = (stored_n_classes(con) or 2) == 2
+    recent = reliability_frame(con, last) if binary else None
+    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    parts = [
+        "<!DOCTYPE html><html lang=en><head><meta charset=utf-8>",
+        f"<title>calpipe report: {html.escape(title)}</title><style>{_STYLE}</style></head><body>",
+        f"<h1>calpipe report</h1><p class=meta>{html.escape(title)} · days {first} .. {last} · "
+        f"method {html.escape(str(method or 'unknown'))} · {len(order)} stream(s) · generated {now} "
+        f"by calpipe {__version__}</p>",
+        "<h2 id=summary>Summary per stream</h2><p class=meta>Whole history: base = the model's "
+        "scores as the engine uses them, prot = protected; LL = mean ln loss; ECE 10 bins; log10 S "
+        "= the test martingale, alarm when it reaches 2 (S = 100).</p>",
+        _table(summary, alarm_col="alarm"),
+        "<h2 id=alarms>Alarms</h2>",
+        _table(alarms),
+    ]
+    if left_out:
+        parts.append(
+            f"<p class=note>{left_out} more stream(s) are in the summary but have no section "
+            f"(at most {max_streams}; `calpipe report --max-streams N`).</p>"
+        )
+    for s in shown:
+        row = summary.filter(pl.col("stream") == s).row(0, named=True)
+        status = f"alarm since {row['first_alarm']}" if row["first_alarm"] else "no alarm"
+        parts.append(
+            f"<section class=stream><h2 id='s-{html.escape(s)}'>{html.escape(s)}</h2>"
+            f"<p class=meta>{row['events']:,} events · final log10 S {row['final_log10_S']:.2f} · "
+            f"{status}</p><div class=plots>"
+        )
+        fig = plots.martingale_trajectory(
+            trajectory.filter(pl.col("stream") == s), title=f"{s}: test martingale"
+        )
+        fig.set_size_inches(5.4, 3.2)
+        parts.append(_svg(fig))
+        if recent is not None:
+            fig = Figure(figsize=(3.9, 3.6))
+            ax = fig.subplots()
+            part = recent.filter(pl.col("stream") == s)
+            plots.reliability_diagram(part, ax=ax)
+            n = part["label"].count()
+            ax.set_title(
+                f"Reliability, {config.RELIABILITY_WINDOW_DAYS} days to {last} ({n} labelled)",
+                fontsize=9,
+            )
+            parts.append(_svg(fig))
+        parts.append(f"</div><h3>Daily metrics, last {daily_days} days</h3>")
+        parts.append(_table(daily.filter(pl.col("stream") == s).drop("stream"), alarm_col="alarm"))
+        parts.append("</section>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def write_report(
+    db: str | Path, out: str | Path | None = None, *, lock_wait: float | None = None, **kw
+) -> Path:
+    """``calpipe report``: the page of database ``db`` written to ``out`` (default: beside the
+    database, ``<name>.report.html``), atomically (a temporary file, then a rename)."""
+    db = Path(db).expanduser().resolve()
+    if not db.exists():
+        raise StoreError(f"database {db} does not exist")
+    out = Path(out) if out else db.with_name(f"{db.stem}.report.html")
+    con = store.connect(db, read_only=True, lock_wait=lock_wait)
+    try:
+        page = html_report(con, title=str(db), **kw)
+    finally:
+        con.close()
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(page, encoding="utf-8")
+    tmp.replace(out)
+    return out
