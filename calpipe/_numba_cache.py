@@ -10,20 +10,13 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
+
+from calpipe.paths import user_dir
 
 
 def numba_cache_dir() -> str:
-    """The user's cache directory for calpipe's kernels (XDG on Linux, ~/Library/Caches on
-    macOS, %LOCALAPPDATA% on Windows)."""
-    home = Path.home()
-    if sys.platform == "win32":
-        base = os.environ.get("LOCALAPPDATA") or str(home / "AppData" / "Local")
-    elif sys.platform == "darwin":
-        base = str(home / "Library" / "Caches")
-    else:
-        base = os.environ.get("XDG_CACHE_HOME") or str(home / ".cache")
-    return str(Path(base) / "calpipe" / "numba")
+    """The user's cache directory for calpipe's kernels (:func:`calpipe.paths.user_dir`)."""
+    return str(user_dir("cache") / "numba")
 
 
 #: Whether calpipe chose the directory (the user did not): then there is nothing to hand on to

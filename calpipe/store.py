@@ -35,9 +35,8 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import os
+import json
 import re
-import sys
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager, suppress
@@ -50,45 +49,7 @@ import polars as pl
 from calpipe import config
 from calpipe.errors import InputError, StoreError
 from calpipe.locks import open_waiting
-
-#: The folder holding the ``calpipe`` package: the repository in a checkout (editable install),
-#: ``site-packages`` in an installed wheel.
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-
-#: Whether calpipe runs from its repository (an editable install) rather than an installed wheel.
-CHECKOUT = (PROJECT_ROOT / "pyproject.toml").is_file() and (PROJECT_ROOT / "sql").is_dir()
-
-
-def shipped(folder: str) -> Path:
-    """A top-level folder of the repository that the wheel carries inside the package
-    (``sql`` -> ``calpipe/_sql``, ``data`` -> ``calpipe/_data``; pyproject.toml maps them)."""
-    inside = Path(__file__).resolve().parent / f"_{folder}"
-    return inside if inside.is_dir() else PROJECT_ROOT / folder
-
-
-def user_data_dir() -> Path:
-    """Where an installed calpipe keeps its demo database and landing folders by default
-    (XDG on Linux, ~/Library/Application Support on macOS, %LOCALAPPDATA% on Windows)."""
-    home = Path.home()
-    if sys.platform == "win32":
-        base = os.environ.get("LOCALAPPDATA") or str(home / "AppData" / "Local")
-    elif sys.platform == "darwin":
-        base = str(home / "Library" / "Application Support")
-    else:
-        base = os.environ.get("XDG_DATA_HOME") or str(home / ".local" / "share")
-    return Path(base) / "calpipe"
-
-
-#: DDL, views and macros installed on connect, run in file-name order.
-SQL_DIR = shipped("sql")
-
-#: Where the demo's database, landing folders and generated data live: the git-ignored
-#: ``.calpipe/`` of a checkout (a demo never writes into tracked files), else the user's data
-#: directory (an installed package's folder may be read-only or shared).
-DATA_HOME = PROJECT_ROOT / ".calpipe" if CHECKOUT else user_data_dir()
-
-#: Default database of ``calpipe demo`` (and of ``calpipe ui`` / ``calpipe sql``): absolute.
-DEFAULT_DB = DATA_HOME / "demo.duckdb"
+from calpipe.paths import SQL_DIR
 
 #: The DATE column that partitions each calpipe table.
 PARTITION_COLUMN: dict[str, str] = {
@@ -569,6 +530,20 @@ class ColumnMap:
     def day_time(self) -> str:
         """The column whose date is a row's day (a table or Parquet glob source is split by it)."""
         return self.event_time
+
+    def to_json(self) -> str:
+        """The mapping as JSON (``calpipe_meta`` key ``columns``: what the code location reads)."""
+        return json.dumps(
+            {"stream": self.stream, "event_id": self.event_id, "event_time": self.event_time,
+             "score": self.score, "label": self.label}, sort_keys=True,
+        )  # fmt: skip
+
+    @classmethod
+    def from_json(cls, text: str) -> ColumnMap:
+        try:
+            return cls(**json.loads(text))
+        except (TypeError, ValueError) as exc:
+            raise StoreError(f"column map {text!r} is not a calpipe column map: {exc}") from None
 
     def required(self, names: list[str] | None = None) -> list[str]:
         """The columns every file or table must have (the stream's unless ``stream=None``);

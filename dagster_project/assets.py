@@ -20,6 +20,9 @@ from dagster import (
     DailyPartitionsDefinition,
     MaterializeResult,
     MetadataValue,
+    TableColumn,
+    TableRecord,
+    TableSchema,
     TimeWindowPartitionMapping,
     asset,
     multi_asset,
@@ -36,6 +39,37 @@ GROUP = "calpipe"
 
 #: The state of day d is computed from the state of day d - 1 (and only that day).
 PREVIOUS_DAY = TimeWindowPartitionMapping(start_offset=-1, end_offset=-1)
+
+
+def _table(df) -> MetadataValue:
+    """A polars frame as dagster table metadata (typed columns the UI shows whole, unlike a
+    markdown table cut at the panel's width); floats rounded to 6 digits for reading."""
+    kinds = {"Int": "int", "UInt": "int", "Float": "float", "Boolean": "bool"}
+
+    def kind(dtype) -> str:
+        name = type(dtype).__name__
+        return next((v for k, v in kinds.items() if name.startswith(k)), "string")
+
+    cols = [TableColumn(c, kind(t)) for c, t in df.schema.items()]
+
+    def value(v):
+        if isinstance(v, float):
+            return round(v, 6)
+        return v if isinstance(v, int | bool | str) or v is None else str(v)
+
+    records = [
+        TableRecord({k: value(v) for k, v in row.items()}) for row in df.iter_rows(named=True)
+    ]
+    return MetadataValue.table(records, TableSchema(cols))
+
+
+def _row_metadata(rows: int, start, end) -> dict:
+    """Row counts: ``dagster/row_count`` when the run is one partition (the UI shows it as the
+    partition's size); a range run says its total is the run's, since dagster copies a range
+    run's metadata onto every partition of the range."""
+    if start == end:
+        return {"dagster/row_count": rows}
+    return {"rows_in_run": rows, "partitions_in_run": (end - start).days + 1}
 
 
 def _png_md(png: bytes, alt: str) -> MetadataValue:
@@ -106,11 +140,15 @@ def _build_assets(partitions_def: DailyPartitionsDefinition) -> list:
                 con, calpipe.source(), start, end, feed,
                 on_unknown_label=calpipe.on_unknown_label,
             )  # fmt: skip
+        context.log.info(
+            f"scored_events {start}..{end}: {res.rows['scored_events']:,} events from "
+            f"{calpipe.source().describe()}; {res.rows['event_labels']:,} labels arrived"
+            + (f", {len(res.notes)} day(s) without events" if res.notes else "")
+        )
         yield MaterializeResult(
             asset_key="scored_events",
             metadata={
-                "rows": res.rows["scored_events"],
-                "days": (end - start).days + 1,
+                **_row_metadata(res.rows["scored_events"], start, end),
                 # a nightly run on a day without events usually means a late landing
                 "days_without_events": len(res.notes),
                 "first_days_without_events": ", ".join(res.notes[:10]),
@@ -120,7 +158,7 @@ def _build_assets(partitions_def: DailyPartitionsDefinition) -> list:
         yield MaterializeResult(
             asset_key="event_labels",
             metadata={
-                "rows": res.rows["event_labels"],
+                **_row_metadata(res.rows["event_labels"], start, end),
                 "quarantined": res.rows["quarantined_labels"],
                 "feed": feed.describe() if feed is not None else "none",
             },
@@ -148,24 +186,32 @@ def _build_assets(partitions_def: DailyPartitionsDefinition) -> list:
         with calpipe_connection(duckdb) as con:
             res = pipeline.protect_days(con, start, end, settings, first_day=first_day)
             fingerprint = settings.fingerprint_for(pipeline.stored_n_classes(con) or 2)
-            table = pipeline.markdown_table(pipeline.day_report(con, start, end))
+            report = pipeline.day_report(con, start, end)
             outcomes = [
                 (pipeline.check_probabilities(con, start, end), "protected_scores"),
                 (pipeline.check_row_counts(con, start, end), "protected_scores"),
                 (pipeline.check_state_continuity(con, start, end), "calibrator_state"),
             ]
+        context.log.info(
+            f"protected_scores {start}..{end}: {res.rows['protected_scores']:,} events protected "
+            f"by {settings.method} ({fingerprint}); calibrator_state: "
+            f"{res.rows['calibrator_state']:,} stream-day rows"
+        )
         yield MaterializeResult(
             asset_key="protected_scores",
             metadata={
-                "rows": res.rows["protected_scores"],
+                **_row_metadata(res.rows["protected_scores"], start, end),
                 "method": settings.method,
                 "config_fingerprint": fingerprint,
-                "metrics": MetadataValue.md(table),
+                "metrics": _table(report),
             },
         )
         yield MaterializeResult(
             asset_key="calibrator_state",
-            metadata={"rows": res.rows["calibrator_state"], "first_day": first_day.isoformat()},
+            metadata={
+                **_row_metadata(res.rows["calibrator_state"], start, end),
+                "first_day": first_day.isoformat(),
+            },
         )
         for outcome, key in outcomes:
             yield to_result(outcome, key)
@@ -192,15 +238,18 @@ def _build_assets(partitions_def: DailyPartitionsDefinition) -> list:
         with calpipe_connection(duckdb) as con:
             res = pipeline.monitor_days(con, start, end)
             metadata = {
-                "rows": res.rows["calibration_daily"],
-                "metrics": MetadataValue.md(
-                    pipeline.markdown_table(pipeline.day_report(con, start, end))
-                ),
+                **_row_metadata(res.rows["calibration_daily"], start, end),
+                "metrics": _table(pipeline.day_report(con, start, end)),
             }
             metadata |= _plot_metadata(con, duckdb, calpipe, start, end)
+        context.log.info(
+            f"calibration_daily {start}..{end}: {res.rows['calibration_daily']:,} stream-day rows; "
+            f"calibration_arrivals: {res.rows['calibration_arrivals']:,}"
+        )
         yield MaterializeResult(asset_key="calibration_daily", metadata=metadata)
         yield MaterializeResult(
-            asset_key="calibration_arrivals", metadata={"rows": res.rows["calibration_arrivals"]}
+            asset_key="calibration_arrivals",
+            metadata=_row_metadata(res.rows["calibration_arrivals"], start, end),
         )
 
     @asset(
@@ -217,11 +266,16 @@ def _build_assets(partitions_def: DailyPartitionsDefinition) -> list:
             res = pipeline.alarm_days(con, start, end)
             new = pipeline.store.read_partitions(con, "martingale_alarms", start, end)
             outcome = pipeline.check_alarms(con, start, end)
+        context.log.info(
+            f"martingale_alarms {start}..{end}: {res.rows['martingale_alarms']} new alarm(s)"
+            + (f": {', '.join(new['stream'].to_list()[:20])}" if new.height else "")
+        )
         yield MaterializeResult(
             asset_key="martingale_alarms",
             metadata={
+                **_row_metadata(res.rows["martingale_alarms"], start, end),
                 "new_alarms": res.rows["martingale_alarms"],
-                "alarms": MetadataValue.md(pipeline.markdown_table(new)),
+                "alarms": _table(new),
             },
         )
         yield to_result(outcome, "martingale_alarms")
@@ -239,6 +293,10 @@ def _build_assets(partitions_def: DailyPartitionsDefinition) -> list:
         start, end = partition_range(context)
         with calpipe_connection(duckdb) as con:
             res = pipeline.map_days(con, start, end, calpipe.settings())
-        return MaterializeResult(metadata={"rows": res.rows["calibration_map"]})
+        context.log.info(
+            f"calibration_map {start}..{end}: {res.rows['calibration_map']:,} rows "
+            "(calibrate_score(stream, score) serves them in SQL)"
+        )
+        return MaterializeResult(metadata=_row_metadata(res.rows["calibration_map"], start, end))
 
     return [scored_events, protect, calibration_daily, martingale_alarms, calibration_map]

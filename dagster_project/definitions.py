@@ -23,7 +23,7 @@ from pathlib import Path
 from dagster import Definitions, in_process_executor
 from dagster_duckdb import DuckDBResource
 
-from calpipe import pipeline, store
+from calpipe import paths, pipeline, store
 
 from .assets import build_assets
 from .partitions import daily_partitions
@@ -41,6 +41,7 @@ def build_definitions(
     labels: str = "",
     spark_out: str = "",
     spark_master: str = "local[*]",
+    columns: store.ColumnMap | None = None,
 ) -> Definitions:
     """Definitions over one DuckDB file and one event source (tests build their own); with
     ``spark_out``, also the Spark assets (``dagster_project/spark_assets.py``) over the same
@@ -56,6 +57,7 @@ def build_definitions(
             settings_json=settings.to_json(),
             plots_dir=plots_dir,
             labels=labels,
+            columns_json=(columns or store.ColumnMap()).to_json(),
         ),
     }
     if spark_out:
@@ -82,7 +84,7 @@ def _env_date(name: str, default: dt.date | None) -> dt.date | None:
 
 
 def defs_from_env() -> Definitions:
-    db = Path(os.environ.get("CALPIPE_DB", str(store.DEFAULT_DB)))
+    db = Path(os.environ.get("CALPIPE_DB", str(paths.DEFAULT_DB)))
     events = os.environ.get("CALPIPE_EVENTS", str(db.expanduser().resolve().parent / "landing"))
     first = _env_date("CALPIPE_START_DATE", pipeline.DEMO_FIRST_DAY)
     last = _env_date("CALPIPE_END_DATE", pipeline.DEMO_LAST_DAY)
@@ -95,8 +97,10 @@ def defs_from_env() -> Definitions:
     if first is None:
         raise ValueError("CALPIPE_START_DATE must be a date (the chain's first day), not none")
     labels = os.environ.get("CALPIPE_LABELS", "")
+    columns_json = os.environ.get("CALPIPE_COLUMNS")
+    columns = store.ColumnMap.from_json(columns_json) if columns_json else None
     return build_definitions(
-        db, events, first, last, settings, labels=labels,
+        db, events, first, last, settings, labels=labels, columns=columns,
         spark_out=os.environ.get("CALPIPE_SPARK_OUT", ""),
         spark_master=os.environ.get("CALPIPE_SPARK_MASTER", "local[*]"),
     )  # fmt: skip

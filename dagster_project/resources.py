@@ -37,8 +37,14 @@ class CalpipeResource(ConfigurableResource):
         "(park it in quarantined_labels)",
     )
 
+    columns_json: str = Field(
+        default=store.ColumnMap().to_json(),
+        description="names of the data-contract columns in the source, as JSON: stream "
+        "(null = one stream), event_id, event_time, score, label (calpipe run --stream-col ...)",
+    )
+
     def source(self) -> store.EventSource:
-        return store.EventSource.parse(self.events)
+        return store.EventSource.parse(self.events, store.ColumnMap.from_json(self.columns_json))
 
     def label_feed(self) -> store.EventSource | None:
         return label_source(self.labels) if self.labels else None

@@ -27,6 +27,8 @@ MAX_LINES = 900
 LAYERS = {
     "calpipe.config": 0,
     "calpipe.errors": 0,
+    "calpipe.paths": 0,  # where files live (standard library only)
+    "calpipe._numba_cache": 0,  # set before numba loads (reads calpipe.paths)
     "calpipe.kernels": 1,
     "calpipe.families": 1,
     "calpipe.calibrators": 2,

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from calpipe import metrics
+from calpipe import metrics, paths
 
 FAST = settings(
     max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True
@@ -428,12 +428,12 @@ def test_ece_bins_default_is_the_config_constant():
     import inspect
     import re
 
-    from calpipe import config, plots, store
+    from calpipe import config, plots
 
     for f in (metrics.ece, metrics.reliability_table, metrics.grouped_ece,
               metrics.grouped_reliability, plots.reliability_diagram):  # fmt: skip
         assert inspect.signature(f).parameters["n_bins"].default == config.ECE_BINS, f.__name__
-    ddl = (store.SQL_DIR / "001_tables.sql").read_text()
+    ddl = (paths.SQL_DIR / "001_tables.sql").read_text()
     stated = re.findall(r"base_ece\s+DOUBLE,\s*--\s*(\d+) equal-width bins", ddl)
     assert stated == [str(config.ECE_BINS)]
 

@@ -300,7 +300,7 @@ def test_the_alarm_check_warns_the_night_a_stream_crosses_not_every_night_after(
 
 def test_demo_command_prints_the_summary_and_next_steps(demo, monkeypatch):
     res, _ = demo
-    monkeypatch.setattr(pipeline, "demo", lambda db, log=None: res)
+    monkeypatch.setattr(pipeline, "demo", lambda db, log=None, progress=None: res)
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         assert cli.main(["demo", "--db", str(res.db)]) == 0

@@ -18,8 +18,8 @@ from pathlib import Path
 import duckdb
 import polars as pl
 
-from calpipe import config, pipeline, store
-from calpipe.cli import ui_guard
+from calpipe import config, paths, pipeline, store
+from calpipe.cli import progress, ui_guard
 from calpipe.cli.options import add_method_options, method_params
 from calpipe.pipeline.inputs import ReplayRequired
 from calpipe.pipeline.labels import LabelColumns, label_source
@@ -86,7 +86,8 @@ def _print_frame(df: pl.DataFrame, max_rows: int = config.SQL_PRINT_MAX_ROWS) ->
 # ----------------------------------------------------------------------------------------------
 def _cmd_demo(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
-    res = pipeline.demo(args.db, log=lambda m: print(f"  {m}", flush=True))
+    bar = progress.DayBar("calpipe demo", show=progress.enabled(args.no_progress))
+    res = pipeline.demo(args.db, log=lambda m: print(f"  {m}", flush=True), progress=bar)
     run = res.run
     print(
         f"calpipe demo: {run.days} daily partitions {run.start} .. {run.end}, {run.events:,} events, "
@@ -105,7 +106,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         status = "ok" if c.passed else ("WARNING" if c.warning else "FAILED")
         print(f"  {c.name:<24} {status}: {c.description}")
     prog = _prog()
-    db_opt = "" if Path(res.db) == store.DEFAULT_DB else f" --db {res.db}"
+    db_opt = "" if Path(res.db) == paths.DEFAULT_DB else f" --db {res.db}"
     print("\nNext:")
     print(f"  {prog} ui{db_opt}    # dagster UI on http://{UI_HOST}:{UI_PORT}")
     print(f"  {prog} report{db_opt}    # one HTML page: trajectories, reliability, metrics, alarms")
@@ -163,6 +164,7 @@ def _run(con, source, labels, args, settings, t0: float) -> int:
             con, source, args.start, args.end, settings,
             log=lambda m: print(f"  {m}", flush=True), replay=not args.no_replay,
             labels=labels, on_unknown_label=args.on_unknown_label,
+            progress=progress.DayBar("calpipe run", show=progress.enabled(args.no_progress)),
         )  # fmt: skip
     except ReplayRequired as exc:
         argv = [a for a in (args.argv or []) if a != "--no-replay"]
@@ -200,9 +202,8 @@ def ui_command(
     if db.exists():
         con = store.connect(db, read_only=True)
         try:
-            meta = {
-                k: store.get_meta(con, k) for k in ("events", "first_day", "last_day", "settings")
-            }
+            keys = ("events", "first_day", "last_day", "settings", "columns", "labels")
+            meta = {k: store.get_meta(con, k) for k in keys}
             if meta["first_day"] is None:
                 first = pipeline.chain_first_day(con)
                 meta["first_day"] = first.isoformat() if first else None
@@ -216,6 +217,10 @@ def ui_command(
         env["CALPIPE_END_DATE"] = meta.get("last_day") or "none"
     if meta.get("settings"):
         env["CALPIPE_SETTINGS"] = meta["settings"]  # type: ignore[assignment]
+    if meta.get("columns"):
+        env["CALPIPE_COLUMNS"] = meta["columns"]  # type: ignore[assignment]
+    if meta.get("labels"):
+        env["CALPIPE_LABELS"] = meta["labels"]  # type: ignore[assignment]
     cmd = [
         sys.executable, "-m", "dagster", "dev", "-h", UI_HOST, "-p", str(port),
         "-m", "calpipe.dagster_project.definitions",
@@ -306,6 +311,11 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 # ----------------------------------------------------------------------------------------------
+def _progress_option(parser) -> None:
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no progress bar (it is drawn only when standard error is a terminal)")  # fmt: skip
+
+
 def _lock_wait_option(parser) -> None:
     parser.add_argument(
         "--lock-wait", type=float, default=None, metavar="SECONDS",
@@ -316,11 +326,12 @@ def _lock_wait_option(parser) -> None:
 
 def register(sub) -> None:
     """Add ``demo``, ``run``, ``ui``, ``sql`` and ``report`` to the ``calpipe`` sub-command parser."""
-    default_db = str(store.DEFAULT_DB)
+    default_db = str(paths.DEFAULT_DB)
     d = sub.add_parser(
         "demo", help="load the demo data into DuckDB and run every daily partition in order"
     )
     d.add_argument("--db", default=default_db, help=f"DuckDB file (default: {default_db})")
+    _progress_option(d)
     d.set_defaults(func=_cmd_demo)
 
     r = sub.add_parser("run", help="the nightly job without a dagster daemon")
@@ -351,6 +362,7 @@ def register(sub) -> None:
         "--label-time-col", default="label_time", help="label feed: when a label became known"
     )
     add_method_options(r, config.PIPELINE_DEFAULT_METHOD)
+    _progress_option(r)
     r.set_defaults(func=_cmd_run)
 
     u = sub.add_parser("ui", help=f"start the dagster UI on {UI_HOST} over a calpipe database")

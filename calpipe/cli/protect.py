@@ -13,6 +13,7 @@ import polars as pl
 
 import calpipe
 from calpipe import metrics
+from calpipe.cli import progress
 from calpipe.cli.options import add_method_options, method_params
 from calpipe.errors import InputError
 
@@ -40,28 +41,46 @@ def _cmd_protect(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     if Path(args.output).is_dir():  # checked before the work, not after it (a traceback then)
         raise InputError(None, None, f"output {args.output} is a directory; name a Parquet file")
-    try:
-        events = pl.read_parquet(args.input)
-    except (pl.exceptions.PolarsError, OSError) as exc:
-        raise InputError(None, None, f"cannot read {args.input} as Parquet: {exc}") from None
+    show = progress.enabled(args.no_progress)
+    with progress.status(f"reading {args.input}", show=show) as say:
+        try:
+            events = pl.read_parquet(args.input)
+        except (pl.exceptions.PolarsError, OSError) as exc:
+            raise InputError(None, None, f"cannot read {args.input} as Parquet: {exc}") from None
+        warm = "" if progress.kernels_cached() else " (compiling the kernels: first run only)"
+        say(f"protecting {events.height:,} events with {args.method}{warm}")
+        out = _protect(events, args)
+        say(f"writing {args.output}")
+        _write(out, args)
+    return _summarise(events, out, args, t0)
+
+
+def _protect(events: pl.DataFrame, args: argparse.Namespace) -> pl.DataFrame:
     kw = dict(label=args.label, order_by=tuple(args.order_by), method=args.method)
     kw |= {"scores": args.scores} if args.scores else {"score": args.score}
     if args.by is not None:
         kw["by"] = tuple(args.by)
     if args.label_time:
         kw["label_time"] = args.label_time
+    out = calpipe.protect(events, **kw, **method_params(args))
+    if args.scores:
+        out = out.with_columns(pl.col(args.scores).cast(pl.List(pl.Float64)))
+        out = out.with_columns(pl.col("protected_scores").cast(pl.List(pl.Float64)))
+    return out
+
+
+def _write(out: pl.DataFrame, args: argparse.Namespace) -> None:
+    tmp = Path(args.output).with_suffix(".parquet.tmp")
+    out.write_parquet(tmp)
+    tmp.replace(args.output)  # atomic: OUTPUT is either complete or untouched
+
+
+def _summarise(events: pl.DataFrame, out: pl.DataFrame, args, t0: float) -> int:
     params = method_params(args)
-    out = calpipe.protect(events, **kw, **params)
     by = (
         list(args.by) if args.by is not None else (["stream"] if "stream" in events.columns else [])
     )
     multiclass = bool(args.scores)
-    if multiclass:
-        out = out.with_columns(pl.col(args.scores).cast(pl.List(pl.Float64)))
-        out = out.with_columns(pl.col("protected_scores").cast(pl.List(pl.Float64)))
-    tmp = Path(args.output).with_suffix(".parquet.tmp")
-    out.write_parquet(tmp)
-    tmp.replace(args.output)  # atomic: OUTPUT is either complete or untouched
     # Compare with the base as the engine saw it (clipped in log-loss mode), so that
     # base loss - protected loss is the log test martingale the last column reports.
     cal = calpipe.make_calibrator(args.method, **params)
@@ -113,6 +132,8 @@ def register(sub) -> None:
     p.add_argument("--by", nargs="*", help="stream key columns (default: stream if present)")
     p.add_argument("--order-by", nargs="+", default=["event_time", "event_id"])
     add_method_options(p)
+    p.add_argument("--no-progress", action="store_true",
+                   help="no status line (drawn only when standard error is a terminal)")  # fmt: skip
     p.set_defaults(func=_cmd_protect)
 
     m = sub.add_parser("methods", help="list every method with its parameters and defaults")

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import polars as pl
 
-from calpipe import generate, store
+from calpipe import generate, paths, store
 from calpipe.errors import StateError
 from calpipe.pipeline.chain import chain_first_day
-from calpipe.pipeline.nightly import RunSummary, run_range
+from calpipe.pipeline.nightly import DayProgress, RunSummary, run_range
 from calpipe.pipeline.reports import stream_summary
 from calpipe.pipeline.settings import Settings
 from calpipe.store import EventSource
@@ -25,12 +25,12 @@ from calpipe.store import EventSource
 #: The bank demo: stream name, the base score column, and the shipped file (docs/ARCHITECTURE.md §3 columns).
 BANK_STREAM = "bank-telemarketing"
 BANK_SCORE = "score_rf1000"
-DATA_DIR = store.shipped("data")
+DATA_DIR = paths.shipped("data")
 BANK_FILE = DATA_DIR / "bank_marketing_scored.parquet"
 #: The generated synthetic set: ``data/generated/`` (git-ignored) in a checkout, else beside the
 #: demo database (an installed package's data folder is not the place for it).
 GENERATED_FILE = (
-    (DATA_DIR if store.CHECKOUT else store.DATA_HOME) / "generated" / "synthetic_streams.parquet"
+    (DATA_DIR if paths.CHECKOUT else paths.DATA_HOME) / "generated" / "synthetic_streams.parquet"
 )
 
 #: The demo's daily partitions: the bank stream's first and last contact dates (docs/REFERENCE_DATA.md:
@@ -77,12 +77,13 @@ def demo(
     *,
     generated: Path = GENERATED_FILE,
     log: Callable[[str], None] | None = None,
+    progress: DayProgress | None = None,
 ) -> DemoResult:
     """``calpipe demo``: land the demo events (bank + synthetic) as daily Parquet folders in
     ``landing/`` next to the database, then run every daily partition in order from the first
     day (re-running the demo on the same database replaces every partition with identical rows).
     """
-    db_path = Path(db or store.DEFAULT_DB).expanduser().resolve()
+    db_path = Path(db or paths.DEFAULT_DB).expanduser().resolve()
     landing = db_path.parent / "landing"
     events = demo_events(generated=generated)
     store.write_landing(events, landing)
@@ -95,11 +96,10 @@ def demo(
             raise StateError(
                 f"{db_path} holds a chain starting on {recorded}, not the demo's {first}"
             )
-        run = run_range(con, source, first, last, Settings(), first_day=first, log=log)
-        store.set_meta(con, "events", str(landing))
-        store.set_meta(con, "first_day", first.isoformat())
-        store.set_meta(con, "last_day", last.isoformat())
-        store.set_meta(con, "settings", Settings().to_json())
+        run = run_range(
+            con, source, first, last, Settings(), first_day=first, log=log, progress=progress
+        )
+        store.set_meta(con, "last_day", last.isoformat())  # the rest: run_range's record
         truth = generate.drift_table().select("stream", "drift_date")
         summary = stream_summary(con).join(truth, on="stream", how="left")
     finally:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import polars as pl
@@ -213,6 +214,14 @@ def _run_day(
     return day.state
 
 
+class DayProgress(Protocol):
+    """What :func:`run_range` tells a progress display (the command line's bar)."""
+
+    def start(self, total: int) -> None: ...
+    def advance(self, day: dt.date, events: int) -> None: ...
+    def stop(self) -> None: ...
+
+
 def run_range(
     con,
     source: EventSource,
@@ -225,6 +234,7 @@ def run_range(
     replay: bool = True,
     labels: EventSource | None = None,
     on_unknown_label: str = "error",
+    progress: DayProgress | None = None,
 ) -> RunSummary:
     """The nightly job without a daemon (``calpipe run``): the five stages over [start, end], then
     the data checks. Defaults: see :func:`default_range`; the chain's first day is the one stored,
@@ -243,7 +253,10 @@ def run_range(
     (:func:`_run_day`), every table of a day in one transaction (:func:`_write_days`):
     a day is read from the source once, validated once and never read back; memory is bounded
     by a batch of streams plus the day's events; and DuckDB writes a batch while the engine
-    protects the next one (the writer's background INSERTs)."""
+    protects the next one (the writer's background INSERTs).
+
+    ``progress`` (e.g. the command line's bar) is told the number of days, then each day as
+    it is done with its number of events, then that the run stopped (also on an error)."""
     settings = settings or Settings()
     say = log or (lambda _msg: None)
     _check_label_feed(con, labels)
@@ -295,6 +308,8 @@ def run_range(
         if chunk.height == 0:
             empty_days.append(d)
         states.append(_run_day(writer, source, chain, d, chunk, inputs, arrivals.pop(d)))
+        if progress is not None:
+            progress.advance(d, chunk.height)
 
     def finish(writer: store.PartitionWriter, d0: dt.date, d1: dt.date) -> None:
         span = FusedSpan(settings, pl.concat(states), con, writer, d0, d1)
@@ -302,10 +317,16 @@ def run_range(
         states.clear()
 
     # every registered table, each written by its fused writer: none is replaced without rows
-    rows = _write_days(
-        con, start, end, list(TABLES),
-        read, write, background=True, finish=finish,
-    )  # fmt: skip
+    if progress is not None:
+        progress.start((end - start).days + 1)
+    try:
+        rows = _write_days(
+            con, start, end, list(TABLES),
+            read, write, background=True, finish=finish,
+        )  # fmt: skip
+    finally:
+        if progress is not None:
+            progress.stop()
     empty = f", {len(empty_days)} day(s) without events" if empty_days else ""
     say(f"scored_events: {rows['scored_events']} events, {start}..{end}{empty}")
     say(f"protected_scores / calibrator_state: {rows['protected_scores']} rows")
@@ -324,5 +345,16 @@ def run_range(
     for c in checks:
         if not c.passed and not c.warning:
             raise CalpipeError(f"check {c.name} failed: {c.description}")
+    _record_run(con, source, settings, first)
     days = (end - start).days + 1
     return RunSummary(start, end, days, rows["scored_events"], checks)
+
+
+def _record_run(con, source: EventSource, settings: Settings, first: dt.date) -> None:
+    """What the chain was run with, in ``calpipe_meta``: the source, its column mapping, the
+    method and the first day. ``calpipe ui`` hands them to the code location, so a partition
+    materialized there reads the same events the same way and resumes the same chain."""
+    store.set_meta(con, "events", source.location)
+    store.set_meta(con, "columns", source.columns.to_json())
+    store.set_meta(con, "settings", settings.to_json())
+    store.set_meta(con, "first_day", first.isoformat())

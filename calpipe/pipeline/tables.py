@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from calpipe import store
+from calpipe import paths, store
 from calpipe.calibrators import Calibrator
 from calpipe.frame import ProtectResult
 from calpipe.pipeline.alarms import _first_crossings, alarm_days
@@ -210,7 +210,7 @@ class OutputTable:
     @property
     def ddl_path(self) -> Path:
         """The ``sql/`` file that creates the table."""
-        return store.SQL_DIR / self.ddl
+        return paths.SQL_DIR / self.ddl
 
 
 #: Every table the pipeline writes, in the order the fused run computes them within a phase.

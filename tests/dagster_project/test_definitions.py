@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from calpipe.dagster_project import definitions
 from dagster import AssetKey, BackfillPolicy, build_schedule_context
 
-from calpipe import pipeline, store
+from calpipe import paths, pipeline
+from calpipe.dagster_project import definitions
 from calpipe.errors import ParameterError
 
 #: dagster's own notices (backfill_policy is "beta"; its schedule helper calls a deprecated API).
@@ -50,7 +50,7 @@ def test_module_definitions_load_with_the_demo_defaults():
         parents = graph.get(AssetKey(child)).parent_keys
         assert {AssetKey("scored_events"), AssetKey("event_labels")} <= parents, child
     db = defs.resources["duckdb"].database
-    assert Path(db).is_absolute() and Path(db) == store.DEFAULT_DB
+    assert Path(db).is_absolute() and Path(db) == paths.DEFAULT_DB
 
 
 def test_definitions_from_the_environment(monkeypatch, tmp_path):
@@ -93,7 +93,7 @@ def test_dg_check_defs(tmp_path):
     dg = Path(sys.executable).parent / "dg"
     env = os.environ | {"DAGSTER_HOME": str(tmp_path), "DAGSTER_DISABLE_TELEMETRY": "1"}
     proc = subprocess.run(
-        [str(dg), "check", "defs"], cwd=store.PROJECT_ROOT, env=env, capture_output=True, text=True,
+        [str(dg), "check", "defs"], cwd=paths.PROJECT_ROOT, env=env, capture_output=True, text=True,
         timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr

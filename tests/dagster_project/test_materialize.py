@@ -8,7 +8,6 @@ import datetime as dt
 import numpy as np
 import polars as pl
 import pytest
-from calpipe.dagster_project.definitions import build_definitions
 from dagster import AssetCheckSeverity, DagsterInstance, materialize
 from dagster._core.storage.tags import (
     ASSET_PARTITION_RANGE_END_TAG,
@@ -17,6 +16,7 @@ from dagster._core.storage.tags import (
 
 import calpipe
 from calpipe import config, generate, store
+from calpipe.dagster_project.definitions import build_definitions
 from calpipe.generate import StreamSpec
 
 #: dagster's own notices (backfill_policy is "beta"; its schedule helper calls a deprecated API).
@@ -131,8 +131,12 @@ def test_metadata_has_a_metrics_table_and_real_plots(setup):
         m.asset_key.to_user_string(): m.materialization.metadata
         for m in r.get_asset_materialization_events()
     }
-    table = meta["protected_scores"]["metrics"].value
-    assert table.startswith("| stream | n_events |") and "| drifting |" in table
+    table = meta["protected_scores"]["metrics"]  # a typed table the UI shows whole
+    assert [c.name for c in table.schema.columns][:2] == ["stream", "n_events"]
+    assert "log10_S_end" in [c.name for c in table.schema.columns]  # not cut before the martingale
+    assert {r.data["stream"] for r in table.records} == {"calm", "drifting"}
+    n0 = read(_db, f"SELECT count(*) AS n FROM protected_scores WHERE event_date = '{day(0)}'")
+    assert meta["protected_scores"]["dagster/row_count"].value == n0["n"][0] > 0
     daily = meta["calibration_daily"]
     for name in ("martingale_trajectory", "reliability_diagram"):
         md = daily[name].value
@@ -146,6 +150,12 @@ def test_metadata_has_a_metrics_table_and_real_plots(setup):
         if m.asset_key.to_user_string() == "calibration_daily"
     )  # fmt: skip
     assert "martingale_trajectory" not in daily and "martingale_trajectory_file" in daily
+    # a range run's counts say they are the run's (dagster copies them onto each partition)
+    assert "dagster/row_count" not in daily and daily["partitions_in_run"].value == 2
+    n12 = read(
+        _db, f"SELECT count(*) AS n FROM calibration_daily WHERE date IN ('{day(1)}', '{day(2)}')"
+    )
+    assert daily["rows_in_run"].value == n12["n"][0]
 
 
 def test_rematerializing_a_partition_is_idempotent(setup):
@@ -249,3 +259,37 @@ def test_a_label_feed_materializes_day_by_day_like_calpipe_run(tmp_path, instanc
     j = one.join(read(db, "SELECT * FROM protected_scores"), on=["stream", "event_id"], suffix="_c")
     assert j.height == events.height
     assert (j["protected_score"] - j["protected_score_c"]).abs().max() <= 1e-12
+
+
+def test_the_ui_reruns_a_partition_of_a_calpipe_run_with_its_columns_and_method(
+    tmp_path, instance, capsys, monkeypatch
+):
+    """`calpipe run` records its source, column map and method; `calpipe ui` hands them to the
+    code location, which re-materializes a day of that chain identically (it used to fail:
+    StateError, "computed by 'isotonic' ... this run is 'composite-experts'")."""
+    from calpipe import cli
+    from calpipe.cli import pipeline as cli_pipeline
+    from calpipe.dagster_project import definitions
+
+    events = generate.generate(n_days=4, streams=STREAMS, seed=5).rename(
+        {"stream": "segment", "event_time": "ts", "score": "p", "label": "y"}
+    )
+    src = tmp_path / "events.parquet"
+    events.write_parquet(src)
+    db = tmp_path / "run.duckdb"
+    argv = ["run", "--events", str(src), "--db", str(db), "--stream-col", "segment",
+            "--time-col", "ts", "--score-col", "p", "--label-col", "y", "--method", "isotonic",
+            "--window", "50", "--no-progress"]  # fmt: skip
+    assert cli.main(argv) == 0
+    before = read(db, "SELECT * FROM protected_scores ORDER BY stream, event_id")
+    _, env = cli_pipeline.ui_command(db.resolve())
+    assert store.ColumnMap.from_json(env["CALPIPE_COLUMNS"]).stream == "segment"
+    assert '"isotonic"' in env["CALPIPE_SETTINGS"] and env["CALPIPE_EVENTS"] == str(src)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    defs = definitions.defs_from_env()
+    res = materialize(list(defs.assets), resources=defs.resources, instance=instance,
+                      partition_key=day(3), raise_on_error=False)  # fmt: skip
+    assert res.success
+    after = read(db, "SELECT * FROM protected_scores ORDER BY stream, event_id")
+    assert after.equals(before)

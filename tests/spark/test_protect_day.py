@@ -207,12 +207,13 @@ def test_the_dagster_spark_assets_materialize_a_backfill_and_a_day_like_spark_ru
 ):
     """The code location's Spark assets (PySparkResource) write what ``calpipe spark-run``
     writes: a single-run backfill of the three days, then one partition re-materialized."""
-    from calpipe.dagster_project.definitions import build_definitions
     from dagster import DagsterInstance, materialize
     from dagster._core.storage.tags import (
         ASSET_PARTITION_RANGE_END_TAG,
         ASSET_PARTITION_RANGE_START_TAG,
     )
+
+    from calpipe.dagster_project.definitions import build_definitions
 
     store.write_landing(events, tmp_path / "landing")
     out = tmp_path / "spark_out"

@@ -1,0 +1,93 @@
+"""Progress on the terminal: a bar over the days of ``calpipe run`` / ``calpipe demo`` and a
+status line for the phases of ``calpipe protect`` (rich, on standard error).
+
+Shown only when standard error is a terminal (a cron job's log gets the usual lines, not a
+redrawn bar) and not with ``--no-progress``. The first run on a machine compiles the kernels
+(10-50 s, cached afterwards): the bar says so until its first day is done, instead of sitting
+silent at 0.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+
+def enabled(no_progress: bool = False) -> bool:
+    """Whether to draw: standard error is a terminal and the user did not say --no-progress."""
+    return not no_progress and sys.stderr.isatty()
+
+
+def kernels_cached() -> bool:
+    """Whether numba's cache directory already holds compiled calpipe kernels (the first run on
+    a machine, or after an upgrade, compiles them)."""
+    folder = os.environ.get("NUMBA_CACHE_DIR")
+    return bool(folder) and any(Path(folder).rglob("*.nbi"))
+
+
+class DayBar:
+    """The days of a run: ``start(total)``, ``advance(day, events)`` per day, ``stop()``.
+    Passed to :func:`calpipe.pipeline.run_range` as its ``progress``."""
+
+    def __init__(self, label: str, *, show: bool):
+        self.label = label
+        self.show = show
+        self._progress: Progress | None = None
+        self._task = None
+        self._events = 0
+
+    def start(self, total: int) -> None:
+        if not self.show:
+            return
+        self._progress = Progress(
+            SpinnerColumn(),
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("days · {task.fields[events]:,} events"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=Console(stderr=True),
+            transient=True,  # the run's own summary lines stay; the bar goes when it is done
+        )
+        self._progress.start()
+        first = "" if kernels_cached() else " (compiling the kernels: first run only)"
+        self._task = self._progress.add_task(self.label + first, total=total, events=0)
+
+    def advance(self, day: dt.date, events: int) -> None:
+        if self._progress is None:
+            return
+        self._events += events
+        self._progress.update(
+            self._task, advance=1, events=self._events, description=f"{self.label} {day}"
+        )
+
+    def stop(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+
+@contextmanager
+def status(message: str, *, show: bool):
+    """A spinner with ``message`` while the block runs (nothing when not shown)."""
+    if not show:
+        yield lambda _msg: None
+        return
+    console = Console(stderr=True)
+    with console.status(message) as st:
+        yield lambda msg: st.update(msg)
