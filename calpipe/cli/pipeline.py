@@ -256,9 +256,19 @@ def _cmd_ui(args: argparse.Namespace) -> int:
         "and Origin headers and GraphQL mutations over GET are refused); Ctrl-C stops it"
     )
     proc = subprocess.Popen(cmd, env=os.environ | env, cwd=db.parent)
+    # days computed by calpipe run / demo become materializations the UI shows (in the
+    # background: the first sync of a long history takes a while, the UI need not wait for it)
+    sync = None
+    if db.exists():
+        sync = subprocess.Popen(
+            [sys.executable, "-m", "calpipe.dagster_project.sync", "--db", str(db)],
+            env=os.environ | env, cwd=db.parent,
+        )  # fmt: skip
     try:
         ui_guard.serve(args.port, inner)  # until Ctrl-C (uvicorn handles the signal)
     finally:
+        if sync is not None and sync.poll() is None:
+            sync.terminate()  # what it reported so far stays; the next start reports the rest
         proc.terminate()
         try:
             proc.wait(timeout=30)

@@ -94,9 +94,11 @@ from calpipe.pipeline.mapping import map_days, map_terms, map_weights, serving_m
 from calpipe.pipeline.monitoring import daily_metrics, monitor_days
 from calpipe.pipeline.nightly import RunSummary, default_range, run_range
 from calpipe.pipeline.reports import (
+    ASSET_TABLES,
     day_report,
     markdown_table,
     reliability_frame,
+    stored_days,
     stream_summary,
     trajectory_frame,
 )
@@ -105,6 +107,7 @@ from calpipe.pipeline.tables import TABLES, OutputTable
 from calpipe.pipeline.transactions import _write_days, day_range
 
 __all__ = [
+    "ASSET_TABLES",
     "BANK_FILE",
     "BANK_SCORE",
     "BANK_STREAM",
@@ -149,6 +152,7 @@ __all__ = [
     "serving_map",
     "state_as_of",
     "state_before",
+    "stored_days",
     "stored_n_classes",
     "stream_summary",
     "trajectory_frame",

@@ -130,3 +130,26 @@ def stream_summary(con) -> pl.DataFrame:
         )
         .sort("stream")
     )
+
+
+#: The dagster assets, each with its table (``calpipe.dagster_project`` materializes them).
+ASSET_TABLES = ("scored_events", "event_labels", "protected_scores", "calibrator_state",
+                "calibration_daily", "calibration_arrivals", "martingale_alarms",
+                "calibration_map")  # fmt: skip
+
+
+def stored_days(con) -> pl.DataFrame:
+    """Every day the database has computed (``pipeline_days``), with its state hash (which
+    changes when the day is recomputed to another state) and the rows each asset's table holds
+    for it: what ``calpipe ui`` reports to dagster for days computed outside it."""
+    counts = "\n".join(
+        f"LEFT JOIN (SELECT {store.PARTITION_COLUMN[t]} AS date, count(*) AS {t} FROM {t} "
+        f"GROUP BY ALL) USING (date)"
+        for t in ASSET_TABLES
+    )
+    cols = ", ".join(f"coalesce({t}, 0) AS {t}" for t in ASSET_TABLES)
+    return store.query(
+        con,
+        f"SELECT date, coalesce(state_hash, '') AS state_hash, method, {cols} "
+        f"FROM pipeline_days {counts} ORDER BY date",
+    )
