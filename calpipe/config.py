@@ -378,6 +378,10 @@ LEGEND_ROWS: int = 12
 #: Port of ``calpipe ui``: dagster's own default, so the address people know from its docs works.
 UI_PORT: int = 3000
 
+#: The landing sensor's tick (dagster): every 5 minutes. Each tick stats the landing files (and
+#: hashes changed ones); a night's files rarely need a faster reaction than that.
+LANDING_SENSOR_SECONDS: int = 300
+
 #: Rows ``calpipe sql`` prints by default (``--max-rows``): a screenful; ``--csv`` prints all.
 SQL_PRINT_MAX_ROWS: int = 50
 

@@ -92,7 +92,7 @@ from calpipe.pipeline.events import load_events, read_source_days
 from calpipe.pipeline.html_report import html_report, write_report
 from calpipe.pipeline.mapping import map_days, map_terms, map_weights, serving_map
 from calpipe.pipeline.monitoring import daily_metrics, monitor_days
-from calpipe.pipeline.nightly import RunSummary, default_range, run_range
+from calpipe.pipeline.nightly import RunSummary, default_range, pending_range, run_range
 from calpipe.pipeline.reports import (
     ASSET_TABLES,
     day_report,
@@ -145,6 +145,7 @@ __all__ = [
     "map_weights",
     "markdown_table",
     "monitor_days",
+    "pending_range",
     "protect_days",
     "read_source_days",
     "reliability_frame",

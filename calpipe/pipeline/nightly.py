@@ -135,6 +135,23 @@ def _replay_range(con, source: EventSource, labels: EventSource | None, end: dt.
     return (found[0], last), found[1], current
 
 
+def pending_range(
+    con, source: EventSource, labels: EventSource | None = None
+) -> tuple[dt.date, dt.date, str] | None:
+    """What a ``calpipe run`` without ``--start`` would compute now: ``(first day, last day,
+    why)`` (stored days whose inputs changed or that are stale, else the days landed after the
+    last stored one), or None when the database is up to date with its sources. Read only:
+    the landing sensor of the code location asks it on every tick."""
+    found = _replay_range(con, source, labels, None)
+    if found is not None:
+        (start, end), why, _ = found
+        return start, end, why
+    rng = default_range(con, source, labels)
+    if rng is None:
+        return None
+    return rng[0], rng[1], "new days landed"
+
+
 def _stream_bucket(streams: pl.Series, k: int) -> np.ndarray:
     """Bucket 0..k-1 (k <= 256) of each stream name: a fixed hash, so a stream always lands in
     one bucket; uint8, so that numpy's stable argsort of the buckets is a radix sort."""

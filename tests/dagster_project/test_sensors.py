@@ -1,0 +1,73 @@
+"""calpipe/dagster_project/sensors.py: the landing sensor requests what calpipe run would run."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from dagster import DagsterInstance, RunRequest, SkipReason, build_sensor_context, materialize
+from dagster._core.storage.tags import (
+    ASSET_PARTITION_RANGE_END_TAG,
+    ASSET_PARTITION_RANGE_START_TAG,
+)
+
+from calpipe import generate, store
+from calpipe.dagster_project.definitions import build_definitions
+from calpipe.generate import StreamSpec
+
+pytestmark = pytest.mark.filterwarnings("ignore::dagster.BetaWarning")
+
+START = generate.DEFAULT_START
+STREAMS = (StreamSpec("a", events_per_day=30), StreamSpec("b", events_per_day=20))
+
+
+def _tick(defs, instance):
+    sensor = defs.resolve_sensor_def("landing_sensor")
+    with build_sensor_context(instance=instance, resources=defs.resources) as ctx:
+        return sensor(ctx)
+
+
+def test_the_sensor_requests_new_days_then_nothing_then_a_corrected_day_onwards(tmp_path):
+    events = generate.generate(n_days=4, streams=STREAMS, seed=3)
+    landing = tmp_path / "landing"
+    store.write_landing(
+        events.filter(events["event_time"].dt.date() < START + dt.timedelta(days=3)), landing
+    )
+    db = tmp_path / "s.duckdb"
+    defs = build_definitions(db, str(landing), START, START + dt.timedelta(days=5))
+    day = [(START + dt.timedelta(days=i)).isoformat() for i in range(4)]
+    with DagsterInstance.ephemeral() as instance:
+        req = _tick(defs, instance)  # an empty database: every landed day
+        assert isinstance(req, RunRequest)
+        assert (
+            req.tags[ASSET_PARTITION_RANGE_START_TAG],
+            req.tags[ASSET_PARTITION_RANGE_END_TAG],
+        ) == (day[0], day[2])
+        assert req.run_key == f"{day[0]}..{day[2]}: new days landed"
+        assert materialize(
+            list(defs.assets), resources=defs.resources, instance=instance, tags=req.tags
+        ).success
+        assert isinstance(_tick(defs, instance), SkipReason)  # up to date
+
+        store.write_landing(
+            events.filter(events["event_time"].dt.date() == START + dt.timedelta(days=3)), landing
+        )
+        req = _tick(defs, instance)  # the next night lands
+        assert (
+            req.tags[ASSET_PARTITION_RANGE_START_TAG],
+            req.tags[ASSET_PARTITION_RANGE_END_TAG],
+        ) == (day[3], day[3])
+        assert materialize(
+            list(defs.assets), resources=defs.resources, instance=instance, tags=req.tags
+        ).success
+
+        fixed = events.filter(events["event_time"].dt.date() == START + dt.timedelta(days=1)).head(
+            7
+        )
+        store.write_landing(fixed, landing)  # a corrected file for day 1: day 1 onwards again
+        req = _tick(defs, instance)
+        assert (
+            req.tags[ASSET_PARTITION_RANGE_START_TAG],
+            req.tags[ASSET_PARTITION_RANGE_END_TAG],
+        ) == (day[1], day[3])
+        assert "changed" in req.run_key or "differ" in req.run_key, req.run_key
