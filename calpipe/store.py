@@ -608,24 +608,28 @@ class EventSource:
     Use :meth:`parse` to build one from a command-line string.
     """
 
-    kind: str  # "landing" | "parquet" | "table"
+    kind: str  # "landing" | "parquet" | "csv" | "table"
     location: str
     columns: ColumnMap = field(default_factory=ColumnMap)
 
     @classmethod
     def parse(cls, text: str, columns: ColumnMap | None = None) -> EventSource:
-        """``PATH`` of a folder with ``date=`` sub-folders -> landing; ``*.parquet`` / a glob / a
-        Parquet file -> parquet; anything else that is a SQL identifier -> table."""
+        """``PATH`` of a folder with ``date=`` sub-folders -> landing; a ``.csv`` / ``.csv.gz``
+        / ``.tsv`` file or glob -> csv (a header row; DuckDB's sniffer reads the types, the
+        data contract checks them); ``*.parquet`` / a glob / a Parquet file -> parquet;
+        anything else that is a SQL identifier -> table."""
         cm = columns or ColumnMap()
         p = Path(text).expanduser()
         if p.is_dir():
             return cls("landing", str(p.resolve()), cm)
+        if text.lower().endswith(CSV_SUFFIXES):
+            return cls("csv", str(p.resolve()) if p.exists() else text, cm)
         if text.endswith(".parquet") or any(ch in text for ch in "*?[") or p.is_file():
             return cls("parquet", str(p.resolve()) if p.exists() else text, cm)
         if _IDENT.match(text):
             return cls("table", text, cm)
         raise StoreError(
-            f"events {text!r}: neither a folder, a Parquet file/glob, nor a table name"
+            f"events {text!r}: neither a folder, a Parquet or CSV file/glob, nor a table name"
         )
 
     def describe(self) -> str:
@@ -662,6 +666,8 @@ class EventSource:
     def _relation_sql(self) -> str:
         if self.kind == "parquet":
             return f"read_parquet('{_sql_str(self.location)}', union_by_name = true)"
+        if self.kind == "csv":
+            return f"read_csv('{_sql_str(self.location)}', header = true, union_by_name = true)"
         if self.kind == "table":
             return ".".join(f'"{part}"' for part in self.location.split("."))
         raise StoreError(f"no relation for a {self.kind} source")
@@ -735,6 +741,9 @@ class EventSource:
 
 
 _DAY_FOLDER = re.compile(r"date=(\d{4}-\d{2}-\d{2})")
+
+#: CSV sources (compared in lower case): a header row, DuckDB's type sniffer.
+CSV_SUFFIXES = (".csv", ".csv.gz", ".tsv")
 
 #: Suffixes of the Parquet files of a landing day folder (compared in lower case).
 PARQUET_SUFFIXES = (".parquet", ".parq")

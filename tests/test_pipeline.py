@@ -973,6 +973,36 @@ def test_cli_run_from_a_table_with_renamed_columns(tmp_path, capsys):
         con.close()
 
 
+def test_cli_run_from_csv_equals_the_same_events_from_parquet(tmp_path, capsys):
+    """CSV files (a header row; DuckDB sniffs the types, the contract checks them) give the
+    same tables as the same events in Parquet, and a bad CSV value names its column."""
+    events = generate.generate(n_days=3, streams=SMALL, seed=12).rename({"event_time": "ts"})
+    events.write_parquet(tmp_path / "ev.parquet")
+    for d, part in events.group_by(events["ts"].dt.date()):
+        part.write_csv(tmp_path / f"ev_{d[0]}.csv")
+    for name, src in (("p", "ev.parquet"), ("c", "ev_*.csv")):
+        rc = cli.main(["run", "--events", str(tmp_path / src), "--db", str(tmp_path / f"{name}.duckdb"),
+                       "--time-col", "ts", "--no-progress"])  # fmt: skip
+        assert rc == 0, capsys.readouterr().err
+    tables = {}
+    for name in ("p", "c"):
+        con = store.connect(tmp_path / f"{name}.duckdb", read_only=True)
+        tables[name] = {
+            t: store.query(con, f"SELECT * FROM {t}")
+            for t in ("protected_scores", "calibration_daily", "calibrator_state")
+        }
+        con.close()
+    for t, frame in tables["p"].items():
+        assert frame.sort(frame.columns[:3]).equals(tables["c"][t].sort(frame.columns[:3])), t
+    bad = events.with_columns(
+        score=pl.when(pl.col("event_id") == 5).then(pl.lit(1.7)).otherwise("score")
+    )
+    bad.write_csv(tmp_path / "bad.csv")
+    assert cli.main(["run", "--events", str(tmp_path / "bad.csv"), "--db", str(tmp_path / "b.duckdb"),
+                     "--time-col", "ts", "--no-progress"]) != 0  # fmt: skip
+    assert "score" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("module", ["store", "pipeline", "generate", "plots"])
 def test_docstring_examples_run(module):
     import doctest
