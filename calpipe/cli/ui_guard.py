@@ -121,24 +121,33 @@ async def _pump_websocket(scope, receive, send, url, websockets):
             return
         await send({"type": "websocket.accept", "subprotocol": up.subprotocol})
 
+        client_gone = False  # once the client disconnected, nothing more may be sent to it
+
         async def client_to_up():
+            nonlocal client_gone
             while True:
                 m = await receive()
                 if m["type"] == "websocket.disconnect":
+                    client_gone = True
                     await up.close()
                     return
                 await up.send(m["bytes"] if m.get("bytes") is not None else m["text"])
 
         async def up_to_client():
             async for data in up:
+                if client_gone:
+                    return
                 key = "bytes" if isinstance(data, bytes) else "text"
                 await send({"type": "websocket.send", key: data})
-            await send({"type": "websocket.close", "code": 1000})
+            if not client_gone:  # the upstream ended first: close the client's side (once)
+                await send({"type": "websocket.close", "code": 1000})
 
         tasks = [asyncio.ensure_future(client_to_up()), asyncio.ensure_future(up_to_client())]
-        _, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         for t in pending:
             t.cancel()
+        for t in done:  # an error of the relay reaches the server's log, not a lost task's
+            t.result()
 
 
 def serve(port: int, upstream_port: int) -> None:

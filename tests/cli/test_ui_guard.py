@@ -195,3 +195,56 @@ def test_the_proxy_relays_http_and_websockets_to_the_upstream():
         for server, thread in servers:
             server.should_exit = True
             thread.join(timeout=10)
+
+
+def test_a_client_closing_a_busy_websocket_leaves_no_error():
+    """Regression: a browser tab closing while dagster still streamed a subscription made the
+    relay send a close after the client's disconnect (RuntimeError "Unexpected ASGI message
+    'websocket.close'" in the UI's log)."""
+    import asyncio
+    import logging
+
+    import websockets
+
+    from calpipe.cli.ui_guard import proxy_app
+
+    async def stream(ws):
+        await ws.accept()
+        try:
+            while True:
+                await ws.send_text("tick")
+                await asyncio.sleep(0.01)
+        except Exception:
+            return
+
+    upstream = Starlette(routes=[WebSocketRoute("/graphql", stream)])
+    up_port, port = _free(), _free()
+    servers = [_serve_in_thread(upstream, up_port), _serve_in_thread(
+        Guard(proxy_app(up_port), port), port)]  # fmt: skip
+    errors = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            errors.append(record)
+
+    # uvicorn's loggers do not propagate to the root (caplog): listen on them directly
+    handler = Collect(level=logging.ERROR)
+    for name in ("uvicorn.error", "asyncio"):
+        logging.getLogger(name).addHandler(handler)
+    try:
+
+        async def leave():
+            for _ in range(5):
+                async with websockets.connect(f"ws://127.0.0.1:{port}/graphql") as ws:
+                    assert await ws.recv() == "tick"
+                await asyncio.sleep(0.1)  # the relay notices the close while upstream streams
+
+        asyncio.run(leave())
+        time.sleep(0.5)
+    finally:
+        for server, thread in servers:
+            server.should_exit = True
+            thread.join(timeout=10)
+        for name in ("uvicorn.error", "asyncio"):
+            logging.getLogger(name).removeHandler(handler)
+    assert not errors, [r.getMessage() for r in errors]
