@@ -31,7 +31,7 @@ from dagster_duckdb import DuckDBResource
 
 from calpipe import config, pipeline, plots
 
-from .checks import ALARM_CHECKS, PROTECT_CHECKS, to_result
+from .checks import alarm_checks, protect_checks, to_result
 from .partitions import first_day_of, partition_range
 from .resources import CalpipeResource, calpipe_connection
 
@@ -178,7 +178,7 @@ def _build_assets(partitions_def: DailyPartitionsDefinition) -> list:
         ],
         partitions_def=partitions_def,
         backfill_policy=policy,
-        check_specs=PROTECT_CHECKS,
+        check_specs=protect_checks(partitions_def),
     )  # fmt: skip
     def protect(context: AssetExecutionContext, duckdb: DuckDBResource, calpipe: CalpipeResource):
         start, end = partition_range(context)
@@ -254,7 +254,7 @@ def _build_assets(partitions_def: DailyPartitionsDefinition) -> list:
 
     @asset(
         partitions_def=partitions_def, backfill_policy=policy, group_name=GROUP, kinds={"duckdb"},
-        deps=["protected_scores", "calibrator_state"], check_specs=ALARM_CHECKS,
+        deps=["protected_scores", "calibrator_state"], check_specs=alarm_checks(partitions_def),
         description="First crossing of log10 S >= 2 (S >= 100) per stream, with its date, event "
         "and value.",
     )  # fmt: skip

@@ -11,20 +11,27 @@ from dagster import AssetCheckResult, AssetCheckSeverity, AssetCheckSpec, Metada
 
 from calpipe.pipeline import CheckOutcome, markdown_table
 
-PROTECT_CHECKS = [
-    AssetCheckSpec("probabilities_valid", asset="protected_scores",
-                   description="every protected score is a finite probability in [0, 1]"),
-    AssetCheckSpec("rows_in_equal_rows_out", asset="protected_scores",
-                   description="one protected row per scored event, per day and stream"),
-    AssetCheckSpec("state_continuity", asset="calibrator_state",
-                   description="no gap in the chain of daily states; counts follow the events"),
-]  # fmt: skip
 
-ALARM_CHECKS = [
-    AssetCheckSpec("no_martingale_alarm", asset="martingale_alarms",
-                   description="warns for the streams whose test martingale first reached 100 "
-                   "on the run's days (earlier alarms are counted in its metadata)"),
-]  # fmt: skip
+def protect_checks(partitions_def) -> list[AssetCheckSpec]:
+    """The checks of ``protected_scores`` and ``calibrator_state``, partitioned like them: the
+    UI shows each day's result on that day (a range run's result on each day of its range)."""
+    return [
+        AssetCheckSpec("probabilities_valid", asset="protected_scores", partitions_def=partitions_def,
+                       description="every protected score is a finite probability in [0, 1]"),
+        AssetCheckSpec("rows_in_equal_rows_out", asset="protected_scores", partitions_def=partitions_def,
+                       description="one protected row per scored event, per day and stream"),
+        AssetCheckSpec("state_continuity", asset="calibrator_state", partitions_def=partitions_def,
+                       description="no gap in the chain of daily states; counts follow the events"),
+    ]  # fmt: skip
+
+
+def alarm_checks(partitions_def) -> list[AssetCheckSpec]:
+    """The martingale alarm check of ``martingale_alarms``, partitioned like it."""
+    return [
+        AssetCheckSpec("no_martingale_alarm", asset="martingale_alarms", partitions_def=partitions_def,
+                       description="warns for the streams whose test martingale first reached 100 "
+                       "on the run's days (earlier alarms are counted in its metadata)"),
+    ]  # fmt: skip
 
 
 def to_result(outcome: CheckOutcome, asset_key: str) -> AssetCheckResult:

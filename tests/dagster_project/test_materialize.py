@@ -293,3 +293,14 @@ def test_the_ui_reruns_a_partition_of_a_calpipe_run_with_its_columns_and_method(
     assert res.success
     after = read(db, "SELECT * FROM protected_scores ORDER BY stream, event_id")
     assert after.equals(before)
+
+
+def test_checks_are_partitioned_like_their_assets(setup):
+    """A one-day run's check results belong to that day (the UI shows them per partition)."""
+    run, _db, _, _ = setup
+    assert run(day(0), day(1)).success
+    r = run(day(2))
+    evals = r.get_asset_check_evaluations()
+    assert {c.check_name for c in evals} == {"probabilities_valid", "rows_in_equal_rows_out",
+                                             "state_continuity", "no_martingale_alarm"}  # fmt: skip
+    assert {c.partition for c in evals} == {day(2)}
