@@ -282,6 +282,12 @@ ALTER TABLE calibration_map ADD COLUMN IF NOT EXISTS y_at DOUBLE;
 ALTER TABLE calibration_map ADD COLUMN IF NOT EXISTS y_right DOUBLE;
 ALTER TABLE calibration_map ADD COLUMN IF NOT EXISTS x_next DOUBLE;
 ALTER TABLE calibration_map ADD COLUMN IF NOT EXISTS y_next DOUBLE;
+-- schema version 9: K-class maps (calibrate_scores): a Cox term's class shifts alpha (family cox:
+-- f_c(q) = q_c^b e^{alphas[c]} / sum_j q_j^b e^{alphas[j]}) and a term's vector scaling input
+-- q = softmax(in_ka[c] ln c_c(p) + in_kb[c]), c = p floored at in_eps and renormalised (NULL: p)
+ALTER TABLE calibration_map ADD COLUMN IF NOT EXISTS alphas DOUBLE[];
+ALTER TABLE calibration_map ADD COLUMN IF NOT EXISTS in_ka DOUBLE[];
+ALTER TABLE calibration_map ADD COLUMN IF NOT EXISTS in_kb DOUBLE[];
 
 -- Key-value facts about this database (SQL layer version, the chain's configuration).
 CREATE TABLE IF NOT EXISTS calpipe_meta (

@@ -86,6 +86,70 @@ CREATE OR REPLACE MACRO calibrate_score_as_of(s, score, as_of) AS (
     SELECT CASE WHEN l1.n > 0 THEN l1.v ELSE l0.v END FROM l0, l1
 );
 
+-- K classes: the row floored at eps and renormalised (the engine's clip in log-loss mode).
+CREATE OR REPLACE MACRO calpipe_kclip(p, eps) AS
+    list_transform(p, lambda x: greatest(CAST(x AS DOUBLE), CAST(eps AS DOUBLE))
+        / list_sum(list_transform(p, lambda y: greatest(CAST(y AS DOUBLE), CAST(eps AS DOUBLE)))));
+
+-- The softmax of a list, shifted by its maximum (no overflow).
+CREATE OR REPLACE MACRO calpipe_softmax(z) AS
+    list_transform(z, lambda x: exp(x - list_max(z))
+        / list_sum(list_transform(z, lambda y: exp(y - list_max(z)))));
+
+-- A K-class term's input q(p): p itself (ka NULL), or vector scaling (online vector scaling, an
+-- input of composite-experts or ops itself): softmax(ka[c] ln kclip(p, eps)[c] + kb[c]).
+CREATE OR REPLACE MACRO calpipe_kinput(p, ka, kb, eps) AS
+    CASE WHEN ka IS NULL THEN p
+         ELSE calpipe_softmax(list_transform(calpipe_kclip(p, eps),
+                                             lambda x, i: ka[i] * ln(x) + kb[i]))
+    END;
+
+-- One K-class calibrating function of a term at q: the identity, the Cox function of paper 001
+-- eq. (1) (q_c^b e^{alphas[c]} / sum), or temperature scaling (a = 1/T, b = eps).
+CREATE OR REPLACE MACRO calpipe_kterm(family, a, b, alphas, q) AS
+    CASE family
+        WHEN 'identity' THEN q
+        WHEN 'cox' THEN list_transform(q, lambda x, i: pow(x, b) * exp(alphas[i])
+            / list_sum(list_transform(q, lambda y, j: pow(y, b) * exp(alphas[j]))))
+        WHEN 'temperature' THEN calpipe_softmax(list_transform(q, lambda x: a * ln(greatest(x, b))))
+    END;
+
+-- Calibrated class probabilities (a list) of the K-class `scores` under stream `s`'s map in force
+-- at the end of day `as_of`: sum over the terms of weight * f(kclip(p)), or weight *
+-- f(kclip(q(kclip(p)))) for a term with an input map q, class by class (NULL: no map yet).
+CREATE OR REPLACE MACRO calibrate_scores_as_of(s, scores, as_of) AS (
+    WITH m AS (
+        SELECT * FROM calibration_map
+        WHERE stream = s
+          AND date = (SELECT max(date) FROM calibration_map
+                      WHERE stream = s AND date <= CAST(as_of AS DATE))
+    ),
+    t AS (
+        SELECT m.weight,
+               -- K-class clipping is not idempotent (it renormalises): the base is clipped
+               -- once, an input's forecast is clipped again, as the engine does
+               calpipe_kterm(m.family, m.a, m.b, m.alphas,
+                             CASE WHEN m.in_ka IS NULL
+                                  THEN calpipe_kclip(CAST(scores AS DOUBLE[]), m.clip)
+                                  ELSE calpipe_kclip(calpipe_kinput(
+                                           calpipe_kclip(CAST(scores AS DOUBLE[]), m.clip),
+                                           m.in_ka, m.in_kb, m.in_eps), m.clip)
+                             END) AS f
+        FROM m
+    ),
+    c AS (
+        SELECT u.i, sum(t.weight * u.v) AS v
+        FROM t, unnest(t.f) WITH ORDINALITY AS u(v, i)
+        GROUP BY u.i
+    )
+    SELECT list(c.v ORDER BY c.i) FROM c
+);
+
+-- The same under the latest map of stream `s`.
+--   SELECT calibrate_scores('iris', [0.2, 0.3, 0.5]);
+CREATE OR REPLACE MACRO calibrate_scores(s, scores) AS
+    calibrate_scores_as_of(s, scores, DATE '9999-12-31');
+
 -- The same under the latest map of stream `s`.
 --   SELECT calibrate_score('bank-telemarketing', 0.3);
 CREATE OR REPLACE MACRO calibrate_score(s, score) AS

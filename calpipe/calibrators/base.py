@@ -74,6 +74,11 @@ class MapTerms:
     b: np.ndarray  # (T,)
     weight: np.ndarray  # (S, T)
     inputs: np.ndarray | None = None  # (S, T, 4), NaN rows: the clipped base
+    #: K classes: the Cox functions' class shifts alpha (T, K) (f_c = q_c^b e^{alpha_c} / sum),
+    #: and each term's input as vector scaling ``[a_1..a_K, b_1..b_K, eps]`` (S, T, 2K + 1):
+    #: q = softmax(a_c ln c_c(p) + b_c), c the floor at eps renormalised (NaN rows: the base).
+    alphas: np.ndarray | None = None
+    inputs_k: np.ndarray | None = None
 
 
 @dataclass

@@ -87,16 +87,21 @@ class Temperature(WindowedCalibrator):
     check_params = ({"window": 5, "refit_every": 4},)
     parameters: ClassVar[dict[str, Param]] = {**WINDOW_PARAMS}
 
+    def temperature_map(self, state, n_classes: int = 2) -> np.ndarray:
+        """Each stream's map as ``[1/T, eps]``: p'_c = softmax_c(ln max(p_c, eps) / T) (K = 2:
+        :meth:`binary_temperature`); NaN rows for streams not fitted yet (the base passes)."""
+        out = np.full((state.n_streams, 2), np.nan)
+        done, fits = self.fixed_size_fits(state, n_classes)
+        if done.size:
+            out[done] = fits[:, :2]
+        return out
+
     def binary_temperature(self, state) -> np.ndarray:
         """Each stream's binary map as ``[1/T, eps]``: p' = sigmoid(ln max(p, eps) / T -
         ln max(1 - p, eps) / T), the two-class softmax of the kernel (its SQL form, family
         ``temperature``); NaN rows for streams not fitted yet (the base passes through). Not a
         logistic map of the clipped score: the kernel floors p and 1 - p separately."""
-        out = np.full((state.n_streams, 2), np.nan)
-        done, fits = self.fixed_size_fits(state)
-        if done.size:
-            out[done] = fits[:, :2]
-        return out
+        return self.temperature_map(state, 2)
 
 
 class Venn(WindowedCalibrator):

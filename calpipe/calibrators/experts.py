@@ -361,31 +361,41 @@ class CompositeExperts(Calibrator[FlatState]):
         return st
 
     # -- the serving map's SQL form -------------------------------------------------------------
-    def map_terms(self, state: FlatState) -> MapTerms:
-        """Each stream's serving map as weighted terms (binary): P on the clipped base, then
+    def map_terms(self, state: FlatState, n_classes: int = 2) -> MapTerms:
+        """Each stream's serving map as weighted terms: P on the clipped base, then
         W_{i, theta} (summed over the rates after jump-mixing, as the next forecast mixes them)
         on the Cox function theta of input i, each input written as its current logistic map
-        (``ops``, ``obs``, windowed ``platt``/``beta``; an unfitted window: the base). Raises
+        (``ops``, ``obs``, windowed ``platt``/``beta``; an unfitted window: the base), for K
+        classes as its vector scaling map (``ops``: online vector scaling). Raises
         ParameterError for an input without that form (isotonic, Venn-ABERS, ...)."""
-        fam = self.family(2)
-        head, subs = self._split(state, 2)
+        k = n_classes
+        fam = self.family(k)
+        head, subs = self._split(state, k)
         n, t = head.shape[0], fam.size
         n_rates = len(self.rates)
         active = np.ascontiguousarray(head[:, 1:]).reshape(n, n_rates, -1)
         weight = np.column_stack([head[:, 0], serving_weights(active, self.rates)])
-        inputs = np.full((n, weight.shape[1], 4), np.nan)
-        for i, (cal, sub) in enumerate(zip(self._inputs(2), subs, strict=True)):
-            if not hasattr(cal, "logistic_map"):
+        width = 4 if k == 2 else 2 * k + 1
+        inputs = np.full((n, weight.shape[1], width), np.nan)
+        for i, (cal, sub) in enumerate(zip(self._inputs(k), subs, strict=True)):
+            if not hasattr(cal, "logistic_map" if k == 2 else "vector_map"):
                 raise ParameterError(f"input {cal.name!r} of {self.name!r} has no SQL form")
             lo = 1 + (i + 1) * t  # input 0 is the base itself: its terms keep NaN
-            inputs[:, lo : lo + t] = cal.logistic_map(sub)[:, None, :]
+            inputs[:, lo : lo + t] = (cal.logistic_map(sub) if k == 2 else cal.vector_map(sub, k))[
+                :, None, :
+            ]
         n_in = 1 + len(subs)
+        alphas = None
+        if k > 2:
+            alphas = np.vstack([np.zeros((1, k)), np.tile(fam.alphas, (n_in, 1))])
         return MapTerms(
             family=np.array(["identity"] + ["cox"] * (n_in * t)),
             a=np.concatenate([[0.0], np.tile(fam.params[:, 0], n_in)]),
             b=np.concatenate([[0.0], np.tile(fam.params[:, 1], n_in)]),
             weight=weight,
-            inputs=inputs,
+            inputs=inputs if k == 2 else None,
+            alphas=alphas,
+            inputs_k=inputs if k > 2 else None,
         )
 
     # -- running -------------------------------------------------------------------------------

@@ -147,6 +147,18 @@ class OnlineScaling(OnlineCalibrator):
         eps = np.full((state.n_streams, 1), float(self._get("score_clip")))
         return np.ascontiguousarray(np.hstack([w, eps]))
 
+    def vector_map(self, state: FlatState, n_classes: int) -> np.ndarray:
+        """Each stream's current K-class map (online vector scaling) as ``[a_1..a_K, b_1..b_K,
+        eps]``: softmax(a_c ln c_c + b_c), c the row floored at eps and renormalised (the
+        kernel's ``_vector_forecast``; the SQL form of ``ops`` and of a K-class input of
+        ``composite-experts``)."""
+        if n_classes <= 2 or self.calibeat != OS.CALIBEAT_NONE or self.model == OS.MODEL_NONE:
+            raise ParameterError(f"method {self.name!r} has no K-class vector map")
+        d = OS.n_params(OS.MODEL_VECTOR, n_classes)
+        theta = state.values.reshape(state.n_streams, -1)[:, :d]
+        eps = np.full((state.n_streams, 1), float(self._get("score_clip")))
+        return np.ascontiguousarray(np.hstack([theta, eps]))
+
     def calibeat_map(self, state: FlatState) -> tuple[np.ndarray | None, np.ndarray]:
         """A calibeating method's binary map in two steps: the expert's logistic map ``[w1, w2,
         w0, eps]`` per stream (None for ``online-histogram``: the expert is the base score), then

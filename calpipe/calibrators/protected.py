@@ -335,17 +335,23 @@ class ProtectedCalibrator(Calibrator[BatchState]):
             )
         return state.passive, mixture.serving_weights(state.active, self.rates)
 
-    def map_terms(self, state: BatchState) -> MapTerms:
+    def map_terms(self, state: BatchState, n_classes: int = 2) -> MapTerms:
         """:meth:`map_weights` as the terms of :class:`~calpipe.calibrators.base.MapTerms`: the
-        identity (weight P), then one term per calibrating function of the family."""
-        fam = self.family(2)
+        identity (weight P), then one term per calibrating function of the family (K classes:
+        the Cox functions of paper 001 eq. (1), beta in ``b`` and the class shifts in
+        ``alphas``)."""
+        fam = self.family(n_classes)
         passive, w = self.map_weights(state)
-        name = _TERM_FAMILY[fam.name]
+        name = "cox" if fam.multiclass else _TERM_FAMILY[fam.name]
+        alphas = None
+        if fam.multiclass:
+            alphas = np.vstack([np.zeros((1, n_classes)), fam.alphas])
         return MapTerms(
             family=np.array(["identity"] + [name] * fam.size),
             a=np.concatenate([[0.0], fam.params[:, 0]]),
             b=np.concatenate([[0.0], fam.params[:, 1]]),
             weight=np.column_stack([passive, w]),
+            alphas=alphas,
         )
 
 

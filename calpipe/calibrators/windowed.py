@@ -314,16 +314,20 @@ class WindowedCalibrator(Calibrator[FlatState]):
             out[done] = type(self).logistic_of(fits)
         return out
 
-    def fixed_size_fits(self, state: FlatState) -> tuple[np.ndarray, np.ndarray]:
-        """``(streams fitted, their fitted vectors as rows)`` of a binary state, for the methods
-        whose fitted vector has one size (the parametric ones), read in one vectorised take."""
+    def fixed_size_fits(
+        self, state: FlatState, n_classes: int = 2
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``(streams fitted, their fitted vectors as rows)`` of a state of K = ``n_classes``,
+        for the methods whose fitted vector has one size (the parametric ones), read in one
+        vectorised take (the window holds b events of C score columns and a label each)."""
+        c = 1 if n_classes == 2 else n_classes
         start = state.offsets[:-1]
         b = state.values[start + 1].astype(np.int64)
         f = state.values[start + 2].astype(np.int64)
         done = np.flatnonzero(f > 0)
         if not done.size:
             return done, np.zeros((0, 0))
-        vals, _ = ragged_take(state.values, start[done] + _HEADER + 2 * b[done], f[done])
+        vals, _ = ragged_take(state.values, start[done] + _HEADER + (c + 1) * b[done], f[done])
         return done, vals.reshape(done.size, int(f[done[0]]))
 
     #: ``(fitted, window scores) -> (x, linear)``: where the fitted binary map may change value

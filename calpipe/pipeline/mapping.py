@@ -34,20 +34,37 @@ def map_weights(state: pl.DataFrame, settings: Settings) -> tuple[np.ndarray, np
     return cal.map_weights(state_from_rows(cal, state, 2))
 
 
-def has_sql_map(cal) -> bool:
+def has_sql_map(cal, n_classes: int = 2) -> bool:
     """Whether ``cal``'s binary serving map has a SQL form in ``calibration_map``: a mixture of
     calibrating functions (the log-loss protected methods; ``composite-experts`` over inputs
     with a logistic map), a logistic map (Platt, beta, OPS/OBS, decay-beta), temperature
     scaling (family ``temperature``), a step or linear table (isotonic, ROC-isotonic,
     histogram, Venn, Venn-ABERS, the Venn predictor on score bins), calibeating (the expert's logistic map, then a table of its forecast's bins:
-    two layers), or a stack of two one-layer forms (``base_method``: two layers)."""
+    two layers), or a stack of two one-layer forms (``base_method``: two layers).
+
+    K >= 3 classes (``calibrate_scores`` on a list): the log-loss protected mixtures and
+    ``composite-experts`` over online vector scaling (Cox functions of the K-class family,
+    paper 001 eq. (1)), ``ops`` (online vector scaling) and temperature scaling."""
     if isinstance(cal, Stacked):  # two layers, each of one (a calibeating method takes two)
-        return all(_form(c) not in (None, "calibeat") for c in (cal.base, cal.top))
-    return _form(cal) is not None
+        return n_classes == 2 and all(
+            _form(c) not in (None, "calibeat") for c in (cal.base, cal.top)
+        )
+    return _form(cal, n_classes) is not None
 
 
-def _form(cal) -> str | None:
-    """Which SQL form a (non-stacked) calibrator's binary map has (see :func:`has_sql_map`)."""
+def _form(cal, n_classes: int = 2) -> str | None:
+    """Which SQL form a (non-stacked) calibrator's map has (see :func:`has_sql_map`)."""
+    if n_classes > 2:
+        if hasattr(cal, "map_terms"):
+            if isinstance(cal, ProtectedCalibrator):
+                return "terms" if cal.loss == "log" else None
+            ok = all(hasattr(c, "vector_map") and c.calibeat == 0 for c in cal._inputs(n_classes))
+            return "terms" if ok else None
+        if hasattr(cal, "vector_map") and cal.has_logistic_map():
+            return "vector"
+        if hasattr(cal, "temperature_map"):
+            return "temperature"
+        return None
     if hasattr(cal, "map_terms"):
         if isinstance(cal, ProtectedCalibrator):
             return "terms" if cal.loss == "log" else None
@@ -71,9 +88,12 @@ def map_terms(state: pl.DataFrame, settings: Settings) -> pl.DataFrame:
     ``layer`` 0; layer 1, applied to layer 0's value, is a stack's top or a calibeating method's
     bin table (family ``bins``: value ``y_at`` per equal-width bin ``term``)."""
     cal = settings.calibrator()
-    st = state_from_rows(cal, state, 2)
+    k = int(state["n_classes"][0]) if state.height else 2
+    st = state_from_rows(cal, state, k)
     keys = state.select("date", "stream")
-    if isinstance(cal, Stacked):
+    if k > 2:
+        rows = [_layer_rows(cal, st, keys, 0, k)]
+    elif isinstance(cal, Stacked):
         rows = [
             _layer_rows(c, part, keys, layer)
             for layer, c, part in zip((0, 1), (cal.base, cal.top), cal._split(st, 2), strict=True)
@@ -89,9 +109,13 @@ def map_terms(state: pl.DataFrame, settings: Settings) -> pl.DataFrame:
     else:
         rows = [_layer_rows(cal, st, keys, 0)]
     out = pl.concat(rows, how="diagonal_relaxed").with_columns(
-        pl.lit(cal.name).alias("method"), pl.lit(cal.fingerprint(2)).alias("config_fingerprint")
+        pl.lit(cal.name).alias("method"), pl.lit(cal.fingerprint(k)).alias("config_fingerprint")
     )
-    absent = [pl.lit(None, pl.Float64).alias(c) for c in _COLUMNS if c not in out.columns]
+    absent = [
+        pl.lit(None, pl.List(pl.Float64) if c in _LIST_COLUMNS else pl.Float64).alias(c)
+        for c in _COLUMNS
+        if c not in out.columns
+    ]
     return out.with_columns(absent).select(_COLUMNS)
 
 
@@ -99,15 +123,19 @@ def map_terms(state: pl.DataFrame, settings: Settings) -> pl.DataFrame:
 _COLUMNS = (
     "date", "stream", "term", "family", "a", "b", "weight", "clip", "method",
     "config_fingerprint", "in_w1", "in_w2", "in_w0", "in_eps", "layer", "x", "y_at", "y_right",
-    "x_next", "y_next",
+    "x_next", "y_next", "alphas", "in_ka", "in_kb",
 )  # fmt: skip
 #: Columns of a term's input map in ``calibration_map`` (NULL: the clipped base).
 _INPUT_COLUMNS = ("in_w1", "in_w2", "in_w0", "in_eps")
+#: K-class columns (DOUBLE[]): a Cox term's class shifts, a term's vector scaling input.
+_LIST_COLUMNS = ("alphas", "in_ka", "in_kb")
 
 
-def _layer_rows(cal, st, keys: pl.DataFrame, layer: int) -> pl.DataFrame:
+def _layer_rows(cal, st, keys: pl.DataFrame, layer: int, k: int = 2) -> pl.DataFrame:
     """The rows of one calibrator's map (one layer) for the streams of ``st`` (``keys``)."""
-    form = _form(cal)
+    form = _form(cal, k)
+    if k > 2:
+        return _k_rows(cal, st, keys, form, k)
     if form == "terms":
         mt = cal.map_terms(st)
         n, t = mt.weight.shape
@@ -131,6 +159,52 @@ def _layer_rows(cal, st, keys: pl.DataFrame, layer: int) -> pl.DataFrame:
             np.nan_to_num(te[:, 1]), np.ones(n), np.full((n, 4), np.nan), 0.0, layer,
         )  # fmt: skip
     return _step_rows(cal, st, keys, layer)
+
+
+def _k_rows(cal, st, keys: pl.DataFrame, form: str, k: int) -> pl.DataFrame:
+    """The rows of a K-class map (``calibrate_scores``): weighted terms whose Cox functions carry
+    their class shifts (``alphas``) and whose inputs are vector scaling maps (``in_ka``,
+    ``in_kb``, ``in_eps``), or one identity term whose input is ``ops``' map, or temperature."""
+    n = keys.height
+    if form == "terms":
+        mt = cal.map_terms(st, k)
+        t = mt.weight.shape[1]
+        inputs = mt.inputs_k if mt.inputs_k is not None else np.full((n, t, 2 * k + 1), np.nan)
+        frame = _term_frame(
+            keys, t, np.tile(mt.family, n), np.tile(mt.a, n), np.tile(mt.b, n), mt.weight.ravel(),
+            np.full((n * t, 4), np.nan), float(cal.params["clip"]), 0,
+        )  # fmt: skip
+        alphas = np.tile(mt.alphas, (n, 1))
+        return frame.with_columns(_k_inputs(inputs.reshape(n * t, 2 * k + 1), k, alphas))
+    if form == "vector":  # one identity term whose input is the vector scaling map
+        frame = _term_frame(
+            keys, 1, np.full(n, "identity"), np.zeros(n), np.zeros(n), np.ones(n),
+            np.full((n, 4), np.nan), 0.0, 0,
+        )  # fmt: skip
+        return frame.with_columns(_k_inputs(cal.vector_map(st, k), k, np.zeros((n, k))))
+    te = cal.temperature_map(st, k)  # a = 1/T, b = eps; identity until fitted
+    fitted = ~np.isnan(te[:, 0])
+    frame = _term_frame(
+        keys, 1, np.where(fitted, "temperature", "identity"), np.nan_to_num(te[:, 0]),
+        np.nan_to_num(te[:, 1]), np.ones(n), np.full((n, 4), np.nan), 0.0, 0,
+    )  # fmt: skip
+    return frame.with_columns(_k_inputs(np.full((n, 2 * k + 1), np.nan), k, np.zeros((n, k))))
+
+
+def _k_inputs(inputs: np.ndarray, k: int, alphas: np.ndarray) -> list[pl.Series]:
+    """The K-class columns of term rows: ``alphas`` (rows, K); ``inputs`` (rows, 2K + 1) =
+    [a_1..a_K, b_1..b_K, eps] of a vector scaling input, NaN rows for the clipped base."""
+    base = np.isnan(inputs[:, 0])
+
+    def lists(block: np.ndarray, name: str) -> pl.Series:
+        s = pl.Series(name, block, dtype=pl.Array(pl.Float64, k)).cast(pl.List(pl.Float64))
+        return pl.select(pl.when(pl.Series(~base)).then(s).otherwise(None).alias(name)).to_series()
+
+    eps = pl.Series("in_eps", np.where(base, np.nan, inputs[:, -1])).fill_nan(None)
+    return [
+        pl.Series("alphas", alphas, dtype=pl.Array(pl.Float64, k)).cast(pl.List(pl.Float64)),
+        lists(inputs[:, :k], "in_ka"), lists(inputs[:, k : 2 * k], "in_kb"), eps,
+    ]  # fmt: skip
 
 
 def _term_frame(keys, t, family, a, b, weight, inputs, clip, layer) -> pl.DataFrame:
@@ -232,12 +306,12 @@ def _step_rows(cal, st, keys: pl.DataFrame, layer: int) -> pl.DataFrame:
 
 
 def _map_rows(state: pl.DataFrame, settings: Settings) -> pl.DataFrame:
-    """``calibration_map`` rows of state rows: :func:`map_terms` for the binary chains of the
-    methods whose map has a SQL form (:func:`has_sql_map`); none for the others (K-class maps,
-    calibeating, calibrated regression, a Venn taxonomy on a user column, the Brier mode: serve
-    those with serving_map())."""
-    binary = state.height and int(state["n_classes"][0]) == 2
-    if binary and has_sql_map(settings.calibrator()):
+    """``calibration_map`` rows of state rows: :func:`map_terms` for the chains of the methods
+    whose map has a SQL form (:func:`has_sql_map`; K classes: the mixtures, ops, temperature);
+    none for the others (calibrated regression, a Venn taxonomy on a user column, the Brier
+    mode, K-class tables: serve those with serving_map())."""
+    k = int(state["n_classes"][0]) if state.height else 2
+    if state.height and has_sql_map(settings.calibrator(), k):
         return map_terms(state, settings)
     return pl.DataFrame(schema={"date": pl.Date, "stream": pl.String, "term": pl.Int32})
 

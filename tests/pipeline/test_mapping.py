@@ -181,3 +181,79 @@ def test_a_calibeating_map_is_its_expert_then_a_bin_table(tmp_path):
         con.close()
     stacked = Settings.make("tops", base_method="isotonic", base_params=SMALL_WINDOW)
     assert not has_sql_map(stacked.calibrator())
+
+
+# ----------------------------------------------------------------------------------------------
+# K classes: calibrate_scores(stream, [p_1, ..., p_K]) (#12 item 5)
+# ----------------------------------------------------------------------------------------------
+K = 4
+#: Methods whose K-class map has a SQL form, with parameters small enough to fit in the chain.
+K_CLASS = [
+    ("composite-jumper", {}),
+    ("jumper", {}),
+    ("mean-jumper", {}),
+    ("composite-experts", {}),
+    ("ops", {}),
+    ("temperature", {"window": 30, "refit_every": 11}),
+]
+#: K-class methods served by serving_map() only, and why.
+NO_K_SQL_FORM = {
+    "venn": "one-vs-rest bins per class, renormalised",
+    "histogram": "one-vs-rest bins per class, renormalised",
+    "roc-isotonic": "regions of the simplex (paper 003, Alg. 2)",
+    "venn-abers": "pairwise coupling of one-vs-one Venn-ABERS tables",
+    "venn-predictor": "a taxonomy over the simplex",
+}
+
+
+def _k_grid(events: pl.DataFrame, seed: int = 0) -> np.ndarray:
+    """Stored score vectors, random ones, corners and rows with zeros (the clip floors them)."""
+    rng = np.random.default_rng(seed)
+    stored = np.asarray(events["scores"].to_list(), dtype=float)[:40]
+    rand = rng.dirichlet(np.full(K, 0.5), size=40)
+    corners = np.eye(K)
+    zeros = rng.dirichlet(np.ones(K), size=10)
+    zeros[:, 0] = 0.0
+    zeros /= zeros.sum(axis=1, keepdims=True)
+    return np.vstack([stored, rand, corners, zeros])
+
+
+@pytest.mark.parametrize(("method", "params"), K_CLASS)
+def test_a_k_class_sql_map_equals_its_serving_map(tmp_path, method, params):
+    from tests.pipeline.test_labels import with_classes
+
+    settings = Settings.make(method, **params)
+    events = with_classes(generate.generate(n_days=4, streams=STREAMS, seed=2), K, seed=5)
+    store.write_landing(events, tmp_path / "landing")
+    con = store.connect(tmp_path / "k.duckdb")
+    try:
+        pipeline.run_range(
+            con, store.EventSource.parse(str(tmp_path / "landing")), settings=settings
+        )
+        assert has_sql_map(settings.calibrator(), K)
+        assert store.query(con, "SELECT count(*) AS n FROM calibration_map")["n"][0] > 0
+        day = store.query(con, "SELECT max(date) AS d FROM calibrator_state")["d"][0]
+        state = pipeline.state_as_of(con, day)
+        grid = _k_grid(events)
+        for stream in ("a", "b"):
+            fresh = pl.DataFrame({"stream": [stream] * len(grid), "score": grid.tolist()})
+            want = np.asarray(
+                pipeline.serving_map(state, fresh, settings)["protected_scores"].to_list()
+            )
+            got = con.execute(
+                "SELECT calibrate_scores(?, s) FROM unnest(?) AS t(s)", [stream, grid.tolist()]
+            ).fetchall()
+            got = np.asarray([g[0] for g in got], dtype=float)
+            assert got.shape == want.shape == (len(grid), K)
+            assert np.max(np.abs(got - want)) <= TOL, (method, stream, np.max(np.abs(got - want)))
+        assert con.execute(
+            "SELECT calibrate_scores('nope', [0.25, 0.25, 0.25, 0.25])"
+        ).fetchall() == [(None,)]
+    finally:
+        con.close()
+
+
+def test_the_k_class_methods_without_a_sql_form_are_the_listed_ones():
+    both = [m for m, c in METHODS.items() if c.classes == "both"]
+    without = {m for m in both if not has_sql_map(make_calibrator(m, **_params(m)), K)}
+    assert without == set(NO_K_SQL_FORM)
