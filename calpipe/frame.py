@@ -245,13 +245,18 @@ def protect_with_state(
     """
     cal = make_calibrator(method, base_method=base_method, base_params=base_params, **params)
     df, back = as_polars(frame)
-    if back is not None:  # pandas / Arrow in: scores back in that kind (the state stays polars)
-        result = protect_with_state(
-            df, score=score, scores=scores, label=label, label_time=label_time, by=by,
-            order_by=order_by, method=method, base_method=base_method, base_params=base_params,
-            state=state, **params,
-        )  # fmt: skip
-        return ProtectResult(back(result.scores), result.state)
+    result = _protect_frame(df, cal, state, score=score, scores=scores, label=label,
+                            label_time=label_time, by=by, order_by=order_by)  # fmt: skip
+    if back is None:
+        return result
+    # pandas / Arrow in: the scores go back in that kind (the state stays a polars frame)
+    return ProtectResult(back(result.scores), result.state)
+
+
+def _protect_frame(
+    df: pl.DataFrame, cal: Calibrator, state, *, score, scores, label, label_time, by, order_by
+) -> ProtectResult:
+    """:func:`protect_with_state` on a polars frame with its calibrator built."""
     cols = resolve_columns(
         df.columns, score=score, scores=scores, label=label, label_time=label_time,
         by=by, order_by=order_by,

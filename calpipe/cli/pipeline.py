@@ -246,6 +246,10 @@ def _cmd_ui(args: argparse.Namespace) -> int:
         print(" ".join(cmd))
         print(f"guard: http://{UI_HOST}:{args.port} -> 127.0.0.1:{inner} (calpipe.cli.ui_guard)")
         return 0
+    if not db.exists():
+        src = env.get("CALPIPE_EVENTS", "the landing folder beside it")
+        print(f"note: {db} does not exist yet: the UI shows no partition materialized, and "
+              f"materializing one creates the database from {src}")  # fmt: skip
     home = dagster_home(db)
     home.mkdir(parents=True, exist_ok=True)
     yaml = home / "dagster.yaml"
