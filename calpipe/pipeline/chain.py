@@ -276,6 +276,7 @@ class _Chain:
         self.settings, self.first_day, self.state = settings, first_day, state
         self.state_hash = state_hash  # of the state carried (pipeline/inputs.py's hash chain)
         self.cfg = settings.to_json()
+        self.id_type = None  # the database's event id type once a day of this run checked it
         self.use_classes(n_classes or 2)
 
     def use_classes(self, n_classes: int) -> None:
