@@ -63,6 +63,13 @@ def _table(df) -> MetadataValue:
     return MetadataValue.table(records, TableSchema(cols))
 
 
+def _columns(table: str) -> dict:
+    """The table's columns and types as the asset's ``dagster/column_schema`` (the UI's
+    Columns panel), read from the SQL layer (:func:`calpipe.pipeline.table_schemas`)."""
+    cols = [TableColumn(name, dtype) for name, dtype in pipeline.table_schemas()[table]]
+    return {"dagster/column_schema": TableSchema(cols), "duckdb_table": table}
+
+
 def _row_metadata(rows: int, start, end) -> dict:
     """Row counts: ``dagster/row_count`` when the run is one partition (the UI shows it as the
     partition's size); a range run says its total is the run's, since dagster copies a range
@@ -119,11 +126,11 @@ def _build_assets(partitions_def: DailyPartitionsDefinition) -> list:
 
     @multi_asset(
         specs=[
-            AssetSpec("scored_events", group_name=GROUP, kinds={"duckdb"},
+            AssetSpec("scored_events", metadata=_columns("scored_events"), group_name=GROUP, kinds={"duckdb"},
                       description="Scored events of the day from the landing folder or table, "
                       "validated against the data contract (docs/ARCHITECTURE.md §3) and stored "
                       "in DuckDB."),
-            AssetSpec("event_labels", group_name=GROUP, kinds={"duckdb"},
+            AssetSpec("event_labels", metadata=_columns("event_labels"), group_name=GROUP, kinds={"duckdb"},
                       description="Labels of the label feed that arrived that day (for the "
                       "day's events or earlier ones), checked against the stored events."),
         ],
@@ -166,11 +173,11 @@ def _build_assets(partitions_def: DailyPartitionsDefinition) -> list:
 
     @multi_asset(
         specs=[
-            AssetSpec("protected_scores", deps=["scored_events", "event_labels"], group_name=GROUP,
+            AssetSpec("protected_scores", metadata=_columns("protected_scores"), deps=["scored_events", "event_labels"], group_name=GROUP,
                       kinds={"duckdb"},
                       description="Scored events with the protected probability and the running "
                       "log10 test martingale of their stream."),
-            AssetSpec("calibrator_state", group_name=GROUP, kinds={"duckdb"},
+            AssetSpec("calibrator_state", metadata=_columns("calibrator_state"), group_name=GROUP, kinds={"duckdb"},
                       deps=[AssetDep("calibrator_state", partition_mapping=PREVIOUS_DAY),
                             "scored_events", "event_labels"],
                       description="Calibrator state of every stream at the end of the day; day d "
@@ -218,12 +225,12 @@ def _build_assets(partitions_def: DailyPartitionsDefinition) -> list:
 
     @multi_asset(
         specs=[
-            AssetSpec("calibration_daily", group_name=GROUP, kinds={"duckdb"},
+            AssetSpec("calibration_daily", metadata=_columns("calibration_daily"), group_name=GROUP, kinds={"duckdb"},
                       deps=["protected_scores", "calibrator_state"],
                       description="Monitoring per stream and day: counts, base vs protected log "
                       "loss, Brier, ECE (10 bins), means, end-of-day and maximum log10 "
                       "martingale, alarm flag."),
-            AssetSpec("calibration_arrivals", group_name=GROUP, kinds={"duckdb"},
+            AssetSpec("calibration_arrivals", metadata=_columns("calibration_arrivals"), group_name=GROUP, kinds={"duckdb"},
                       deps=["protected_scores", "calibrator_state", "event_labels"],
                       description="Monitoring by arrival: per stream and night, the forecasts "
                       "whose labels were learnt that night (however old), judged by them."),
@@ -254,6 +261,7 @@ def _build_assets(partitions_def: DailyPartitionsDefinition) -> list:
 
     @asset(
         partitions_def=partitions_def, backfill_policy=policy, group_name=GROUP, kinds={"duckdb"},
+        metadata=_columns("martingale_alarms"),
         deps=["protected_scores", "calibrator_state"], check_specs=alarm_checks(partitions_def),
         description="First crossing of log10 S >= 2 (S >= 100) per stream, with its date, event "
         "and value.",
@@ -282,7 +290,7 @@ def _build_assets(partitions_def: DailyPartitionsDefinition) -> list:
 
     @asset(
         partitions_def=partitions_def, backfill_policy=policy, group_name=GROUP, kinds={"duckdb"},
-        deps=["calibrator_state"],
+        metadata=_columns("calibration_map"), deps=["calibrator_state"],
         description="Serving map of every stream at the end of the day (docs/ARCHITECTURE.md §4), as exact "
         "terms or step/linear tables (a stack in two layers); apply it in SQL with "
         "calibrate_score(stream, score).",

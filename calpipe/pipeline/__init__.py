@@ -103,7 +103,7 @@ from calpipe.pipeline.reports import (
     trajectory_frame,
 )
 from calpipe.pipeline.settings import Settings, StageResult
-from calpipe.pipeline.tables import TABLES, OutputTable
+from calpipe.pipeline.tables import TABLES, OutputTable, table_schemas
 from calpipe.pipeline.transactions import _write_days, day_range
 
 __all__ = [
@@ -156,6 +156,7 @@ __all__ = [
     "stored_days",
     "stored_n_classes",
     "stream_summary",
+    "table_schemas",
     "trajectory_frame",
     "write_report",
 ]

@@ -34,6 +34,7 @@ table                   stage                       rows (both paths)           
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
@@ -240,3 +241,24 @@ def write_fused(writer: store.PartitionWriter, phase: str, context: Any) -> None
     for t in TABLES.values():
         if t.phase == phase:
             writer.insert(t.name, t.fused(context), sort=t.sort)
+
+
+@functools.cache
+def table_schemas() -> dict[str, tuple[tuple[str, str], ...]]:
+    """Each calpipe table's columns as ``(name, DuckDB type)``, in order, read from the SQL layer
+    installed into an in-memory database (what the code location shows as column schemas)."""
+    import duckdb
+
+    con = duckdb.connect()
+    try:
+        store.install_sql(con)
+        rows = con.execute(
+            "SELECT table_name, column_name, data_type FROM duckdb_columns() "
+            "WHERE NOT internal ORDER BY table_name, column_index"
+        ).fetchall()
+    finally:
+        con.close()
+    out: dict[str, list[tuple[str, str]]] = {}
+    for table, column, dtype in rows:
+        out.setdefault(table, []).append((column, dtype))
+    return {t: tuple(cols) for t, cols in out.items()}

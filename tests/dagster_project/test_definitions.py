@@ -109,3 +109,19 @@ def test_a_malformed_calpipe_settings_was_a_traceback(monkeypatch, value, match)
     monkeypatch.setenv("CALPIPE_SETTINGS", value)
     with pytest.raises(ParameterError, match=match):
         definitions.defs_from_env()
+
+
+def test_every_asset_carries_its_table_s_column_schema():
+    """The UI's Columns panel shows each table's columns and types, read from sql/."""
+    graph = definitions.defs.resolve_asset_graph()
+    for key in graph.get_all_asset_keys():
+        node = graph.get(key)
+        schema = node.metadata["dagster/column_schema"]
+        table = key.to_user_string()
+        assert node.metadata["duckdb_table"] == table
+        assert [(c.name, c.type) for c in schema.columns] == list(pipeline.table_schemas()[table])
+    cols = {
+        c.name
+        for c in graph.get(AssetKey("protected_scores")).metadata["dagster/column_schema"].columns
+    }
+    assert {"protected_score", "protected_scores", "log10_martingale", "event_date"} <= cols
