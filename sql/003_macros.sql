@@ -45,44 +45,32 @@ CREATE OR REPLACE MACRO calpipe_piece(family, x, y_at, y_right, x_next, y_next, 
 -- Equal-width bin of q among n of [0, 1], as the calibeating kernel computes it.
 CREATE OR REPLACE MACRO calpipe_bin(q, n) AS least(CAST(floor(q * n) AS INTEGER), CAST(n AS INTEGER) - 1);
 
+-- One layer of stream `s`'s map of day `d` evaluated at p: `v` (NULL: the layer has no rows) and
+-- its row count `n`. A step/linear table (the piece with the largest x <= p), a bin table
+-- (family bins: the value of p's bin, p where NULL) or a weighted sum of terms.
+CREATE OR REPLACE MACRO calpipe_layer(s, d, lay, p) AS TABLE
+    SELECT CASE WHEN bool_or(m.family IN ('step', 'linear'))
+                THEN arg_max(calpipe_piece(m.family, m.x, m.y_at, m.y_right, m.x_next, m.y_next, p),
+                             m.x) FILTER (WHERE m.x <= p)
+                WHEN bool_or(m.family = 'bins')
+                THEN max(coalesce(m.y_at, p)) FILTER (WHERE m.term = calpipe_bin(p, m.a))
+                ELSE sum(m.weight * calpipe_map_term(m.family, m.a, m.b, m.clip, m.in_w1, m.in_w2,
+                                                     m.in_w0, m.in_eps, p))
+           END AS v,
+           count(*) AS n
+    FROM calibration_map m
+    WHERE m.stream = s AND m.date = d AND coalesce(m.layer, 0) = lay;
+
 -- Calibrated probability of `score` under stream `s`'s map in force at the end of day `as_of`
 -- (its latest map on or before; NULL: no map yet), for every method with a SQL form
--- (calpipe.pipeline.mapping.has_sql_map). A layer is a step/linear table (the piece with the
--- largest x <= p), a bin table (family bins: the value of p's bin, p where NULL) or a weighted
--- sum of terms; layer 1 (a stack's top, a calibeating table) is applied to layer 0's value.
+-- (calpipe.pipeline.mapping.has_sql_map): layer 0 at the score; layer 1 (a stack's top, a
+-- calibeating table), where there is one, at layer 0's value.
 CREATE OR REPLACE MACRO calibrate_score_as_of(s, score, as_of) AS (
-    WITH m AS (
-        SELECT * FROM calibration_map
-        WHERE stream = s
-          AND date = (SELECT max(date) FROM calibration_map
-                      WHERE stream = s AND date <= CAST(as_of AS DATE))
+    WITH d AS (
+        SELECT max(date) AS d FROM calibration_map WHERE stream = s AND date <= CAST(as_of AS DATE)
     ),
-    l0 AS (
-        SELECT CASE WHEN bool_or(m.family IN ('step', 'linear'))
-                    THEN arg_max(calpipe_piece(m.family, m.x, m.y_at, m.y_right, m.x_next,
-                                               m.y_next, CAST(score AS DOUBLE)), m.x)
-                         FILTER (WHERE m.x <= CAST(score AS DOUBLE))
-                    WHEN bool_or(m.family = 'bins')
-                    THEN max(coalesce(m.y_at, CAST(score AS DOUBLE)))
-                         FILTER (WHERE m.term = calpipe_bin(CAST(score AS DOUBLE), m.a))
-                    ELSE sum(m.weight * calpipe_map_term(m.family, m.a, m.b, m.clip, m.in_w1,
-                                                         m.in_w2, m.in_w0, m.in_eps,
-                                                         CAST(score AS DOUBLE)))
-               END AS v
-        FROM m WHERE coalesce(m.layer, 0) = 0
-    ),
-    l1 AS (
-        SELECT CASE WHEN bool_or(m.family IN ('step', 'linear'))
-                    THEN arg_max(calpipe_piece(m.family, m.x, m.y_at, m.y_right, m.x_next,
-                                               m.y_next, l0.v), m.x) FILTER (WHERE m.x <= l0.v)
-                    WHEN bool_or(m.family = 'bins')
-                    THEN max(coalesce(m.y_at, l0.v)) FILTER (WHERE m.term = calpipe_bin(l0.v, m.a))
-                    ELSE sum(m.weight * calpipe_map_term(m.family, m.a, m.b, m.clip, m.in_w1,
-                                                         m.in_w2, m.in_w0, m.in_eps, l0.v))
-               END AS v,
-               count(*) AS n
-        FROM m, l0 WHERE m.layer = 1
-    )
+    l0 AS (SELECT l.v FROM d, calpipe_layer(s, d.d, 0, CAST(score AS DOUBLE)) AS l),
+    l1 AS (SELECT l.v, l.n FROM d, l0, calpipe_layer(s, d.d, 1, l0.v) AS l)
     SELECT CASE WHEN l1.n > 0 THEN l1.v ELSE l0.v END FROM l0, l1
 );
 
