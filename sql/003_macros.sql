@@ -102,35 +102,41 @@ CREATE OR REPLACE MACRO calpipe_kterm(family, a, b, alphas, q) AS
         WHEN 'temperature' THEN calpipe_softmax(list_transform(q, lambda x: a * ln(greatest(x, b))))
     END;
 
--- Calibrated class probabilities (a list) of the K-class `scores` under stream `s`'s map in force
--- at the end of day `as_of`: sum over the terms of weight * f(kclip(p)), or weight *
--- f(kclip(q(kclip(p)))) for a term with an input map q, class by class (NULL: no map yet).
-CREATE OR REPLACE MACRO calibrate_scores_as_of(s, scores, as_of) AS (
-    WITH m AS (
-        SELECT * FROM calibration_map
-        WHERE stream = s
-          AND date = (SELECT max(date) FROM calibration_map
-                      WHERE stream = s AND date <= CAST(as_of AS DATE))
-    ),
-    t AS (
+-- One layer of a K-class map of stream `s` on day `d` at the score vector p: `v` = the sum over
+-- its terms of weight * f(kclip(p)), or weight * f(kclip(q(kclip(p)))) for a term with an input
+-- map q, class by class (NULL: no rows), and its row count `n`. K-class clipping is not
+-- idempotent (it renormalises): the base is clipped once, an input's forecast again, as the
+-- engine does.
+CREATE OR REPLACE MACRO calpipe_klayer(s, d, lay, p) AS TABLE
+    WITH t AS (
         SELECT m.weight,
-               -- K-class clipping is not idempotent (it renormalises): the base is clipped
-               -- once, an input's forecast is clipped again, as the engine does
                calpipe_kterm(m.family, m.a, m.b, m.alphas,
                              CASE WHEN m.in_ka IS NULL
-                                  THEN calpipe_kclip(CAST(scores AS DOUBLE[]), m.clip)
+                                  THEN calpipe_kclip(CAST(p AS DOUBLE[]), m.clip)
                                   ELSE calpipe_kclip(calpipe_kinput(
-                                           calpipe_kclip(CAST(scores AS DOUBLE[]), m.clip),
+                                           calpipe_kclip(CAST(p AS DOUBLE[]), m.clip),
                                            m.in_ka, m.in_kb, m.in_eps), m.clip)
                              END) AS f
-        FROM m
+        FROM calibration_map m
+        WHERE m.stream = s AND m.date = d AND coalesce(m.layer, 0) = lay
     ),
     c AS (
         SELECT u.i, sum(t.weight * u.v) AS v
         FROM t, unnest(t.f) WITH ORDINALITY AS u(v, i)
         GROUP BY u.i
     )
-    SELECT list(c.v ORDER BY c.i) FROM c
+    SELECT (SELECT list(c.v ORDER BY c.i) FROM c) AS v, (SELECT count(*) FROM t) AS n;
+
+-- Calibrated class probabilities (a list) of the K-class `scores` under stream `s`'s map in force
+-- at the end of day `as_of` (NULL: no map yet): layer 0 at the scores, layer 1 (a stack's top)
+-- at layer 0's vector.
+CREATE OR REPLACE MACRO calibrate_scores_as_of(s, scores, as_of) AS (
+    WITH d AS (
+        SELECT max(date) AS d FROM calibration_map WHERE stream = s AND date <= CAST(as_of AS DATE)
+    ),
+    l0 AS (SELECT l.v FROM d, calpipe_klayer(s, d.d, 0, scores) AS l),
+    l1 AS (SELECT l.v, l.n FROM d, l0, calpipe_klayer(s, d.d, 1, l0.v) AS l)
+    SELECT CASE WHEN l1.n > 0 THEN l1.v ELSE l0.v END FROM l0, l1
 );
 
 -- The same under the latest map of stream `s`.

@@ -46,9 +46,7 @@ def has_sql_map(cal, n_classes: int = 2) -> bool:
     ``composite-experts`` over online vector scaling (Cox functions of the K-class family,
     paper 001 eq. (1)), ``ops`` (online vector scaling) and temperature scaling."""
     if isinstance(cal, Stacked):  # two layers, each of one (a calibeating method takes two)
-        return n_classes == 2 and all(
-            _form(c) not in (None, "calibeat") for c in (cal.base, cal.top)
-        )
+        return all(_form(c, n_classes) not in (None, "calibeat") for c in (cal.base, cal.top))
     return _form(cal, n_classes) is not None
 
 
@@ -91,13 +89,13 @@ def map_terms(state: pl.DataFrame, settings: Settings) -> pl.DataFrame:
     k = int(state["n_classes"][0]) if state.height else 2
     st = state_from_rows(cal, state, k)
     keys = state.select("date", "stream")
-    if k > 2:
-        rows = [_layer_rows(cal, st, keys, 0, k)]
-    elif isinstance(cal, Stacked):
+    if isinstance(cal, Stacked):
         rows = [
-            _layer_rows(c, part, keys, layer)
-            for layer, c, part in zip((0, 1), (cal.base, cal.top), cal._split(st, 2), strict=True)
+            _layer_rows(c, part, keys, layer, k)
+            for layer, c, part in zip((0, 1), (cal.base, cal.top), cal._split(st, k), strict=True)
         ]
+    elif k > 2:
+        rows = [_layer_rows(cal, st, keys, 0, k)]
     elif _form(cal) == "calibeat":  # the expert's map, then its forecast's bin
         expert, table = cal.calibeat_map(st)
         n = keys.height
@@ -135,7 +133,7 @@ def _layer_rows(cal, st, keys: pl.DataFrame, layer: int, k: int = 2) -> pl.DataF
     """The rows of one calibrator's map (one layer) for the streams of ``st`` (``keys``)."""
     form = _form(cal, k)
     if k > 2:
-        return _k_rows(cal, st, keys, form, k)
+        return _k_rows(cal, st, keys, form, k, layer)
     if form == "terms":
         mt = cal.map_terms(st)
         n, t = mt.weight.shape
@@ -161,7 +159,7 @@ def _layer_rows(cal, st, keys: pl.DataFrame, layer: int, k: int = 2) -> pl.DataF
     return _step_rows(cal, st, keys, layer)
 
 
-def _k_rows(cal, st, keys: pl.DataFrame, form: str, k: int) -> pl.DataFrame:
+def _k_rows(cal, st, keys: pl.DataFrame, form: str, k: int, layer: int = 0) -> pl.DataFrame:
     """The rows of a K-class map (``calibrate_scores``): weighted terms whose Cox functions carry
     their class shifts (``alphas``) and whose inputs are vector scaling maps (``in_ka``,
     ``in_kb``, ``in_eps``), or one identity term whose input is ``ops``' map, or temperature."""
@@ -172,21 +170,21 @@ def _k_rows(cal, st, keys: pl.DataFrame, form: str, k: int) -> pl.DataFrame:
         inputs = mt.inputs_k if mt.inputs_k is not None else np.full((n, t, 2 * k + 1), np.nan)
         frame = _term_frame(
             keys, t, np.tile(mt.family, n), np.tile(mt.a, n), np.tile(mt.b, n), mt.weight.ravel(),
-            np.full((n * t, 4), np.nan), float(cal.params["clip"]), 0,
+            np.full((n * t, 4), np.nan), float(cal.params["clip"]), layer,
         )  # fmt: skip
         alphas = np.tile(mt.alphas, (n, 1))
         return frame.with_columns(_k_inputs(inputs.reshape(n * t, 2 * k + 1), k, alphas))
     if form == "vector":  # one identity term whose input is the vector scaling map
         frame = _term_frame(
             keys, 1, np.full(n, "identity"), np.zeros(n), np.zeros(n), np.ones(n),
-            np.full((n, 4), np.nan), 0.0, 0,
+            np.full((n, 4), np.nan), 0.0, layer,
         )  # fmt: skip
         return frame.with_columns(_k_inputs(cal.vector_map(st, k), k, np.zeros((n, k))))
     te = cal.temperature_map(st, k)  # a = 1/T, b = eps; identity until fitted
     fitted = ~np.isnan(te[:, 0])
     frame = _term_frame(
         keys, 1, np.where(fitted, "temperature", "identity"), np.nan_to_num(te[:, 0]),
-        np.nan_to_num(te[:, 1]), np.ones(n), np.full((n, 4), np.nan), 0.0, 0,
+        np.nan_to_num(te[:, 1]), np.ones(n), np.full((n, 4), np.nan), 0.0, layer,
     )  # fmt: skip
     return frame.with_columns(_k_inputs(np.full((n, 2 * k + 1), np.nan), k, np.zeros((n, k))))
 

@@ -203,7 +203,7 @@ NO_K_SQL_FORM = {
     "roc-isotonic": "regions of the simplex (paper 003, Alg. 2)",
     "venn-abers": "pairwise coupling of one-vs-one Venn-ABERS tables",
     "venn-predictor": "a taxonomy over the simplex",
-}
+}  # and stacks with one of these as a layer
 
 
 def _k_grid(events: pl.DataFrame, seed: int = 0) -> np.ndarray:
@@ -218,11 +218,21 @@ def _k_grid(events: pl.DataFrame, seed: int = 0) -> np.ndarray:
     return np.vstack([stored, rand, corners, zeros])
 
 
-@pytest.mark.parametrize(("method", "params"), K_CLASS)
-def test_a_k_class_sql_map_equals_its_serving_map(tmp_path, method, params):
+#: K-class stacks whose layers both have a K-class SQL form: (top, its params, base, its params).
+K_STACKS = [
+    ("composite-jumper", {}, "temperature", {"window": 30, "refit_every": 11}),
+    ("jumper", {}, "ops", {}),
+]
+
+
+@pytest.mark.parametrize(
+    ("method", "params", "base", "base_params"),
+    [(m, p, None, None) for m, p in K_CLASS] + K_STACKS,
+)
+def test_a_k_class_sql_map_equals_its_serving_map(tmp_path, method, params, base, base_params):
     from tests.pipeline.test_labels import with_classes
 
-    settings = Settings.make(method, **params)
+    settings = Settings.make(method, base_method=base, base_params=base_params, **params)
     events = with_classes(generate.generate(n_days=4, streams=STREAMS, seed=2), K, seed=5)
     store.write_landing(events, tmp_path / "landing")
     con = store.connect(tmp_path / "k.duckdb")
@@ -232,6 +242,8 @@ def test_a_k_class_sql_map_equals_its_serving_map(tmp_path, method, params):
         )
         assert has_sql_map(settings.calibrator(), K)
         assert store.query(con, "SELECT count(*) AS n FROM calibration_map")["n"][0] > 0
+        layers = store.query(con, "SELECT DISTINCT layer FROM calibration_map ORDER BY layer")
+        assert layers["layer"].to_list() == ([0, 1] if base else [0])
         day = store.query(con, "SELECT max(date) AS d FROM calibrator_state")["d"][0]
         state = pipeline.state_as_of(con, day)
         grid = _k_grid(events)
