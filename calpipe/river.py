@@ -64,9 +64,8 @@ class _OnlineStream:
             fam = self.cal.family(2)
             self._code, self._params = fam.code, np.ascontiguousarray(fam.params)
             self._rates = np.ascontiguousarray(self.cal.rates, dtype=np.float64)
-            self._a = np.ascontiguousarray(
-                self.state.active[0].ravel()
-            )  # the buffers binary_event updates
+            # the object's own buffers, which binary_event updates in place event by event
+            self._a = self.state.active[0].ravel().copy()
             self._pm = np.array([self.state.passive[0], self.state.log10m[0]])
             self._lo, self._hi = self.clip, 1.0 - self.clip
 
