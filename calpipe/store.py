@@ -683,6 +683,8 @@ class EventSource:
         only then: the CLI used to label every database error "reading <source>")."""
         try:
             yield
+        except duckdb.InterruptException:  # Ctrl-C mid-query: an interrupt, not a bad source
+            raise
         except duckdb.Error as exc:
             raise StoreError(f"reading {self.describe()}: {exc}") from exc
 

@@ -87,7 +87,14 @@ def _print_frame(df: pl.DataFrame, max_rows: int = config.SQL_PRINT_MAX_ROWS) ->
 def _cmd_demo(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     bar = progress.DayBar("calpipe demo", show=progress.enabled(args.no_progress))
-    res = pipeline.demo(args.db, log=lambda m: print(f"  {m}", flush=True), progress=bar)
+    try:
+        res = pipeline.demo(args.db, log=lambda m: print(f"  {m}", flush=True), progress=bar)
+    except _INTERRUPTS as exc:
+        if not _is_interrupt(exc):
+            raise
+        # the open transaction was rolled back on the way out
+        print(_demo_interrupted(Path(args.db)), file=sys.stderr)
+        return 130
     run = res.run
     print(
         f"calpipe demo: {run.days} daily partitions {run.start} .. {run.end}, {run.events:,} events, "
@@ -116,6 +123,34 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+#: How Ctrl-C surfaces: Python's KeyboardInterrupt, or DuckDB's own when it lands mid-query
+#: (duckdb.InterruptException, or a RuntimeError "Query interrupted" from a catalog query).
+_INTERRUPTS = (KeyboardInterrupt, duckdb.InterruptException, RuntimeError)
+
+
+def _is_interrupt(exc: BaseException) -> bool:
+    if isinstance(exc, RuntimeError) and not isinstance(exc, duckdb.InterruptException):
+        return "interrupted" in str(exc).lower()
+    return True
+
+
+def _demo_interrupted(db: Path) -> str:
+    """One line for Ctrl-C in the demo: what is committed, and that running it again redoes it
+    whole (the demo replaces every partition; it is idempotent)."""
+    last = None
+    try:
+        con = store.connect(db, read_only=True, lock_wait=0)
+        try:
+            last = con.sql("SELECT max(date) FROM pipeline_days").fetchall()[0][0]
+        finally:
+            con.close()
+    except (duckdb.Error, store.StoreError, KeyboardInterrupt, RuntimeError):
+        pass
+    done = f"the days up to {last} are committed" if last else "no day is committed yet"
+    return (f"calpipe demo: interrupted: {done} (the transaction in progress was rolled back). "
+            f"Run it again to run it whole:\n  {_prog()} demo")  # fmt: skip
+
+
 # ----------------------------------------------------------------------------------------------
 # run
 # ----------------------------------------------------------------------------------------------
@@ -136,12 +171,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
     con = store.connect(args.db, lock_wait=args.lock_wait)
     try:
         return _run(con, source, labels, args, settings, t0)
+    except _INTERRUPTS as exc:
+        if not _is_interrupt(exc):
+            raise
+        # the open transaction was rolled back on the way out
+        print(_interrupted(con, args), file=sys.stderr)
+        return 130  # the shell's code for a command ended by SIGINT
     except duckdb.Error as exc:  # reading the source is a StoreError that names it
         print(f"calpipe: error: database {args.db}: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # the open transaction was rolled back on the way out
-        print(_interrupted(con, args), file=sys.stderr)
-        return 130  # the shell's code for a command ended by SIGINT
     finally:
         con.close()
 
@@ -150,7 +188,7 @@ def _interrupted(con, args) -> str:
     """One line for Ctrl-C: what is committed and how to resume (no traceback)."""
     try:
         last = con.sql("SELECT max(date) FROM pipeline_days").fetchall()[0][0]
-    except (duckdb.Error, KeyboardInterrupt):
+    except (duckdb.Error, KeyboardInterrupt, RuntimeError):
         last = None
     again = shlex.join([_prog(), *(args.argv or [])])
     done = f"the days up to {last} are committed" if last else "no day is committed yet"
