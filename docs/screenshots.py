@@ -121,7 +121,7 @@ def take(db: Path, out: Path, *, timeout: float = 600) -> dict[str, Path]:
     base = f"http://127.0.0.1:{port}"
     shots = {name: out / f"ui_{name}.png" for name in SHOTS}
     try:
-        _wait("the UI", lambda: _gql(port, "{ repositoriesOrError { __typename } }"), 180)
+        _wait("the UI", lambda: _gql(port, "{ repositoriesOrError { __typename } }"), 360)
         _wait(
             "the days computed outside dagster",
             lambda: _materialized(port, "protected_scores") >= days.len(),

@@ -80,10 +80,17 @@ def test_the_ui_shows_cli_days_and_materializes_a_partition_through_graphql(tmp_
                  ... on AssetNode { partitionStats { numMaterialized } } } }"""
         return gql(q, {"a": [asset]})["assetNodeOrError"]["partitionStats"]["numMaterialized"]
 
+    failure = None
     try:
-        _wait("the UI", lambda: gql("{ repositoriesOrError { __typename } }"))
+        # dagster dev starts a webserver, a code server and a daemon: on a loaded 2-core CI
+        # machine that took over 2 minutes once, so the wait is generous
+        _wait("the UI", lambda: gql("{ repositoriesOrError { __typename } }"), timeout=360)
         # the CLI's days, reported by the background sync: every asset, every day
-        _wait("the sync", lambda: all(materialized(a) == len(days) for a in pipeline.ASSET_TABLES))
+        _wait(
+            "the sync",
+            lambda: all(materialized(a) == len(days) for a in pipeline.ASSET_TABLES),
+            timeout=360,
+        )
 
         run = gql(
             """mutation($p: ExecutionParams!) { launchRun(executionParams: $p) {
@@ -114,6 +121,8 @@ def test_the_ui_shows_cli_days_and_materializes_a_partition_through_graphql(tmp_
         assert entries["dagster/row_count"]["intValue"] == n_day
         streams = {json.loads(r)["stream"] for r in entries["metrics"]["table"]["records"]}
         assert streams == {"a", "b"}
+    except AssertionError as exc:  # reported with the UI's own output, below
+        failure = exc
     finally:
         os.killpg(ui.pid, signal.SIGINT)  # Ctrl-C in the terminal: the whole process group
         try:
@@ -121,5 +130,7 @@ def test_the_ui_shows_cli_days_and_materializes_a_partition_through_graphql(tmp_
         except subprocess.TimeoutExpired:
             os.killpg(ui.pid, signal.SIGKILL)
             out, _ = ui.communicate()
+    if failure is not None:
+        raise AssertionError(f"{failure}\n--- calpipe ui's output ---\n{out[-4000:]}")
     assert ui.returncode is not None
     assert "dagster: 4 day(s) computed outside dagster recorded" in out
