@@ -382,6 +382,11 @@ UI_PORT: int = 3000
 #: hashes changed ones); a night's files rarely need a faster reaction than that.
 LANDING_SENSOR_SECONDS: int = 300
 
+#: How long a client of ``calpipe ui`` waits for it to answer (calpipe.cli.ui_client): dagster
+#: dev starts a webserver, a code server and a daemon, which once took over 2 minutes on a
+#: loaded 2-core CI machine.
+UI_START_SECONDS: float = 360.0
+
 #: Rows ``calpipe sql`` prints by default (``--max-rows``): a screenful; ``--csv`` prints all.
 SQL_PRINT_MAX_ROWS: int = 50
 

@@ -262,11 +262,12 @@ def get_meta(con: duckdb.DuckDBPyConnection, key: str) -> str | None:
     return None if row is None else row[0]
 
 
-def set_meta(con: duckdb.DuckDBPyConnection, key: str, value: str) -> None:
-    """Set a value of ``calpipe_meta`` (in its own transaction)."""
+def set_meta(con: duckdb.DuckDBPyConnection, **values: str) -> None:
+    """Set values of ``calpipe_meta``, key = value, all in one transaction of their own."""
     con.begin()
     try:
-        _set_meta(con, key, value)
+        for key, value in values.items():
+            _set_meta(con, key, value)
         con.commit()
     except BaseException:
         rollback(con)

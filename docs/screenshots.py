@@ -14,85 +14,13 @@ installed.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import shutil
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from calpipe import paths, pipeline, store
+from calpipe.cli.ui_client import RunningUI, wait_for
 
-LOCATION = "calpipe.dagster_project.definitions"
 SHOTS = ("lineage", "partition", "plot")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _gql(port: int, query: str, variables: dict | None = None) -> dict:
-    req = urllib.request.Request(
-        f"http://127.0.0.1:{port}/graphql",
-        data=json.dumps({"query": query, "variables": variables or {}}).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(req, timeout=30) as resp:
-        out = json.loads(resp.read())
-    if "errors" in out:
-        raise RuntimeError(out["errors"])
-    return out["data"]
-
-
-def _wait(what: str, fn, timeout: float):
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        try:
-            value = fn()
-        except (urllib.error.URLError, OSError):
-            value = None
-        if value:
-            return value
-        time.sleep(1.0)
-    raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
-
-
-def _materialized(port: int, asset: str) -> int:
-    q = """query($a: [String!]!) { assetNodeOrError(assetKey: {path: $a}) {
-             ... on AssetNode { partitionStats { numMaterialized } } } }"""
-    return _gql(port, q, {"a": [asset]})["assetNodeOrError"]["partitionStats"]["numMaterialized"]
-
-
-def _materialize(port: int, day: str) -> None:
-    run = _gql(
-        port,
-        """mutation($p: ExecutionParams!) { launchRun(executionParams: $p) {
-             __typename ... on LaunchRunSuccess { run { runId } } ... on PythonError { message } } }""",
-        {"p": {"selector": {"repositoryLocationName": LOCATION, "repositoryName": "__repository__",
-                            "jobName": "__ASSET_JOB",
-                            "assetSelection": [{"path": [a]} for a in pipeline.ASSET_TABLES]},
-               "executionMetadata": {"tags": [{"key": "dagster/partition", "value": day}]}}},
-    )["launchRun"]  # fmt: skip
-    if run["__typename"] != "LaunchRunSuccess":
-        raise RuntimeError(f"launching the run of {day}: {run}")
-    q = "query($id: ID!) { runOrError(runId: $id) { ... on Run { status } } }"
-    final = ("SUCCESS", "FAILURE", "CANCELED")
-    status = _wait(
-        f"the run of {day}",
-        lambda: (
-            (s := _gql(port, q, {"id": run["run"]["runId"]})["runOrError"]["status"]) in final and s
-        ),
-        600,
-    )
-    if status != "SUCCESS":
-        raise RuntimeError(f"the run of {day} ended {status}")
 
 
 def take(db: Path, out: Path, *, timeout: float = 600) -> dict[str, Path]:
@@ -111,23 +39,18 @@ def take(db: Path, out: Path, *, timeout: float = 600) -> dict[str, Path]:
         raise RuntimeError(f"{db}: no day has been run yet")
     last = days.max().isoformat()
     out.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if k != "DAGSTER_HOME"} | {
-        "DAGSTER_DISABLE_TELEMETRY": "1"
-    }
-    ui = subprocess.Popen([sys.executable, "-m", "calpipe.cli", "ui", "--db", str(db), "--port", str(port)],
-                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                          start_new_session=True)  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
     shots = {name: out / f"ui_{name}.png" for name in SHOTS}
-    try:
-        _wait("the UI", lambda: _gql(port, "{ repositoriesOrError { __typename } }"), 360)
-        _wait(
+    with RunningUI(db) as ui:
+        ui.wait_ready()
+        wait_for(
             "the days computed outside dagster",
-            lambda: _materialized(port, "protected_scores") >= days.len(),
+            lambda: ui.materialized("protected_scores") >= days.len(),
             timeout,
         )
-        _materialize(port, last)
+        _, status = ui.materialize(last)
+        if status != "SUCCESS":
+            raise RuntimeError(f"the run of {last} ended {status}:\n{ui.stop()[-4000:]}")
+        base = ui.base
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=browser_path, args=["--no-sandbox"])
             page = browser.new_page(viewport={"width": 1400, "height": 900})
@@ -144,13 +67,6 @@ def take(db: Path, out: Path, *, timeout: float = 600) -> dict[str, Path]:
             page.wait_for_timeout(1000)
             page.screenshot(path=shots["plot"])
             browser.close()
-    finally:
-        os.killpg(ui.pid, signal.SIGINT)  # Ctrl-C: calpipe ui stops dagster and its daemon
-        try:
-            ui.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(ui.pid, signal.SIGKILL)
-            ui.wait()
     return shots
 
 

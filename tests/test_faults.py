@@ -281,6 +281,21 @@ def test_a_lock_let_go_within_the_wait_is_waited_for(landing, capsys):
         holder.wait()
 
 
+def _ctrl_c(cmd: list[str], under_way) -> str:
+    """Start ``cmd``, wait until ``under_way(child)`` returns, send SIGINT (Ctrl-C): its standard
+    error, after checking it ended with exit 130 and no traceback (skipped if it finished
+    first)."""
+    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    under_way(child)
+    child.send_signal(signal.SIGINT)
+    _, err = child.communicate(timeout=120)
+    if child.returncode == 0:  # pragma: no cover - finished before the signal landed
+        pytest.skip("the command finished before the interrupt")
+    assert child.returncode == 130, err
+    assert "Traceback" not in err
+    return err
+
+
 def test_ctrl_c_ends_calpipe_run_with_one_line_and_the_run_resumes(landing):
     """Ctrl-C (SIGINT) in `calpipe run` printed a traceback, though the data was safe; now one
     line says which days are committed and the command to resume, exit 130, and running it
@@ -296,18 +311,11 @@ def test_ctrl_c_ends_calpipe_run_with_one_line_and_the_run_resumes(landing):
         sys.exit(main(["run", "--events", sys.argv[2], "--db", sys.argv[1]]))
         """
     )
-    child = subprocess.Popen(
-        [sys.executable, "-c", code, str(db), str(tmp / "landing")],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    first = child.stdout.readline()  # the first day's log line: the run is under way
-    assert first.strip(), child.stderr.read()
-    child.send_signal(signal.SIGINT)
-    _, err = child.communicate(timeout=120)
-    if child.returncode == 0:  # pragma: no cover - finished before the signal landed
-        pytest.skip("the run finished before the interrupt")
-    assert child.returncode == 130, err
-    assert "Traceback" not in err
+
+    def under_way(child):  # the first day's log line
+        assert child.stdout.readline().strip(), child.stderr.read()
+
+    err = _ctrl_c([sys.executable, "-c", code, str(db), str(tmp / "landing")], under_way)
     assert "calpipe: interrupted:" in err and "Run the same command to resume" in err
     _consistent(db)
     from calpipe import cli
@@ -324,17 +332,8 @@ def test_ctrl_c_ends_calpipe_demo_with_one_line(tmp_path):
     import time
 
     db = tmp_path / "demo.duckdb"
-    child = subprocess.Popen(
-        [sys.executable, "-m", "calpipe.cli", "demo", "--db", str(db), "--no-progress"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    time.sleep(8)  # the demo takes ~25 s: it is under way
-    child.send_signal(signal.SIGINT)
-    _, err = child.communicate(timeout=120)
-    if child.returncode == 0:  # pragma: no cover - finished before the signal landed
-        pytest.skip("the demo finished before the interrupt")
-    assert child.returncode == 130, err
-    assert "Traceback" not in err
+    cmd = [sys.executable, "-m", "calpipe.cli", "demo", "--db", str(db), "--no-progress"]
+    err = _ctrl_c(cmd, lambda child: time.sleep(8))  # the demo takes ~25 s: under way at 8
     assert "calpipe demo: interrupted:" in err and "Run it again to run it whole" in err
     if db.exists():  # (interrupted while landing the files: no database yet)
         _consistent(db)

@@ -948,6 +948,12 @@ def test_cli_run_sql_and_ui(small, capsys):
     other = db.resolve().parent / "other.duckdb"
     assert cli_pipeline.dagster_home(other) != cli_pipeline.dagster_home(db.resolve())
     assert f"CALPIPE_START_DATE={day(0)}" in out and "CALPIPE_END_DATE=none" in out
+    assert "does not exist yet" not in out
+    # a database that does not exist: said, and not created (the UI would create it)
+    assert cli.main(["ui", "--db", str(other), "--dry-run", "--events", "landing"]) == 0
+    out = capsys.readouterr().out
+    assert f"note: {other} does not exist yet" in out and "from landing" in out
+    assert not other.exists()
 
 
 def test_cli_run_from_a_table_with_renamed_columns(tmp_path, capsys):
@@ -999,8 +1005,13 @@ def test_cli_run_from_csv_equals_the_same_events_from_parquet(tmp_path, capsys):
     )
     bad.write_csv(tmp_path / "bad.csv")
     assert cli.main(["run", "--events", str(tmp_path / "bad.csv"), "--db", str(tmp_path / "b.duckdb"),
-                     "--time-col", "ts", "--no-progress"]) != 0  # fmt: skip
-    assert "score" in capsys.readouterr().err
+                     "--time-col", "ts", "--no-progress"]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert "column 'score'" in err and "outside [0, 1]" in err, err
+    con = store.connect(tmp_path / "b.duckdb", read_only=True)  # nothing written
+    assert store.query(con, "SELECT count(*) AS n FROM pipeline_days")["n"][0] == 0
+    assert store.query(con, "SELECT count(*) AS n FROM scored_events")["n"][0] == 0
+    con.close()
 
 
 @pytest.mark.parametrize("module", ["store", "pipeline", "generate", "plots"])

@@ -631,3 +631,14 @@ def test_an_unversioned_calpipe_database_is_upgraded_once(tmp_path):
     assert store.get_meta(con, "schema_version") == str(store.SCHEMA_VERSION)
     assert store.install_sql(con) is False  # up to date: no write
     con.close()
+
+
+def test_a_column_map_round_trips_through_json_and_a_bad_one_is_named():
+    cm = store.ColumnMap(stream=None, event_id="rid", event_time="ts", score="p", label="y")
+    assert store.ColumnMap.from_json(cm.to_json()) == cm
+    with pytest.raises(
+        store.StoreError, match=r"column map '\{\"stream\": \"a\", \"x\": 1\}' is not"
+    ):
+        store.ColumnMap.from_json('{"stream": "a", "x": 1}')
+    with pytest.raises(store.StoreError, match="is not a calpipe column map"):
+        store.ColumnMap.from_json("not json")

@@ -21,6 +21,7 @@ import polars as pl
 from calpipe import config, paths, pipeline, store
 from calpipe.cli import progress, ui_guard
 from calpipe.cli.options import add_method_options, method_params
+from calpipe.cli.ui_client import free_port
 from calpipe.pipeline.inputs import ReplayRequired
 from calpipe.pipeline.labels import LabelColumns, label_source
 
@@ -266,28 +267,20 @@ def ui_command(
     return cmd, env
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind((UI_HOST, 0))
-        return int(sock.getsockname()[1])
-
-
 def _cmd_ui(args: argparse.Namespace) -> int:
     db = Path(args.db).expanduser().resolve()
-    inner = _free_port()
+    inner = free_port(UI_HOST)
     cmd, env = ui_command(db, events=args.events, port=inner)
+    if not db.exists():
+        src = env.get("CALPIPE_EVENTS", "the landing folder beside it")
+        print(f"note: {db} does not exist yet: the UI shows no partition materialized, and "
+              f"materializing one creates the database from {src}")  # fmt: skip
     if args.dry_run:
         for k, v in sorted(env.items()):
             print(f"{k}={v}")
         print(" ".join(cmd))
         print(f"guard: http://{UI_HOST}:{args.port} -> 127.0.0.1:{inner} (calpipe.cli.ui_guard)")
         return 0
-    if not db.exists():
-        src = env.get("CALPIPE_EVENTS", "the landing folder beside it")
-        print(f"note: {db} does not exist yet: the UI shows no partition materialized, and "
-              f"materializing one creates the database from {src}")  # fmt: skip
     home = dagster_home(db)
     home.mkdir(parents=True, exist_ok=True)
     yaml = home / "dagster.yaml"

@@ -99,7 +99,7 @@ def demo(
         run = run_range(
             con, source, first, last, Settings(), first_day=first, log=log, progress=progress
         )
-        store.set_meta(con, "last_day", last.isoformat())  # the rest: run_range's record
+        store.set_meta(con, last_day=last.isoformat())  # the rest: run_range's record
         truth = generate.drift_table().select("stream", "drift_date")
         summary = stream_summary(con).join(truth, on="stream", how="left")
     finally:

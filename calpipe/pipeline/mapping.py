@@ -56,7 +56,9 @@ def _form(cal, n_classes: int = 2) -> str | None:
         if hasattr(cal, "map_terms"):
             if isinstance(cal, ProtectedCalibrator):
                 return "terms" if cal.loss == "log" else None
-            ok = all(hasattr(c, "vector_map") and c.calibeat == 0 for c in cal._inputs(n_classes))
+            ok = all(
+                hasattr(c, "vector_map") and c.has_logistic_map() for c in cal._inputs(n_classes)
+            )
             return "terms" if ok else None
         if hasattr(cal, "vector_map") and cal.has_logistic_map():
             return "vector"

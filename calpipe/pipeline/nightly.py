@@ -312,7 +312,7 @@ def run_range(
     if inputs is None:
         inputs = run_inputs(con, source, labels, start, end)
     if labels is not None:
-        store.set_meta(con, "labels", labels.location)
+        store.set_meta(con, labels=labels.location)
     chain = _Chain(
         settings, first, state_before(con, start, settings, first), state_hash_before(con, start),
         stored_n_classes(con),
@@ -376,7 +376,7 @@ def _record_run(con, source: EventSource, settings: Settings, first: dt.date) ->
     """What the chain was run with, in ``calpipe_meta``: the source, its column mapping, the
     method and the first day. ``calpipe ui`` hands them to the code location, so a partition
     materialized there reads the same events the same way and resumes the same chain."""
-    store.set_meta(con, "events", source.location)
-    store.set_meta(con, "columns", source.columns.to_json())
-    store.set_meta(con, "settings", settings.to_json())
-    store.set_meta(con, "first_day", first.isoformat())
+    store.set_meta(
+        con, events=source.location, columns=source.columns.to_json(),
+        settings=settings.to_json(), first_day=first.isoformat(),
+    )  # fmt: skip

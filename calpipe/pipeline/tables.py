@@ -245,13 +245,14 @@ def write_fused(writer: store.PartitionWriter, phase: str, context: Any) -> None
 
 @functools.cache
 def table_schemas() -> dict[str, tuple[tuple[str, str], ...]]:
-    """Each calpipe table's columns as ``(name, DuckDB type)``, in order, read from the SQL layer
-    installed into an in-memory database (what the code location shows as column schemas)."""
+    """Each calpipe table's columns as ``(name, DuckDB type)``, in order, from the DDL
+    (``sql/001_tables.sql``) run in an in-memory database: what the code location shows as
+    column schemas, at its load (the DDL alone takes ~40 ms; the whole SQL layer ~0.6 s)."""
     import duckdb
 
     con = duckdb.connect()
     try:
-        store.install_sql(con)
+        con.execute((paths.SQL_DIR / "001_tables.sql").read_text())
         rows = con.execute(
             "SELECT table_name, column_name, data_type FROM duckdb_columns() "
             "WHERE NOT internal ORDER BY table_name, column_index"

@@ -18,6 +18,7 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route, WebSocketRoute
 from starlette.testclient import TestClient
 
+from calpipe.cli.ui_client import free_port
 from calpipe.cli.ui_guard import Guard, refusal
 
 PORT = 3999
@@ -145,14 +146,6 @@ def _serve_in_thread(app, port):
     return server, thread
 
 
-def _free():
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_the_proxy_relays_http_and_websockets_to_the_upstream():
     """Through a real server pair: the guarded proxy relays a POST body, a streamed response,
     and WebSocket messages both ways with the negotiated subprotocol (dagster's UI
@@ -171,7 +164,7 @@ def test_the_proxy_relays_http_and_websockets_to_the_upstream():
 
     upstream = Starlette(routes=[Route("/{p:path}", _echo, methods=["GET", "POST"]),
                                  WebSocketRoute("/graphql", sub)])  # fmt: skip
-    up_port, port = _free(), _free()
+    up_port, port = free_port(), free_port()
     servers = [_serve_in_thread(upstream, up_port), _serve_in_thread(
         Guard(proxy_app(up_port), port), port)]  # fmt: skip
     try:
@@ -218,7 +211,7 @@ def test_a_client_closing_a_busy_websocket_leaves_no_error():
             return
 
     upstream = Starlette(routes=[WebSocketRoute("/graphql", stream)])
-    up_port, port = _free(), _free()
+    up_port, port = free_port(), free_port()
     servers = [_serve_in_thread(upstream, up_port), _serve_in_thread(
         Guard(proxy_app(up_port), port), port)]  # fmt: skip
     errors = []

@@ -71,3 +71,24 @@ def test_the_sensor_requests_new_days_then_nothing_then_a_corrected_day_onwards(
             req.tags[ASSET_PARTITION_RANGE_END_TAG],
         ) == (day[1], day[3])
         assert "changed" in req.run_key or "differ" in req.run_key, req.run_key
+
+
+def test_the_sensor_skips_a_tick_while_another_process_writes_the_database(tmp_path):
+    """A run writing the database (another process) is the next tick's business: a skip that
+    says so, not an error and not a wait."""
+    from tests.test_faults import _hold
+
+    events = generate.generate(n_days=2, streams=STREAMS, seed=4)
+    store.write_landing(events, tmp_path / "landing")
+    db = tmp_path / "busy.duckdb"
+    store.connect(db).close()
+    defs = build_definitions(db, str(tmp_path / "landing"), START, START + dt.timedelta(days=3))
+    holder = _hold(db, 60)
+    try:
+        with DagsterInstance.ephemeral() as instance:
+            tick = _tick(defs, instance)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert isinstance(tick, SkipReason), tick
+    assert tick.skip_message.startswith("database busy:") and str(db) in tick.skip_message

@@ -7,11 +7,8 @@ import datetime as dt
 
 from dagster import AssetKey, DagsterInstance
 
-from calpipe import cli, generate, pipeline, store
+from calpipe import cli, pipeline, store
 from calpipe.dagster_project import sync
-from calpipe.generate import StreamSpec
-
-STREAMS = (StreamSpec("a", events_per_day=30), StreamSpec("b", events_per_day=20))
 
 
 def _latest(instance, asset: str) -> dict[str, dict]:
@@ -23,14 +20,8 @@ def _latest(instance, asset: str) -> dict[str, dict]:
     return out
 
 
-def test_days_of_a_cli_run_are_reported_once_with_their_own_counts(tmp_path):
-    events = generate.generate(n_days=4, streams=STREAMS, seed=9)
-    store.write_landing(events, tmp_path / "landing")
-    db = tmp_path / "c.duckdb"
-    assert (
-        cli.main(["run", "--events", str(tmp_path / "landing"), "--db", str(db), "--no-progress"])
-        == 0
-    )
+def test_days_of_a_cli_run_are_reported_once_with_their_own_counts(cli_chain, tmp_path):
+    events, db = cli_chain
     con = store.connect(db, read_only=True)
     days = pipeline.stored_days(con)
     con.close()
@@ -52,11 +43,7 @@ def test_days_of_a_cli_run_are_reported_once_with_their_own_counts(tmp_path):
         day2 = sorted(per_day)[2]
         fixed = events.filter(events["event_time"].dt.date() == day2).head(10)
         store.write_landing(fixed, tmp_path / "landing")
-        assert (
-            cli.main(
-                ["run", "--events", str(tmp_path / "landing"), "--db", str(db), "--no-progress"]
-            )
-            == 0
-        )
+        argv = ["run", "--events", str(tmp_path / "landing"), "--db", str(db), "--no-progress"]
+        assert cli.main(argv) == 0
         assert sync.report_stored_days(instance, db) == 2  # day 2 and day 3 (its state follows)
         assert _latest(instance, "scored_events")[day2.isoformat()]["dagster/row_count"] == 10

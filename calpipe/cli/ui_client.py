@@ -1,0 +1,138 @@
+"""Driving a running ``calpipe ui`` through dagster's GraphQL API, as its web page does.
+
+:class:`RunningUI` starts ``calpipe ui`` on a database in a process group of its own, waits for
+it, counts materialized partitions, materializes a partition, and stops everything as Ctrl-C
+does. ``docs/screenshots.py`` and ``tests/dagster_project/test_ui_graphql.py`` drive the UI with
+it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from calpipe import config
+from calpipe.pipeline import ASSET_TABLES
+
+#: The code location ``calpipe ui`` serves, and the job dagster builds for ad-hoc asset runs.
+LOCATION = "calpipe.dagster_project.definitions"
+ASSET_JOB = "__ASSET_JOB"
+_FINAL = ("SUCCESS", "FAILURE", "CANCELED")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` now (the OS picks it)."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for(what: str, fn, timeout: float):
+    """``fn()``'s first truthy value, polled each second while the server may still be
+    starting (connection errors count as "not yet"); TimeoutError naming ``what``."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        try:
+            value = fn()
+        except (urllib.error.URLError, OSError):
+            value = None
+        if value:
+            return value
+        time.sleep(1.0)
+    raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+class RunningUI:
+    """``calpipe ui --db DB`` in a process group of its own, its output in a file (:meth:`stop`
+    returns it). Use as a context manager: the UI is stopped on the way out, also on an error."""
+
+    def __init__(self, db: str | Path, *, cwd: str | Path | None = None):
+        self.port = free_port()
+        env = {k: v for k, v in os.environ.items() if k != "DAGSTER_HOME"}  # the db's own
+        env["DAGSTER_DISABLE_TELEMETRY"] = "1"
+        # a file, not a pipe: nobody reads dagster's log while it runs, and a full pipe would
+        # stop the UI
+        self._log = tempfile.TemporaryFile("w+")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "calpipe.cli", "ui", "--db", str(db), "--port", str(self.port)],
+            cwd=cwd, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> RunningUI:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def gql(self, query: str, variables: dict | None = None) -> dict:
+        """The ``data`` of a GraphQL request; RuntimeError with the errors if any."""
+        req = urllib.request.Request(
+            f"{self.base}/graphql",
+            data=json.dumps({"query": query, "variables": variables or {}}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            out = json.loads(resp.read())
+        if "errors" in out:
+            raise RuntimeError(out["errors"])
+        return out["data"]
+
+    def wait_ready(self, timeout: float = config.UI_START_SECONDS) -> None:
+        wait_for("the UI", lambda: self.gql("{ repositoriesOrError { __typename } }"), timeout)
+
+    def materialized(self, asset: str) -> int:
+        """How many partitions of ``asset`` the instance has materialized."""
+        q = """query($a: [String!]!) { assetNodeOrError(assetKey: {path: $a}) {
+                 ... on AssetNode { partitionStats { numMaterialized } } } }"""
+        node = self.gql(q, {"a": [asset]})["assetNodeOrError"]
+        return node["partitionStats"]["numMaterialized"]
+
+    def materialize(self, day: str, timeout: float = 600) -> tuple[str, str]:
+        """Launch one run of every calpipe asset for partition ``day`` (``launchRun``) and wait
+        for it to end: ``(run id, final status)``."""
+        params = {
+            "selector": {"repositoryLocationName": LOCATION, "repositoryName": "__repository__",
+                         "jobName": ASSET_JOB, "assetSelection": [{"path": [a]} for a in ASSET_TABLES]},
+            "executionMetadata": {"tags": [{"key": "dagster/partition", "value": day}]},
+        }  # fmt: skip
+        run = self.gql(
+            """mutation($p: ExecutionParams!) { launchRun(executionParams: $p) {
+                 __typename ... on LaunchRunSuccess { run { runId } } ... on PythonError { message } } }""",
+            {"p": params},
+        )["launchRun"]
+        if run["__typename"] != "LaunchRunSuccess":
+            raise RuntimeError(f"launching the run of {day}: {run}")
+        run_id = run["run"]["runId"]
+        q = "query($id: ID!) { runOrError(runId: $id) { ... on Run { status } } }"
+
+        def ended():
+            status = self.gql(q, {"id": run_id})["runOrError"]["status"]
+            return status if status in _FINAL else None
+
+        return run_id, wait_for(f"the run of {day}", ended, timeout)
+
+    def stop(self) -> str:
+        """Ctrl-C to the UI's process group (calpipe ui stops dagster, its daemon and the sync);
+        its output so far (stopping twice is stopping once)."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGINT)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self._log.seek(0)
+        return self._log.read()

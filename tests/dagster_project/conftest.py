@@ -1,0 +1,23 @@
+"""Shared fixtures of the code location's tests."""
+
+from __future__ import annotations
+
+import pytest
+
+from calpipe import cli, generate, store
+from calpipe.generate import StreamSpec
+
+#: Two small streams over four days: what a `calpipe run` outside dagster computed.
+CLI_STREAMS = (StreamSpec("a", events_per_day=30), StreamSpec("b", events_per_day=20))
+
+
+@pytest.fixture
+def cli_chain(tmp_path):
+    """``(events, database)`` of a 4-day `calpipe run` over a landing folder in ``tmp_path``
+    (``tmp_path / "landing"``)."""
+    events = generate.generate(n_days=4, streams=CLI_STREAMS, seed=9)
+    store.write_landing(events, tmp_path / "landing")
+    db = tmp_path / "c.duckdb"
+    argv = ["run", "--events", str(tmp_path / "landing"), "--db", str(db), "--no-progress"]
+    assert cli.main(argv) == 0
+    return events, db
