@@ -503,38 +503,75 @@ def _run(
 
     # New state rows.
     peak = G.group_max(log10m, ev_sid, prev["log10_martingale_max"].to_numpy())
-    new_rows = pl.DataFrame(
-        {
-            "method": pl.repeat(cal.name, n_streams, dtype=pl.String, eager=True),
-            "config_fingerprint": pl.repeat(
-                cal.fingerprint(n_classes), n_streams, dtype=pl.String, eager=True
-            ),
-            "n_classes": pl.repeat(n_classes, n_streams, dtype=pl.Int32, eager=True),
-            "n_events": prev["n_events"].to_numpy() + counts,
-            "n_labelled": prev["n_labelled"].to_numpy() + applied,
-            "log10_martingale": new_state.log10m,
-            "log10_martingale_max": peak,
-            "weights": weights_series(*new_state.flat()),
-        }
-    )
-    last_keys = last_rows.select([pl.col(c).alias(f"last_{c}") for c in cols.order_by])
-    new_state_df = pl.concat([streams, new_rows, last_keys, pending], how="horizontal")
-    # empty_state's column order: keys, the five bookkeeping columns, last keys, the rest.
-    state_columns = [*cols.by, *STATE_FIXED_COLUMNS[:5]]
-    state_columns += [f"last_{c}" for c in cols.order_by] + list(STATE_FIXED_COLUMNS[5:])
-    new_state_df = new_state_df.select(state_columns)
+    new_state_df = state_frame(
+        cal, cols, n_classes, streams,
+        n_events=prev["n_events"].to_numpy() + counts,
+        n_labelled=prev["n_labelled"].to_numpy() + applied,
+        log10m=new_state.log10m, peak=peak, weights=weights_series(*new_state.flat()),
+        last_rows=last_rows, pending=pending,
+    )  # fmt: skip
+    return ProtectResult(scored, merge_state(state0, new_state_df, streams, cols))
+
+
+def merge_state(
+    state0: pl.DataFrame, new: pl.DataFrame, streams: pl.DataFrame, cols: Columns
+) -> pl.DataFrame:
+    """The state after a run: the rows ``new`` of the run's ``streams`` and ``state0``'s rows of
+    the other streams (passed through unchanged), sorted by the stream keys."""
     if state0.height == 0:
-        state_out = new_state_df
+        state_out = new
     else:
         untouched = (
             state0.join(streams, on=list(cols.by), how="anti", nulls_equal=True)
             if cols.by
             else state0.clear()
         )
-        state_out = pl.concat([untouched.cast(new_state_df.schema), new_state_df])
+        state_out = pl.concat([untouched.cast(new.schema), new])
     if cols.by:
         state_out = state_out.sort(list(cols.by))
-    return ProtectResult(scored, state_out)
+    return state_out
+
+
+def state_frame(
+    cal: Calibrator,
+    cols: Columns,
+    n_classes: int,
+    streams: pl.DataFrame,
+    *,
+    n_events: np.ndarray,
+    n_labelled: np.ndarray,
+    log10m: np.ndarray,
+    peak: np.ndarray,
+    weights: pl.Series,
+    last_rows: pl.DataFrame,
+    pending: pl.DataFrame,
+) -> pl.DataFrame:
+    """State rows (:func:`empty_state`'s columns, in its order) of the streams ``streams``
+    (their key columns), from their counters, martingale and running maximum, kernel state
+    vectors (``weights``), last processed order keys (``last_rows``: the ``order_by`` columns)
+    and labels not applied yet (``pending``). The one builder of state rows, so that a batch
+    (:func:`_run`) and a day of a span (:mod:`calpipe.frame_days`) write the same bytes."""
+    n = streams.height if cols.by else log10m.shape[0]
+    new_rows = pl.DataFrame(
+        {
+            "method": pl.repeat(cal.name, n, dtype=pl.String, eager=True),
+            "config_fingerprint": pl.repeat(
+                cal.fingerprint(n_classes), n, dtype=pl.String, eager=True
+            ),
+            "n_classes": pl.repeat(n_classes, n, dtype=pl.Int32, eager=True),
+            "n_events": n_events,
+            "n_labelled": n_labelled,
+            "log10_martingale": log10m,
+            "log10_martingale_max": peak,
+            "weights": weights,
+        }
+    )
+    last_keys = last_rows.select([pl.col(c).alias(f"last_{c}") for c in cols.order_by])
+    frame = pl.concat([streams, new_rows, last_keys, pending], how="horizontal")
+    # empty_state's column order: keys, the five bookkeeping columns, last keys, the rest.
+    state_columns = [*cols.by, *STATE_FIXED_COLUMNS[:5]]
+    state_columns += [f"last_{c}" for c in cols.order_by] + list(STATE_FIXED_COLUMNS[5:])
+    return frame.select(state_columns)
 
 
 def _output_series(name: str, values: np.ndarray, forecast_dtype: pl.DataType) -> pl.Series:

@@ -309,15 +309,19 @@ def read_partitions(
     )
 
 
-def table_columns(con: duckdb.DuckDBPyConnection, table: str) -> list[str]:
-    """The columns of ``table`` in their order."""
+def table_columns(con: duckdb.DuckDBPyConnection, tables: list[str]) -> dict[str, list[str]]:
+    """The columns of each of ``tables`` in their order (one catalog query: ~2 ms each, per
+    transaction of every table, was a tenth of a run of small days)."""
     rows = con.execute(
-        "SELECT column_name FROM duckdb_columns() WHERE table_name = ? "
+        "SELECT table_name, column_name FROM duckdb_columns() WHERE list_contains(?, table_name) "
         "AND database_name = current_database() AND schema_name = current_schema() "
-        "ORDER BY column_index",
-        [table],
+        "ORDER BY table_name, column_index",
+        [list(tables)],
     ).fetchall()
-    return [r[0] for r in rows]
+    out: dict[str, list[str]] = {t: [] for t in tables}
+    for table, column in rows:
+        out[table].append(column)
+    return out
 
 
 def partition_dates(con: duckdb.DuckDBPyConnection, table: str) -> list[dt.date]:
@@ -357,7 +361,7 @@ class PartitionWriter:
         self.rows: dict[str, int] = dict.fromkeys(tables, 0)
         self._buffer: dict[str, list[pl.DataFrame]] = {t: [] for t in tables}
         self._sort: dict[str, bool] = dict.fromkeys(tables, False)
-        self._columns = {t: table_columns(con, t) for t in tables}
+        self._columns = table_columns(con, tables)
         self._pool = ThreadPoolExecutor(1, "calpipe-writer") if background else None
         self._pending: list[Future] = []  # in order; the one worker runs them one at a time
 

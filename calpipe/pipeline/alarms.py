@@ -42,7 +42,7 @@ WHERE p.event_date BETWEEN $1 AND $2 AND p.log10_martingale >= $3
 def _first_crossings(
     scores: pl.DataFrame,
     before: pl.DataFrame | None,
-    day: dt.date,
+    day: dt.date | None,
     groups: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> pl.DataFrame:
     """``martingale_alarms`` rows of ``day``: per stream whose maximum before the day
@@ -53,12 +53,21 @@ def _first_crossings(
     ``log10_martingale`` (the engine's output in the fused run, or the stored candidate rows in
     :func:`alarm_days`; rows below the threshold may be left out, they are never chosen).
     Per-stream minima of event_time, then of event_id among the ties, instead of a sort.
-    ``groups``: ``_stream_groups(scores, ["stream"])``, if known."""
+    ``groups``: ``_stream_groups(scores, ["stream"])``, if known.
+
+    ``day=None``: the rows of several consecutive days at once (``scores`` with their
+    ``event_date``, ``before`` the state before the first): a stream's maximum before a day is
+    below the threshold until its first day with a row at it, so its crossing is on that day.
+    The same rows as day by day (a span of the fused run)."""
     thr = config.ALARM_LOG10_THRESHOLD
     hit = scores["log10_martingale"].to_numpy() >= thr
     if before is not None and before.height:
         hot = before.filter(pl.col("log10_martingale_max") >= thr)["stream"]
         hit &= ~scores["stream"].is_in(hot.implode()).to_numpy()
+    if day is None:  # each stream's hits of its first day with one
+        scores = scores.filter(pl.Series(hit))
+        scores = scores.filter(pl.col("event_date") == pl.col("event_date").min().over("stream"))
+        hit, groups = np.ones(scores.height, dtype=bool), None
     hits = np.flatnonzero(hit)
     if hits.size:
         ids, first = _stream_groups(scores, ["stream"]) if groups is None else groups
@@ -67,8 +76,9 @@ def _first_crossings(
         np.minimum.at(t_first, ids[hits], t[hits])
         hits = hits[t[hits] == t_first[ids[hits]]]  # the hits at their stream's first time
     first_rows = scores[hits.tolist()].sort("stream", "event_id").unique("stream", keep="first")
-    return first_rows.sort("stream").select(
-        pl.lit(day, pl.Date).alias("date"),
+    by_day = day is None
+    return first_rows.sort(["event_date", "stream"] if by_day else "stream").select(
+        pl.col("event_date").alias("date") if by_day else pl.lit(day, pl.Date).alias("date"),
         "stream",
         "event_time",
         "event_id",

@@ -186,13 +186,14 @@ def _day_events_sql(n_classes: int) -> str:
 _INTERVAL_COLUMNS = ("p_lower", "p_upper")
 
 
-def _protected_rows(cal: Calibrator, scores: pl.DataFrame, day: dt.date) -> pl.DataFrame:
-    """The ``protected_scores`` rows of one day: the event key and the engine's outputs only
-    (``v_protected_scores`` joins the inputs, method and fingerprint back). K classes:
-    ``base_scores``/``protected_scores`` vectors in place of the binary columns."""
+def _protected_rows(cal: Calibrator, scores: pl.DataFrame, day: dt.date | None) -> pl.DataFrame:
+    """The ``protected_scores`` rows of one day (``day=None``: of the days of the rows' own
+    ``event_date``): the event key and the engine's outputs only (``v_protected_scores`` joins
+    the inputs, method and fingerprint back). K classes: ``base_scores``/``protected_scores``
+    vectors in place of the binary columns."""
     out = "protected_scores" if "scores" in scores.columns else "protected_score"
     return scores.select(
-        pl.lit(day, pl.Date).alias("event_date"),
+        pl.lit(day, pl.Date).alias("event_date") if day is not None else "event_date",
         "stream",
         "event_id",
         _martingale_base(cal, scores),
@@ -320,15 +321,22 @@ class _Chain:
         n_active: int,
         rows: pl.DataFrame,
         n_arrivals: int = 0,
+        n_streams: int | None = None,
+        digest: bytes | None = None,
     ) -> dict[str, Any]:
-        """The ``pipeline_days`` row of ``day`` (call once, after the day: the state is the
-        day's); ``rows``: its ``calibrator_state`` rows (:func:`_state_rows`), which extend the
-        state's hash chain."""
-        prev, self.state_hash = self.state_hash, chain_hash(self.state_hash, state_digest(rows))
+        """The ``pipeline_days`` row of ``day`` (call once per day, in order); ``rows``: its
+        ``calibrator_state`` rows (:func:`_state_rows`), which extend the state's hash chain
+        (``digest``: their :func:`~calpipe.pipeline.inputs.state_digest`, if known);
+        ``n_streams``: the streams in the state at the end of the day (default: in the state
+        carried, when it is the day's)."""
+        if n_streams is None:
+            n_streams = 0 if self.state is None else self.state.height
+        digest = state_digest(rows) if digest is None else digest
+        prev, self.state_hash = self.state_hash, chain_hash(self.state_hash, digest)
         return {
             "date": day, "first_day": self.first_day, "method": self.cal.name,
             "config_fingerprint": self.fp, "config_json": self.cfg, "n_events": n_events,
-            "n_streams": 0 if self.state is None else self.state.height,
+            "n_streams": n_streams,
             "n_active_streams": n_active, "n_state_rows": rows.height,
             "state_hash": self.state_hash, "prev_state_hash": prev,
             "n_label_arrivals": n_arrivals,

@@ -183,23 +183,35 @@ def _day_scores_sql(n_classes: int) -> str:
 def _daily_rows(
     scores: pl.DataFrame,
     state: pl.DataFrame,
-    day: dt.date,
+    day: dt.date | None,
     groups: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> pl.DataFrame:
     """``calibration_daily`` rows of ``day``: :func:`daily_metrics` of the day's protected rows
     (``scores``) per stream, with the end-of-day martingale and its maximum to date from the
-    day's ``state`` rows, and the alarm flag. ``groups``: ``_stream_groups(scores, ["stream"])``."""
+    day's ``state`` rows, and the alarm flag. ``groups``: ``_stream_groups(scores, ["stream"])``.
+
+    ``day=None``: the rows of several days at once, per (``event_date``, stream) of ``scores``,
+    with each day's ``state`` rows (their ``date``): the same rows as day by day (a span of the
+    fused run, :func:`calpipe.frame_days.protect_by_day`)."""
     thr = config.ALARM_LOG10_THRESHOLD
     end_of_day = state.select(
+        *(["date"] if day is None else []),
         "stream",
         "log10_martingale",
         pl.col("log10_martingale_max").alias("log10_martingale_max_to_date"),
     )
-    return (
-        daily_metrics(scores, keys=("stream",), groups=groups)
-        .select(pl.lit(day, pl.Date).alias("date"), pl.all())
-        .join(end_of_day, on="stream", how="left")
-        .with_columns((pl.col("log10_martingale_max") >= thr).alias("alarm"))
+    if day is None:
+        metrics_ = daily_metrics(scores, keys=("event_date", "stream"), groups=groups).rename(
+            {"event_date": "date"}
+        )
+        on = ["date", "stream"]
+    else:
+        metrics_ = daily_metrics(scores, keys=("stream",), groups=groups).select(
+            pl.lit(day, pl.Date).alias("date"), pl.all()
+        )
+        on = ["stream"]
+    return metrics_.join(end_of_day, on=on, how="left").with_columns(
+        (pl.col("log10_martingale_max") >= thr).alias("alarm")
     )
 
 
@@ -255,7 +267,24 @@ def _arrival_rows(con, start: dt.date, end: dt.date, state: pl.DataFrame) -> pl.
     end of the night (``state``: the nights' ``calibrator_state`` rows; every stream that learnt
     a label on a night has one). One query for the range: a night's rows do not depend on it."""
     s = "" if (stored_n_classes(con) or 2) == 2 else "s"
-    arrived = _arrived(con, start, end, s)
+    return _arrival_metrics(_arrived(con, start, end, s), state)
+
+
+def _arrived_in_rows(protected: pl.DataFrame) -> pl.DataFrame:
+    """:data:`_ARRIVED_SQL`'s rows of nights without a label feed, from their ``protected_scores``
+    rows in memory: each labelled event, learnt on its own night with delay 0, in the query's
+    order (a span of the fused run: no query of the rows just written)."""
+    s = "s" if "base_scores" in protected.columns else ""
+    columns = ["stream", "event_id", f"base_score{s}", f"protected_score{s}", "label"]
+    rows = protected.filter(pl.col("label").is_not_null())
+    return rows.select(
+        pl.col("event_date").alias("date"), *columns, pl.lit(0.0).alias("delay_s")
+    ).sort("date", "stream", "event_id")
+
+
+def _arrival_metrics(arrived: pl.DataFrame, state: pl.DataFrame) -> pl.DataFrame:
+    """:func:`_arrival_rows` of the arrived forecasts ``arrived`` (:data:`_ARRIVED_SQL`'s
+    rows)."""
     if arrived.height == 0:
         return pl.DataFrame(schema={"date": pl.Date, "stream": pl.String})
     keys = ("date", "stream")

@@ -18,6 +18,7 @@ import polars as pl
 
 from calpipe import config, store
 from calpipe.errors import CalpipeError, InputError, StateError
+from calpipe.frame_days import protect_by_day
 from calpipe.pipeline.chain import (
     _Chain,
     _changed_streams,
@@ -34,8 +35,15 @@ from calpipe.pipeline.checks import (
     check_row_counts,
     check_state_continuity,
 )
-from calpipe.pipeline.classes import ensure_n_classes, frame_n_classes, stored_n_classes
+from calpipe.pipeline.classes import (
+    ensure_n_classes,
+    frame_n_classes,
+    score_column,
+    stored_n_classes,
+)
 from calpipe.pipeline.events import (
+    _BY,
+    _ORDER,
     _event_schema,
     _protect_input,
     _read_source,
@@ -44,10 +52,25 @@ from calpipe.pipeline.events import (
     check_stream_names,
 )
 from calpipe.pipeline.ids import ensure_id_type
-from calpipe.pipeline.inputs import LABELS, ReplayRequired, replay_start, run_inputs
+from calpipe.pipeline.inputs import (
+    LABELS,
+    SCORES,
+    ReplayRequired,
+    replay_start,
+    run_inputs,
+    state_digests,
+)
 from calpipe.pipeline.labels import Arrivals, night_arrivals
+from calpipe.pipeline.monitoring import _arrived_in_rows
 from calpipe.pipeline.settings import Settings, _as_date
-from calpipe.pipeline.tables import TABLES, FusedBatch, FusedDay, FusedSpan, write_fused
+from calpipe.pipeline.tables import (
+    TABLES,
+    FusedBatch,
+    FusedDay,
+    FusedDays,
+    FusedSpan,
+    write_fused,
+)
 from calpipe.pipeline.transactions import _write_days
 from calpipe.store import EventSource
 
@@ -236,6 +259,91 @@ def _run_day(
     return day.state
 
 
+def _span_events(
+    con, source: EventSource, chain: _Chain, d: dt.date, e: dt.date, first: pl.DataFrame,
+    last: dt.date, inputs: pl.DataFrame,
+) -> pl.DataFrame | None:  # fmt: skip
+    """The events of the days [d, e] (``first``: day d's, read by :func:`_read_day`), checked as
+    :func:`_read_day` checks a day, if the days can run as one span: they fit in
+    :data:`calpipe.config.TRANSACTION_ROWS` events by the row counts recorded in ``inputs``
+    (the transaction was sized by its first day alone) and keep the chain's number of classes
+    and id type. None otherwise: the days then run one by one."""
+    recorded = inputs.filter(
+        (pl.col("kind") == SCORES) & pl.col("date").is_between(d + dt.timedelta(days=1), e)
+    )["n_rows"]
+    if recorded.null_count() or first.height + int(recorded.sum() or 0) > config.TRANSACTION_ROWS:
+        return None
+    more = _read_source(con, source, d + dt.timedelta(days=1), e)
+    if more.height == 0 or first.height == 0:
+        chunk = more if first.height == 0 else first
+    elif more.schema != first.schema:
+        return None  # another id or score type: the days one by one say what differs
+    else:
+        chunk = pl.concat([first, more])
+    if chunk.height == 0:  # days without events, in the chain's form
+        return pl.DataFrame(schema=_event_schema(chain.n_classes != 2))
+    if frame_n_classes(chunk) != chain.n_classes:
+        return None
+    if not chunk["event_date"].is_sorted():  # a table source: the days' rows in day order
+        chunk = chunk.sort("event_date", maintain_order=True)
+    ids = chunk.schema["event_id"]
+    if chain.id_type != (pl.Int64 if ids.is_integer() else pl.String):
+        chain.id_type = ensure_id_type(con, ids, source)
+    check_history_duplicates(con, more, d, last, source)  # day d's: checked when it was read
+    check_stream_names(chunk, source)
+    return chunk
+
+
+def _run_span(
+    writer: store.PartitionWriter, con, source: EventSource, settings: Settings, chain: _Chain,
+    d: dt.date, e: dt.date, first: pl.DataFrame, last: dt.date, inputs: pl.DataFrame,
+) -> tuple[FusedDays, list[tuple[dt.date, int]]] | None:  # fmt: skip
+    """The days [d, e] of :func:`run_range` as one span: one read of their events, one
+    validation, one engine pass (:func:`calpipe.frame_days.protect_by_day`, a kernel call per
+    day), and each table's rows of all the days at once (the registry's span writers), equal
+    to the rows the days write one by one (tested). Returns the span (its ``calibrator_state``
+    rows, its protected rows) and each day's number of events; None, having written nothing and left the chain as it
+    was, when the days cannot run so (:func:`_span_events`) or one of them is bad: the days
+    then run one by one, which report the first bad day exactly as without spans."""
+    try:
+        chunk = _span_events(con, source, chain, d, e, first, last, inputs)
+        if chunk is None:
+            return None
+        col = score_column(chain.n_classes)
+        result = protect_by_day(
+            chunk.select(*_protect_input(chain.n_classes), "event_date"), day="event_date",
+            **{col: col}, label="label", by=_BY, order_by=_ORDER,
+            method=settings.method, state=chain.state, **settings.kwargs,
+        )  # fmt: skip
+        _check_outputs(result.scores, d)
+    except CalpipeError:
+        return None
+    rows = result.states  # by day, then stream: each day's rows are a slice
+    bounds = np.append(0, np.cumsum(result.n_active))
+    digests = state_digests(rows, bounds)
+    no_rows = state_digests(rows.clear(), np.array([0, 0]))[0]  # of a day without events
+    j_of = {day: j for j, day in enumerate(result.days)}
+    n_streams = 0 if chain.state is None else chain.state.height
+    day_rows, per_day = [], []
+    for day in store.iter_days(d, e):
+        j = j_of.get(day)
+        if j is None:  # a day without events: no state row
+            n_events = n_active = 0
+            day_state, digest = rows.clear(), no_rows
+        else:
+            n_events, n_active = int(result.n_events[j]), int(result.n_active[j])
+            n_streams = int(result.n_streams[j])
+            day_state, digest = rows.slice(int(bounds[j]), n_active), digests[j]
+        day_rows.append(
+            chain.day_row(day, n_events, n_active, day_state, 0, n_streams=n_streams, digest=digest)
+        )
+        per_day.append((day, n_events))
+    before, chain.state = chain.state, result.state
+    span = FusedDays(d, e, chain.cal, chunk, result, before, day_rows, inputs)
+    write_fused(writer, "span", span)
+    return span, per_day
+
+
 class DayProgress(Protocol):
     """What :func:`run_range` tells a progress display (the command line's bar)."""
 
@@ -257,6 +365,7 @@ def run_range(
     labels: EventSource | None = None,
     on_unknown_label: str = "error",
     progress: DayProgress | None = None,
+    spans: bool = True,
 ) -> RunSummary:
     """The nightly job without a daemon (``calpipe run``): the five stages over [start, end], then
     the data checks. Defaults: see :func:`default_range`; the chain's first day is the one stored,
@@ -276,6 +385,10 @@ def run_range(
     a day is read from the source once, validated once and never read back; memory is bounded
     by a batch of streams plus the day's events; and DuckDB writes a batch while the engine
     protects the next one (the writer's background INSERTs).
+
+    Without a label feed, a transaction of small days runs as one span (:func:`_run_span`: one
+    read, one validation and one engine pass over its days, a kernel call per day), which writes
+    the same rows; ``spans=False`` runs every day on its own (what the span is tested against).
 
     ``progress`` (e.g. the command line's bar) is told the number of days, then each day as
     it is done with its number of events, then that the run stopped (also on an error)."""
@@ -320,6 +433,7 @@ def run_range(
     empty_days: list[dt.date] = []
     states: list[pl.DataFrame] = []
     arrivals: dict[dt.date, Arrivals] = {}
+    arrived: dict[dt.date, pl.DataFrame] = {}  # of a span's days, by its first day
 
     def read(d: dt.date) -> pl.DataFrame:
         chunk = _read_day(con, source, d, end, chain)
@@ -333,8 +447,24 @@ def run_range(
         if progress is not None:
             progress.advance(d, chunk.height)
 
+    def span(writer: store.PartitionWriter, d0: dt.date, d1: dt.date, first: pl.DataFrame) -> bool:
+        if labels is not None or not spans:
+            return False
+        done = _run_span(writer, con, source, settings, chain, d0, d1, first, end, inputs)
+        if done is None:
+            return False
+        arrivals.pop(d0, None)
+        states.append(done[0].result.states)
+        arrived[d0] = _arrived_in_rows(done[0].protected)
+        for d, n in done[1]:
+            if n == 0:
+                empty_days.append(d)
+            if progress is not None:
+                progress.advance(d, n)
+        return True
+
     def finish(writer: store.PartitionWriter, d0: dt.date, d1: dt.date) -> None:
-        span = FusedSpan(settings, pl.concat(states), con, writer, d0, d1)
+        span = FusedSpan(settings, pl.concat(states), con, writer, d0, d1, arrived.pop(d0, None))
         write_fused(writer, "transaction", span)
         states.clear()
 
@@ -344,7 +474,7 @@ def run_range(
     try:
         rows = _write_days(
             con, start, end, list(TABLES),
-            read, write, background=True, finish=finish,
+            read, write, background=True, finish=finish, span=span,
         )  # fmt: skip
     finally:
         if progress is not None:

@@ -12,7 +12,9 @@ an entry lacks a stage or a fused writer.
 Both paths compute a table's rows with one function, from the same rows in the same order:
 the stage after reading its inputs from DuckDB, the fused writer from what the fused run holds in
 memory (:class:`FusedBatch`, :class:`FusedDay`, :class:`FusedSpan`); so the two paths write
-identical tables (tested).
+identical tables (tested). A transaction of small days may run as one span
+(:func:`calpipe.frame_days.protect_by_day`): then each table's ``span`` writer computes the rows
+of all its days at once from a :class:`FusedDays`, with the same functions (tested equal too).
 
 ======================  ==========================  ===========================  =============
 table                   stage                       rows (both paths)            fused phase
@@ -47,20 +49,29 @@ import polars as pl
 from calpipe import paths, store
 from calpipe.calibrators import Calibrator
 from calpipe.frame import ProtectResult
+from calpipe.frame_days import DaysResult
 from calpipe.pipeline.alarms import _first_crossings, alarm_days
 from calpipe.pipeline.chain import _protected_rows, protect_days
 from calpipe.pipeline.events import _stored_events, load_events
 from calpipe.pipeline.inputs import day_inputs
 from calpipe.pipeline.labels import Arrivals, _label_rows, _quarantine_rows
 from calpipe.pipeline.mapping import _map_rows, map_days
-from calpipe.pipeline.monitoring import _arrival_rows, _daily_rows, _stream_groups, monitor_days
+from calpipe.pipeline.monitoring import (
+    _arrival_metrics,
+    _arrival_rows,
+    _daily_rows,
+    _stream_groups,
+    monitor_days,
+)
 from calpipe.pipeline.settings import Settings, StageResult
 
 #: When the fused run calls a table's fused writer, and with what: ``events`` with a
 #: :class:`FusedBatch` as read (before the engine runs, so that DuckDB writes the events while
 #: the engine protects them), ``batch`` with a :class:`FusedBatch` after the engine ran,
 #: ``day`` with a :class:`FusedDay` once every batch of the day ran, ``transaction`` with a
-#: :class:`FusedSpan` at the end of each transaction's days.
+#: :class:`FusedSpan` at the end of each transaction's days. A transaction run as one span
+#: calls the ``span`` writer of every table of the first three phases with a
+#: :class:`FusedDays` instead.
 PHASES = ("events", "batch", "day", "transaction")
 
 
@@ -107,7 +118,7 @@ class FusedDay:
 class FusedSpan:
     """The days of one transaction of the fused run: their ``calibrator_state`` rows, and the
     open transaction (``con``, ``writer``) for the tables computed from the stored rows of its
-    days (:meth:`stored`)."""
+    days (:meth:`stored`), or from ``arrived``."""
 
     settings: Settings
     states: pl.DataFrame
@@ -115,6 +126,9 @@ class FusedSpan:
     writer: store.PartitionWriter | None = None
     start: dt.date | None = None
     end: dt.date | None = None
+    #: the forecasts whose labels the days learnt, when known in memory (a span without a label
+    #: feed: :func:`~calpipe.pipeline.monitoring._arrived_in_rows`), else read back
+    arrived: pl.DataFrame | None = None
 
     def stored(self) -> Any:
         """The connection, once every row of the transaction's days so far is in DuckDB (the
@@ -122,6 +136,28 @@ class FusedSpan:
         self.writer.flush()
         self.writer.wait()
         return self.con
+
+
+@dataclass
+class FusedDays:
+    """The days [start, end] of one transaction run as one span: the events as read (with
+    ``event_date``), the engine's output (:class:`calpipe.frame_days.DaysResult`: the rows, the
+    end-of-day state rows), the state before the span (None on the chain's first day), the
+    ``pipeline_days`` row of each day, and the run's ``pipeline_inputs`` rows."""
+
+    start: dt.date
+    end: dt.date
+    cal: Calibrator
+    events: pl.DataFrame
+    result: DaysResult
+    before: pl.DataFrame | None
+    day_rows: list[dict[str, Any]]
+    inputs: pl.DataFrame
+
+    @cached_property
+    def protected(self) -> pl.DataFrame:
+        """The span's ``protected_scores`` rows (the monitoring reads them too)."""
+        return _protected_rows(self.cal, self.result.scores, None)
 
 
 def _fused_events(b: FusedBatch) -> pl.DataFrame:
@@ -165,7 +201,42 @@ def _fused_map(s: FusedSpan) -> pl.DataFrame:
 
 
 def _fused_arrivals(s: FusedSpan) -> pl.DataFrame:
+    if s.arrived is not None:
+        return _arrival_metrics(s.arrived, s.states)
     return _arrival_rows(s.stored(), s.start, s.end, s.states)
+
+
+def _span_events(s: FusedDays) -> pl.DataFrame:
+    return _stored_events(s.events)
+
+
+def _span_protected(s: FusedDays) -> pl.DataFrame:
+    return s.protected
+
+
+def _span_state(s: FusedDays) -> pl.DataFrame:
+    return s.result.states
+
+
+def _span_day_rows(s: FusedDays) -> pl.DataFrame:
+    return pl.DataFrame(s.day_rows)
+
+
+def _span_inputs(s: FusedDays) -> pl.DataFrame:
+    return s.inputs.filter(pl.col("date").is_between(s.start, s.end)).sort("date", "kind", "file")
+
+
+def _span_no_labels(s: FusedDays) -> pl.DataFrame:
+    """A span runs without a label feed: no ``event_labels`` nor ``quarantined_labels`` rows."""
+    return pl.DataFrame()
+
+
+def _span_daily(s: FusedDays) -> pl.DataFrame:
+    return _daily_rows(s.protected, s.result.states, None)
+
+
+def _span_alarms(s: FusedDays) -> pl.DataFrame:
+    return _first_crossings(s.result.scores, s.before, None)
 
 
 @dataclass(frozen=True)
@@ -176,13 +247,16 @@ class OutputTable:
     computes its rows in the fused run from the context of its ``phase`` (:data:`PHASES`);
     ``sort``: whether the fused run inserts its rows in the table's sort keys' order (False for
     the event-sized tables, whose rows come in a deterministic order that a sort of millions of
-    rows would only slow down)."""
+    rows would only slow down); ``span``: its rows of a transaction run as one span, from a
+    :class:`FusedDays` (every table but those of phase ``transaction``, which are written at the
+    end of the transaction either way)."""
 
     name: str
     ddl: str
     stage: Callable[..., StageResult]
     fused: Callable[[Any], pl.DataFrame]
     phase: str
+    span: Callable[[FusedDays], pl.DataFrame] | None = None
     sort: bool = True
 
     def __post_init__(self) -> None:
@@ -196,6 +270,11 @@ class OutputTable:
                 raise TypeError(f"table {self.name!r}: the registry needs its {what} writer")
         if self.phase not in PHASES:
             raise ValueError(f"table {self.name!r}: phase {self.phase!r} not in {PHASES}")
+        if (self.span is None) != (self.phase == "transaction"):
+            raise TypeError(
+                f"table {self.name!r}: a span writer is needed for the phases before "
+                "'transaction', and only for them"
+            )
 
     @property
     def partition_column(self) -> str:
@@ -219,27 +298,37 @@ TABLES: dict[str, OutputTable] = {
     t.name: t
     for t in (
         OutputTable("scored_events", "001_tables.sql", load_events, _fused_events, "events",
-                    sort=False),
+                    _span_events, sort=False),
         OutputTable("protected_scores", "001_tables.sql", protect_days, _fused_protected, "batch",
-                    sort=False),
-        OutputTable("calibrator_state", "001_tables.sql", protect_days, _fused_state, "day"),
-        OutputTable("pipeline_days", "001_tables.sql", protect_days, _fused_day_row, "day"),
-        OutputTable("calibration_daily", "001_tables.sql", monitor_days, _fused_daily, "batch"),
+                    _span_protected, sort=False),
+        OutputTable("calibrator_state", "001_tables.sql", protect_days, _fused_state, "day",
+                    _span_state),
+        OutputTable("pipeline_days", "001_tables.sql", protect_days, _fused_day_row, "day",
+                    _span_day_rows),
+        OutputTable("calibration_daily", "001_tables.sql", monitor_days, _fused_daily, "batch",
+                    _span_daily),
         OutputTable("calibration_arrivals", "001_tables.sql", monitor_days, _fused_arrivals,
                     "transaction"),
-        OutputTable("martingale_alarms", "001_tables.sql", alarm_days, _fused_alarms, "batch"),
+        OutputTable("martingale_alarms", "001_tables.sql", alarm_days, _fused_alarms, "batch",
+                    _span_alarms),
         OutputTable("calibration_map", "001_tables.sql", map_days, _fused_map, "transaction"),
-        OutputTable("pipeline_inputs", "001_tables.sql", load_events, _fused_inputs, "day"),
-        OutputTable("event_labels", "001_tables.sql", load_events, _fused_labels, "day"),
-        OutputTable("quarantined_labels", "001_tables.sql", load_events, _fused_quarantine, "day"),
+        OutputTable("pipeline_inputs", "001_tables.sql", load_events, _fused_inputs, "day",
+                    _span_inputs),
+        OutputTable("event_labels", "001_tables.sql", load_events, _fused_labels, "day",
+                    _span_no_labels),
+        OutputTable("quarantined_labels", "001_tables.sql", load_events, _fused_quarantine, "day",
+                    _span_no_labels),
     )
 }  # fmt: skip
 
 
 def write_fused(writer: store.PartitionWriter, phase: str, context: Any) -> None:
-    """Insert the rows of every registered table of ``phase`` computed from ``context``."""
+    """Insert the rows of every registered table of ``phase`` computed from ``context``
+    (``phase="span"``: of every table with a span writer, from a :class:`FusedDays`)."""
     for t in TABLES.values():
-        if t.phase == phase:
+        if phase == "span" and t.span is not None:
+            writer.insert(t.name, t.span(context), sort=t.sort)
+        elif t.phase == phase:
             writer.insert(t.name, t.fused(context), sort=t.sort)
 
 

@@ -47,6 +47,7 @@ def _write_days(
     *,
     background: bool = False,
     finish: Callable[[store.PartitionWriter, dt.date, dt.date], None] | None = None,
+    span: Callable[[store.PartitionWriter, dt.date, dt.date, pl.DataFrame], bool] | None = None,
 ) -> dict[str, int]:
     """Replace the partitions of ``tables`` day by day over [start, end], in transactions of whole
     consecutive days; returns the rows written per table.
@@ -58,15 +59,20 @@ def _write_days(
     DuckDB keeps a transaction's new rows in memory until the commit, so a month of a big
     backfill in one transaction would hold a month, while small days still share a few commits.
     Every day's partitions of every table are replaced in one transaction (a crash leaves whole
-    days)."""
+    days).
+
+    ``span(writer, d, e, input of d)``, if given, may write a transaction of several days at
+    once (returning True); when it returns False (having written nothing) the days run one by
+    one."""
     rows = dict.fromkeys(tables, 0)
     d = start
     while d <= end:
         data = read(d)
-        span = config.TRANSACTION_ROWS // max(data.height, 1)
-        e = min(end, d + dt.timedelta(days=min(max(span, 1), config.CHUNK_DAYS) - 1))
+        fit = config.TRANSACTION_ROWS // max(data.height, 1)  # days of the first day's size
+        e = min(end, d + dt.timedelta(days=min(max(fit, 1), config.CHUNK_DAYS) - 1))
         with store.replacing_partitions(con, d, e, tables, background=background) as writer:
-            for day in store.iter_days(d, e):
+            spanned = span is not None and e > d and span(writer, d, e, data)
+            for day in [] if spanned else store.iter_days(d, e):
                 if day != d:
                     # the day's reads see the earlier days of this transaction, and the
                     # connection is free once the INSERTs sent so far are done

@@ -47,7 +47,7 @@ def test_every_entry_has_its_ddl_layout_stage_and_fused_writer(tmp_path):
         for name, t in tables.TABLES.items():
             assert t.name == name
             assert ddl_tables()[name] == t.ddl and t.ddl_path.is_file(), name
-            columns = store.table_columns(con, name)
+            columns = store.table_columns(con, [name])[name]
             assert t.partition_column in columns, name
             assert set(t.sort_keys) <= set(columns), name
             assert t.sort_keys[0] == t.partition_column, name
@@ -55,6 +55,8 @@ def test_every_entry_has_its_ddl_layout_stage_and_fused_writer(tmp_path):
             # the stage is a public function of calpipe.pipeline (what a dagster asset calls)
             assert getattr(pipeline, t.stage.__name__) is t.stage, name
             assert t.phase in tables.PHASES
+            # a span writes every table but those written at the end of the transaction
+            assert (t.span is None) == (t.phase == "transaction"), name
     finally:
         con.close()
 
@@ -64,6 +66,14 @@ def test_an_entry_without_a_writer_is_refused(missing):
     t = tables.TABLES["calibration_daily"]
     with pytest.raises(TypeError, match=f"needs its {missing} writer"):
         dataclasses.replace(t, **{missing: None})
+
+
+def test_a_span_writer_is_needed_before_the_transaction_phase_and_only_there():
+    with pytest.raises(TypeError, match="span writer"):
+        dataclasses.replace(tables.TABLES["calibration_daily"], span=None)
+    t = tables.TABLES["calibration_map"]
+    with pytest.raises(TypeError, match="span writer"):
+        dataclasses.replace(t, span=t.fused)
 
 
 def test_an_entry_for_a_table_the_store_does_not_know_is_refused():
@@ -137,6 +147,32 @@ def test_run_range_replaces_exactly_the_registered_tables_with_their_fused_write
         assert set(calls) == set(tables.TABLES)
         for name in tables.TABLES:  # every table got rows (the hot stream crosses the alarm)
             assert store.query(con, f"SELECT count(*) AS n FROM {name}")["n"][0] > 0, name
+    finally:
+        con.close()
+
+
+def test_a_run_without_a_label_feed_writes_every_table_with_its_span_writer(landing, monkeypatch):
+    """Without a label feed the days of a transaction run as one span: every table is written
+    by its span writer, or, at the end of the transaction, by its fused writer."""
+    source, tmp = landing
+    calls: Counter[str] = Counter()
+    for name, t in list(tables.TABLES.items()):
+
+        def span(context, t=t):
+            calls[t.name] += 1
+            return t.span(context)
+
+        def fused(context, t=t):
+            calls[t.name] += 1
+            return t.fused(context)
+
+        kw = {"span": span} if t.span is not None else {"fused": fused}
+        monkeypatch.setitem(tables.TABLES, name, dataclasses.replace(t, **kw))
+    con = store.connect(tmp / "db.duckdb")
+    try:
+        pipeline.run_range(con, source)
+        assert set(calls) == set(tables.TABLES)
+        assert calls["scored_events"] == 1  # the 8 days in one span
     finally:
         con.close()
 
