@@ -18,7 +18,8 @@ Measurements (the numbering of BENCHMARKS.md):
 7. scaling in events and in streams;
 8. start-up: first ``protect`` call of a fresh process, numba cache cold vs warm;
 9. every method of the default's mixture; 13. the river and scikit-learn APIs
-   (:mod:`benchmarks.online`);
+   (:mod:`benchmarks.online`); 14. many small days in spans vs day by day, and ``calpipe demo``
+   (:mod:`benchmarks.small_days`);
 and the Venn-ABERS speed against the ``venn-abers`` package (:mod:`benchmarks.venn_abers`).
 
 ``protect`` measurements run in a child process each (``--child``), so that the peak RSS
@@ -562,7 +563,7 @@ def main(argv=None) -> None:
     only = (
         set(args.only.split(","))
         if args.only
-        else {"1", "2", "3", "4", "5", "6", "7", "8", "9", "13", "va"}
+        else {"1", "2", "3", "4", "5", "6", "7", "8", "9", "13", "14", "va"}
     )
     t_suite = time.perf_counter()
     parts = [
@@ -607,6 +608,10 @@ def main(argv=None) -> None:
         from benchmarks import online as bench_online
 
         emit(bench_online.measure(args.size, args.repeat))
+    if "14" in only:  # many small days: spans vs day by day, calpipe demo
+        from benchmarks import small_days
+
+        emit(small_days.measure(args.size, args.repeat))
     total = f"Suite wall time: {time.perf_counter() - t_suite:.0f} s (`--size {args.size}`).\n"
     print(total, flush=True)
     parts.append(total)

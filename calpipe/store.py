@@ -721,23 +721,25 @@ class EventSource:
 
     def _read_range(self, con, start: dt.date, end: dt.date) -> pl.DataFrame:
         if self.kind == "landing":
-            parts = []
-            for day in iter_days(start, end):
+            files = []
+            for day in iter_days(start, end):  # the range's folders, not the whole landing's
                 sub = Path(self.location) / f"date={day.isoformat()}"
-                files = day_files(sub) if sub.is_dir() else []
-                if not files:
-                    continue
-                for f in files:  # per file: union_by_name would fill a renamed column with nulls
-                    self.columns.check_file(f)
-                lst = ", ".join(f"'{_sql_str(str(f))}'" for f in files)
-                parts.append(
-                    query(
-                        con,
-                        f"SELECT *, DATE '{day.isoformat()}' AS {DAY_COLUMN} FROM read_parquet("
-                        f"[{lst}], union_by_name = true, hive_partitioning = false)",
-                    )
-                )
-            return pl.concat(parts, how="diagonal_relaxed") if parts else pl.DataFrame()
+                files += [(day, f) for f in day_files(sub)] if sub.is_dir() else []
+            if not files:
+                return pl.DataFrame()
+            for _, f in files:  # per file: union_by_name would fill a renamed column with nulls
+                self.columns.check_file(f)
+            # one query for the range (one a day cost ~2 ms a day): the files in day order, each
+            # file's rows in order; each row's day from its file
+            lst = ", ".join(f"'{_sql_str(str(f))}'" for _, f in files)
+            raw = query(
+                con,
+                f"SELECT * FROM read_parquet([{lst}], union_by_name = true, "
+                f"hive_partitioning = false, filename = '{_FILE_COLUMN}')",
+            )
+            day_of = {str(f): day for day, f in files}
+            days = raw[_FILE_COLUMN].replace_strict(day_of, return_dtype=pl.Date)
+            return raw.drop(_FILE_COLUMN).with_columns(days.alias(DAY_COLUMN))
         t = _sql_ident(self.columns.day_time)
         return query(
             con,
@@ -746,6 +748,9 @@ class EventSource:
             [start, end],
         )
 
+
+#: The column a landing read names each row's file in (then replaced by its day).
+_FILE_COLUMN = "__calpipe_file"
 
 _DAY_FOLDER = re.compile(r"date=(\d{4}-\d{2}-\d{2})")
 

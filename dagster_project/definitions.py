@@ -29,7 +29,7 @@ from .assets import build_assets
 from .partitions import daily_partitions
 from .resources import CalpipeResource
 from .schedules import build_nightly
-from .sensors import build_landing_sensor
+from .sensors import build_landing_sensor, build_range_metadata_sensor
 
 
 def build_definitions(
@@ -71,7 +71,7 @@ def build_definitions(
         assets=assets,
         jobs=[job],
         schedules=[schedule],
-        sensors=[build_landing_sensor(job, partitions_def)],
+        sensors=[build_landing_sensor(job, partitions_def), build_range_metadata_sensor()],
         resources=resources,
         # DuckDB allows one writing process per file: run the steps of a run in one process.
         executor=in_process_executor,

@@ -1,4 +1,6 @@
-"""The landing sensor: run the days a ``calpipe run`` would run now, as soon as they land.
+"""The code location's sensors: the landing sensor, and each day's metadata after a range run.
+
+**The landing sensor**: run the days a ``calpipe run`` would run now, as soon as they land.
 
 Every tick asks :func:`calpipe.pipeline.pending_range` (read only; landing files are stat-ed,
 hashed only when their size or time changed) what the database lacks: days landed after the
@@ -8,6 +10,12 @@ it. It requests one run of the ``nightly`` job over that range (a single-run bac
 assets' backfill policy runs ranges), keyed by the range and the reason, so a range is requested
 once. Days past the last partition (today's, until midnight) wait for it. Stopped until turned
 on in the UI, like the schedule.
+
+**The range metadata sensor**: dagster gives every partition of a single-run backfill the run's
+one metadata (upstream dagster#18123). When a run over a partition range succeeds, this sensor
+reports each day's own metadata (its row counts, method, state hash and the run) as the latest
+materialization of each of its partitions (``sync.report_range_days``). Running by default (it
+only reports what the run wrote); it needs the daemon, which ``calpipe ui`` starts.
 """
 
 from __future__ import annotations
@@ -15,7 +23,17 @@ from __future__ import annotations
 import datetime as dt
 from pathlib import Path
 
-from dagster import DefaultSensorStatus, RunRequest, SensorEvaluationContext, SkipReason, sensor
+from dagster import (
+    DagsterEventType,
+    DagsterRunStatus,
+    DefaultSensorStatus,
+    RunRequest,
+    RunStatusSensorContext,
+    SensorEvaluationContext,
+    SkipReason,
+    run_status_sensor,
+    sensor,
+)
 from dagster._core.storage.tags import (
     ASSET_PARTITION_RANGE_END_TAG,
     ASSET_PARTITION_RANGE_START_TAG,
@@ -26,6 +44,7 @@ from calpipe import config, pipeline, store
 from calpipe.errors import StoreError
 
 from .resources import CalpipeResource
+from .sync import report_range_days
 
 
 def build_landing_sensor(job, partitions_def):
@@ -72,3 +91,38 @@ def build_landing_sensor(job, partitions_def):
         )
 
     return landing_sensor
+
+
+def build_range_metadata_sensor():
+    """The sensor that gives each partition of a successful range run its own metadata."""
+
+    @run_status_sensor(
+        run_status=DagsterRunStatus.SUCCESS,
+        name="range_metadata_sensor",
+        default_status=DefaultSensorStatus.RUNNING,
+        description="After a run over a partition range, reports each day's own metadata "
+        "(dagster gives a range run's partitions the run's one metadata).",
+    )
+    def range_metadata_sensor(context: RunStatusSensorContext, duckdb: DuckDBResource):
+        run = context.dagster_run
+        start = run.tags.get(ASSET_PARTITION_RANGE_START_TAG)
+        end = run.tags.get(ASSET_PARTITION_RANGE_END_TAG)
+        if start is None or end is None or start == end:
+            return SkipReason("not a range run: its partition has its own metadata")
+        records = context.instance.get_records_for_run(
+            run.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION
+        ).records
+        assets = sorted(
+            {r.event_log_entry.dagster_event.asset_key.to_user_string() for r in records}
+            & set(pipeline.ASSET_TABLES)
+        )
+        if not assets:
+            return SkipReason("the run materialized no calpipe table")
+        n = report_range_days(
+            context.instance, duckdb.database, dt.date.fromisoformat(start),
+            dt.date.fromisoformat(end), run.run_id, assets,
+        )  # fmt: skip
+        context.log.info(f"run {run.run_id}: each of {n} day(s) got its own metadata")
+        return SkipReason(f"reported the metadata of {n} day(s) of {', '.join(assets)}")
+
+    return range_metadata_sensor

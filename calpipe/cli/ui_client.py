@@ -100,13 +100,22 @@ class RunningUI:
         node = self.gql(q, {"a": [asset]})["assetNodeOrError"]
         return node["partitionStats"]["numMaterialized"]
 
-    def materialize(self, day: str, timeout: float = 600) -> tuple[str, str]:
-        """Launch one run of every calpipe asset for partition ``day`` (``launchRun``) and wait
-        for it to end: ``(run id, final status)``."""
+    def materialize(
+        self, day: str, timeout: float = 600, last: str | None = None
+    ) -> tuple[str, str]:
+        """Launch one run of every calpipe asset for partition ``day`` (with ``last``: for the
+        partitions ``day`` .. ``last``, one run, as a single-run backfill) (``launchRun``) and
+        wait for it to end: ``(run id, final status)``."""
+        tags = (
+            [{"key": "dagster/partition", "value": day}]
+            if last is None
+            else [{"key": "dagster/asset_partition_range_start", "value": day},
+                  {"key": "dagster/asset_partition_range_end", "value": last}]
+        )  # fmt: skip
         params = {
             "selector": {"repositoryLocationName": LOCATION, "repositoryName": "__repository__",
                          "jobName": ASSET_JOB, "assetSelection": [{"path": [a]} for a in ASSET_TABLES]},
-            "executionMetadata": {"tags": [{"key": "dagster/partition", "value": day}]},
+            "executionMetadata": {"tags": tags},
         }  # fmt: skip
         run = self.gql(
             """mutation($p: ExecutionParams!) { launchRun(executionParams: $p) {

@@ -138,18 +138,21 @@ ASSET_TABLES = ("scored_events", "event_labels", "protected_scores", "calibrator
                 "calibration_map")  # fmt: skip
 
 
-def stored_days(con) -> pl.DataFrame:
-    """Every day the database has computed (``pipeline_days``), with its state hash (which
-    changes when the day is recomputed to another state) and the rows each asset's table holds
-    for it: what ``calpipe ui`` reports to dagster for days computed outside it."""
+def stored_days(con, start=None, end=None) -> pl.DataFrame:
+    """Every day the database has computed (``pipeline_days``; those in [start, end] if given),
+    with its state hash (which changes when the day is recomputed to another state) and the rows
+    each asset's table holds for it: what ``calpipe ui`` reports to dagster for days computed
+    outside it, and the code location for each day of a range run."""
     counts = "\n".join(
         f"LEFT JOIN (SELECT {store.PARTITION_COLUMN[t]} AS date, count(*) AS {t} FROM {t} "
         f"GROUP BY ALL) USING (date)"
         for t in ASSET_TABLES
     )
     cols = ", ".join(f"coalesce({t}, 0) AS {t}" for t in ASSET_TABLES)
+    where = "" if start is None else "WHERE date BETWEEN $1 AND $2"
     return store.query(
         con,
         f"SELECT date, coalesce(state_hash, '') AS state_hash, method, {cols} "
-        f"FROM pipeline_days {counts} ORDER BY date",
+        f"FROM pipeline_days {counts} {where} ORDER BY date",
+        [] if start is None else [start, end],
     )

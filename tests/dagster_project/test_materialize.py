@@ -8,15 +8,23 @@ import datetime as dt
 import numpy as np
 import polars as pl
 import pytest
-from dagster import AssetCheckSeverity, DagsterInstance, materialize
+from dagster import (
+    AssetCheckSeverity,
+    AssetKey,
+    DagsterInstance,
+    build_run_status_sensor_context,
+    materialize,
+)
 from dagster._core.storage.tags import (
     ASSET_PARTITION_RANGE_END_TAG,
     ASSET_PARTITION_RANGE_START_TAG,
 )
+from dagster_duckdb import DuckDBResource
 
 import calpipe
 from calpipe import config, generate, store
 from calpipe.dagster_project.definitions import build_definitions
+from calpipe.dagster_project.sensors import build_range_metadata_sensor
 from calpipe.generate import StreamSpec
 
 #: dagster's own notices (backfill_policy is "beta"; its schedule helper calls a deprecated API).
@@ -304,3 +312,39 @@ def test_checks_are_partitioned_like_their_assets(setup):
     assert {c.check_name for c in evals} == {"probabilities_valid", "rows_in_equal_rows_out",
                                              "state_continuity", "no_martingale_alarm"}  # fmt: skip
     assert {c.partition for c in evals} == {day(2)}
+
+
+def test_after_a_range_run_each_partition_has_its_own_metadata(setup, instance):
+    """dagster gives a range run's partitions the run's one metadata; the range metadata sensor
+    then reports each day's own counts as its partitions' latest materialization."""
+    run, db, _events, _tmp = setup
+    assert run(day(0)).success
+    r = run(day(1), day(3))
+    assert r.success, failure_messages(r)
+    sensor = build_range_metadata_sensor()
+    context = build_run_status_sensor_context(
+        sensor_name=sensor.name, dagster_instance=instance, dagster_run=r.dagster_run,
+        dagster_event=r.get_run_success_event(), resources={"duckdb": DuckDBResource(database=str(db))},
+    )  # fmt: skip
+    out = sensor(context)
+    assert "reported the metadata of 3 day(s)" in str(out.skip_message)
+    counts = read(db, "SELECT event_date, count(*) AS n FROM protected_scores GROUP BY ALL")
+    per_day = {d.isoformat(): n for d, n in counts.iter_rows()}
+    for d in (day(1), day(2), day(3)):
+        latest = instance.fetch_materializations(AssetKey("protected_scores"), limit=50).records
+        # newest first: the partition's latest materialization is the sensor's, with the day's
+        # own count (the run's says "rows_in_run" for the three days together)
+        mat = next(
+            m.asset_materialization for m in latest if m.asset_materialization.partition == d
+        )
+        assert mat.metadata["dagster/row_count"].value == per_day[d] > 0
+        assert mat.metadata["run"].value == r.dagster_run.run_id
+        assert "rows_in_run" not in mat.metadata
+    # a one-partition run has its own metadata already: nothing to report
+    single = run(day(3))
+    context = build_run_status_sensor_context(
+        sensor_name=sensor.name, dagster_instance=instance, dagster_run=single.dagster_run,
+        dagster_event=single.get_run_success_event(),
+        resources={"duckdb": DuckDBResource(database=str(db))},
+    )  # fmt: skip
+    assert "not a range run" in str(sensor(context).skip_message)

@@ -44,6 +44,27 @@ def test_the_ui_shows_cli_days_and_materializes_a_partition_through_graphql(cli_
         assert entries["dagster/row_count"]["intValue"] == n_day
         streams = {json.loads(r)["stream"] for r in entries["metrics"]["table"]["records"]}
         assert streams == {"a", "b"}
+        # a single-run backfill of days 1-3: the daemon's range metadata sensor then gives each
+        # partition its own counts (dagster gives them the run's one metadata)
+        run_id, status = ui.materialize(days[1], timeout=180, last=days[3])
+        assert status == "SUCCESS"
+
+        def latest(day):
+            q = """query($day: String!) { assetOrError(assetKey: {path: ["protected_scores"]}) {
+                     ... on Asset { assetMaterializations(partitions: [$day], limit: 1) {
+                       metadataEntries { label ... on IntMetadataEntry { intValue }
+                                         ... on TextMetadataEntry { text } } } } } }"""
+            mat = ui.gql(q, {"day": day})["assetOrError"]["assetMaterializations"][0]
+            return {e["label"]: e for e in mat["metadataEntries"]}
+
+        wait_for(
+            "the range metadata sensor",
+            lambda: all(latest(d).get("run", {}).get("text") == run_id for d in days[1:]),
+            180,
+        )
+        for d in days[1:]:
+            n_day = events.filter(events["event_time"].dt.date().cast(str) == d).height
+            assert latest(d)["dagster/row_count"]["intValue"] == n_day
     except (AssertionError, TimeoutError, RuntimeError) as exc:  # with the UI's own output
         raise AssertionError(f"{exc}\n--- calpipe ui's output ---\n{ui.stop()[-4000:]}") from exc
     finally:
