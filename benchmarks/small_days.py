@@ -64,7 +64,7 @@ def measure(size_name: str, repeat: int) -> Table:
                 f"{best / times[True]:.1f}x",
             ])  # fmt: skip
         if n_days is None:  # the whole command, as a user runs it (kernels cached)
-            cmd = [sys.executable, "-m", "calpipe", "demo", "--db", str(tmp / "cli.duckdb"),
+            cmd = [sys.executable, "-m", "calpipe.cli", "demo", "--db", str(tmp / "cli.duckdb"),
                    "--no-progress"]  # fmt: skip
             env = {**os.environ, "PYTHONWARNINGS": "ignore"}
             t = time.perf_counter()
