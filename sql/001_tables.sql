@@ -246,7 +246,7 @@ CREATE TABLE IF NOT EXISTS calibration_map (
     date               DATE    NOT NULL,
     stream             VARCHAR NOT NULL,
     term               INTEGER NOT NULL,  -- 0 = passive (the base forecast), t + 1 = function t; a table's piece
-    family             VARCHAR NOT NULL,  -- identity | quadratic | cubic | cox | step | linear
+    family             VARCHAR NOT NULL,  -- identity | quadratic | cubic | cox | temperature | step | linear | bins | ovr | ovr_base | ovo
     a                  DOUBLE  NOT NULL,  -- eps (quadratic), a (cubic), alpha (cox)
     b                  DOUBLE  NOT NULL,  -- 0 (quadratic), b (cubic), beta (cox)
     weight             DOUBLE  NOT NULL,
@@ -264,6 +264,10 @@ CREATE TABLE IF NOT EXISTS calibration_map (
     -- family step / linear: one piece of a table (term = its index; the first at x = -inf):
     -- p' = y_at at p = x, else on x < p (< the next x): y_right (step), or the line from
     -- (x, y_at) to (x_next, y_next) (linear; y_right where x_next is NULL)
+    -- K classes, family ovr / ovr_base / ovo: a piece of the step table of the binary
+    -- sub-problem (a, b) (its score p[b], or the pair score p[b] / (p[a] + p[b]) for a >= 0;
+    -- 0-based classes), the sub-problems coupled one-vs-rest (renormalised; ovr_base: a row
+    -- of zeros keeps p) or one-vs-one (pairwise coupling)
     x                  DOUBLE,
     y_at               DOUBLE,
     y_right            DOUBLE,

@@ -102,11 +102,56 @@ CREATE OR REPLACE MACRO calpipe_kterm(family, a, b, alphas, q) AS
         WHEN 'temperature' THEN calpipe_softmax(list_transform(q, lambda x: a * ln(greatest(x, b))))
     END;
 
+-- The test score of the K-class sub-problem (i, j) at p (0-based classes): p[j] when i < 0
+-- (one-vs-rest), else the pair score p[j] / (p[i] + p[j]), 1/2 when both are 0 (one-vs-one).
+CREATE OR REPLACE MACRO calpipe_subscore(p, i, j) AS
+    CASE WHEN i < 0 THEN p[CAST(j AS INTEGER) + 1]
+         WHEN p[CAST(i AS INTEGER) + 1] + p[CAST(j AS INTEGER) + 1] = 0 THEN 0.5
+         ELSE p[CAST(j AS INTEGER) + 1] / (p[CAST(i AS INTEGER) + 1] + p[CAST(j AS INTEGER) + 1])
+    END;
+
+-- A K-class map of binary step tables (families ovr, ovr_base, ovo: histogram binning and
+-- Venn-ABERS) of stream `s` on day `d` at p (DOUBLE[]): each sub-problem's step table at its
+-- score, then one-vs-rest, u_c = the value of class c's table, or one-vs-one pairwise coupling,
+-- u_c = 1 / (sum_{o > c} 1 / (1 - q_{o|co}) + sum_{o < c} 1 / q_{c|oc} - (K - 2)); then
+-- renormalised (ovr_base: a row of zeros keeps p). NULL when the layer has no such rows.
+CREATE OR REPLACE MACRO calpipe_ktables(s, d, lay, p) AS TABLE
+    -- each piece with its sub-problem's score (aggregates over the macro's arguments directly
+    -- are not allowed where the macro is joined laterally)
+    WITH pieces AS (
+        SELECT m.family, m.a AS i, m.b AS j, m.x, m.y_at, m.y_right, len(p) AS k,
+               calpipe_subscore(p, m.a, m.b) AS sc
+        FROM calibration_map m
+        WHERE m.stream = s AND m.date = d AND coalesce(m.layer, 0) = lay
+          AND m.family IN ('ovr', 'ovr_base', 'ovo')
+    ),
+    q AS (
+        SELECT family, i, j, any_value(k) AS k,
+               arg_max(CASE WHEN x = sc THEN y_at ELSE y_right END, x) FILTER (WHERE x <= sc) AS v
+        FROM pieces
+        GROUP BY family, i, j
+    ),
+    u AS (
+        SELECT family, j AS c, v AS u FROM q WHERE family <> 'ovo'
+        UNION ALL
+        SELECT family, c, 1.0 / (sum(t) - (any_value(k) - 2)) AS u
+        FROM (SELECT family, k, i AS c, 1.0 / (1.0 - v) AS t FROM q WHERE family = 'ovo'
+              UNION ALL
+              SELECT family, k, j AS c, 1.0 / v AS t FROM q WHERE family = 'ovo')
+        GROUP BY family, c
+    ),
+    r AS (SELECT any_value(family) AS family, sum(u) AS tot, list(u ORDER BY c) AS raw FROM u)
+    SELECT CASE WHEN r.family IS NULL THEN NULL
+                WHEN r.family = 'ovr_base' AND r.tot <= 0 THEN p
+                ELSE list_transform(r.raw, lambda x: x / r.tot)
+           END AS v
+    FROM r;
+
 -- One layer of a K-class map of stream `s` on day `d` at the score vector p: `v` = the sum over
 -- its terms of weight * f(kclip(p)), or weight * f(kclip(q(kclip(p)))) for a term with an input
--- map q, class by class (NULL: no rows), and its row count `n`. K-class clipping is not
--- idempotent (it renormalises): the base is clipped once, an input's forecast again, as the
--- engine does.
+-- map q, class by class, or its coupled step tables (calpipe_ktables) (NULL: no rows), and its
+-- row count `n`. K-class clipping is not idempotent (it renormalises): the base is clipped
+-- once, an input's forecast again, as the engine does.
 CREATE OR REPLACE MACRO calpipe_klayer(s, d, lay, p) AS TABLE
     WITH t AS (
         SELECT m.weight,
@@ -119,13 +164,17 @@ CREATE OR REPLACE MACRO calpipe_klayer(s, d, lay, p) AS TABLE
                              END) AS f
         FROM calibration_map m
         WHERE m.stream = s AND m.date = d AND coalesce(m.layer, 0) = lay
+          AND m.family NOT IN ('ovr', 'ovr_base', 'ovo')
     ),
     c AS (
         SELECT u.i, sum(t.weight * u.v) AS v
         FROM t, unnest(t.f) WITH ORDINALITY AS u(v, i)
         GROUP BY u.i
-    )
-    SELECT (SELECT list(c.v ORDER BY c.i) FROM c) AS v, (SELECT count(*) FROM t) AS n;
+    ),
+    k AS (SELECT k.v FROM calpipe_ktables(s, d, lay, CAST(p AS DOUBLE[])) AS k)
+    SELECT coalesce((SELECT k.v FROM k), (SELECT list(c.v ORDER BY c.i) FROM c)) AS v,
+           (SELECT count(*) FROM calibration_map m
+            WHERE m.stream = s AND m.date = d AND coalesce(m.layer, 0) = lay) AS n;
 
 -- Calibrated class probabilities (a list) of the K-class `scores` under stream `s`'s map in force
 -- at the end of day `as_of` (NULL: no map yet): layer 0 at the scores, layer 1 (a stack's top)

@@ -138,6 +138,13 @@ class Histogram(WindowedCalibrator):
     predict = staticmethod(histogram.predict)
     #: the bin of a score changes at the cuts only
     steps_of = staticmethod(lambda f, w: (histogram.binary_cuts(f), False))
+    #: K classes: class c's bins of p_c (value values[#{cuts <= p_c}]), renormalised
+    k_tables_of = staticmethod(
+        lambda f: ("ovr_base", [
+            (-1, c, np.concatenate([[-np.inf], cuts]), values, values)
+            for c, (cuts, values) in enumerate(histogram.class_tables(f))
+        ])
+    )  # fmt: skip
     fit_params = ("n_bins", "prior_strength")
     check_params = ({"window": 8, "refit_every": 4, "n_bins": 3},)
     parameters: ClassVar[dict[str, Param]] = {
@@ -218,6 +225,21 @@ class RocIsotonic(WindowedCalibrator):
     }
 
 
+def _venn_abers_k_tables(fitted: np.ndarray) -> tuple[str, list]:
+    """:attr:`WindowedCalibrator.k_tables_of` of a multiclass Venn-ABERS fit: each sub-problem's
+    values at ``[below, x_1..x_m, mid-points, above]`` (:func:`venn_abers.sub_tables`) as the
+    pieces of a step table."""
+    coupling, subs = venn_abers.sub_tables(fitted)
+    out = []
+    for i, j, x, y in subs:
+        m = x.size
+        y_at, y_mid, y_end = y[1 : 1 + m], y[1 + m : 2 * m], y[2 * m]
+        xs = np.concatenate([[-np.inf], x])
+        y_right = np.concatenate([[y[0]], y_mid, [y_end]]) if m else y[:1]  # between the points
+        out.append((i, j, xs, np.concatenate([[y[0]], y_at]), y_right))
+    return coupling, out
+
+
 class VennAbers(WindowedCalibrator):
     """Venn-ABERS predictors (Vovk & Petej 2014; fast algorithm of Vovk, Petej & Fedorova 2015):
     the two isotonic fits with the test score added with label 0 and 1 give [p0, p1]; the point
@@ -232,6 +254,8 @@ class VennAbers(WindowedCalibrator):
     predict = staticmethod(venn_abers.predict)
     #: p0 and p1 depend on #{s'_j < s} and #{s'_j <= s}: they change at the fit's scores s'
     steps_of = staticmethod(lambda f, w: (venn_abers.binary_breakpoints(f), False))
+    #: K classes: each sub-problem's merged p as a step table, coupled one-vs-rest or one-vs-one
+    k_tables_of = staticmethod(lambda f: _venn_abers_k_tables(f))
     fit_params = ("cross", "n_folds", "merge", "multiclass")
     check_params = (
         {"window": 8, "refit_every": 4},

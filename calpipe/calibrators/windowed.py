@@ -343,6 +343,22 @@ class WindowedCalibrator(Calibrator[FlatState]):
             out.append(None if fitted.size == 0 else type(self).steps_of(fitted, window))
         return out
 
+    #: ``fitted -> (coupling, [(i, j, x, y_at, y_right)])``: a K-class fitted map as step
+    #: tables of its binary sub-problems (test score: column j when i = -1, else the pair score
+    #: of classes i < j; pieces as in ``calibration_map``, the first at x = -inf) and how they
+    #: are coupled: ``"ovr"`` (renormalised), ``"ovr_base"`` (renormalised; a row of zeros keeps
+    #: the base) or ``"ovo"`` (pairwise coupling). None: no K-class SQL form.
+    k_tables_of: ClassVar[Callable[[np.ndarray], tuple[str, list]] | None] = None
+
+    def k_tables(self, state: FlatState, n_classes: int) -> list[tuple[str, list] | None]:
+        """Each stream's K-class map as sub-problem tables (:attr:`k_tables_of`), None for a
+        stream not fitted yet (the base passes through)."""
+        out: list[tuple[str, list] | None] = []
+        for s in range(state.n_streams):
+            _, _, _, fitted = self._unpack(state, s, n_classes)
+            out.append(None if fitted.size == 0 else type(self).k_tables_of(fitted))
+        return out
+
     def serving_map(self, state: FlatState, scores: np.ndarray) -> np.ndarray:
         """Each stream's current map applied to ``scores`` (S, n) or (S, n, K)."""
         n_classes = 2 if scores.ndim == 2 else scores.shape[2]

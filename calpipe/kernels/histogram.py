@@ -163,6 +163,15 @@ def _unpack(fitted: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
     return out
 
 
+def class_tables(fitted: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    """A multiclass fitted vector's bins per class: ``(cuts, values)``, class c's value of p_c
+    is ``values[#{cuts <= p_c}]`` (before the renormalisation of :func:`predict`)."""
+    blocks = _unpack(fitted)
+    if len(blocks) < 2:
+        raise ValueError("not a multiclass histogram-binning fitted vector")
+    return blocks
+
+
 def binary_cuts(fitted: np.ndarray) -> np.ndarray:
     """The cuts between the bins of a binary fitted vector (where its map changes value)."""
     blocks = _unpack(fitted)

@@ -619,6 +619,35 @@ def binary_breakpoints(fitted: np.ndarray) -> np.ndarray:
     return np.unique(np.concatenate(parts)) if parts else np.zeros(0)
 
 
+def sub_tables(fitted: np.ndarray) -> tuple[str, list[tuple[int, int, np.ndarray, np.ndarray]]]:
+    """A multiclass fitted vector's binary sub-problems as tables: ``(coupling, subs)`` with
+    coupling ``"ovr"`` or ``"ovo"`` and, per sub-problem, ``(i, j, x, y)``: its test score is
+    column j (``i = -1``) or the pair score of (i, j); its merged p at ``x`` (the points where
+    it may change, :func:`binary_breakpoints`) and between them is ``y`` evaluated by
+    :func:`predict` itself at ``[below x_1, x_1, .., x_m, mid-points, above x_m]`` (what the
+    SQL step tables hold: the same values, so the same map)."""
+    f = np.ascontiguousarray(fitted, dtype=np.float64)
+    n_cls, mode, how, n_sub = (int(v) for v in f[:_HEADER])
+    if n_cls < 2:
+        raise ValueError("not a multiclass Venn-ABERS fitted vector")
+    cols = [(-1, c) for c in range(n_cls)] if mode == 0 else _pairs(n_cls)
+    out, pos = [], _HEADER
+    for i, j in cols[:n_sub]:
+        _, end = _sub_offsets(f, pos)
+        binary = np.concatenate([[1.0, 0.0, float(how), 1.0], f[pos:end]])
+        pos = end
+        x = binary_breakpoints(binary)
+        out.append((i, j, x, predict(binary, _table_points(x)).p))
+    return ("ovr" if mode == 0 else "ovo"), out
+
+
+def _table_points(x: np.ndarray) -> np.ndarray:
+    """``[below x_1, x_1, .., x_m, the mid-points, above x_m]`` of sorted points x (m >= 0)."""
+    left = x[0] - 1.0 if x.size else 0.5
+    right = x[-1] + 1.0 if x.size else 0.5
+    return np.concatenate([[left], x, (x[:-1] + x[1:]) / 2, [right]])
+
+
 def predict(fitted: np.ndarray, scores: np.ndarray) -> Prediction:
     """Calibrated probabilities of test scores under a fitted Venn-ABERS predictor.
 

@@ -200,7 +200,8 @@ def _protected_rows(cal: Calibrator, scores: pl.DataFrame, day: dt.date | None) 
         pl.col("label").cast(pl.Int32),
         pl.col(out).cast(pl.List(pl.Float64)) if out == "protected_scores" else out,
         "log10_martingale",
-        *[c for c in _INTERVAL_COLUMNS if c in scores.columns],
+        # the intervals of a binary forecast (multiclass Venn-ABERS gives none: NULL)
+        *[c for c in _INTERVAL_COLUMNS if c in scores.columns and out == "protected_score"],
     )
 
 

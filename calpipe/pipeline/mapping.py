@@ -44,7 +44,9 @@ def has_sql_map(cal, n_classes: int = 2) -> bool:
 
     K >= 3 classes (``calibrate_scores`` on a list): the log-loss protected mixtures and
     ``composite-experts`` over online vector scaling (Cox functions of the K-class family,
-    paper 001 eq. (1)), ``ops`` (online vector scaling) and temperature scaling."""
+    paper 001 eq. (1)), ``ops`` (online vector scaling), temperature scaling, and the maps made
+    of binary step tables coupled across classes: histogram binning (one-vs-rest) and
+    Venn-ABERS (one-vs-rest or one-vs-one pairwise coupling)."""
     if isinstance(cal, Stacked):  # two layers, each of one (a calibeating method takes two)
         return all(_form(c, n_classes) not in (None, "calibeat") for c in (cal.base, cal.top))
     return _form(cal, n_classes) is not None
@@ -64,6 +66,8 @@ def _form(cal, n_classes: int = 2) -> str | None:
             return "vector"
         if hasattr(cal, "temperature_map"):
             return "temperature"
+        if getattr(cal, "k_tables_of", None) is not None:
+            return "tables"
         return None
     if hasattr(cal, "map_terms"):
         if isinstance(cal, ProtectedCalibrator):
@@ -166,6 +170,8 @@ def _k_rows(cal, st, keys: pl.DataFrame, form: str, k: int, layer: int = 0) -> p
     their class shifts (``alphas``) and whose inputs are vector scaling maps (``in_ka``,
     ``in_kb``, ``in_eps``), or one identity term whose input is ``ops``' map, or temperature."""
     n = keys.height
+    if form == "tables":
+        return _k_table_rows(cal, st, keys, k, layer)
     if form == "terms":
         mt = cal.map_terms(st, k)
         t = mt.weight.shape[1]
@@ -189,6 +195,50 @@ def _k_rows(cal, st, keys: pl.DataFrame, form: str, k: int, layer: int = 0) -> p
         np.nan_to_num(te[:, 1]), np.ones(n), np.full((n, 4), np.nan), 0.0, layer,
     )  # fmt: skip
     return frame.with_columns(_k_inputs(np.full((n, 2 * k + 1), np.nan), k, np.zeros((n, k))))
+
+
+def _k_table_rows(cal, st, keys: pl.DataFrame, k: int, layer: int) -> pl.DataFrame:
+    """A K-class map of binary step tables per stream (:meth:`k_tables`): one row per piece,
+    family = the coupling (``ovr``, ``ovr_base``, ``ovo``), ``a``/``b`` = the sub-problem's
+    classes (i, j; i = -1: column j alone), ``x``/``y_at``/``y_right`` as a binary step table;
+    a stream not fitted yet: one identity term (the base passes through)."""
+    tables = cal.k_tables(st, k)
+    parts = []
+    unfitted = [s for s, t in enumerate(tables) if t is None]
+    if unfitted:
+        u = len(unfitted)
+        frame = _term_frame(
+            keys[unfitted], 1, np.full(u, "identity"), np.zeros(u), np.zeros(u), np.ones(u),
+            np.full((u, 4), np.nan), 0.0, layer,
+        )  # fmt: skip
+        parts.append(
+            frame.with_columns(_k_inputs(np.full((u, 2 * k + 1), np.nan), k, np.zeros((u, k))))
+        )
+    cols: dict[str, list] = {c: [] for c in ("owner", "family", "a", "b", "x", "y_at", "y_right")}
+    for s, t in enumerate(tables):
+        if t is None:
+            continue
+        coupling, subs = t
+        for i, j, xs, ya, yr in subs:
+            m = xs.size
+            for c, v in (("owner", s), ("family", coupling), ("a", float(i)), ("b", float(j))):
+                cols[c].append(np.full(m, v))
+            for c, v in (("x", xs), ("y_at", ya), ("y_right", yr)):
+                cols[c].append(np.asarray(v, dtype=np.float64))
+    if cols["owner"]:
+        owner = np.concatenate(cols["owner"])
+        n = owner.size
+        starts = np.r_[0, np.flatnonzero(np.diff(owner)) + 1]
+        term = np.arange(n) - np.repeat(starts, np.diff(np.r_[starts, n]))
+        parts.append(pl.concat([keys[owner], pl.DataFrame({
+            "term": pl.Series(term, dtype=pl.Int32),
+            "family": np.concatenate(cols["family"]),
+            "a": np.concatenate(cols["a"]), "b": np.concatenate(cols["b"]),
+            "weight": np.zeros(n), "clip": np.zeros(n),
+            "layer": pl.Series(np.full(n, layer), dtype=pl.Int32),
+            **{c: np.concatenate(cols[c]) for c in ("x", "y_at", "y_right")},
+        })], how="horizontal"))  # fmt: skip
+    return pl.concat(parts, how="diagonal_relaxed")
 
 
 def _k_inputs(inputs: np.ndarray, k: int, alphas: np.ndarray) -> list[pl.Series]:

@@ -190,3 +190,18 @@ def test_the_probability_check_finds_a_vector_that_is_not_a_distribution(tmp_pat
         assert not out.passed and out.details.height >= 1
     finally:
         con.close()
+
+
+def test_a_k_class_venn_abers_chain_stores_no_bounds(tmp_path, events):
+    """Regression: multiclass Venn-ABERS returned its (absent) bounds as class vectors, which
+    the binary p_lower / p_upper columns refused; a K-class forecast has no bounds (NULL)."""
+    settings = Settings.make("venn-abers", window=30, refit_every=11)
+    con, summary = run(tmp_path, events, settings=settings)
+    try:
+        assert all(c.passed for c in summary.checks)
+        rows = store.query(con, "SELECT protected_scores, p_lower, p_upper FROM protected_scores")
+        assert rows.height == events.height
+        assert rows["p_lower"].null_count() == rows["p_upper"].null_count() == rows.height
+        np.testing.assert_allclose(vectors(rows["protected_scores"]).sum(axis=1), 1.0, atol=1e-12)
+    finally:
+        con.close()

@@ -195,21 +195,26 @@ K_CLASS = [
     ("composite-experts", {}),
     ("ops", {}),
     ("temperature", {"window": 30, "refit_every": 11}),
+    ("histogram", {"window": 30, "refit_every": 11, "n_bins": 4}),  # one-vs-rest
+    ("histogram", {"window": 30, "refit_every": 11, "prior_strength": 0.0, "n_bins": 12}),
+    ("venn-abers", {"window": 30, "refit_every": 11}),  # one-vs-one pairwise coupling
+    ("venn-abers", {"window": 30, "refit_every": 11, "multiclass": "ovr"}),
+    ("venn-abers", {"window": 40, "cross": True, "n_folds": 3, "merge": "brier"}),
 ]
 #: K-class methods served by serving_map() only, and why.
 NO_K_SQL_FORM = {
-    "venn": "one-vs-rest bins per class, renormalised",
-    "histogram": "one-vs-rest bins per class, renormalised",
+    "venn": "a taxonomy of top-label bins",
     "roc-isotonic": "regions of the simplex (paper 003, Alg. 2)",
-    "venn-abers": "pairwise coupling of one-vs-one Venn-ABERS tables",
     "venn-predictor": "a taxonomy over the simplex",
 }  # and stacks with one of these as a layer
 
 
 def _k_grid(events: pl.DataFrame, seed: int = 0) -> np.ndarray:
-    """Stored score vectors, random ones, corners and rows with zeros (the clip floors them)."""
+    """Stored score vectors (the first, and the last: the windows' calibration points, where the
+    tables' values change), random ones, corners and rows with zeros (the clip floors them)."""
     rng = np.random.default_rng(seed)
-    stored = np.asarray(events["scores"].to_list(), dtype=float)[:40]
+    every = np.asarray(events["scores"].to_list(), dtype=float)
+    stored = np.vstack([every[:40], every[-60:]])
     rand = rng.dirichlet(np.full(K, 0.5), size=40)
     corners = np.eye(K)
     zeros = rng.dirichlet(np.ones(K), size=10)
@@ -222,6 +227,7 @@ def _k_grid(events: pl.DataFrame, seed: int = 0) -> np.ndarray:
 K_STACKS = [
     ("composite-jumper", {}, "temperature", {"window": 30, "refit_every": 11}),
     ("jumper", {}, "ops", {}),
+    ("composite-jumper", {}, "venn-abers", {"window": 30, "refit_every": 11}),
 ]
 
 
