@@ -246,7 +246,7 @@ CREATE TABLE IF NOT EXISTS calibration_map (
     date               DATE    NOT NULL,
     stream             VARCHAR NOT NULL,
     term               INTEGER NOT NULL,  -- 0 = passive (the base forecast), t + 1 = function t; a table's piece
-    family             VARCHAR NOT NULL,  -- identity | quadratic | cubic | cox | temperature | step | linear | bins | ovr | ovr_base | ovo
+    family             VARCHAR NOT NULL,  -- identity | quadratic | cubic | cox | temperature | step | linear | bins | ovr | ovr_base | ovo | kcat | kedge
     a                  DOUBLE  NOT NULL,  -- eps (quadratic), a (cubic), alpha (cox)
     b                  DOUBLE  NOT NULL,  -- 0 (quadratic), b (cubic), beta (cox)
     weight             DOUBLE  NOT NULL,
@@ -292,6 +292,10 @@ ALTER TABLE calibration_map ADD COLUMN IF NOT EXISTS y_next DOUBLE;
 ALTER TABLE calibration_map ADD COLUMN IF NOT EXISTS alphas DOUBLE[];
 ALTER TABLE calibration_map ADD COLUMN IF NOT EXISTS in_ka DOUBLE[];
 ALTER TABLE calibration_map ADD COLUMN IF NOT EXISTS in_kb DOUBLE[];
+-- schema version 10: a K-class category's forecast (family kcat: the Venn taxonomy of the
+-- predicted class x confidence bin, term = the category, whose bins are the family kedge rows'
+-- x); the map of p is the y_k of p's category
+ALTER TABLE calibration_map ADD COLUMN IF NOT EXISTS y_k DOUBLE[];
 
 -- Key-value facts about this database (SQL layer version, the chain's configuration).
 CREATE TABLE IF NOT EXISTS calpipe_meta (

@@ -147,9 +147,26 @@ CREATE OR REPLACE MACRO calpipe_ktables(s, d, lay, p) AS TABLE
            END AS v
     FROM r;
 
+-- A K-class map that is a table of categories (the Venn taxonomies, families kcat / kedge) of
+-- stream `s` on day `d` at p: the forecast y_k of p's category k = argmax_c p_c * (B + 1) +
+-- #{edges <= max_c p_c} (B edges; ties in the argmax: the lowest class). NULL: no such rows.
+CREATE OR REPLACE MACRO calpipe_kcats(s, d, lay, p) AS TABLE
+    WITH pieces AS (
+        SELECT m.family, m.term, m.y_k,
+               CASE WHEN m.family = 'kedge' AND m.x <= list_max(p) THEN 1 ELSE 0 END AS below,
+               CASE WHEN m.family = 'kedge' THEN 1 ELSE 0 END AS edge,
+               list_position(p, list_max(p)) - 1 AS top
+        FROM calibration_map m
+        WHERE m.stream = s AND m.date = d AND coalesce(m.layer, 0) = lay
+          AND m.family IN ('kcat', 'kedge')
+    ),
+    cat AS (SELECT any_value(top) * (sum(edge) + 1) + sum(below) AS k FROM pieces)
+    SELECT (SELECT p.y_k FROM pieces p, cat WHERE p.family = 'kcat' AND p.term = cat.k) AS v;
+
 -- One layer of a K-class map of stream `s` on day `d` at the score vector p: `v` = the sum over
 -- its terms of weight * f(kclip(p)), or weight * f(kclip(q(kclip(p)))) for a term with an input
--- map q, class by class, or its coupled step tables (calpipe_ktables) (NULL: no rows), and its
+-- map q, class by class, or its coupled step tables (calpipe_ktables) or its table of categories
+-- (calpipe_kcats) (NULL: no rows), and its
 -- row count `n`. K-class clipping is not idempotent (it renormalises): the base is clipped
 -- once, an input's forecast again, as the engine does.
 CREATE OR REPLACE MACRO calpipe_klayer(s, d, lay, p) AS TABLE
@@ -164,15 +181,16 @@ CREATE OR REPLACE MACRO calpipe_klayer(s, d, lay, p) AS TABLE
                              END) AS f
         FROM calibration_map m
         WHERE m.stream = s AND m.date = d AND coalesce(m.layer, 0) = lay
-          AND m.family NOT IN ('ovr', 'ovr_base', 'ovo')
+          AND m.family NOT IN ('ovr', 'ovr_base', 'ovo', 'kcat', 'kedge')
     ),
     c AS (
         SELECT u.i, sum(t.weight * u.v) AS v
         FROM t, unnest(t.f) WITH ORDINALITY AS u(v, i)
         GROUP BY u.i
     ),
-    k AS (SELECT k.v FROM calpipe_ktables(s, d, lay, CAST(p AS DOUBLE[])) AS k)
-    SELECT coalesce((SELECT k.v FROM k), (SELECT list(c.v ORDER BY c.i) FROM c)) AS v,
+    k AS (SELECT k.v FROM calpipe_ktables(s, d, lay, CAST(p AS DOUBLE[])) AS k),
+    g AS (SELECT g.v FROM calpipe_kcats(s, d, lay, CAST(p AS DOUBLE[])) AS g)
+    SELECT coalesce((SELECT k.v FROM k), (SELECT g.v FROM g), (SELECT list(c.v ORDER BY c.i) FROM c)) AS v,
            (SELECT count(*) FROM calibration_map m
             WHERE m.stream = s AND m.date = d AND coalesce(m.layer, 0) = lay) AS n;
 

@@ -116,6 +116,18 @@ class Venn(WindowedCalibrator):
     #: the bin of a score changes at the taxonomy's edges only
     steps_of = staticmethod(lambda f, w: (venn_kernel.bin_edges(f), False))
     fit_params = ("n_bins",)
+
+    def k_categories(self, state, n_classes: int) -> list[tuple[np.ndarray, np.ndarray] | None]:
+        """K classes: each stream's taxonomy (predicted class x confidence bin) as ``(edges,
+        forecasts)``: the bins' edges and each category's forecast (C, K), the kernel's own
+        merge of its counts (:func:`venn_kernel.category_forecasts`); None for a stream not
+        fitted yet (the base passes through)."""
+        out: list[tuple[np.ndarray, np.ndarray] | None] = []
+        for s in range(state.n_streams):
+            _, _, _, fitted = self._unpack(state, s, n_classes)
+            out.append(None if fitted.size == 0 else venn_kernel.category_forecasts(fitted))
+        return out
+
     check_params = ({"window": 8, "refit_every": 5, "n_bins": 2},)
     parameters: ClassVar[dict[str, Param]] = {
         **WINDOW_PARAMS,

@@ -204,6 +204,12 @@ class VennPredictor(OnlineCalibrator):
     def _state_size(self, n_classes: int) -> int:
         return self._n_cat(n_classes) * n_classes
 
+    def k_categories(self, state: FlatState, n_classes: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """K classes, score taxonomy: each stream's ``(edges, forecasts)`` (each category's
+        forecast from its counts, :func:`calpipe.kernels.venn.category_forecasts`)."""
+        counts = state.values.reshape(state.n_streams, self._n_cat(n_classes), n_classes)
+        return [V.category_forecasts(self.edges(), c) for c in counts]
+
     def _initial_vector(self, n_classes: int) -> np.ndarray:
         return np.zeros(self._state_size(n_classes))
 

@@ -458,6 +458,20 @@ def _unpack(fitted: np.ndarray):
     return taxonomy, k, edges, counts
 
 
+def category_forecasts(fitted: np.ndarray, counts: np.ndarray | None = None):
+    """``(edges, forecasts)`` of a fitted K-class score taxonomy (or of the ``counts`` (C, K) of
+    an online one, ``fitted`` then being its edges): the forecast of category k is row k, the
+    merge :func:`predict` makes for a score in it (category :func:`category_of`)."""
+    if counts is None:
+        taxonomy, _, edges, counts = _unpack(fitted)
+        if taxonomy != TAXONOMY_SCORE_MULTICLASS:
+            raise ValueError("not a K-class score taxonomy")
+    else:
+        edges = np.ascontiguousarray(fitted, dtype=np.float64)
+    counts = np.ascontiguousarray(counts, dtype=np.float64)
+    return edges, _venn_rows(np.arange(counts.shape[0], dtype=np.int64), counts)[0]
+
+
 def predict(
     fitted: np.ndarray, scores: np.ndarray, categories: np.ndarray | None = None
 ) -> Prediction:

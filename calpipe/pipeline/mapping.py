@@ -68,6 +68,8 @@ def _form(cal, n_classes: int = 2) -> str | None:
             return "temperature"
         if getattr(cal, "k_tables_of", None) is not None:
             return "tables"
+        if hasattr(cal, "k_categories") and getattr(cal, "category_column", None) is None:
+            return "categories"
         return None
     if hasattr(cal, "map_terms"):
         if isinstance(cal, ProtectedCalibrator):
@@ -127,12 +129,12 @@ def map_terms(state: pl.DataFrame, settings: Settings) -> pl.DataFrame:
 _COLUMNS = (
     "date", "stream", "term", "family", "a", "b", "weight", "clip", "method",
     "config_fingerprint", "in_w1", "in_w2", "in_w0", "in_eps", "layer", "x", "y_at", "y_right",
-    "x_next", "y_next", "alphas", "in_ka", "in_kb",
+    "x_next", "y_next", "alphas", "in_ka", "in_kb", "y_k",
 )  # fmt: skip
 #: Columns of a term's input map in ``calibration_map`` (NULL: the clipped base).
 _INPUT_COLUMNS = ("in_w1", "in_w2", "in_w0", "in_eps")
 #: K-class columns (DOUBLE[]): a Cox term's class shifts, a term's vector scaling input.
-_LIST_COLUMNS = ("alphas", "in_ka", "in_kb")
+_LIST_COLUMNS = ("alphas", "in_ka", "in_kb", "y_k")
 
 
 def _layer_rows(cal, st, keys: pl.DataFrame, layer: int, k: int = 2) -> pl.DataFrame:
@@ -172,6 +174,8 @@ def _k_rows(cal, st, keys: pl.DataFrame, form: str, k: int, layer: int = 0) -> p
     n = keys.height
     if form == "tables":
         return _k_table_rows(cal, st, keys, k, layer)
+    if form == "categories":
+        return _k_category_rows(cal, st, keys, k, layer)
     if form == "terms":
         mt = cal.map_terms(st, k)
         t = mt.weight.shape[1]
@@ -238,6 +242,50 @@ def _k_table_rows(cal, st, keys: pl.DataFrame, k: int, layer: int) -> pl.DataFra
             "layer": pl.Series(np.full(n, layer), dtype=pl.Int32),
             **{c: np.concatenate(cols[c]) for c in ("x", "y_at", "y_right")},
         })], how="horizontal"))  # fmt: skip
+    return pl.concat(parts, how="diagonal_relaxed")
+
+
+def _k_category_rows(cal, st, keys: pl.DataFrame, k: int, layer: int) -> pl.DataFrame:
+    """A K-class map that is a table of categories (the Venn taxonomies: predicted class x
+    confidence bin, :meth:`k_categories`): per stream its bins' edges (family ``kedge``, ``x``)
+    and each category's forecast (family ``kcat``, ``term`` = the category, ``y_k``); a stream
+    not fitted yet: one identity term."""
+    tables = cal.k_categories(st, k)
+    parts = []
+    unfitted = [s for s, t in enumerate(tables) if t is None]
+    if unfitted:
+        u = len(unfitted)
+        frame = _term_frame(
+            keys[unfitted], 1, np.full(u, "identity"), np.zeros(u), np.zeros(u), np.ones(u),
+            np.full((u, 4), np.nan), 0.0, layer,
+        )  # fmt: skip
+        parts.append(
+            frame.with_columns(_k_inputs(np.full((u, 2 * k + 1), np.nan), k, np.zeros((u, k))))
+        )
+    owner, family, term, x, y = [], [], [], [], []
+    for s, t in enumerate(tables):
+        if t is None:
+            continue
+        edges, outputs = t
+        n_e, n_c = edges.size, outputs.shape[0]
+        owner.append(np.full(n_e + n_c, s))
+        family += ["kedge"] * n_e + ["kcat"] * n_c
+        term.append(np.r_[np.arange(n_e), np.arange(n_c)])
+        x.append(np.r_[edges, np.full(n_c, np.nan)])
+        y.append(np.vstack([np.full((n_e, k), np.nan), outputs]))
+    if owner:
+        rows = np.concatenate(owner)
+        n = rows.size
+        yk = pl.Series("y_k", np.vstack(y), dtype=pl.Array(pl.Float64, k)).cast(pl.List(pl.Float64))
+        is_cat = pl.Series(np.array(family) == "kcat")
+        parts.append(pl.concat([keys[rows], pl.DataFrame({
+            "term": pl.Series(np.concatenate(term), dtype=pl.Int32), "family": family,
+            "a": np.zeros(n), "b": np.zeros(n), "weight": np.zeros(n), "clip": np.zeros(n),
+            "layer": pl.Series(np.full(n, layer), dtype=pl.Int32),
+            "x": np.concatenate(x),
+        }).with_columns(pl.col("x").fill_nan(None),
+                        pl.when(is_cat).then(yk).otherwise(None).alias("y_k"))],
+            how="horizontal"))  # fmt: skip
     return pl.concat(parts, how="diagonal_relaxed")
 
 

@@ -200,13 +200,14 @@ K_CLASS = [
     ("venn-abers", {"window": 30, "refit_every": 11}),  # one-vs-one pairwise coupling
     ("venn-abers", {"window": 30, "refit_every": 11, "multiclass": "ovr"}),
     ("venn-abers", {"window": 40, "cross": True, "n_folds": 3, "merge": "brier"}),
+    ("venn", {"window": 30, "refit_every": 11, "n_bins": 3}),  # predicted class x confidence
+    ("venn-predictor", {"n_bins": 4}),
+    ("venn-predictor", {"edges": (0.4, 0.7)}),
 ]
 #: K-class methods served by serving_map() only, and why.
 NO_K_SQL_FORM = {
-    "venn": "a taxonomy of top-label bins",
     "roc-isotonic": "regions of the simplex (paper 003, Alg. 2)",
-    "venn-predictor": "a taxonomy over the simplex",
-}  # and stacks with one of these as a layer
+}  # and stacks with it as a layer; and a Venn predictor on a user category column
 
 
 def _k_grid(events: pl.DataFrame, seed: int = 0) -> np.ndarray:
