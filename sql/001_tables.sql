@@ -246,7 +246,7 @@ CREATE TABLE IF NOT EXISTS calibration_map (
     date               DATE    NOT NULL,
     stream             VARCHAR NOT NULL,
     term               INTEGER NOT NULL,  -- 0 = passive (the base forecast), t + 1 = function t; a table's piece
-    family             VARCHAR NOT NULL,  -- identity | quadratic | cubic | cox | temperature | step | linear | bins | ovr | ovr_base | ovo | kcat | kedge
+    family             VARCHAR NOT NULL,  -- identity | quadratic | cubic | cox | temperature | step | linear | bins | ovr | ovr_base | ovo | kcat | kedge | ksplit | kleaf
     a                  DOUBLE  NOT NULL,  -- eps (quadratic), a (cubic), alpha (cox)
     b                  DOUBLE  NOT NULL,  -- 0 (quadratic), b (cubic), beta (cox)
     weight             DOUBLE  NOT NULL,
@@ -296,6 +296,10 @@ ALTER TABLE calibration_map ADD COLUMN IF NOT EXISTS in_kb DOUBLE[];
 -- predicted class x confidence bin, term = the category, whose bins are the family kedge rows'
 -- x); the map of p is the y_k of p's category
 ALTER TABLE calibration_map ADD COLUMN IF NOT EXISTS y_k DOUBLE[];
+-- and a K-class partition tree (ROC-isotonic): family ksplit, node term, its thresholds gamma in
+-- y_k and its children's node ids in kids (p goes to child argmax_c (p_c - gamma_c)); family
+-- kleaf, node term, its forecast in y_k
+ALTER TABLE calibration_map ADD COLUMN IF NOT EXISTS kids DOUBLE[];
 
 -- Key-value facts about this database (SQL layer version, the chain's configuration).
 CREATE TABLE IF NOT EXISTS calpipe_meta (

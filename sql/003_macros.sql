@@ -163,10 +163,32 @@ CREATE OR REPLACE MACRO calpipe_kcats(s, d, lay, p) AS TABLE
     cat AS (SELECT any_value(top) * (sum(edge) + 1) + sum(below) AS k FROM pieces)
     SELECT (SELECT p.y_k FROM pieces p, cat WHERE p.family = 'kcat' AND p.term = cat.k) AS v;
 
+-- A K-class partition tree (ROC-isotonic, paper 003 Algorithm 2; families ksplit / kleaf) of
+-- stream `s` on day `d` at p: from the root (node 0), each split sends p to its child
+-- argmax_c (p_c - gamma_c) (ties: the lowest class), until a leaf, whose forecast it is. NULL:
+-- no such rows.
+CREATE OR REPLACE MACRO calpipe_ktree(s, d, lay, p) AS TABLE
+    WITH RECURSIVE nodes AS (
+        SELECT m.term, m.family, m.y_k, m.kids, CAST(p AS DOUBLE[]) AS q
+        FROM calibration_map m
+        WHERE m.stream = s AND m.date = d AND coalesce(m.layer, 0) = lay
+          AND m.family IN ('ksplit', 'kleaf')
+    ),
+    walk(node) AS (
+        SELECT 0 FROM (SELECT 1) WHERE EXISTS (SELECT 1 FROM nodes)
+        UNION ALL
+        SELECT CAST(n.kids[list_position(list_transform(n.q, lambda x, i: x - n.y_k[i]),
+                                         list_max(list_transform(n.q, lambda x, i: x - n.y_k[i])))]
+                    AS INTEGER)
+        FROM walk JOIN nodes n ON n.term = walk.node
+        WHERE n.family = 'ksplit'
+    )
+    SELECT (SELECT n.y_k FROM walk JOIN nodes n ON n.term = walk.node WHERE n.family = 'kleaf') AS v;
+
 -- One layer of a K-class map of stream `s` on day `d` at the score vector p: `v` = the sum over
 -- its terms of weight * f(kclip(p)), or weight * f(kclip(q(kclip(p)))) for a term with an input
--- map q, class by class, or its coupled step tables (calpipe_ktables) or its table of categories
--- (calpipe_kcats) (NULL: no rows), and its
+-- map q, class by class, or its coupled step tables (calpipe_ktables), its table of categories
+-- (calpipe_kcats) or its partition tree (calpipe_ktree) (NULL: no rows), and its
 -- row count `n`. K-class clipping is not idempotent (it renormalises): the base is clipped
 -- once, an input's forecast again, as the engine does.
 CREATE OR REPLACE MACRO calpipe_klayer(s, d, lay, p) AS TABLE
@@ -181,7 +203,7 @@ CREATE OR REPLACE MACRO calpipe_klayer(s, d, lay, p) AS TABLE
                              END) AS f
         FROM calibration_map m
         WHERE m.stream = s AND m.date = d AND coalesce(m.layer, 0) = lay
-          AND m.family NOT IN ('ovr', 'ovr_base', 'ovo', 'kcat', 'kedge')
+          AND m.family NOT IN ('ovr', 'ovr_base', 'ovo', 'kcat', 'kedge', 'ksplit', 'kleaf')
     ),
     c AS (
         SELECT u.i, sum(t.weight * u.v) AS v
@@ -189,8 +211,10 @@ CREATE OR REPLACE MACRO calpipe_klayer(s, d, lay, p) AS TABLE
         GROUP BY u.i
     ),
     k AS (SELECT k.v FROM calpipe_ktables(s, d, lay, CAST(p AS DOUBLE[])) AS k),
-    g AS (SELECT g.v FROM calpipe_kcats(s, d, lay, CAST(p AS DOUBLE[])) AS g)
-    SELECT coalesce((SELECT k.v FROM k), (SELECT g.v FROM g), (SELECT list(c.v ORDER BY c.i) FROM c)) AS v,
+    g AS (SELECT g.v FROM calpipe_kcats(s, d, lay, CAST(p AS DOUBLE[])) AS g),
+    r AS (SELECT r.v FROM calpipe_ktree(s, d, lay, CAST(p AS DOUBLE[])) AS r)
+    SELECT coalesce((SELECT k.v FROM k), (SELECT g.v FROM g), (SELECT r.v FROM r),
+                    (SELECT list(c.v ORDER BY c.i) FROM c)) AS v,
            (SELECT count(*) FROM calibration_map m
             WHERE m.stream = s AND m.date = d AND coalesce(m.layer, 0) = lay) AS n;
 

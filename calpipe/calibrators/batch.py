@@ -213,6 +213,17 @@ class RocIsotonic(WindowedCalibrator):
     predict = staticmethod(isotonic.rrir_predict)
     steps_of = staticmethod(lambda f, w: isotonic.binary_thresholds(f))
     fit_params = ("max_regions", "min_region_size", "max_candidates")
+
+    def k_tree(self, state, n_classes: int) -> list[np.ndarray | None]:
+        """K classes: each stream's partition tree (:func:`isotonic.tree_records`: a split's
+        gamma and children, a leaf's value); None for a stream not fitted yet (the base passes
+        through)."""
+        out: list[np.ndarray | None] = []
+        for s in range(state.n_streams):
+            _, _, _, fitted = self._unpack(state, s, n_classes)
+            out.append(None if fitted.size == 0 else isotonic.tree_records(fitted))
+        return out
+
     check_params = ({"window": 9, "refit_every": 5, "max_regions": 3},)
     parameters: ClassVar[dict[str, Param]] = {
         **WINDOW_PARAMS,

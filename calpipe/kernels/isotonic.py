@@ -820,6 +820,19 @@ def rrir_fit(
     return np.concatenate([head, rec.ravel()])
 
 
+def tree_records(fitted: np.ndarray) -> np.ndarray:
+    """The nodes of a multiclass partition tree, (n_nodes, 1 + 2K), node 0 the root: internal
+    ``[1, gamma (K), child ids (K)]``, leaf ``[0, value (K), #points, 0 ...]`` (what
+    :func:`rrir_predict` walks)."""
+    f = np.asarray(fitted, dtype=np.float64)
+    if f.ndim != 1 or f.shape[0] < 3 or int(f[0]) != LAYOUT_TREE:
+        raise ValueError("not a multiclass partition tree")
+    kk, n_nodes = int(f[1]), int(f[2])
+    if f.shape[0] != 3 + n_nodes * (1 + 2 * kk):
+        raise ValueError("malformed tree fitted vector")
+    return f[3:].reshape(n_nodes, 1 + 2 * kk).copy()
+
+
 def rrir_predict(fitted: np.ndarray, scores: np.ndarray) -> Prediction:
     """Apply a fitted ROC-regularized isotonic map.
 

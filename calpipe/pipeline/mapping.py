@@ -44,9 +44,11 @@ def has_sql_map(cal, n_classes: int = 2) -> bool:
 
     K >= 3 classes (``calibrate_scores`` on a list): the log-loss protected mixtures and
     ``composite-experts`` over online vector scaling (Cox functions of the K-class family,
-    paper 001 eq. (1)), ``ops`` (online vector scaling), temperature scaling, and the maps made
+    paper 001 eq. (1)), ``ops`` (online vector scaling), temperature scaling, the maps made
     of binary step tables coupled across classes: histogram binning (one-vs-rest) and
-    Venn-ABERS (one-vs-rest or one-vs-one pairwise coupling)."""
+    Venn-ABERS (one-vs-rest or one-vs-one pairwise coupling), the Venn taxonomies (a table of
+    categories) and ROC-isotonic regression (a partition tree of the simplex, paper 003
+    Algorithm 2)."""
     if isinstance(cal, Stacked):  # two layers, each of one (a calibeating method takes two)
         return all(_form(c, n_classes) not in (None, "calibeat") for c in (cal.base, cal.top))
     return _form(cal, n_classes) is not None
@@ -70,6 +72,8 @@ def _form(cal, n_classes: int = 2) -> str | None:
             return "tables"
         if hasattr(cal, "k_categories") and getattr(cal, "category_column", None) is None:
             return "categories"
+        if hasattr(cal, "k_tree"):
+            return "tree"
         return None
     if hasattr(cal, "map_terms"):
         if isinstance(cal, ProtectedCalibrator):
@@ -129,12 +133,12 @@ def map_terms(state: pl.DataFrame, settings: Settings) -> pl.DataFrame:
 _COLUMNS = (
     "date", "stream", "term", "family", "a", "b", "weight", "clip", "method",
     "config_fingerprint", "in_w1", "in_w2", "in_w0", "in_eps", "layer", "x", "y_at", "y_right",
-    "x_next", "y_next", "alphas", "in_ka", "in_kb", "y_k",
+    "x_next", "y_next", "alphas", "in_ka", "in_kb", "y_k", "kids",
 )  # fmt: skip
 #: Columns of a term's input map in ``calibration_map`` (NULL: the clipped base).
 _INPUT_COLUMNS = ("in_w1", "in_w2", "in_w0", "in_eps")
 #: K-class columns (DOUBLE[]): a Cox term's class shifts, a term's vector scaling input.
-_LIST_COLUMNS = ("alphas", "in_ka", "in_kb", "y_k")
+_LIST_COLUMNS = ("alphas", "in_ka", "in_kb", "y_k", "kids")
 
 
 def _layer_rows(cal, st, keys: pl.DataFrame, layer: int, k: int = 2) -> pl.DataFrame:
@@ -176,6 +180,8 @@ def _k_rows(cal, st, keys: pl.DataFrame, form: str, k: int, layer: int = 0) -> p
         return _k_table_rows(cal, st, keys, k, layer)
     if form == "categories":
         return _k_category_rows(cal, st, keys, k, layer)
+    if form == "tree":
+        return _k_tree_rows(cal, st, keys, k, layer)
     if form == "terms":
         mt = cal.map_terms(st, k)
         t = mt.weight.shape[1]
@@ -285,6 +291,48 @@ def _k_category_rows(cal, st, keys: pl.DataFrame, k: int, layer: int) -> pl.Data
             "x": np.concatenate(x),
         }).with_columns(pl.col("x").fill_nan(None),
                         pl.when(is_cat).then(yk).otherwise(None).alias("y_k"))],
+            how="horizontal"))  # fmt: skip
+    return pl.concat(parts, how="diagonal_relaxed")
+
+
+def _k_tree_rows(cal, st, keys: pl.DataFrame, k: int, layer: int) -> pl.DataFrame:
+    """A K-class partition tree per stream (:meth:`k_tree`, ROC-isotonic): one row per node
+    (``term`` = its id, the root 0): family ``ksplit`` with its thresholds gamma in ``y_k`` and
+    its children in ``kids``, family ``kleaf`` with its forecast in ``y_k``; a stream not
+    fitted yet: one identity term."""
+    trees = cal.k_tree(st, k)
+    parts = []
+    unfitted = [s for s, t in enumerate(trees) if t is None]
+    if unfitted:
+        u = len(unfitted)
+        frame = _term_frame(
+            keys[unfitted], 1, np.full(u, "identity"), np.zeros(u), np.zeros(u), np.ones(u),
+            np.full((u, 4), np.nan), 0.0, layer,
+        )  # fmt: skip
+        parts.append(
+            frame.with_columns(_k_inputs(np.full((u, 2 * k + 1), np.nan), k, np.zeros((u, k))))
+        )
+    fitted = [(s, t) for s, t in enumerate(trees) if t is not None]
+    if fitted:
+        rows = np.concatenate([np.full(t.shape[0], s) for s, t in fitted])
+        rec = np.vstack([t for _, t in fitted])
+        n = rows.size
+        split = rec[:, 0] == 1.0
+
+        def lists(block: np.ndarray, name: str, keep: np.ndarray) -> pl.Series:
+            col = pl.Series(name, block, dtype=pl.Array(pl.Float64, k)).cast(pl.List(pl.Float64))
+            return pl.select(
+                pl.when(pl.Series(keep)).then(col).otherwise(None).alias(name)
+            ).to_series()
+
+        parts.append(pl.concat([keys[rows], pl.DataFrame({
+            "term": pl.Series(np.concatenate([np.arange(t.shape[0]) for _, t in fitted]),
+                              dtype=pl.Int32),
+            "family": np.where(split, "ksplit", "kleaf"),
+            "a": np.zeros(n), "b": np.zeros(n), "weight": np.zeros(n), "clip": np.zeros(n),
+            "layer": pl.Series(np.full(n, layer), dtype=pl.Int32),
+        }).with_columns(lists(rec[:, 1 : 1 + k], "y_k", np.ones(n, bool)),
+                        lists(rec[:, 1 + k : 1 + 2 * k], "kids", split))],
             how="horizontal"))  # fmt: skip
     return pl.concat(parts, how="diagonal_relaxed")
 

@@ -203,11 +203,14 @@ K_CLASS = [
     ("venn", {"window": 30, "refit_every": 11, "n_bins": 3}),  # predicted class x confidence
     ("venn-predictor", {"n_bins": 4}),
     ("venn-predictor", {"edges": (0.4, 0.7)}),
+    ("roc-isotonic", {"window": 30, "refit_every": 11}),  # a partition tree of the simplex
+    ("roc-isotonic", {"window": 40, "refit_every": 11, "max_regions": 3}),
 ]
+#: The family of the table rows of the K-class methods whose map is a table.
+K_FAMILY = {"histogram": "ovr_base", "venn-abers": "ovo", "venn": "kcat", "venn-predictor": "kcat",
+            "roc-isotonic": "ksplit"}  # fmt: skip
 #: K-class methods served by serving_map() only, and why.
-NO_K_SQL_FORM = {
-    "roc-isotonic": "regions of the simplex (paper 003, Alg. 2)",
-}  # and stacks with it as a layer; and a Venn predictor on a user category column
+NO_K_SQL_FORM: dict[str, str] = {}  # every method (a Venn predictor on a user column: none)
 
 
 def _k_grid(events: pl.DataFrame, seed: int = 0) -> np.ndarray:
@@ -251,6 +254,12 @@ def test_a_k_class_sql_map_equals_its_serving_map(tmp_path, method, params, base
         assert store.query(con, "SELECT count(*) AS n FROM calibration_map")["n"][0] > 0
         layers = store.query(con, "SELECT DISTINCT layer FROM calibration_map ORDER BY layer")
         assert layers["layer"].to_list() == ([0, 1] if base else [0])
+        # the tables are there (not only the identity rows of streams not fitted yet)
+        families = set(store.query(con, "SELECT DISTINCT family FROM calibration_map")["family"])
+        want = K_FAMILY.get(base or method)
+        if want == "ovo" and (base_params or params).get("multiclass") == "ovr":
+            want = "ovr"
+        assert want is None or want in families, (want, families)
         day = store.query(con, "SELECT max(date) AS d FROM calibrator_state")["d"][0]
         state = pipeline.state_as_of(con, day)
         grid = _k_grid(events)
