@@ -291,7 +291,10 @@ def _ctrl_c(cmd: list[str], under_way) -> str:
     _, err = child.communicate(timeout=120)
     if child.returncode == 0:  # pragma: no cover - finished before the signal landed
         pytest.skip("the command finished before the interrupt")
-    assert child.returncode == 130, err
+    # 130, or ended by the SIGINT itself after saying so (-2 here; a shell shows both as 130):
+    # CPython sometimes re-raises the signal at exit after the command returned 130 (seen about
+    # one time in six for `python -m calpipe.cli demo`, never under strace)
+    assert child.returncode in (130, -signal.SIGINT), err
     assert "Traceback" not in err
     return err
 
@@ -333,7 +336,15 @@ def test_ctrl_c_ends_calpipe_demo_with_one_line(tmp_path):
 
     db = tmp_path / "demo.duckdb"
     cmd = [sys.executable, "-m", "calpipe.cli", "demo", "--db", str(db), "--no-progress"]
-    err = _ctrl_c(cmd, lambda child: time.sleep(8))  # the demo takes ~25 s: under way at 8
+
+    def under_way(child):  # the run has begun (its database exists) and has ~5 s to go
+        t0 = time.monotonic()
+        while not db.exists() and child.poll() is None and time.monotonic() - t0 < 120:
+            time.sleep(0.05)
+        time.sleep(1.0)
+
+    # (the demo took ~25 s, and a fixed 8 s wait landed after its run once it took ~8 s)
+    err = _ctrl_c(cmd, under_way)
     assert "calpipe demo: interrupted:" in err and "Run it again to run it whole" in err
     if db.exists():  # (interrupted while landing the files: no database yet)
         _consistent(db)

@@ -10,6 +10,7 @@ import argparse
 import datetime as dt
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -90,12 +91,19 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     bar = progress.DayBar("calpipe demo", show=progress.enabled(args.no_progress))
     try:
         res = pipeline.demo(args.db, log=lambda m: print(f"  {m}", flush=True), progress=bar)
-    except _INTERRUPTS as exc:
+        _print_demo(res, t0)
+    except _INTERRUPTS as exc:  # while running, or while printing what it did
         if not _is_interrupt(exc):
             raise
+        _settle_interrupt()
         # the open transaction was rolled back on the way out
         print(_demo_interrupted(Path(args.db)), file=sys.stderr)
         return 130
+    return 0
+
+
+def _print_demo(res, t0: float) -> None:
+    """What ``calpipe demo`` did: the run, the per-stream summary, the checks, what to try."""
     run = res.run
     print(
         f"calpipe demo: {run.days} daily partitions {run.start} .. {run.end}, {run.events:,} events, "
@@ -121,7 +129,6 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     for q in EXAMPLE_QUERIES:
         print(f'  {prog} sql{db_opt} "{q}"')
     print(f"\ndone in {time.perf_counter() - t0:.1f} s")
-    return 0
 
 
 #: How Ctrl-C surfaces: Python's KeyboardInterrupt, or DuckDB's own when it lands mid-query
@@ -133,6 +140,12 @@ def _is_interrupt(exc: BaseException) -> bool:
     if isinstance(exc, RuntimeError) and not isinstance(exc, duckdb.InterruptException):
         return "interrupted" in str(exc).lower()
     return True
+
+
+def _settle_interrupt() -> None:
+    """After the first Ctrl-C, ignore SIGINT while the command looks up what is committed, says
+    it and exits 130: a second Ctrl-C then cannot turn the one-line message into a traceback."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _demo_interrupted(db: Path) -> str:
@@ -175,6 +188,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except _INTERRUPTS as exc:
         if not _is_interrupt(exc):
             raise
+        _settle_interrupt()
         # the open transaction was rolled back on the way out
         print(_interrupted(con, args), file=sys.stderr)
         return 130  # the shell's code for a command ended by SIGINT
