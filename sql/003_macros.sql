@@ -45,35 +45,6 @@ CREATE OR REPLACE MACRO calpipe_piece(family, x, y_at, y_right, x_next, y_next, 
 -- Equal-width bin of q among n of [0, 1], as the calibeating kernel computes it.
 CREATE OR REPLACE MACRO calpipe_bin(q, n) AS least(CAST(floor(q * n) AS INTEGER), CAST(n AS INTEGER) - 1);
 
--- One layer of stream `s`'s map of day `d` evaluated at p: `v` (NULL: the layer has no rows) and
--- its row count `n`. A step/linear table (the piece with the largest x <= p), a bin table
--- (family bins: the value of p's bin, p where NULL) or a weighted sum of terms.
-CREATE OR REPLACE MACRO calpipe_layer(s, d, lay, p) AS TABLE
-    SELECT CASE WHEN bool_or(m.family IN ('step', 'linear'))
-                THEN arg_max(calpipe_piece(m.family, m.x, m.y_at, m.y_right, m.x_next, m.y_next, p),
-                             m.x) FILTER (WHERE m.x <= p)
-                WHEN bool_or(m.family = 'bins')
-                THEN max(coalesce(m.y_at, p)) FILTER (WHERE m.term = calpipe_bin(p, m.a))
-                ELSE sum(m.weight * calpipe_map_term(m.family, m.a, m.b, m.clip, m.in_w1, m.in_w2,
-                                                     m.in_w0, m.in_eps, p))
-           END AS v,
-           count(*) AS n
-    FROM calibration_map m
-    WHERE m.stream = s AND m.date = d AND coalesce(m.layer, 0) = lay;
-
--- Calibrated probability of `score` under stream `s`'s map in force at the end of day `as_of`
--- (its latest map on or before; NULL: no map yet), for every method with a SQL form
--- (calpipe.pipeline.mapping.has_sql_map): layer 0 at the score; layer 1 (a stack's top, a
--- calibeating table), where there is one, at layer 0's value.
-CREATE OR REPLACE MACRO calibrate_score_as_of(s, score, as_of) AS (
-    WITH d AS (
-        SELECT max(date) AS d FROM calibration_map WHERE stream = s AND date <= CAST(as_of AS DATE)
-    ),
-    l0 AS (SELECT l.v FROM d, calpipe_layer(s, d.d, 0, CAST(score AS DOUBLE)) AS l),
-    l1 AS (SELECT l.v, l.n FROM d, l0, calpipe_layer(s, d.d, 1, l0.v) AS l)
-    SELECT CASE WHEN l1.n > 0 THEN l1.v ELSE l0.v END FROM l0, l1
-);
-
 -- K classes: the row floored at eps and renormalised (the engine's clip in log-loss mode).
 CREATE OR REPLACE MACRO calpipe_kclip(p, eps) AS
     list_transform(p, lambda x: greatest(CAST(x AS DOUBLE), CAST(eps AS DOUBLE))
@@ -101,6 +72,65 @@ CREATE OR REPLACE MACRO calpipe_kterm(family, a, b, alphas, q) AS
             / list_sum(list_transform(q, lambda y, j: pow(y, b) * exp(alphas[j]))))
         WHEN 'temperature' THEN calpipe_softmax(list_transform(q, lambda x: a * ln(greatest(x, b))))
     END;
+
+-- The Brier compatibility mode (paper 001's reference package's Brier-loss aggregating
+-- algorithm, calpipe.kernels.brier_compat): a term's forecast f at the class vector q (family
+-- brier: q itself; brier_cox: the Cox function with beta b and class shifts alphas), the
+-- Brier loss of f for class c (0-based), and the forecast from the sums a_c = sum_terms weight *
+-- e^{-Brier(c, f)}: g_c = -ln a_c, s = (2 + sum_c g_c) / K, p'_c = clip((s - g_c) / 2, 0, 1)
+-- renormalised (the package's substitution shortcut).
+CREATE OR REPLACE MACRO calpipe_brier_f(family, b, alphas, q) AS
+    CASE WHEN family = 'brier' THEN q ELSE calpipe_kterm('cox', 0.0, b, alphas, q) END;
+CREATE OR REPLACE MACRO calpipe_brier_loss(c, f) AS
+    list_sum(list_transform(f, lambda x, i: (CASE WHEN i - 1 = c THEN 1.0 ELSE 0.0 END - x)
+                                          * (CASE WHEN i - 1 = c THEN 1.0 ELSE 0.0 END - x)));
+CREATE OR REPLACE MACRO calpipe_brier_v(g) AS
+    list_transform(g, lambda x: least(greatest(((2.0 + list_sum(g)) / len(g) - x) / 2.0, 0.0), 1.0));
+CREATE OR REPLACE MACRO calpipe_normalise(v) AS list_transform(v, lambda x: x / list_sum(v));
+CREATE OR REPLACE MACRO calpipe_brier_merge(a) AS
+    calpipe_normalise(calpipe_brier_v(list_transform(a, lambda x: -ln(x))));
+-- binary (without lambdas, so that the sums over terms may be its arguments): p'_1
+CREATE OR REPLACE MACRO calpipe_brier_v2(g, g0, g1) AS
+    least(greatest(((2.0 + (g0 + g1)) / 2.0 - g) / 2.0, 0.0), 1.0);
+CREATE OR REPLACE MACRO calpipe_brier_binary(a0, a1) AS
+    calpipe_brier_v2(-ln(a1), -ln(a0), -ln(a1))
+    / (calpipe_brier_v2(-ln(a0), -ln(a0), -ln(a1)) + calpipe_brier_v2(-ln(a1), -ln(a0), -ln(a1)));
+
+-- One layer of stream `s`'s map of day `d` evaluated at p: `v` (NULL: the layer has no rows) and
+-- its row count `n`. The Brier compatibility mode's forecast, a step/linear table (the piece
+-- with the largest x <= p), a bin table (family bins: the value of p's bin, p where NULL) or a
+-- weighted sum of terms.
+CREATE OR REPLACE MACRO calpipe_layer(s, d, lay, p) AS TABLE
+    SELECT CASE WHEN bool_or(m.family IN ('brier', 'brier_cox'))
+                THEN calpipe_brier_binary(
+                    sum(m.weight * exp(-calpipe_brier_loss(0, calpipe_brier_f(m.family, m.b,
+                        m.alphas, [1.0 - p, p])))),
+                    sum(m.weight * exp(-calpipe_brier_loss(1, calpipe_brier_f(m.family, m.b,
+                        m.alphas, [1.0 - p, p])))))
+                WHEN bool_or(m.family IN ('step', 'linear'))
+                THEN arg_max(calpipe_piece(m.family, m.x, m.y_at, m.y_right, m.x_next, m.y_next, p),
+                             m.x) FILTER (WHERE m.x <= p)
+                WHEN bool_or(m.family = 'bins')
+                THEN max(coalesce(m.y_at, p)) FILTER (WHERE m.term = calpipe_bin(p, m.a))
+                ELSE sum(m.weight * calpipe_map_term(m.family, m.a, m.b, m.clip, m.in_w1, m.in_w2,
+                                                     m.in_w0, m.in_eps, p))
+           END AS v,
+           count(*) AS n
+    FROM calibration_map m
+    WHERE m.stream = s AND m.date = d AND coalesce(m.layer, 0) = lay;
+
+-- Calibrated probability of `score` under stream `s`'s map in force at the end of day `as_of`
+-- (its latest map on or before; NULL: no map yet), for every method with a SQL form
+-- (calpipe.pipeline.mapping.has_sql_map): layer 0 at the score; layer 1 (a stack's top, a
+-- calibeating table), where there is one, at layer 0's value.
+CREATE OR REPLACE MACRO calibrate_score_as_of(s, score, as_of) AS (
+    WITH d AS (
+        SELECT max(date) AS d FROM calibration_map WHERE stream = s AND date <= CAST(as_of AS DATE)
+    ),
+    l0 AS (SELECT l.v FROM d, calpipe_layer(s, d.d, 0, CAST(score AS DOUBLE)) AS l),
+    l1 AS (SELECT l.v, l.n FROM d, l0, calpipe_layer(s, d.d, 1, l0.v) AS l)
+    SELECT CASE WHEN l1.n > 0 THEN l1.v ELSE l0.v END FROM l0, l1
+);
 
 -- The test score of the K-class sub-problem (i, j) at p (0-based classes): p[j] when i < 0
 -- (one-vs-rest), else the pair score p[j] / (p[i] + p[j]), 1/2 when both are 0 (one-vs-one).
@@ -146,6 +176,29 @@ CREATE OR REPLACE MACRO calpipe_ktables(s, d, lay, p) AS TABLE
                 ELSE list_transform(r.raw, lambda x: x / r.tot)
            END AS v
     FROM r;
+
+-- The Brier compatibility mode's K-class forecast of stream `s` on day `d` at p (families brier /
+-- brier_cox): a_c = sum over the terms of weight * e^{-Brier(c, f(p))}, then calpipe_brier_merge.
+-- NULL: no such rows.
+CREATE OR REPLACE MACRO calpipe_kbrier(s, d, lay, p) AS TABLE
+    WITH t AS (
+        SELECT m.weight, calpipe_brier_f(m.family, m.b, m.alphas, CAST(p AS DOUBLE[])) AS f,
+               len(p) AS k
+        FROM calibration_map m
+        WHERE m.stream = s AND m.date = d AND coalesce(m.layer, 0) = lay
+          AND m.family IN ('brier', 'brier_cox')
+    ),
+    e AS (
+        SELECT t.weight, list_transform(range(t.k), lambda c: exp(-calpipe_brier_loss(c, t.f))) AS e
+        FROM t
+    ),
+    a AS (
+        SELECT u.i, sum(e.weight * u.v) AS a
+        FROM e, unnest(e.e) WITH ORDINALITY AS u(v, i)
+        GROUP BY u.i
+    ),
+    al AS (SELECT list(a.a ORDER BY a.i) AS a FROM a)
+    SELECT calpipe_brier_merge(al.a) AS v FROM al;
 
 -- A K-class map that is a table of categories (the Venn taxonomies, families kcat / kedge) of
 -- stream `s` on day `d` at p: the forecast y_k of p's category k = argmax_c p_c * (B + 1) +
@@ -203,7 +256,8 @@ CREATE OR REPLACE MACRO calpipe_klayer(s, d, lay, p) AS TABLE
                              END) AS f
         FROM calibration_map m
         WHERE m.stream = s AND m.date = d AND coalesce(m.layer, 0) = lay
-          AND m.family NOT IN ('ovr', 'ovr_base', 'ovo', 'kcat', 'kedge', 'ksplit', 'kleaf')
+          AND m.family NOT IN ('ovr', 'ovr_base', 'ovo', 'kcat', 'kedge', 'ksplit', 'kleaf',
+                               'brier', 'brier_cox')
     ),
     c AS (
         SELECT u.i, sum(t.weight * u.v) AS v
@@ -212,8 +266,9 @@ CREATE OR REPLACE MACRO calpipe_klayer(s, d, lay, p) AS TABLE
     ),
     k AS (SELECT k.v FROM calpipe_ktables(s, d, lay, CAST(p AS DOUBLE[])) AS k),
     g AS (SELECT g.v FROM calpipe_kcats(s, d, lay, CAST(p AS DOUBLE[])) AS g),
-    r AS (SELECT r.v FROM calpipe_ktree(s, d, lay, CAST(p AS DOUBLE[])) AS r)
-    SELECT coalesce((SELECT k.v FROM k), (SELECT g.v FROM g), (SELECT r.v FROM r),
+    r AS (SELECT r.v FROM calpipe_ktree(s, d, lay, CAST(p AS DOUBLE[])) AS r),
+    b AS (SELECT b.v FROM calpipe_kbrier(s, d, lay, CAST(p AS DOUBLE[])) AS b)
+    SELECT coalesce((SELECT k.v FROM k), (SELECT g.v FROM g), (SELECT r.v FROM r), (SELECT b.v FROM b),
                     (SELECT list(c.v ORDER BY c.i) FROM c)) AS v,
            (SELECT count(*) FROM calibration_map m
             WHERE m.stream = s AND m.date = d AND coalesce(m.layer, 0) = lay) AS n;

@@ -20,6 +20,7 @@ from calpipe.calibrators import ProtectedCalibrator
 from calpipe.calibrators.stacked import Stacked
 from calpipe.errors import StateError
 from calpipe.frame import state_from_rows
+from calpipe.kernels import mixture
 from calpipe.pipeline.chain import _require_chain
 from calpipe.pipeline.classes import stored_n_classes
 from calpipe.pipeline.settings import Settings, StageResult, _as_date
@@ -48,7 +49,8 @@ def has_sql_map(cal, n_classes: int = 2) -> bool:
     of binary step tables coupled across classes: histogram binning (one-vs-rest) and
     Venn-ABERS (one-vs-rest or one-vs-one pairwise coupling), the Venn taxonomies (a table of
     categories) and ROC-isotonic regression (a partition tree of the simplex, paper 003
-    Algorithm 2)."""
+    Algorithm 2). The Brier compatibility mode (binary and K classes): the weights of its
+    next forecast, which the macros aggregate as its substitution shortcut does."""
     if isinstance(cal, Stacked):  # two layers, each of one (a calibeating method takes two)
         return all(_form(c, n_classes) not in (None, "calibeat") for c in (cal.base, cal.top))
     return _form(cal, n_classes) is not None
@@ -56,6 +58,8 @@ def has_sql_map(cal, n_classes: int = 2) -> bool:
 
 def _form(cal, n_classes: int = 2) -> str | None:
     """Which SQL form a (non-stacked) calibrator's map has (see :func:`has_sql_map`)."""
+    if isinstance(cal, ProtectedCalibrator) and cal.loss == "brier":
+        return "brier"
     if n_classes > 2:
         if hasattr(cal, "map_terms"):
             if isinstance(cal, ProtectedCalibrator):
@@ -144,6 +148,8 @@ _LIST_COLUMNS = ("alphas", "in_ka", "in_kb", "y_k", "kids")
 def _layer_rows(cal, st, keys: pl.DataFrame, layer: int, k: int = 2) -> pl.DataFrame:
     """The rows of one calibrator's map (one layer) for the streams of ``st`` (``keys``)."""
     form = _form(cal, k)
+    if form == "brier":
+        return _brier_rows(cal, st, keys, k, layer)
     if k > 2:
         return _k_rows(cal, st, keys, form, k, layer)
     if form == "terms":
@@ -205,6 +211,26 @@ def _k_rows(cal, st, keys: pl.DataFrame, form: str, k: int, layer: int = 0) -> p
         np.nan_to_num(te[:, 1]), np.ones(n), np.full((n, 4), np.nan), 0.0, layer,
     )  # fmt: skip
     return frame.with_columns(_k_inputs(np.full((n, 2 * k + 1), np.nan), k, np.zeros((n, k))))
+
+
+def _brier_rows(cal, st, keys: pl.DataFrame, k: int, layer: int) -> pl.DataFrame:
+    """The Brier compatibility mode's map (binary and K classes): the weights its next forecast
+    aggregates (family ``brier``: the passive weight P on p itself; family ``brier_cox``: the
+    jump-mixed weight W_t of Cox function t, ``b`` its beta and ``alphas`` its class shifts), which
+    ``calpipe_layer`` / ``calpipe_klayer`` turn into the forecast of the Brier-loss aggregating
+    algorithm (:func:`calpipe.kernels.brier_compat.brier_compat`)."""
+    fam = cal.family(k)
+    n, t = keys.height, fam.size
+    weight = np.column_stack([st.passive, mixture.serving_weights(st.active, cal.rates)])
+    frame = _term_frame(
+        keys, t + 1, np.tile(np.array(["brier"] + ["brier_cox"] * t), n), np.zeros(n * (t + 1)),
+        np.tile(np.concatenate([[0.0], fam.params[:, 1]]), n), weight.ravel(),
+        np.full((n * (t + 1), 4), np.nan), 0.0, layer,
+    )  # fmt: skip
+    alphas = np.tile(np.vstack([np.zeros((1, k)), fam.alphas]), (n, 1))
+    base = pl.Series(np.tile(np.r_[True, np.zeros(t, bool)], n))
+    col = pl.Series("alphas", alphas, dtype=pl.Array(pl.Float64, k)).cast(pl.List(pl.Float64))
+    return frame.with_columns(pl.when(base).then(None).otherwise(col).alias("alphas"))
 
 
 def _k_table_rows(cal, st, keys: pl.DataFrame, k: int, layer: int) -> pl.DataFrame:
@@ -453,9 +479,9 @@ def _step_rows(cal, st, keys: pl.DataFrame, layer: int) -> pl.DataFrame:
 
 def _map_rows(state: pl.DataFrame, settings: Settings) -> pl.DataFrame:
     """``calibration_map`` rows of state rows: :func:`map_terms` for the chains of the methods
-    whose map has a SQL form (:func:`has_sql_map`; K classes: the mixtures, ops, temperature);
-    none for the others (calibrated regression, a Venn taxonomy on a user column, the Brier
-    mode, K-class tables: serve those with serving_map())."""
+    whose map has a SQL form (:func:`has_sql_map`); none for the others (calibrated
+    regression, a Venn taxonomy on a user column, composite-experts over an input without a
+    logistic map, a stack with a calibeating layer: serve those with serving_map())."""
     k = int(state["n_classes"][0]) if state.height else 2
     if state.height and has_sql_map(settings.calibrator(), k):
         return map_terms(state, settings)

@@ -285,3 +285,42 @@ def test_the_k_class_methods_without_a_sql_form_are_the_listed_ones():
     both = [m for m, c in METHODS.items() if c.classes == "both"]
     without = {m for m in both if not has_sql_map(make_calibrator(m, **_params(m)), K)}
     assert without == set(NO_K_SQL_FORM)
+
+
+@pytest.mark.parametrize("k", [2, K])
+def test_the_brier_compatibility_mode_s_sql_map_equals_its_serving_map(tmp_path, k):
+    """The Brier-loss aggregating algorithm's next forecast (the package's substitution shortcut
+    over its 15-slot Cox grid) in SQL, binary and K classes."""
+    from tests.pipeline.test_labels import with_classes
+
+    settings = Settings.make("composite-jumper", loss="brier")
+    assert has_sql_map(settings.calibrator(), k)
+    events = generate.generate(n_days=4, streams=STREAMS, seed=2)
+    if k > 2:
+        events = with_classes(events, k, seed=5)
+    store.write_landing(events, tmp_path / "landing")
+    con = store.connect(tmp_path / "b.duckdb")
+    try:
+        pipeline.run_range(
+            con, store.EventSource.parse(str(tmp_path / "landing")), settings=settings
+        )
+        families = set(store.query(con, "SELECT DISTINCT family FROM calibration_map")["family"])
+        assert families == {"brier", "brier_cox"}
+        if k == 2:
+            _check_sql_equals_serving_map(con, events, settings)
+            return
+        day = store.query(con, "SELECT max(date) AS d FROM calibrator_state")["d"][0]
+        state = pipeline.state_as_of(con, day)
+        grid = _k_grid(events)
+        for stream in ("a", "b"):
+            fresh = pl.DataFrame({"stream": [stream] * len(grid), "score": grid.tolist()})
+            want = np.asarray(
+                pipeline.serving_map(state, fresh, settings)["protected_scores"].to_list()
+            )
+            got = con.execute(
+                "SELECT calibrate_scores(?, s) FROM unnest(?) AS t(s)", [stream, grid.tolist()]
+            ).fetchall()
+            got = np.asarray([g[0] for g in got], dtype=float)
+            assert np.max(np.abs(got - want)) <= TOL, (stream, np.max(np.abs(got - want)))
+    finally:
+        con.close()
