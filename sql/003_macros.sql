@@ -122,14 +122,16 @@ CREATE OR REPLACE MACRO calpipe_layer(s, d, lay, p) AS TABLE
 -- Calibrated probability of `score` under stream `s`'s map in force at the end of day `as_of`
 -- (its latest map on or before; NULL: no map yet), for every method with a SQL form
 -- (calpipe.pipeline.mapping.has_sql_map): layer 0 at the score; layer 1 (a stack's top, a
--- calibeating table), where there is one, at layer 0's value.
+-- calibeating table), where there is one, at layer 0's value; layer 2 (the top of a stack with
+-- a calibeating layer) at layer 1's.
 CREATE OR REPLACE MACRO calibrate_score_as_of(s, score, as_of) AS (
     WITH d AS (
         SELECT max(date) AS d FROM calibration_map WHERE stream = s AND date <= CAST(as_of AS DATE)
     ),
     l0 AS (SELECT l.v FROM d, calpipe_layer(s, d.d, 0, CAST(score AS DOUBLE)) AS l),
-    l1 AS (SELECT l.v, l.n FROM d, l0, calpipe_layer(s, d.d, 1, l0.v) AS l)
-    SELECT CASE WHEN l1.n > 0 THEN l1.v ELSE l0.v END FROM l0, l1
+    l1 AS (SELECT l.v, l.n FROM d, l0, calpipe_layer(s, d.d, 1, l0.v) AS l),
+    l2 AS (SELECT l.v, l.n FROM d, l1, calpipe_layer(s, d.d, 2, l1.v) AS l)
+    SELECT CASE WHEN l2.n > 0 THEN l2.v WHEN l1.n > 0 THEN l1.v ELSE l0.v END FROM l0, l1, l2
 );
 
 -- The test score of the K-class sub-problem (i, j) at p (0-based classes): p[j] when i < 0

@@ -41,7 +41,7 @@ def has_sql_map(cal, n_classes: int = 2) -> bool:
     with a logistic map), a logistic map (Platt, beta, OPS/OBS, decay-beta), temperature
     scaling (family ``temperature``), a step or linear table (isotonic, ROC-isotonic,
     histogram, Venn, Venn-ABERS, the Venn predictor on score bins), calibeating (the expert's logistic map, then a table of its forecast's bins:
-    two layers), or a stack of two one-layer forms (``base_method``: two layers).
+    two layers), or a stack of two of these (``base_method``: its layers then the top's).
 
     K >= 3 classes (``calibrate_scores`` on a list): the log-loss protected mixtures and
     ``composite-experts`` over online vector scaling (Cox functions of the K-class family,
@@ -51,8 +51,8 @@ def has_sql_map(cal, n_classes: int = 2) -> bool:
     categories) and ROC-isotonic regression (a partition tree of the simplex, paper 003
     Algorithm 2). The Brier compatibility mode (binary and K classes): the weights of its
     next forecast, which the macros aggregate as its substitution shortcut does."""
-    if isinstance(cal, Stacked):  # two layers, each of one (a calibeating method takes two)
-        return all(_form(c, n_classes) not in (None, "calibeat") for c in (cal.base, cal.top))
+    if isinstance(cal, Stacked):  # base then top (a calibeating method takes two layers)
+        return all(_form(c, n_classes) is not None for c in (cal.base, cal.top))
     return _form(cal, n_classes) is not None
 
 
@@ -99,29 +99,21 @@ def map_terms(state: pl.DataFrame, settings: Settings) -> pl.DataFrame:
     map in its SQL form (:func:`has_sql_map`), one row per term (a mixture's terms; one term for
     a logistic map, with the map as the term's input ``in_*``) or per piece of a step/linear
     table (family ``step``/``linear``: ``x``, ``y_at``, ``y_right``, ``x_next``, ``y_next``),
-    ``layer`` 0; layer 1, applied to layer 0's value, is a stack's top or a calibeating method's
-    bin table (family ``bins``: value ``y_at`` per equal-width bin ``term``)."""
+    ``layer`` 0; each next layer is applied to the previous one's value: a calibeating method's
+    bin table (family ``bins``: value ``y_at`` per equal-width bin ``term``) after its expert, a
+    stack's top after its base (three layers when one of them is a calibeating method)."""
     cal = settings.calibrator()
     k = int(state["n_classes"][0]) if state.height else 2
     st = state_from_rows(cal, state, k)
     keys = state.select("date", "stream")
     if isinstance(cal, Stacked):
-        rows = [
-            _layer_rows(c, part, keys, layer, k)
-            for layer, c, part in zip((0, 1), (cal.base, cal.top), cal._split(st, k), strict=True)
-        ]
-    elif k > 2:
-        rows = [_layer_rows(cal, st, keys, 0, k)]
-    elif _form(cal) == "calibeat":  # the expert's map, then its forecast's bin
-        expert, table = cal.calibeat_map(st)
-        n = keys.height
-        first = _term_frame(
-            keys, 1, np.full(n, "identity"), np.zeros(n), np.zeros(n), np.ones(n),
-            expert if expert is not None else np.full((n, 4), np.nan), 0.0, 0,
-        )  # fmt: skip
-        rows = [first, _bin_rows(table, keys, 1)]
+        rows, layer = [], 0
+        for c, part in zip((cal.base, cal.top), cal._split(st, k), strict=True):
+            more = _cal_rows(c, part, keys, layer, k)
+            rows += more
+            layer += len(more)
     else:
-        rows = [_layer_rows(cal, st, keys, 0)]
+        rows = _cal_rows(cal, st, keys, 0, k)
     out = pl.concat(rows, how="diagonal_relaxed").with_columns(
         pl.lit(cal.name).alias("method"), pl.lit(cal.fingerprint(k)).alias("config_fingerprint")
     )
@@ -131,6 +123,20 @@ def map_terms(state: pl.DataFrame, settings: Settings) -> pl.DataFrame:
         if c not in out.columns
     ]
     return out.with_columns(absent).select(_COLUMNS)
+
+
+def _cal_rows(cal, st, keys: pl.DataFrame, layer: int, k: int) -> list[pl.DataFrame]:
+    """The rows of one (non-stacked) calibrator's map from ``layer`` on, one frame per layer: a
+    calibeating method takes two (its expert's map, then its forecast's bin), others one."""
+    if k == 2 and _form(cal) == "calibeat":
+        expert, table = cal.calibeat_map(st)
+        n = keys.height
+        first = _term_frame(
+            keys, 1, np.full(n, "identity"), np.zeros(n), np.zeros(n), np.ones(n),
+            expert if expert is not None else np.full((n, 4), np.nan), 0.0, layer,
+        )  # fmt: skip
+        return [first, _bin_rows(table, keys, layer + 1)]
+    return [_layer_rows(cal, st, keys, layer, k)]
 
 
 #: ``calibration_map``'s columns, in the table's order.
@@ -481,7 +487,7 @@ def _map_rows(state: pl.DataFrame, settings: Settings) -> pl.DataFrame:
     """``calibration_map`` rows of state rows: :func:`map_terms` for the chains of the methods
     whose map has a SQL form (:func:`has_sql_map`); none for the others (calibrated
     regression, a Venn taxonomy on a user column, composite-experts over an input without a
-    logistic map, a stack with a calibeating layer: serve those with serving_map())."""
+    logistic map: serve those with serving_map())."""
     k = int(state["n_classes"][0]) if state.height else 2
     if state.height and has_sql_map(settings.calibrator(), k):
         return map_terms(state, settings)

@@ -38,6 +38,8 @@ STACKS = [
     ("jumper", {}, "venn-abers", {"window": 30, "cross": True}),
     ("isotonic", {"window": 25}, "platt", {"window": 30}),
     ("composite-experts", {}, "histogram", SMALL_WINDOW),
+    ("composite-jumper", {}, "tops", {"n_bins": 4}),  # three layers: expert, bins, top
+    ("hops", {}, "platt", {"window": 30}),  # three layers: base, expert, bins
 ]
 
 
@@ -108,12 +110,14 @@ def test_the_methods_without_a_sql_form_are_the_listed_ones():
 
 @pytest.mark.parametrize(("top", "top_params", "base", "base_params"), STACKS)
 def test_a_stack_s_sql_map_is_its_top_over_its_base(tmp_path, top, top_params, base, base_params):
-    """A stack is two layers of calibration_map: the top's map applied to the base's value."""
+    """A stack is two layers of calibration_map, the top's map applied to the base's value;
+    three when the base or the top is a calibeating method (its expert's map, then its bins)."""
     settings = Settings.make(top, base_method=base, base_params=base_params, **top_params)
     con, events = _chain(tmp_path, settings)
     try:
         layers = store.query(con, "SELECT DISTINCT layer FROM calibration_map ORDER BY layer")
-        assert layers["layer"].to_list() == [0, 1]
+        calibeat = {"tops", "hops", "tobs", "hobs", "online-histogram"}
+        assert layers["layer"].to_list() == ([0, 1, 2] if {top, base} & calibeat else [0, 1])
         _check_sql_equals_serving_map(con, events, settings)
     finally:
         con.close()
@@ -166,8 +170,8 @@ def test_a_table_drops_the_points_where_a_step_map_does_not_change(tmp_path):
 
 def test_a_calibeating_map_is_its_expert_then_a_bin_table(tmp_path):
     """tops: layer 0 the OPS logistic map, layer 1 the bin table of its forecast (NULL while a
-    bin is empty: the OPS forecast itself); a stack with a calibeating layer would need three
-    layers and has no SQL form (served by serving_map)."""
+    bin is empty: the OPS forecast itself); a stack with a calibeating layer is three layers
+    (test_a_stack_s_sql_map_is_its_top_over_its_base)."""
     settings = Settings.make("tops", n_bins=7)
     con, events = _chain(tmp_path, settings)
     try:
@@ -180,7 +184,7 @@ def test_a_calibeating_map_is_its_expert_then_a_bin_table(tmp_path):
     finally:
         con.close()
     stacked = Settings.make("tops", base_method="isotonic", base_params=SMALL_WINDOW)
-    assert not has_sql_map(stacked.calibrator())
+    assert has_sql_map(stacked.calibrator())
 
 
 # ----------------------------------------------------------------------------------------------
