@@ -42,6 +42,20 @@ CREATE OR REPLACE MACRO calpipe_piece(family, x, y_at, y_right, x_next, y_next, 
          ELSE y_right
     END;
 
+-- Calibrated regression's forecast in its closed form (paper 004 §IV): with w = [theta of the
+-- intercept, of the base score, of each of nt score tents] the static part c = w . f(p), and
+-- g(u) = c + (t0 - 1) u; y^ = clip(c / (1 - t0)) when g changes sign on [0, 1], else 0 if
+-- c <= 0, else 1 (calpipe.kernels.calibrated_regression._fixed_point).
+CREATE OR REPLACE MACRO calpipe_calreg_c(w, nt, p) AS
+    w[1] * 1.0 + w[2] * p + coalesce(list_sum(list_transform(range(CAST(nt AS INTEGER)),
+        lambda j: w[3 + j] * greatest(0.0, 1.0 - abs(p * (nt - 1) - j)))), 0.0);
+CREATE OR REPLACE MACRO calpipe_calreg_y(t0, c) AS
+    CASE WHEN (c < 0.0 AND c + t0 - 1.0 > 0.0) OR (c > 0.0 AND c + t0 - 1.0 < 0.0)
+         THEN least(greatest(c / (1.0 - t0), 0.0), 1.0)
+         WHEN c <= 0.0 THEN 0.0
+         ELSE 1.0
+    END;
+
 -- Equal-width bin of q among n of [0, 1], as the calibeating kernel computes it.
 CREATE OR REPLACE MACRO calpipe_bin(q, n) AS least(CAST(floor(q * n) AS INTEGER), CAST(n AS INTEGER) - 1);
 
@@ -107,6 +121,8 @@ CREATE OR REPLACE MACRO calpipe_layer(s, d, lay, p) AS TABLE
                         m.alphas, [1.0 - p, p])))),
                     sum(m.weight * exp(-calpipe_brier_loss(1, calpipe_brier_f(m.family, m.b,
                         m.alphas, [1.0 - p, p])))))
+                WHEN bool_or(m.family = 'calreg')
+                THEN max(calpipe_calreg_y(m.a, calpipe_calreg_c(m.y_k, m.b, p)))
                 WHEN bool_or(m.family IN ('step', 'linear'))
                 THEN arg_max(calpipe_piece(m.family, m.x, m.y_at, m.y_right, m.x_next, m.y_next, p),
                              m.x) FILTER (WHERE m.x <= p)

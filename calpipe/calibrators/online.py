@@ -291,6 +291,29 @@ class CalibratedRegression(OnlineCalibrator):
         d = CR.feature_dim(**self._kw())
         return 1 + d * d + d
 
+    def linear_map(self, state: FlatState) -> np.ndarray | None:
+        """Each stream's next forecast in §IV's closed form, when it has one (``powers`` = 1, no
+        tents on y^, no category column: f_0 = y^ is the only test function of the forecast):
+        rows ``[theta_0, theta_intercept, theta_score, theta of each score tent]`` (0 for an
+        absent function), the forecast being y^ = clip(c / (1 - theta_0)) with c the static
+        part when g(u) = c + (theta_0 - 1) u changes sign on [0, 1], else 0 if c <= 0 and 1
+        (paper 004 §IV; :func:`calpipe.kernels.calibrated_regression._fixed_point`). None
+        otherwise (the fixed point is then found by a scan and bisection)."""
+        kw = self._kw()
+        if kw["powers"] != 1 or kw["tents"] or kw["n_categories"]:
+            return None
+        d = CR.feature_dim(**kw)
+        th = CR.thetas(state.values.reshape(state.n_streams, -1), d)
+        zero = np.zeros(state.n_streams)
+        j = 1 + int(kw["intercept"])
+        cols = [
+            th[:, 0],
+            th[:, 1] if kw["intercept"] else zero,
+            th[:, j] if kw["base_score"] else zero,
+        ]
+        j += int(kw["base_score"])
+        return np.column_stack([*cols, th[:, j : j + kw["score_tents"]]])
+
     def _initial_vector(self, n_classes: int) -> np.ndarray:
         return CR.initial_state(1, CR.feature_dim(**self._kw()))[0]
 

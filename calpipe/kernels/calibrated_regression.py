@@ -295,9 +295,39 @@ def _calreg_online(
     return out, state
 
 
+@njit(cache=True)
+def _thetas(states, dim):
+    """theta = A^{-1} b of each state row ``[n_updates, A, b]``, solved as the kernel solves it."""
+    n = states.shape[0]
+    out = np.empty((n, dim))
+    lower = np.zeros((dim, dim))
+    z = np.empty(dim)
+    theta = np.empty(dim)
+    for s in range(n):
+        st = states[s]
+        cholesky_solve(
+            st[1 : 1 + dim * dim].reshape((dim, dim)), st[1 + dim * dim :], lower, z, theta
+        )
+        out[s] = theta
+    return out
+
+
 # --------------------------------------------------------------------------------------------
 # Public wrappers
 # --------------------------------------------------------------------------------------------
+def thetas(states: np.ndarray, dim: int) -> np.ndarray:
+    """The regression coefficients theta (S, D) the next forecast of each state row (S, 1 + D^2
+    + D) uses (Algorithm 2 step 1: the ridge solution A^{-1} b, by the kernel's Cholesky solve).
+
+    >>> thetas(initial_state(1, 2), 2)  # no update yet: theta = I^{-1} 0
+    array([[0., 0.]])
+    """
+    s = np.ascontiguousarray(states, dtype=np.float64)
+    if s.ndim != 2 or s.shape[1] != 1 + dim * dim + dim:
+        raise ValueError(f"states must be (S, {1 + dim * dim + dim}) for D = {dim}")
+    return _thetas(s, int(dim))
+
+
 def feature_matrix(
     y_hat: np.ndarray,
     scores: np.ndarray,

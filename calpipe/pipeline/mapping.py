@@ -40,8 +40,10 @@ def has_sql_map(cal, n_classes: int = 2) -> bool:
     calibrating functions (the log-loss protected methods; ``composite-experts`` over inputs
     with a logistic map), a logistic map (Platt, beta, OPS/OBS, decay-beta), temperature
     scaling (family ``temperature``), a step or linear table (isotonic, ROC-isotonic,
-    histogram, Venn, Venn-ABERS, the Venn predictor on score bins), calibeating (the expert's logistic map, then a table of its forecast's bins:
-    two layers), or a stack of two of these (``base_method``: its layers then the top's).
+    histogram, Venn, Venn-ABERS, the Venn predictor on score bins), calibrated regression in
+    paper 004 §IV's closed form (family ``calreg``), calibeating (the expert's logistic map,
+    then a table of its forecast's bins: two layers), or a stack of two of these
+    (``base_method``: its layers then the top's).
 
     K >= 3 classes (``calibrate_scores`` on a list): the log-loss protected mixtures and
     ``composite-experts`` over online vector scaling (Cox functions of the K-class family,
@@ -85,6 +87,8 @@ def _form(cal, n_classes: int = 2) -> str | None:
         return "terms" if all(c.has_logistic_map() for c in cal._inputs(2)) else None
     if cal.has_logistic_map():
         return "logistic"
+    if hasattr(cal, "linear_map") and cal.linear_map(cal.initial_state(1, 2)) is not None:
+        return "calreg"
     if hasattr(cal, "binary_temperature"):
         return "temperature"
     if hasattr(cal, "calibeat_map") and cal.calibeat:
@@ -172,6 +176,15 @@ def _layer_rows(cal, st, keys: pl.DataFrame, layer: int, k: int = 2) -> pl.DataF
             keys, 1, np.full(n, "identity"), np.zeros(n), np.zeros(n), np.ones(n),
             cal.logistic_map(st), 0.0, layer,
         )  # fmt: skip
+    if form == "calreg":  # calibrated regression's closed form: theta_0 in a, the rest in y_k
+        m = cal.linear_map(st)
+        n = keys.height
+        frame = _term_frame(
+            keys, 1, np.full(n, "calreg"), m[:, 0], np.full(n, float(m.shape[1] - 3)),
+            np.ones(n), np.full((n, 4), np.nan), 0.0, layer,
+        )  # fmt: skip
+        y_k = pl.Series("y_k", m[:, 1:], dtype=pl.Array(pl.Float64, m.shape[1] - 1))
+        return frame.with_columns(y_k.cast(pl.List(pl.Float64)))
     if form == "temperature":  # one term: family temperature (a = 1/T, b = eps), or identity
         n = keys.height
         te = cal.binary_temperature(st)
@@ -486,8 +499,8 @@ def _step_rows(cal, st, keys: pl.DataFrame, layer: int) -> pl.DataFrame:
 def _map_rows(state: pl.DataFrame, settings: Settings) -> pl.DataFrame:
     """``calibration_map`` rows of state rows: :func:`map_terms` for the chains of the methods
     whose map has a SQL form (:func:`has_sql_map`); none for the others (calibrated
-    regression, a Venn taxonomy on a user column, composite-experts over an input without a
-    logistic map: serve those with serving_map())."""
+    regression beyond §IV's closed form, a Venn taxonomy on a user column, composite-experts
+    over an input without a logistic map: serve those with serving_map())."""
     k = int(state["n_classes"][0]) if state.height else 2
     if state.height and has_sql_map(settings.calibrator(), k):
         return map_terms(state, settings)
