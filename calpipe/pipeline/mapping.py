@@ -252,23 +252,27 @@ def _brier_rows(cal, st, keys: pl.DataFrame, k: int, layer: int) -> pl.DataFrame
     return frame.with_columns(pl.when(base).then(None).otherwise(col).alias("alphas"))
 
 
+def _k_identity_rows(keys: pl.DataFrame, maps: list, k: int, layer: int) -> list[pl.DataFrame]:
+    """One identity term (the base passes through) for each stream whose map is None (not
+    fitted yet), as a list of at most one frame."""
+    unfitted = [s for s, t in enumerate(maps) if t is None]
+    if not unfitted:
+        return []
+    u = len(unfitted)
+    frame = _term_frame(
+        keys[unfitted], 1, np.full(u, "identity"), np.zeros(u), np.zeros(u), np.ones(u),
+        np.full((u, 4), np.nan), 0.0, layer,
+    )  # fmt: skip
+    return [frame.with_columns(_k_inputs(np.full((u, 2 * k + 1), np.nan), k, np.zeros((u, k))))]
+
+
 def _k_table_rows(cal, st, keys: pl.DataFrame, k: int, layer: int) -> pl.DataFrame:
     """A K-class map of binary step tables per stream (:meth:`k_tables`): one row per piece,
     family = the coupling (``ovr``, ``ovr_base``, ``ovo``), ``a``/``b`` = the sub-problem's
     classes (i, j; i = -1: column j alone), ``x``/``y_at``/``y_right`` as a binary step table;
     a stream not fitted yet: one identity term (the base passes through)."""
     tables = cal.k_tables(st, k)
-    parts = []
-    unfitted = [s for s, t in enumerate(tables) if t is None]
-    if unfitted:
-        u = len(unfitted)
-        frame = _term_frame(
-            keys[unfitted], 1, np.full(u, "identity"), np.zeros(u), np.zeros(u), np.ones(u),
-            np.full((u, 4), np.nan), 0.0, layer,
-        )  # fmt: skip
-        parts.append(
-            frame.with_columns(_k_inputs(np.full((u, 2 * k + 1), np.nan), k, np.zeros((u, k))))
-        )
+    parts = _k_identity_rows(keys, tables, k, layer)
     cols: dict[str, list] = {c: [] for c in ("owner", "family", "a", "b", "x", "y_at", "y_right")}
     for s, t in enumerate(tables):
         if t is None:
@@ -302,17 +306,7 @@ def _k_category_rows(cal, st, keys: pl.DataFrame, k: int, layer: int) -> pl.Data
     and each category's forecast (family ``kcat``, ``term`` = the category, ``y_k``); a stream
     not fitted yet: one identity term."""
     tables = cal.k_categories(st, k)
-    parts = []
-    unfitted = [s for s, t in enumerate(tables) if t is None]
-    if unfitted:
-        u = len(unfitted)
-        frame = _term_frame(
-            keys[unfitted], 1, np.full(u, "identity"), np.zeros(u), np.zeros(u), np.ones(u),
-            np.full((u, 4), np.nan), 0.0, layer,
-        )  # fmt: skip
-        parts.append(
-            frame.with_columns(_k_inputs(np.full((u, 2 * k + 1), np.nan), k, np.zeros((u, k))))
-        )
+    parts = _k_identity_rows(keys, tables, k, layer)
     owner, family, term, x, y = [], [], [], [], []
     for s, t in enumerate(tables):
         if t is None:
@@ -346,17 +340,7 @@ def _k_tree_rows(cal, st, keys: pl.DataFrame, k: int, layer: int) -> pl.DataFram
     its children in ``kids``, family ``kleaf`` with its forecast in ``y_k``; a stream not
     fitted yet: one identity term."""
     trees = cal.k_tree(st, k)
-    parts = []
-    unfitted = [s for s, t in enumerate(trees) if t is None]
-    if unfitted:
-        u = len(unfitted)
-        frame = _term_frame(
-            keys[unfitted], 1, np.full(u, "identity"), np.zeros(u), np.zeros(u), np.ones(u),
-            np.full((u, 4), np.nan), 0.0, layer,
-        )  # fmt: skip
-        parts.append(
-            frame.with_columns(_k_inputs(np.full((u, 2 * k + 1), np.nan), k, np.zeros((u, k))))
-        )
+    parts = _k_identity_rows(keys, trees, k, layer)
     fitted = [(s, t) for s, t in enumerate(trees) if t is not None]
     if fitted:
         rows = np.concatenate([np.full(t.shape[0], s) for s, t in fitted])

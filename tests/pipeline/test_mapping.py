@@ -229,6 +229,25 @@ def _k_grid(events: pl.DataFrame, seed: int = 0) -> np.ndarray:
     return np.vstack([stored, rand, corners, zeros])
 
 
+def _check_k_sql_equals_serving_map(con, events: pl.DataFrame, settings: Settings) -> None:
+    """calibrate_scores on :func:`_k_grid` equals serving_map to 1e-12 for both streams."""
+    day = store.query(con, "SELECT max(date) AS d FROM calibrator_state")["d"][0]
+    state = pipeline.state_as_of(con, day)
+    grid = _k_grid(events)
+    for stream in ("a", "b"):
+        fresh = pl.DataFrame({"stream": [stream] * len(grid), "score": grid.tolist()})
+        want = np.asarray(
+            pipeline.serving_map(state, fresh, settings)["protected_scores"].to_list()
+        )
+        got = con.execute(
+            "SELECT calibrate_scores(?, s) FROM unnest(?) AS t(s)", [stream, grid.tolist()]
+        ).fetchall()
+        got = np.asarray([g[0] for g in got], dtype=float)
+        assert got.shape == want.shape == (len(grid), K)
+        err = np.max(np.abs(got - want))
+        assert err <= TOL, (settings.method, stream, err)
+
+
 #: K-class stacks whose layers both have a K-class SQL form: (top, its params, base, its params).
 K_STACKS = [
     ("composite-jumper", {}, "temperature", {"window": 30, "refit_every": 11}),
@@ -262,20 +281,7 @@ def test_a_k_class_sql_map_equals_its_serving_map(tmp_path, method, params, base
         if want == "ovo" and (base_params or params).get("multiclass") == "ovr":
             want = "ovr"
         assert want is None or want in families, (want, families)
-        day = store.query(con, "SELECT max(date) AS d FROM calibrator_state")["d"][0]
-        state = pipeline.state_as_of(con, day)
-        grid = _k_grid(events)
-        for stream in ("a", "b"):
-            fresh = pl.DataFrame({"stream": [stream] * len(grid), "score": grid.tolist()})
-            want = np.asarray(
-                pipeline.serving_map(state, fresh, settings)["protected_scores"].to_list()
-            )
-            got = con.execute(
-                "SELECT calibrate_scores(?, s) FROM unnest(?) AS t(s)", [stream, grid.tolist()]
-            ).fetchall()
-            got = np.asarray([g[0] for g in got], dtype=float)
-            assert got.shape == want.shape == (len(grid), K)
-            assert np.max(np.abs(got - want)) <= TOL, (method, stream, np.max(np.abs(got - want)))
+        _check_k_sql_equals_serving_map(con, events, settings)
         assert con.execute(
             "SELECT calibrate_scores('nope', [0.25, 0.25, 0.25, 0.25])"
         ).fetchall() == [(None,)]
@@ -310,20 +316,8 @@ def test_the_brier_compatibility_mode_s_sql_map_equals_its_serving_map(tmp_path,
         assert families == {"brier", "brier_cox"}
         if k == 2:
             _check_sql_equals_serving_map(con, events, settings)
-            return
-        day = store.query(con, "SELECT max(date) AS d FROM calibrator_state")["d"][0]
-        state = pipeline.state_as_of(con, day)
-        grid = _k_grid(events)
-        for stream in ("a", "b"):
-            fresh = pl.DataFrame({"stream": [stream] * len(grid), "score": grid.tolist()})
-            want = np.asarray(
-                pipeline.serving_map(state, fresh, settings)["protected_scores"].to_list()
-            )
-            got = con.execute(
-                "SELECT calibrate_scores(?, s) FROM unnest(?) AS t(s)", [stream, grid.tolist()]
-            ).fetchall()
-            got = np.asarray([g[0] for g in got], dtype=float)
-            assert np.max(np.abs(got - want)) <= TOL, (stream, np.max(np.abs(got - want)))
+        else:
+            _check_k_sql_equals_serving_map(con, events, settings)
     finally:
         con.close()
 
