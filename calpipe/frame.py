@@ -411,7 +411,6 @@ def _check_state_schema(state: pl.DataFrame, cols: Columns) -> None:
 def _run(
     df: pl.DataFrame, cols: Columns, cal: Calibrator, n_classes: int, state0: pl.DataFrame
 ) -> ProtectResult:
-    binary = cols.score is not None
     replay = replay_order(df, cols)
     order, counts = replay.order, replay.counts
     n = df.height
@@ -441,13 +440,7 @@ def _run(
     if delayed and order is not None:
         events = events[order]
     ev_sid = np.repeat(np.arange(n_streams, dtype=np.int64), counts) if delayed else replay.ids
-    if binary:
-        base = events[cols.score].cast(pl.Float64).to_numpy()
-    else:
-        v = pl.col(cols.scores)
-        as_arr = v if isinstance(df.schema[cols.scores], pl.Array) else v.list.to_array(n_classes)
-        base = events.select(as_arr.cast(pl.Array(pl.Float64, n_classes))).to_series().to_numpy()
-    base = np.ascontiguousarray(base, dtype=np.float64)
+    base = base_array(events, cols, n_classes)
     lab_s = events[cols.label]
     labelled = lab_s.is_not_null().to_numpy()
     # Unknown labels read as class 0: the kernels read a label only at an update operation, and
@@ -488,18 +481,12 @@ def _run(
         back[order] = values
         return back
 
-    if binary:
-        out_series = pl.Series(cols.out, in_input_order(protected))
-    else:
-        out_series = pl.Series(cols.out, in_input_order(protected))
-        out_series = out_series.cast(pl.Array(pl.Float64, n_classes))
-        if isinstance(df.schema[cols.scores], pl.List):
-            out_series = out_series.cast(pl.List(pl.Float64))
-    new_cols = [out_series, pl.Series("log10_martingale", in_input_order(log10m))]
-    for name in cal.extra_outputs:
-        values = in_input_order(out.extra[name][:n])
-        new_cols.append(_output_series(name, values, out_series.dtype))
-    scored = df.with_columns(new_cols)
+    extra = {name: in_input_order(out.extra[name][:n]) for name in cal.extra_outputs}
+    scored = df.with_columns(
+        output_columns(
+            df.schema, cols, n_classes, in_input_order(protected), in_input_order(log10m), extra
+        )
+    )
 
     # New state rows.
     peak = G.group_max(log10m, ev_sid, prev["log10_martingale_max"].to_numpy())
@@ -511,6 +498,41 @@ def _run(
         last_rows=last_rows, pending=pending,
     )  # fmt: skip
     return ProtectResult(scored, merge_state(state0, new_state_df, streams, cols))
+
+
+def base_array(events: pl.DataFrame, cols: Columns, n_classes: int) -> np.ndarray:
+    """The base forecasts of ``events`` as a contiguous float64 array: (n,) binary, (n, K)."""
+    if cols.score is not None:
+        base = events[cols.score].cast(pl.Float64).to_numpy()
+    else:
+        v = pl.col(cols.scores)
+        as_arr = (
+            v if isinstance(events.schema[cols.scores], pl.Array) else v.list.to_array(n_classes)
+        )
+        base = events.select(as_arr.cast(pl.Array(pl.Float64, n_classes))).to_series().to_numpy()
+    return np.ascontiguousarray(base, dtype=np.float64)
+
+
+def output_columns(
+    schema: pl.Schema,
+    cols: Columns,
+    n_classes: int,
+    protected: np.ndarray,
+    log10m: np.ndarray,
+    extra: dict[str, np.ndarray],
+) -> list[pl.Series]:
+    """The output columns of the engine's values at their input rows: the forecast (K classes:
+    a vector of the input's kind, Array or List), ``log10_martingale`` and the method's extra
+    outputs (``extra``: name -> values)."""
+    out_series = pl.Series(cols.out, protected)
+    if cols.score is None:
+        out_series = out_series.cast(pl.Array(pl.Float64, n_classes))
+        if isinstance(schema[cols.scores], pl.List):
+            out_series = out_series.cast(pl.List(pl.Float64))
+    new_cols = [out_series, pl.Series("log10_martingale", log10m)]
+    for name, values in extra.items():
+        new_cols.append(_output_series(name, values, out_series.dtype))
+    return new_cols
 
 
 def merge_state(

@@ -43,9 +43,10 @@ from calpipe.frame import (
     _empty_lists,
     _empty_output,
     _join_state,
-    _output_series,
+    base_array,
     empty_state,
     merge_state,
+    output_columns,
     state_frame,
 )
 from calpipe.kernels import grouping as G
@@ -109,8 +110,8 @@ def protect_by_day(
 
     .. math:: (\hat p_{E_d}, s_d) = \mathrm{protect}(E_d \mid s_{d-1}),
 
-    the recursion of the method (Jumper: paper 001 Algorithm 1; Composite Jumper: Algorithm 2)
-    run over each day's events from the previous day's end state; a day is one kernel call.
+    the recursion of the method (Jumper: paper 000 Algorithms 1-2; Composite Jumper: paper 001
+    Algorithm 1) run over each day's events from the previous day's end state; a day is one kernel call.
     Each stream's events must lie in day order (an event's ``day`` is the day it is processed
     on, e.g. its ``event_time``'s date). Labels are known at their events (no ``label_time``)
     and ``state`` holds no pending labels: a label feed runs day by day.
@@ -144,7 +145,6 @@ def protect_by_day(
     _check_state_schema(state0, cols)
     if state0.height and bool(state0["pending_labels"].list.len().sum()):
         raise InputError("pending_labels", None, "a span runs labels known at their events only")
-    binary = cols.score is not None
 
     # 1. group by stream, replay order, the carried state of each stream
     replay = replay_order(frame, cols)
@@ -175,15 +175,7 @@ def protect_by_day(
     day_first[1:] = dcode[seg_start[1:]] != dcode[seg_start[:-1]]
     day_seg = np.append(np.flatnonzero(day_first), seg_start.shape[0])  # segments of each day
 
-    if binary:
-        base = frame[cols.score].cast(pl.Float64).to_numpy()
-    else:
-        v = pl.col(cols.scores)
-        as_arr = (
-            v if isinstance(frame.schema[cols.scores], pl.Array) else v.list.to_array(n_classes)
-        )
-        base = frame.select(as_arr.cast(pl.Array(pl.Float64, n_classes))).to_series().to_numpy()
-    base = np.ascontiguousarray(base[perm], dtype=np.float64)
+    base = np.ascontiguousarray(base_array(frame, cols, n_classes)[perm])
     lab = frame[cols.label]
     labelled = lab.is_not_null().to_numpy()[perm]
     labels = lab.fill_null(0).cast(pl.Int64).to_numpy()[perm]
@@ -211,7 +203,7 @@ def protect_by_day(
         op_kind = np.where(day_lab, ops.OP_STEP, ops.OP_FORECAST).astype(np.int8)
         out, new = cal.run_batch(
             cal.prepare_scores(base[a:b]), np.ascontiguousarray(labels[a:b]),
-            np.arange(b - a, dtype=np.int64), op_kind, op_offsets.astype(np.int64),
+            np.arange(b - a, dtype=np.int64), op_kind, op_offsets,
             _take(cal, bstate, ids, n_classes),
             {k: np.ascontiguousarray(x[a:b]) for k, x in inputs.items()},
         )  # fmt: skip
@@ -241,15 +233,12 @@ def protect_by_day(
         out[perm] = values
         return out
 
-    out_series = pl.Series(cols.out, at_input(protected))
-    if not binary:
-        out_series = out_series.cast(pl.Array(pl.Float64, n_classes))
-        if isinstance(frame.schema[cols.scores], pl.List):
-            out_series = out_series.cast(pl.List(pl.Float64))
-    new_cols = [out_series, pl.Series("log10_martingale", at_input(log10m))]
-    for name in cal.extra_outputs:
-        new_cols.append(_output_series(name, at_input(extra[name]), out_series.dtype))
-    scored = frame.with_columns(new_cols)
+    scored = frame.with_columns(
+        output_columns(
+            frame.schema, cols, n_classes, at_input(protected), at_input(log10m),
+            {name: at_input(extra[name]) for name in cal.extra_outputs},
+        )
+    )  # fmt: skip
 
     lengths = np.concatenate(snap["lengths"])
     n_seg = seg_start.shape[0]

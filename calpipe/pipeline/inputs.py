@@ -145,9 +145,10 @@ def source_inputs(
     ).cast(_INPUT_SCHEMA)
 
 
-def day_inputs(inputs: pl.DataFrame, day: dt.date) -> pl.DataFrame:
-    """The ``pipeline_inputs`` rows of one day (both writers' rows)."""
-    return inputs.filter(pl.col("date") == day).sort("kind", "file")
+def day_inputs(inputs: pl.DataFrame, day: dt.date, to: dt.date | None = None) -> pl.DataFrame:
+    """The ``pipeline_inputs`` rows of one day (of the days [day, to] with ``to``), the rows
+    every writer inserts."""
+    return inputs.filter(pl.col("date").is_between(day, to or day)).sort("date", "kind", "file")
 
 
 def recorded_inputs(con, start: dt.date, end: dt.date) -> pl.DataFrame:

@@ -108,11 +108,14 @@ def default_range(
     return (start, rng[1]) if start <= rng[1] else None
 
 
-def _read_day(con, source: EventSource, d: dt.date, last: dt.date, chain: _Chain) -> pl.DataFrame:
-    """Day ``d``'s events from the source, checked unique against the stored history (the
-    writer has no INSERT pending when a day is read: the connection is free), their number of
-    classes the database's (the first events of a new database set it, and the chain's)."""
-    chunk = _read_source(con, source, d, d)
+def _read_day(
+    con, source: EventSource, d: dt.date, last: dt.date, chain: _Chain, to: dt.date | None = None
+) -> pl.DataFrame:
+    """Day ``d``'s events (the days [d, to] with ``to``) from the source, checked unique against
+    the stored history outside [d, last] (the writer has no INSERT pending when a day is read:
+    the connection is free), their number of classes the database's (the first events of a new
+    database set it, and the chain's)."""
+    chunk = _read_source(con, source, d, to or d)
     if chunk.height:
         # the database's id type is settled by the first day with events (one catalog query a
         # day cost ~1.6 ms behind the writer's pending INSERT: a second of the demo's 892 days)
@@ -266,30 +269,23 @@ def _span_events(
     """The events of the days [d, e] (``first``: day d's, read by :func:`_read_day`), checked as
     :func:`_read_day` checks a day, if the days can run as one span: they fit in
     :data:`calpipe.config.TRANSACTION_ROWS` events by the row counts recorded in ``inputs``
-    (the transaction was sized by its first day alone) and keep the chain's number of classes
-    and id type. None otherwise: the days then run one by one."""
+    (the transaction was sized by its first day alone) and have the types of day d's. None
+    otherwise: the days then run one by one."""
     recorded = inputs.filter(
         (pl.col("kind") == SCORES) & pl.col("date").is_between(d + dt.timedelta(days=1), e)
     )["n_rows"]
     if recorded.null_count() or first.height + int(recorded.sum() or 0) > config.TRANSACTION_ROWS:
         return None
-    more = _read_source(con, source, d + dt.timedelta(days=1), e)
+    # the other days as day d was read (day d's rows of an earlier run are deleted already)
+    more = _read_day(con, source, d + dt.timedelta(days=1), last, chain, to=e)
     if more.height == 0 or first.height == 0:
         chunk = more if first.height == 0 else first
     elif more.schema != first.schema:
-        return None  # another id or score type: the days one by one say what differs
+        return None  # another id, score or class type: the days one by one say what differs
     else:
         chunk = pl.concat([first, more])
-    if chunk.height == 0:  # days without events, in the chain's form
-        return pl.DataFrame(schema=_event_schema(chain.n_classes != 2))
-    if frame_n_classes(chunk) != chain.n_classes:
-        return None
     if not chunk["event_date"].is_sorted():  # a table source: the days' rows in day order
         chunk = chunk.sort("event_date", maintain_order=True)
-    ids = chunk.schema["event_id"]
-    if chain.id_type != (pl.Int64 if ids.is_integer() else pl.String):
-        chain.id_type = ensure_id_type(con, ids, source)
-    check_history_duplicates(con, more, d, last, source)  # day d's: checked when it was read
     check_stream_names(chunk, source)
     return chunk
 

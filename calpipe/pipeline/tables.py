@@ -223,7 +223,7 @@ def _span_day_rows(s: FusedDays) -> pl.DataFrame:
 
 
 def _span_inputs(s: FusedDays) -> pl.DataFrame:
-    return s.inputs.filter(pl.col("date").is_between(s.start, s.end)).sort("date", "kind", "file")
+    return day_inputs(s.inputs, s.start, s.end)
 
 
 def _span_no_labels(s: FusedDays) -> pl.DataFrame:

@@ -96,18 +96,26 @@ def landing(request):
     return store.EventSource.parse(str(tmp / "landing")), tmp
 
 
+def _count_writer_calls(monkeypatch, which) -> Counter[str]:
+    """Calls per table of the writer ``which(entry)`` (``"fused"`` or ``"span"``) of every
+    registered table, counted as the run makes them."""
+    calls: Counter[str] = Counter()
+    for name, t in list(tables.TABLES.items()):
+        field = which(t)
+
+        def counted(context, t=t, field=field):
+            calls[t.name] += 1
+            return getattr(t, field)(context)
+
+        monkeypatch.setitem(tables.TABLES, name, dataclasses.replace(t, **{field: counted}))
+    return calls
+
+
 def test_run_range_replaces_exactly_the_registered_tables_with_their_fused_writers(
     landing, monkeypatch
 ):
     source, tmp = landing
-    calls: Counter[str] = Counter()
-    for name, t in list(tables.TABLES.items()):
-
-        def fused(context, t=t):
-            calls[t.name] += 1
-            return t.fused(context)
-
-        monkeypatch.setitem(tables.TABLES, name, dataclasses.replace(t, fused=fused))
+    calls = _count_writer_calls(monkeypatch, lambda t: "fused")
     replaced: list[list[str]] = []
     real = store.replacing_partitions
 
@@ -155,19 +163,7 @@ def test_a_run_without_a_label_feed_writes_every_table_with_its_span_writer(land
     """Without a label feed the days of a transaction run as one span: every table is written
     by its span writer, or, at the end of the transaction, by its fused writer."""
     source, tmp = landing
-    calls: Counter[str] = Counter()
-    for name, t in list(tables.TABLES.items()):
-
-        def span(context, t=t):
-            calls[t.name] += 1
-            return t.span(context)
-
-        def fused(context, t=t):
-            calls[t.name] += 1
-            return t.fused(context)
-
-        kw = {"span": span} if t.span is not None else {"fused": fused}
-        monkeypatch.setitem(tables.TABLES, name, dataclasses.replace(t, **kw))
+    calls = _count_writer_calls(monkeypatch, lambda t: "span" if t.span is not None else "fused")
     con = store.connect(tmp / "db.duckdb")
     try:
         pipeline.run_range(con, source)
