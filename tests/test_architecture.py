@@ -34,6 +34,7 @@ LAYERS = {
     "calpipe.calibrators": 2,
     "calpipe.contract": 3,
     "calpipe.frame": 3,
+    "calpipe.ordering": 3,  # fast sorts of big frames (over contract's stream ids)
     "calpipe.metrics": 3,
     "calpipe.generate": 3,
     "calpipe.plots": 3,

@@ -31,12 +31,14 @@ import datetime as dt
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 
 from calpipe import store
 from calpipe.contract import _TIME_US, Rule, check_rules
 from calpipe.errors import InputError
 from calpipe.frame import arrive_labels
+from calpipe.ordering import sort_by_keys
 from calpipe.pipeline.classes import frame_n_classes, score_column, stored_n_classes
 from calpipe.pipeline.ids import stored_id_type
 from calpipe.store import EventSource
@@ -137,6 +139,10 @@ class Arrivals:
     day: dt.date
     rows: pl.DataFrame
     quarantined: pl.DataFrame
+    #: the forecasts made at the events of ``rows``, row for row (``__base``, ``__prot``: the
+    #: base and protected score, or K-class vectors, of ``protected_scores``); null for the
+    #: night's own events (forecast tonight). None when not looked up (stored arrivals).
+    forecasts: pl.DataFrame | None = None
 
     @classmethod
     def empty(cls, day: dt.date, n_classes: int = 2) -> Arrivals:
@@ -220,17 +226,26 @@ def read_arrivals(con, source: EventSource, day: dt.date) -> pl.DataFrame:
 
 
 #: For the night's labels (registered as ``_calpipe_label_keys``, with their row ``i``): the
-#: event stored on a day before $1 (the night) and a label that arrived on a night before it.
-#: The days from $1 on are being replaced by this run (each checked as it is read).
+#: event stored on a day before $1 (the night), a label that arrived on a night before it, and
+#: the forecast made at the event (``protected_scores``: the night's arrival monitoring judges
+#: it, :func:`calpipe.pipeline.monitoring._arrived_in_night`). The days from $1 on are being
+#: replaced by this run (each checked as it is read). At most one row per label: an event and
+#: its label are unique over the history.
 _LOOKUP_SQL = """
 SELECT k.i, e.event_date, e.event_time, e.{score}, e.label AS row_label,
-       l.label AS prev_label, l.date AS prev_date
+       l.label AS prev_label, l.date AS prev_date,
+       p.base_score{s} AS __base, p.protected_score{s} AS __prot
 FROM _calpipe_label_keys k
 LEFT JOIN scored_events e
   ON e.stream = k.stream AND e.event_id = k.event_id AND e.event_date < $1
 LEFT JOIN event_labels l
   ON l.stream = k.stream AND l.event_id = k.event_id AND l.date < $1
+LEFT JOIN protected_scores p
+  ON p.stream = k.stream AND p.event_id = k.event_id AND p.event_date < $1
 """
+
+#: The forecast columns of :data:`_LOOKUP_SQL` (:attr:`Arrivals.forecasts`).
+_FORECASTS = ("__base", "__prot")
 
 
 def check_arrivals(
@@ -273,28 +288,12 @@ def check_arrivals(
     ])  # fmt: skip
     con.register("_calpipe_label_keys", raw.select("i", "stream", "event_id").to_arrow())
     try:
-        stored = store.query(con, _LOOKUP_SQL.format(score=score), [day])
+        stored = store.query(con, _LOOKUP_SQL.format(score=score, s=score[5:]), [day])
     finally:
         con.unregister("_calpipe_label_keys")
     if score not in events.columns:  # a night without events, in the binary form
         events = events.rename({"score": score}).cast({score: schema[score]})
-    own = events.select(
-        "stream", "event_id",
-        pl.lit(day, pl.Date).alias("event_date"),
-        pl.col("event_time").cast(pl.Datetime("us")),
-        pl.col(score).cast(schema[score]),
-        pl.col("label").cast(pl.Int32).alias("row_label"),
-    )  # fmt: skip
-    j = (
-        raw.join(stored.cast({"i": pl.UInt32}), on="i", how="left")
-        .join(own, on=["stream", "event_id"], how="left", suffix="_own")
-        .with_columns(
-            *[pl.coalesce(f"{c}_own", c).alias(c)
-              for c in ("event_date", "event_time", score, "row_label")],
-            pl.col("__y").cast(pl.Int32).alias("label"),
-        )
-        .sort("i")
-    )  # fmt: skip
+    j = _with_events(raw, stored, events, day, score, schema[score])
     unknown = pl.col("event_date").is_null()
     quarantined = pl.DataFrame(schema=_QUARANTINE_SCHEMA)
     if on_unknown == "quarantine":
@@ -321,12 +320,57 @@ def check_arrivals(
              "night)", prev.is_not_null() & (prev != lab), pl.format("{} on {}", prev,
                                                                     pl.col("prev_date"))),
     ])  # fmt: skip
+    j = sort_by_keys(j, ["stream", "event_id"])
     rows = j.select(pl.lit(day, pl.Date).alias("date"), *list(schema)[1:]).cast(
         {**schema, "event_id": j.schema["event_id"]}
     )
-    return Arrivals(
-        day, rows.sort("stream", "event_id"), quarantined.sort("file", "stream", "event_id")
+    return Arrivals(day, rows, quarantined.sort("file", "stream", "event_id"), j.select(_FORECASTS))
+
+
+def _with_events(
+    raw: pl.DataFrame,
+    stored: pl.DataFrame,
+    events: pl.DataFrame,
+    day: dt.date,
+    score: str,
+    score_type: pl.DataType,
+) -> pl.DataFrame:
+    """The night's labels ``raw`` (with their row ``i``) beside what :data:`_LOOKUP_SQL` found
+    (``stored``) or, for a label of none of the stored events, the night's own ``events``; in
+    the labels' order (the checks report the first bad label of the files).
+
+    Why not two joins: the lookup has at most one row per label, so its rows are put in the
+    labels' order by ``i`` (a gather), and only the labels it did not find are joined with the
+    night's events (none on a night whose labels are all of earlier days)."""
+    i = stored["i"].cast(pl.Int64).to_numpy()
+    if stored.height == raw.height:  # one row per label: the inverse permutation of i
+        at = np.empty(raw.height, dtype=np.int64)
+        at[i] = np.arange(raw.height, dtype=np.int64)
+        stored = stored.drop("i").select(pl.all().gather(pl.Series(at)))
+    else:  # pragma: no cover - the history's checks keep events and labels unique
+        stored = raw.select("i").join(stored.cast({"i": pl.UInt32}), on="i", how="left").drop("i")
+    j = pl.concat([raw, stored], how="horizontal").with_columns(
+        pl.col("__y").cast(pl.Int32).alias("label")
     )
+    missing = j["event_date"].is_null()
+    if events.height == 0 or not missing.any():
+        return j
+    own = events.select(
+        "stream", "event_id",
+        pl.lit(day, pl.Date).alias("event_date"),
+        pl.col("event_time").cast(pl.Datetime("us")),
+        pl.col(score).cast(score_type),
+        pl.col("label").cast(pl.Int32).alias("row_label"),
+    )  # fmt: skip
+    filled = (
+        j.filter(missing)
+        .drop("event_date", "event_time", score, "row_label")
+        .join(own, on=["stream", "event_id"], how="left", maintain_order="left")
+        .select(j.columns)
+    )
+    if filled.height == j.height:
+        return filled
+    return pl.concat([j.filter(~missing), filled]).sort("i")
 
 
 def _check(frame: pl.DataFrame, source: EventSource, day: dt.date, rules: list[Rule]) -> None:

@@ -19,8 +19,10 @@ import polars as pl
 from calpipe import config, metrics, store
 from calpipe.contract import stream_ids
 from calpipe.kernels.grouping import dense_ids
+from calpipe.ordering import sort_by_keys
 from calpipe.pipeline.chain import _require_chain
 from calpipe.pipeline.classes import stored_n_classes
+from calpipe.pipeline.labels import Arrivals
 from calpipe.pipeline.settings import StageResult, _as_date
 from calpipe.pipeline.transactions import day_range
 
@@ -78,6 +80,7 @@ def daily_metrics(
     keys: Sequence[str] = ("event_date", "stream"),
     *,
     groups: tuple[np.ndarray, np.ndarray] | None = None,
+    corp: bool = True,
 ) -> pl.DataFrame:
     """Forecast quality of base vs protected per group (``keys``) of protected rows.
 
@@ -96,7 +99,8 @@ def daily_metrics(
     The metrics are :mod:`calpipe.metrics`' grouped numpy forms (every group at once, as
     per-group sums in row order: the same rows in the same order give the same bits). Groups
     without labelled events get nulls. ``groups`` is :func:`_stream_groups` of ``scores`` by
-    ``keys`` if the caller has it already.
+    ``keys`` if the caller has it already. ``corp=False`` leaves the CORP columns out (their
+    isotonic fits are a third of the cost; the arrival monitoring does not report them).
 
     >>> s = pl.DataFrame({"stream": ["a", "a", "b"], "base_score": [0.2, 0.7, 0.5],
     ...                   "protected_score": [0.3, 0.6, 0.5], "label": [0, 1, None],
@@ -124,13 +128,13 @@ def daily_metrics(
     if multiclass:  # ECE of the top label (smooth ECE reduces to it itself); CORP is binary
         base_ece = metrics.grouped_ece(*metrics.top_label(base_l, y), ids_l, n_groups)
         prot_ece = metrics.grouped_ece(*metrics.top_label(prot_l, y), ids_l, n_groups)
-        corp = dict.fromkeys(_CORP_COLUMNS, np.full(n_groups, np.nan))
+        corp = dict.fromkeys(_CORP_COLUMNS if corp else (), np.full(n_groups, np.nan))
         no_mean = np.full(n_groups, np.nan)
         means = {"mean_score": no_mean, "mean_protected": no_mean, "mean_label": no_mean}
     else:
         base_ece = metrics.grouped_ece(base_l, y, ids_l, n_groups)
         prot_ece = metrics.grouped_ece(prot_l, y, ids_l, n_groups)
-        corp = _corp_columns(base_l, prot_l, y, ids_l, n_groups)
+        corp = _corp_columns(base_l, prot_l, y, ids_l, n_groups) if corp else {}
         means = {
             "mean_score": metrics.grouped_mean(base, ids, n_groups),
             "mean_protected": metrics.grouped_mean(prot, ids, n_groups),
@@ -164,7 +168,7 @@ def daily_metrics(
         pl.when(pl.col("n_labelled") > 0).then(pl.col(c)).alias(c) for c in over_labelled
     )
     if multiclass:  # the binary-only columns: null, not NaN
-        out = out.with_columns(pl.col(c).fill_nan(None) for c in (*_CORP_COLUMNS, *means))
+        out = out.with_columns(pl.col(c).fill_nan(None) for c in (*corp, *means))
     keyed = scores.select(keys)[first.tolist()]
     return pl.concat([keyed, out], how="horizontal").sort(keys)
 
@@ -282,13 +286,64 @@ def _arrived_in_rows(protected: pl.DataFrame) -> pl.DataFrame:
     ).sort("date", "stream", "event_id")
 
 
+def _labelled_rows(protected: pl.DataFrame) -> pl.DataFrame:
+    """The labelled rows of a batch's ``protected_scores`` rows, in the columns
+    :func:`_arrived_in_night` reads (the fused run keeps them for the night's arrivals)."""
+    s = "s" if "base_scores" in protected.columns else ""
+    return protected.filter(pl.col("label").is_not_null()).select(
+        "stream", "event_id", f"base_score{s}", f"protected_score{s}", "label"
+    )
+
+
+def _arrived_in_night(labelled: pl.DataFrame, arrivals: Arrivals) -> pl.DataFrame:
+    """:data:`_ARRIVED_SQL`'s rows of one night of the fused run, from memory: the night's
+    labelled ``protected_scores`` rows (``labelled``, :func:`_labelled_rows`: the labels of the
+    scores rows, delay 0, and those the feed brought for the night's own events) and the feed's
+    labels of earlier events with the forecasts looked up by their checks
+    (:attr:`~calpipe.pipeline.labels.Arrivals.forecasts`); the same rows in the query's order,
+    with the delay computed as the query does (seconds as the difference of two doubles)."""
+    day = arrivals.day
+    s = "s" if "base_scores" in labelled.columns else ""
+    fc = [f"base_score{s}", f"protected_score{s}"]
+    rows = arrivals.rows
+    # the query's delay, bit for bit: numpy divides as DuckDB does (polars multiplies by 1e-6)
+    t = [
+        rows[c].cast(pl.Datetime("us")).to_physical().to_numpy()
+        for c in ("label_time", "event_time")
+    ]
+    rows = rows.with_columns(pl.Series("delay_s", t[0] / 1e6 - t[1] / 1e6, pl.Float64))
+    delay = pl.col("delay_s")
+    same = rows.filter(pl.col("event_date") == day).select("stream", "event_id", delay)
+    own = labelled.with_columns(pl.lit(None, pl.Float64).alias("delay_s"))
+    if same.height:  # (an empty night's labels may not have the stored event id type)
+        own = labelled.join(same, on=["stream", "event_id"], how="left", maintain_order="left")
+    parts = [own.with_columns(pl.col("delay_s").fill_null(0.0))]
+    if arrivals.forecasts is not None and rows.height:
+        earlier = pl.concat([rows, arrivals.forecasts], how="horizontal").filter(
+            pl.col("event_date") < day
+        )
+        forecasts = [pl.col("__base").alias(fc[0]), pl.col("__prot").alias(fc[1])]
+        parts.append(earlier.select("stream", "event_id", *forecasts, "label", delay))
+    elif rows.filter(pl.col("event_date") < day).height:
+        raise ValueError("arrivals of earlier events without their forecasts (Arrivals.forecasts)")
+    columns = ["stream", "event_id", *fc, "label", "delay_s"]
+    parts = [p.select(columns).cast({"label": pl.Int32, "delay_s": pl.Float64}) for p in parts]
+    # (an empty part, of a day without events, may not have the stored event id type)
+    arrived = pl.concat([p for p in parts if p.height] or parts[:1])
+    if labelled.height:  # the feed's rows alone come sorted by their checks
+        arrived = sort_by_keys(arrived, ["stream", "event_id"])
+    return arrived.select(pl.lit(day, pl.Date).alias("date"), *columns)
+
+
 def _arrival_metrics(arrived: pl.DataFrame, state: pl.DataFrame) -> pl.DataFrame:
     """:func:`_arrival_rows` of the arrived forecasts ``arrived`` (:data:`_ARRIVED_SQL`'s
     rows)."""
     if arrived.height == 0:
         return pl.DataFrame(schema={"date": pl.Date, "stream": pl.String})
     keys = ("date", "stream")
-    stats = daily_metrics(arrived.with_columns(pl.lit(0.0).alias("log10_martingale")), keys)
+    stats = daily_metrics(
+        arrived.with_columns(pl.lit(0.0).alias("log10_martingale")), keys, corp=False
+    )
     delays = arrived.group_by(keys).agg(
         pl.col("delay_s").mean().alias("mean_delay_s"), pl.col("delay_s").max().alias("max_delay_s")
     )

@@ -61,7 +61,7 @@ from calpipe.pipeline.inputs import (
     state_digests,
 )
 from calpipe.pipeline.labels import Arrivals, night_arrivals
-from calpipe.pipeline.monitoring import _arrived_in_rows
+from calpipe.pipeline.monitoring import _arrived_in_night, _arrived_in_rows, _labelled_rows
 from calpipe.pipeline.settings import Settings, _as_date
 from calpipe.pipeline.tables import (
     TABLES,
@@ -211,12 +211,13 @@ def _run_day(
     chunk: pl.DataFrame,
     inputs: pl.DataFrame,
     arrivals: Arrivals | None = None,
-) -> pl.DataFrame:
+) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Day ``d`` of :func:`run_range`, its events ``chunk`` read from the source: one batch of
     streams at a time (:func:`_stream_batches`), write its events, run the engine (which
     validates the data contract), and write the rows of every registered table of the batch
     from memory (:data:`calpipe.pipeline.tables.TABLES`); then the day's tables. Returns the
-    day's ``calibrator_state`` rows."""
+    day's ``calibrator_state`` rows and the forecasts whose labels the night learnt
+    (:func:`~calpipe.pipeline.monitoring._arrived_in_night`, for ``calibration_arrivals``)."""
     # stored types already (the usual case): DuckDB writes a batch's events while the engine
     # validates and protects them (an invalid day rolls the transaction back); other types are
     # cast once validated, so that a bad type gets the contract's message. The events are
@@ -231,7 +232,7 @@ def _run_day(
     k, batches = _stream_batches(chunk)
     before = chain.state
     late = None if arrivals is None else arrivals.late
-    parts, n_active = [], 0
+    parts, labelled, n_active = [], [], 0
     for i in range(k):
         events = chunk if batches is None else chunk[batches[i]]
         state, late_i = before, late
@@ -251,6 +252,7 @@ def _run_day(
             write_fused(writer, "events", batch)
         write_fused(writer, "batch", batch)
         parts.append(batch.result.state)
+        labelled.append(_labelled_rows(batch.protected))
         n_active += batch.groups[1].shape[0]  # the batch's streams
         del events, batch  # free the batch before the next one
     chain.state = parts[0] if k == 1 else pl.concat(parts).sort("stream")
@@ -259,7 +261,7 @@ def _run_day(
     row = chain.day_row(d, chunk.height, n_active, rows, arrivals.rows.height)
     day = FusedDay(d, rows, row, inputs, arrivals)
     write_fused(writer, "day", day)
-    return day.state
+    return day.state, _arrived_in_night(pl.concat(labelled), arrivals)
 
 
 def _span_events(
@@ -429,7 +431,7 @@ def run_range(
     empty_days: list[dt.date] = []
     states: list[pl.DataFrame] = []
     arrivals: dict[dt.date, Arrivals] = {}
-    arrived: dict[dt.date, pl.DataFrame] = {}  # of a span's days, by its first day
+    arrived: list[pl.DataFrame] = []  # the forecasts whose labels the transaction's days learnt
 
     def read(d: dt.date) -> pl.DataFrame:
         chunk = _read_day(con, source, d, end, chain)
@@ -439,7 +441,9 @@ def run_range(
     def write(writer: store.PartitionWriter, d: dt.date, chunk: pl.DataFrame) -> None:
         if chunk.height == 0:
             empty_days.append(d)
-        states.append(_run_day(writer, source, chain, d, chunk, inputs, arrivals.pop(d)))
+        state, night = _run_day(writer, source, chain, d, chunk, inputs, arrivals.pop(d))
+        states.append(state)
+        arrived.append(night)
         if progress is not None:
             progress.advance(d, chunk.height)
 
@@ -451,7 +455,7 @@ def run_range(
             return False
         arrivals.pop(d0, None)
         states.append(done[0].result.states)
-        arrived[d0] = _arrived_in_rows(done[0].protected)
+        arrived.append(_arrived_in_rows(done[0].protected))
         for d, n in done[1]:
             if n == 0:
                 empty_days.append(d)
@@ -460,9 +464,13 @@ def run_range(
         return True
 
     def finish(writer: store.PartitionWriter, d0: dt.date, d1: dt.date) -> None:
-        span = FusedSpan(settings, pl.concat(states), con, writer, d0, d1, arrived.pop(d0, None))
+        # (a day without events may not have the stored event id type)
+        span = FusedSpan(
+            settings, pl.concat(states), pl.concat([a for a in arrived if a.height] or arrived[:1])
+        )
         write_fused(writer, "transaction", span)
         states.clear()
+        arrived.clear()
 
     # every registered table, each written by its fused writer: none is replaced without rows
     if progress is not None:

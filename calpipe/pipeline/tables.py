@@ -24,7 +24,7 @@ table                   stage                       rows (both paths)           
 ``calibrator_state``    ``protect_days``            ``_state_rows``              day
 ``pipeline_days``       ``protect_days``            ``_Chain.day_row``           day
 ``calibration_daily``   ``monitor_days``            ``_daily_rows``              batch
-``calibration_arrivals``  ``monitor_days``          ``_arrival_rows``            transaction
+``calibration_arrivals``  ``monitor_days``          ``_arrival_metrics``         transaction
 ``martingale_alarms``   ``alarm_days``              ``_first_crossings``         batch
 ``calibration_map``     ``map_days``                ``_map_rows``                transaction
 ``pipeline_inputs``     ``load_events``             ``day_inputs``               day
@@ -58,7 +58,6 @@ from calpipe.pipeline.labels import Arrivals, _label_rows, _quarantine_rows
 from calpipe.pipeline.mapping import _map_rows, map_days
 from calpipe.pipeline.monitoring import (
     _arrival_metrics,
-    _arrival_rows,
     _daily_rows,
     _stream_groups,
     monitor_days,
@@ -116,26 +115,14 @@ class FusedDay:
 
 @dataclass
 class FusedSpan:
-    """The days of one transaction of the fused run: their ``calibrator_state`` rows, and the
-    open transaction (``con``, ``writer``) for the tables computed from the stored rows of its
-    days (:meth:`stored`), or from ``arrived``."""
+    """The days of one transaction of the fused run: their ``calibrator_state`` rows and the
+    forecasts whose labels the days learnt (:data:`calpipe.pipeline.monitoring._ARRIVED_SQL`'s
+    rows, from memory: :func:`~calpipe.pipeline.monitoring._arrived_in_night` of each night,
+    or :func:`~calpipe.pipeline.monitoring._arrived_in_rows` of a span without a label feed)."""
 
     settings: Settings
     states: pl.DataFrame
-    con: Any = None
-    writer: store.PartitionWriter | None = None
-    start: dt.date | None = None
-    end: dt.date | None = None
-    #: the forecasts whose labels the days learnt, when known in memory (a span without a label
-    #: feed: :func:`~calpipe.pipeline.monitoring._arrived_in_rows`), else read back
-    arrived: pl.DataFrame | None = None
-
-    def stored(self) -> Any:
-        """The connection, once every row of the transaction's days so far is in DuckDB (the
-        writer buffers them): queries on it see the transaction's days."""
-        self.writer.flush()
-        self.writer.wait()
-        return self.con
+    arrived: pl.DataFrame
 
 
 @dataclass
@@ -201,9 +188,7 @@ def _fused_map(s: FusedSpan) -> pl.DataFrame:
 
 
 def _fused_arrivals(s: FusedSpan) -> pl.DataFrame:
-    if s.arrived is not None:
-        return _arrival_metrics(s.arrived, s.states)
-    return _arrival_rows(s.stored(), s.start, s.end, s.states)
+    return _arrival_metrics(s.arrived, s.states)
 
 
 def _span_events(s: FusedDays) -> pl.DataFrame:

@@ -32,9 +32,10 @@ def day_range(start: dt.date, end: dt.date) -> list[tuple[dt.date, dt.date]]:
 _NO_DAY = pl.DataFrame()
 
 #: Tables that reading a day consults for the days before it (the history duplicate check, the
-#: label feed's lookup of its events and earlier labels): their rows of the transaction's earlier
-#: days are sent to DuckDB before the next day is read (the writer buffers rows across days).
-READ_BACK = ("scored_events", "event_labels")
+#: label feed's lookup of its events, their forecasts and earlier labels): their rows of the
+#: transaction's earlier days are sent to DuckDB before the next day is read (the writer
+#: buffers rows across days).
+READ_BACK = ("scored_events", "event_labels", "protected_scores")
 
 
 def _write_days(

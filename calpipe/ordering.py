@@ -1,0 +1,100 @@
+"""Row orders by keys: :func:`key_order` and :func:`sort_by_keys`, the fast form of
+``DataFrame.sort(keys)`` for the pipeline's big frames.
+
+Why: polars sorts a frame by a string key and an integer key through its row encoding, which on
+the 2-core machines this runs on took 0.6-0.7 s for 2M rows (a night's labels sorted by
+(stream, event_id)). Here each key becomes an int64 rank first (a string key: a dense id per
+distinct string by hashing, :func:`calpipe.contract.stream_ids`, then the rank of the distinct
+strings, a sort of a few thousand streams) and numpy's ``lexsort`` orders the rows by those
+ranks (0.3 s for the same rows, gather included). The order is the same as ``sort(keys)``'s,
+which is stable (``maintain_order=True``): equal keys keep their rows' order. Keys with nulls,
+NaN or other types go to polars.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import polars as pl
+
+from calpipe.contract import stream_ids
+
+
+def _rank(s: pl.Series) -> np.ndarray | None:
+    """An int64 (or float64) array that orders as ``s`` does, or None if numpy cannot order it
+    like polars (nulls, NaN, or a type without an order-preserving number)."""
+    if s.null_count():
+        return None
+    if s.dtype == pl.String:
+        ids, first = stream_ids(s.to_frame(), [s.name])
+        rank = np.empty(first.shape[0], dtype=np.int64)
+        rank[s.gather(first).arg_sort().to_numpy()] = np.arange(first.shape[0], dtype=np.int64)
+        return rank[ids]
+    if s.dtype.is_integer() or s.dtype.is_temporal() or s.dtype == pl.Boolean:
+        return s.to_physical().to_numpy()
+    if s.dtype.is_float() and not s.is_nan().any():
+        return s.to_numpy()
+    return None
+
+
+def key_order(frame: pl.DataFrame, keys: Sequence[str]) -> np.ndarray:
+    """The row order (int64 indices) that sorts ``frame`` by ``keys`` ascending, stably: the
+    order of ``frame.sort(keys, maintain_order=True)``.
+
+    >>> f = pl.DataFrame({"s": ["b", "a", "b", "a"], "i": [2, 9, 1, 9]})
+    >>> key_order(f, ["s", "i"]).tolist()
+    [1, 3, 2, 0]
+    """
+    ranks = []
+    for k in keys:
+        r = _rank(frame[k])
+        if r is None:
+            return (
+                frame.select(pl.arg_sort_by(list(keys), maintain_order=True))
+                .to_series()
+                .to_numpy()
+                .astype(np.int64)
+            )
+        ranks.append(r)
+    if not ranks or frame.height < 2:
+        return np.arange(frame.height, dtype=np.int64)
+    return lex_order(ranks)
+
+
+def lex_order(keys: Sequence[np.ndarray]) -> np.ndarray:
+    """The stable order of rows by the arrays ``keys`` (first key first), as
+    ``np.lexsort(keys[::-1])``. Integer keys whose ranges multiply to less than 2**63 are packed
+    into one int64 and sorted once (a 2-key lexsort of 2M random rows took 0.5 s, the packed
+    sort 0.2 s).
+
+    >>> lex_order([np.array([1, 0, 1]), np.array([5, 7, 2])]).tolist()
+    [1, 2, 0]
+    """
+    packable = [
+        k.dtype.kind in "ib" or (k.dtype.kind == "u" and k.dtype.itemsize < 8) for k in keys
+    ]
+    if keys[0].shape[0] and all(packable):
+        lows = [int(k.min()) for k in keys]
+        spans = [int(k.max()) - lo + 1 for k, lo in zip(keys, lows, strict=True)]
+        if np.prod(spans, dtype=object) < 2**63:  # Python ints: exact
+            packed = np.zeros(keys[0].shape[0], dtype=np.int64)
+            for k, lo, s in zip(keys, lows, spans, strict=True):
+                packed = packed * s + (k.astype(np.int64) - lo)
+            return np.argsort(packed, kind="stable").astype(np.int64, copy=False)
+    return np.lexsort(keys[::-1]).astype(np.int64, copy=False)
+
+
+def sort_by_keys(frame: pl.DataFrame, keys: Sequence[str]) -> pl.DataFrame:
+    """``frame.sort(keys, maintain_order=True)`` by :func:`key_order` (the same rows in the same
+    order, faster for big frames keyed by strings).
+
+    >>> sort_by_keys(pl.DataFrame({"s": ["b", "a"], "i": [1, 2]}), ["s"]).rows()
+    [('a', 2), ('b', 1)]
+    """
+    order = key_order(frame, keys)
+    if frame.height < 2 or bool(np.all(order[1:] > order[:-1])):
+        return frame
+    # one contiguous chunk first: a random gather across the many chunks of a frame read from
+    # DuckDB cost 0.5 s for 2M rows of 12 columns, the copy and the gather 0.1 s
+    return frame.rechunk().select(pl.all().gather(pl.Series(order)))
