@@ -733,8 +733,9 @@ def _merge_updates(sid, te, a_sid, a_t, a_seq) -> np.ndarray:
 
     The events come sorted by (stream, time) already, so only the updates are sorted (by a key
     packing stream and time into one int64, stably after ordering them by seq) and merged in
-    by a binary search: O(n_a log n_a + n_a log n) instead of a 4-key lexsort of all
-    operations (1.3 s of a 2M-event, 2M-label night). Falls back to the lexsort when the events
+    one linear pass (:func:`calpipe.kernels.grouping.merge_after`): O(n_a log n_a + n) instead
+    of a 4-key lexsort of all operations (1.3 s of a 2M-event, 2M-label night; a binary
+    search and boolean masks took 0.35 s). Falls back to the lexsort when the events
     are not sorted or the packed key would overflow."""
     sid, a_sid = sid.astype(np.int64, copy=False), a_sid.astype(np.int64, copy=False)
     n, n_a = sid.shape[0], a_sid.shape[0]
@@ -744,17 +745,10 @@ def _merge_updates(sid, te, a_sid, a_t, a_seq) -> np.ndarray:
     if n_streams * span <= np.iinfo(np.int64).max:
         ek = sid * span + (te - t_min)
         if n < 2 or bool(np.all(ek[1:] >= ek[:-1])):
-            by_seq = np.argsort(a_seq, kind="stable")
+            by_seq = np.argsort(a_seq, kind="stable")  # (linear on sorted input: pending ones)
             uk = a_sid[by_seq] * span + (a_t[by_seq] - t_min)
-            upd = by_seq[np.argsort(uk, kind="stable")]
-            pos = np.searchsorted(ek, a_sid[upd] * span + (a_t[upd] - t_min), side="right")
-            slots = pos + np.arange(n_a, dtype=np.int64)
-            order = np.empty(n + n_a, dtype=np.int64)
-            is_event = np.ones(n + n_a, dtype=bool)
-            is_event[slots] = False
-            order[is_event] = np.arange(n, dtype=np.int64)
-            order[slots] = n + upd
-            return order
+            by_key = np.argsort(uk, kind="stable")
+            return G.merge_after(ek, uk[by_key], by_seq[by_key])
     op_sid = np.concatenate([sid, a_sid])
     op_t = np.concatenate([te, a_t])
     op_phase = np.concatenate([np.zeros(n, np.int64), np.ones(n_a, np.int64)])

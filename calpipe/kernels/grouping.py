@@ -157,3 +157,41 @@ def counting_sort(ids: np.ndarray, n_ids: int) -> tuple[np.ndarray, np.ndarray]:
     ([1, 3, 0, 2, 4], [2, 2, 1])
     """
     return _counting_sort(np.ascontiguousarray(ids, dtype=np.int64), int(n_ids))
+
+
+@njit(cache=True)
+def _merge_after(a, b, b_rows):
+    """The merge of two sorted int64 arrays as row indices: ``i`` for ``a[i]`` and
+    ``a.shape[0] + b_rows[j]`` for ``b[j]``, each ``b[j]`` after every ``a[i] <= b[j]``
+    (``searchsorted(a, b, side="right")``) and the ``b`` in their given order."""
+    n, m = a.shape[0], b.shape[0]
+    order = np.empty(n + m, np.int64)
+    i = 0
+    j = 0
+    for k in range(n + m):
+        if j < m and (i == n or b[j] < a[i]):
+            order[k] = n + b_rows[j]
+            j += 1
+        else:
+            order[k] = i
+            i += 1
+    return order
+
+
+def merge_after(a: np.ndarray, b: np.ndarray, b_rows: np.ndarray | None = None) -> np.ndarray:
+    """Row indices of sorted ``a`` (rows ``0..n-1``) and sorted ``b`` (rows ``n + b_rows``)
+    merged in order, each ``b`` after the ``a`` equal to it: one linear pass, the order of
+    ``np.argsort(np.concatenate([a, b]), kind="stable")`` up to the ``b_rows`` relabelling
+    (both inputs non-decreasing, not checked).
+
+    Example
+    -------
+    >>> import numpy as np
+    >>> merge_after(np.array([1, 3, 3, 5]), np.array([0, 3, 9])).tolist()
+    [4, 0, 1, 2, 5, 3, 6]
+    """
+    b = np.ascontiguousarray(b, dtype=np.int64)
+    rows = np.arange(b.shape[0], dtype=np.int64) if b_rows is None else b_rows
+    return _merge_after(
+        np.ascontiguousarray(a, dtype=np.int64), b, np.ascontiguousarray(rows, dtype=np.int64)
+    )

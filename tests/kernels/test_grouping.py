@@ -70,3 +70,18 @@ def test_group_max_is_the_running_max_per_group_ignoring_nan(rows, init):
     for k in range(5):
         want = max([init[k]] + [v for i, v in rows if i == k and not np.isnan(v)])
         assert out[k] == want
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.integers(-5, 5), max_size=30),
+    st.lists(st.integers(-5, 5), max_size=30),
+)
+def test_merge_after_equals_a_stable_sort_of_both(a, b):
+    a, b = np.sort(np.array(a, dtype=np.int64)), np.sort(np.array(b, dtype=np.int64))
+    expected = np.argsort(np.concatenate([a, b]), kind="stable")
+    assert G.merge_after(a, b).tolist() == expected.tolist()
+    # the b rows relabelled, as the caller's updates are
+    rows = np.arange(b.shape[0])[::-1].copy()
+    relabel = np.concatenate([np.arange(a.shape[0]), a.shape[0] + rows])
+    assert G.merge_after(a, b, rows).tolist() == relabel[expected].tolist()
