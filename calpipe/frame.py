@@ -41,7 +41,7 @@ from calpipe.contract import (
 from calpipe.errors import InputError, ParameterError, StateError
 from calpipe.kernels import grouping as G
 from calpipe.kernels import ops
-from calpipe.ordering import key_order, lex_order
+from calpipe.ordering import key_order
 
 STATE_FIXED_COLUMNS = (
     "method",
@@ -370,7 +370,9 @@ def arrive_labels(
         ]
     )
     sc = np.concatenate([old_sc.reshape(-1, width), new_sc.to_numpy().reshape(-1, width)[seq]])
-    order = lex_order([sid, t])  # stable: equal (stream, time) keep the order above
+    # stable: equal (stream, time) keep the order above; a counting sort by stream, then each
+    # stream's updates by time
+    order = G.group_key_order(sid, state.height, t)
     sid, t, y, sc = sid[order], t[order], y[order], sc[order]
     offsets = np.concatenate([[0], np.cumsum(np.bincount(sid, minlength=state.height))])
     return state.with_columns(

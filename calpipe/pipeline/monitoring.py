@@ -329,9 +329,9 @@ def _arrived_in_night(labelled: pl.DataFrame, arrivals: Arrivals) -> pl.DataFram
     columns = ["stream", "event_id", *fc, "label", "delay_s"]
     parts = [p.select(columns).cast({"label": pl.Int32, "delay_s": pl.Float64}) for p in parts]
     # (an empty part, of a day without events, may not have the stored event id type)
-    arrived = pl.concat([p for p in parts if p.height] or parts[:1])
-    if labelled.height:  # the feed's rows alone come sorted by their checks
-        arrived = sort_by_keys(arrived, ["stream", "event_id"])
+    arrived = sort_by_keys(
+        pl.concat([p for p in parts if p.height] or parts[:1]), ["stream", "event_id"]
+    )
     return arrived.select(pl.lit(day, pl.Date).alias("date"), *columns)
 
 

@@ -300,7 +300,7 @@ TABLES: dict[str, OutputTable] = {
         OutputTable("pipeline_inputs", "001_tables.sql", load_events, _fused_inputs, "day",
                     _span_inputs),
         OutputTable("event_labels", "001_tables.sql", load_events, _fused_labels, "day",
-                    _span_no_labels),
+                    _span_no_labels, sort=False),  # in the label files' order
         OutputTable("quarantined_labels", "001_tables.sql", load_events, _fused_quarantine, "day",
                     _span_no_labels),
     )

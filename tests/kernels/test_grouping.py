@@ -85,3 +85,15 @@ def test_merge_after_equals_a_stable_sort_of_both(a, b):
     rows = np.arange(b.shape[0])[::-1].copy()
     relabel = np.concatenate([np.arange(a.shape[0]), a.shape[0] + rows])
     assert G.merge_after(a, b, rows).tolist() == relabel[expected].tolist()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 4), st.integers(-3, 3)), max_size=40), st.booleans())
+def test_group_key_order_equals_a_stable_two_key_sort(rows, presorted):
+    ids = np.array([r[0] for r in rows], dtype=np.int64)
+    key = np.array([r[1] for r in rows], dtype=np.int64)
+    if presorted:  # every group already in key order: the check's path
+        key = np.sort(key)
+    expected = np.lexsort((key, ids))
+    assert G.group_key_order(ids, 5, key).tolist() == expected.tolist()
+    assert G.group_key_order(ids, 5).tolist() == np.argsort(ids, kind="stable").tolist()
