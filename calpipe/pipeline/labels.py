@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -151,12 +152,13 @@ class Arrivals:
             pl.DataFrame(schema=_QUARANTINE_SCHEMA),
         )
 
-    @property
+    # cached: a night reads them several times, and each is a copy of up to every label
+    @cached_property
     def same_day(self) -> pl.DataFrame:
         """Labels of the night's own events (they go to their rows)."""
         return self.rows.filter(pl.col("event_date") == self.day)
 
-    @property
+    @cached_property
     def late(self) -> pl.DataFrame:
         """Labels of events of earlier days (they go to their streams' pending updates)."""
         return self.rows.filter(pl.col("event_date") < self.day)

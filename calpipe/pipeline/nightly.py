@@ -233,13 +233,16 @@ def _run_day(
     before = chain.state
     late = None if arrivals is None else arrivals.late
     parts, labelled, n_active = [], [], 0
+    late_bucket = (
+        None if k == 1 or late is None or not late.height else _stream_bucket(late["stream"], k)
+    )
     for i in range(k):
         events = chunk if batches is None else chunk[batches[i]]
         state, late_i = before, late
         if k > 1 and before is not None:
             state = before.filter(pl.Series(_stream_bucket(before["stream"], k) == i))
-            if late is not None and late.height:
-                late_i = late.filter(pl.Series(_stream_bucket(late["stream"], k) == i))
+            if late_bucket is not None:
+                late_i = late.filter(pl.Series(late_bucket == i))
         batch = FusedBatch(d, chain.cal, events, state)
         if early:
             write_fused(writer, "events", batch)
