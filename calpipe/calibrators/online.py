@@ -314,6 +314,31 @@ class CalibratedRegression(OnlineCalibrator):
         j += int(kw["base_score"])
         return np.column_stack([*cols, th[:, j : j + kw["score_tents"]]])
 
+    def fixed_point_map(self, state: FlatState) -> tuple[int, int, np.ndarray] | None:
+        """Each stream's next forecast with powers of or tents on y^ (no closed form): the
+        fixed point of g(u) = theta . f(u) - u found by a scan of
+        :data:`~calpipe.config.CALREG_ROOT_GRID` cells and a bisection
+        (:func:`calpipe.kernels.calibrated_regression._fixed_point`), from ``(powers, tents,
+        rows)``, each row ``[theta of u, u^2, ..., u^powers, of each tent on u, then
+        theta_intercept, theta_score, theta of each score tent]`` (0 for an absent static
+        function). None with a category column (the map then needs that column, not only the
+        score) and in the closed form (:meth:`linear_map`)."""
+        kw = self._kw()
+        if kw["n_categories"] or self.linear_map(state) is not None:
+            return None
+        th = CR.thetas(state.values.reshape(state.n_streams, -1), CR.feature_dim(**kw))
+        n_dyn = kw["powers"] + kw["tents"]
+        zero = np.zeros((state.n_streams, 1))
+        j = n_dyn + int(kw["intercept"])
+        cols = [
+            th[:, :n_dyn],
+            th[:, n_dyn : n_dyn + 1] if kw["intercept"] else zero,
+            th[:, j : j + 1] if kw["base_score"] else zero,
+        ]
+        j += int(kw["base_score"])
+        rows = np.column_stack([*cols, th[:, j : j + kw["score_tents"]]])
+        return kw["powers"], kw["tents"], rows
+
     def _initial_vector(self, n_classes: int) -> np.ndarray:
         return CR.initial_state(1, CR.feature_dim(**self._kw()))[0]
 

@@ -152,16 +152,21 @@ class Arrivals:
             pl.DataFrame(schema=_QUARANTINE_SCHEMA),
         )
 
-    # cached: a night reads them several times, and each is a copy of up to every label
+    # cached: a night reads them several times, and each is a copy of up to every label (none
+    # when every label is of one kind: the usual nights of a feed of labels of earlier days)
     @cached_property
     def same_day(self) -> pl.DataFrame:
         """Labels of the night's own events (they go to their rows)."""
-        return self.rows.filter(pl.col("event_date") == self.day)
+        return self._part(pl.col("event_date") == self.day)
 
     @cached_property
     def late(self) -> pl.DataFrame:
         """Labels of events of earlier days (they go to their streams' pending updates)."""
-        return self.rows.filter(pl.col("event_date") < self.day)
+        return self._part(pl.col("event_date") < self.day)
+
+    def _part(self, which: pl.Expr) -> pl.DataFrame:
+        mask = self.rows.select(which.alias("m"))["m"]
+        return self.rows if mask.all() else self.rows.filter(mask)
 
     def streams(self) -> pl.Series:
         """Streams whose state the labels change (for the night's ``calibrator_state`` rows)."""

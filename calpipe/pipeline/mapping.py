@@ -41,7 +41,8 @@ def has_sql_map(cal, n_classes: int = 2) -> bool:
     with a logistic map), a logistic map (Platt, beta, OPS/OBS, decay-beta), temperature
     scaling (family ``temperature``), a step or linear table (isotonic, ROC-isotonic,
     histogram, Venn, Venn-ABERS, the Venn predictor on score bins), calibrated regression in
-    paper 004 §IV's closed form (family ``calreg``), calibeating (the expert's logistic map,
+    paper 004 §IV's closed form (family ``calreg``) or, with powers of or tents on the
+    forecast, by the kernel's scan and bisection (family ``calreg_fp``), calibeating (the expert's logistic map,
     then a table of its forecast's bins: two layers), or a stack of two of these
     (``base_method``: its layers then the top's).
 
@@ -89,6 +90,8 @@ def _form(cal, n_classes: int = 2) -> str | None:
         return "logistic"
     if hasattr(cal, "linear_map") and cal.linear_map(cal.initial_state(1, 2)) is not None:
         return "calreg"
+    if hasattr(cal, "fixed_point_map") and cal.fixed_point_map(cal.initial_state(1, 2)):
+        return "calreg_fp"
     if hasattr(cal, "binary_temperature"):
         return "temperature"
     if hasattr(cal, "calibeat_map") and cal.calibeat:
@@ -184,6 +187,15 @@ def _layer_rows(cal, st, keys: pl.DataFrame, layer: int, k: int = 2) -> pl.DataF
             np.ones(n), np.full((n, 4), np.nan), 0.0, layer,
         )  # fmt: skip
         y_k = pl.Series("y_k", m[:, 1:], dtype=pl.Array(pl.Float64, m.shape[1] - 1))
+        return frame.with_columns(y_k.cast(pl.List(pl.Float64)))
+    if form == "calreg_fp":  # the fixed point by a scan and bisection: powers in a, tents in b
+        powers, tents, m = cal.fixed_point_map(st)
+        n = keys.height
+        frame = _term_frame(
+            keys, 1, np.full(n, "calreg_fp"), np.full(n, float(powers)),
+            np.full(n, float(tents)), np.ones(n), np.full((n, 4), np.nan), 0.0, layer,
+        )  # fmt: skip
+        y_k = pl.Series("y_k", m, dtype=pl.Array(pl.Float64, m.shape[1]))
         return frame.with_columns(y_k.cast(pl.List(pl.Float64)))
     if form == "temperature":  # one term: family temperature (a = 1/T, b = eps), or identity
         n = keys.height
@@ -482,9 +494,9 @@ def _step_rows(cal, st, keys: pl.DataFrame, layer: int) -> pl.DataFrame:
 
 def _map_rows(state: pl.DataFrame, settings: Settings) -> pl.DataFrame:
     """``calibration_map`` rows of state rows: :func:`map_terms` for the chains of the methods
-    whose map has a SQL form (:func:`has_sql_map`); none for the others (calibrated
-    regression beyond §IV's closed form, a Venn taxonomy on a user column, composite-experts
-    over an input without a logistic map: serve those with serving_map())."""
+    whose map has a SQL form (:func:`has_sql_map`); none for the others (composite-experts
+    over an input without a logistic map: serve it with serving_map(); a method reading a
+    user column has no map of the score alone)."""
     k = int(state["n_classes"][0]) if state.height else 2
     if state.height and has_sql_map(settings.calibrator(), k):
         return map_terms(state, settings)

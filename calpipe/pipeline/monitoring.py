@@ -319,11 +319,13 @@ def _arrived_in_night(labelled: pl.DataFrame, arrivals: Arrivals) -> pl.DataFram
         own = labelled.join(same, on=["stream", "event_id"], how="left", maintain_order="left")
     parts = [own.with_columns(pl.col("delay_s").fill_null(0.0))]
     if arrivals.forecasts is not None and rows.height:
-        earlier = pl.concat([rows, arrivals.forecasts], how="horizontal").filter(
-            pl.col("event_date") < day
-        )
         forecasts = [pl.col("__base").alias(fc[0]), pl.col("__prot").alias(fc[1])]
-        parts.append(earlier.select("stream", "event_id", *forecasts, "label", delay))
+        earlier = pl.concat([rows, arrivals.forecasts], how="horizontal").select(
+            "stream", "event_id", *forecasts, "label", delay, "event_date"
+        )  # (the columns read, before a filter copies them)
+        if not earlier["event_date"].lt(day).all():
+            earlier = earlier.filter(pl.col("event_date") < day)
+        parts.append(earlier.drop("event_date"))
     elif rows.filter(pl.col("event_date") < day).height:
         raise ValueError("arrivals of earlier events without their forecasts (Arrivals.forecasts)")
     columns = ["stream", "event_id", *fc, "label", "delay_s"]

@@ -15,7 +15,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from calpipe import generate, pipeline, store
+from calpipe import config, generate, paths, pipeline, store
 from calpipe.calibrators import METHODS, make_calibrator
 from calpipe.frame import state_from_rows
 from calpipe.generate import StreamSpec
@@ -28,7 +28,7 @@ STREAMS = (
     StreamSpec("b", events_per_day=40, drift="shift", drift_day=1, strength=1.5),
 )
 #: Methods whose binary map has no SQL form yet, and why (served by serving_map()).
-NO_SQL_FORM: dict[str, str] = {}  # (calibrated-regression beyond §IV's closed form: none)
+NO_SQL_FORM: dict[str, str] = {}  # every method's binary map has one
 #: Windows small enough to be filled (and refitted) within the chain.
 SMALL_WINDOW = {"window": 30, "refit_every": 11}
 STACKS = [
@@ -329,8 +329,7 @@ def test_the_brier_compatibility_mode_s_sql_map_equals_its_serving_map(tmp_path,
 )
 def test_calibrated_regression_s_closed_form_in_sql(tmp_path, params):
     """Calibrated regression with f_0 = y^ its only test function of the forecast (paper 004
-    §IV): y^ = clip(c / (1 - theta_0)) over the static test functions, in SQL to 1e-12. With
-    powers of y^ or tents on it the fixed point needs a scan and bisection: no SQL form."""
+    §IV): y^ = clip(c / (1 - theta_0)) over the static test functions, in SQL to 1e-12."""
     settings = Settings.make("calibrated-regression", **params)
     con, events = _chain(tmp_path, settings)
     try:
@@ -340,5 +339,42 @@ def test_calibrated_regression_s_closed_form_in_sql(tmp_path, params):
         _check_sql_equals_serving_map(con, events, settings)
     finally:
         con.close()
-    for nonlinear in ({"powers": 2}, {"tents": 3}):
-        assert not has_sql_map(Settings.make("calibrated-regression", **nonlinear).calibrator())
+
+
+@pytest.mark.parametrize(
+    "params",
+    [{"powers": 2}, {"tents": 3}, {"powers": 3, "tents": 4, "score_tents": 3},
+     {"powers": 2, "intercept": False, "base_score": False}],
+    ids=["powers", "tents", "powers-tents-score-tents", "no-static"],
+)  # fmt: skip
+def test_calibrated_regression_s_fixed_point_in_sql(tmp_path, params):
+    """With powers of or tents on y^ the forecast is the fixed point found by a scan of 64 cells
+    and a bisection (paper 004 Alg. 2 step 2; calpipe.kernels.calibrated_regression
+    ._fixed_point): in SQL (family calreg_fp, list_reduce over the cells and the halvings) to
+    1e-12 of the serving map."""
+    settings = Settings.make("calibrated-regression", **params)
+    assert has_sql_map(settings.calibrator())
+    con, events = _chain(tmp_path, settings)
+    try:
+        assert store.query(con, "SELECT DISTINCT family FROM calibration_map")[
+            "family"
+        ].to_list() == ["calreg_fp"]
+        _check_sql_equals_serving_map(con, events, settings)
+    finally:
+        con.close()
+    with_categories = Settings.make(
+        "calibrated-regression", category_column="segment", n_categories=2
+    )  # its map needs the category too: none of the score alone, in polars or SQL
+    assert not has_sql_map(with_categories.calibrator())
+
+
+def test_the_sql_fixed_point_s_constants_are_the_config_s():
+    """sql/003_macros.sql spells the scan's cells, the bisection's tolerance and its halvings
+    out (a macro has no parameters from Python): they must be calpipe.config's."""
+    text = (paths.SQL_DIR / "003_macros.sql").read_text()
+    body = text[text.index("CREATE OR REPLACE MACRO calpipe_calreg_half") :]
+    body = body[: body.index("-- Equal-width bin")]
+    assert f"<= {config.CALREG_BISECTION_TOL!r}" in body
+    assert f"range({config.CALREG_BISECTION_MAX_ITER})" in body
+    grid = config.CALREG_ROOT_GRID
+    assert f"range(1, {grid + 1})" in body and f"/ {float(grid)!r}" in body
