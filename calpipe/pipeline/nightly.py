@@ -61,7 +61,7 @@ from calpipe.pipeline.inputs import (
     state_digests,
 )
 from calpipe.pipeline.labels import Arrivals, night_arrivals
-from calpipe.pipeline.monitoring import _arrived_in_night, _arrived_in_rows, _labelled_rows
+from calpipe.pipeline.monitoring import _arrived_in_night, _labelled_rows
 from calpipe.pipeline.settings import Settings, _as_date
 from calpipe.pipeline.tables import (
     TABLES,
@@ -211,13 +211,13 @@ def _run_day(
     chunk: pl.DataFrame,
     inputs: pl.DataFrame,
     arrivals: Arrivals | None = None,
-) -> tuple[pl.DataFrame, pl.DataFrame]:
+) -> pl.DataFrame:
     """Day ``d`` of :func:`run_range`, its events ``chunk`` read from the source: one batch of
     streams at a time (:func:`_stream_batches`), write its events, run the engine (which
     validates the data contract), and write the rows of every registered table of the batch
-    from memory (:data:`calpipe.pipeline.tables.TABLES`); then the day's tables. Returns the
-    day's ``calibrator_state`` rows and the forecasts whose labels the night learnt
-    (:func:`~calpipe.pipeline.monitoring._arrived_in_night`, for ``calibration_arrivals``)."""
+    from memory (:data:`calpipe.pipeline.tables.TABLES`); then the day's tables (with the
+    forecasts whose labels the night learnt: :func:`~calpipe.pipeline.monitoring.
+    _arrived_in_night`). Returns the day's ``calibrator_state`` rows."""
     # stored types already (the usual case): DuckDB writes a batch's events while the engine
     # validates and protects them (an invalid day rolls the transaction back); other types are
     # cast once validated, so that a bad type gets the contract's message. The events are
@@ -262,9 +262,9 @@ def _run_day(
     rows = _state_rows(chain.state, d, _changed_streams(chunk, arrivals))
     arrivals = arrivals or Arrivals.empty(d)
     row = chain.day_row(d, chunk.height, n_active, rows, arrivals.rows.height)
-    day = FusedDay(d, rows, row, inputs, arrivals)
+    day = FusedDay(d, rows, row, inputs, arrivals, _arrived_in_night(pl.concat(labelled), arrivals))
     write_fused(writer, "day", day)
-    return day.state, _arrived_in_night(pl.concat(labelled), arrivals)
+    return day.state
 
 
 def _span_events(
@@ -434,7 +434,6 @@ def run_range(
     empty_days: list[dt.date] = []
     states: list[pl.DataFrame] = []
     arrivals: dict[dt.date, Arrivals] = {}
-    arrived: list[pl.DataFrame] = []  # the forecasts whose labels the transaction's days learnt
 
     def read(d: dt.date) -> pl.DataFrame:
         chunk = _read_day(con, source, d, end, chain)
@@ -444,9 +443,7 @@ def run_range(
     def write(writer: store.PartitionWriter, d: dt.date, chunk: pl.DataFrame) -> None:
         if chunk.height == 0:
             empty_days.append(d)
-        state, night = _run_day(writer, source, chain, d, chunk, inputs, arrivals.pop(d))
-        states.append(state)
-        arrived.append(night)
+        states.append(_run_day(writer, source, chain, d, chunk, inputs, arrivals.pop(d)))
         if progress is not None:
             progress.advance(d, chunk.height)
 
@@ -458,7 +455,6 @@ def run_range(
             return False
         arrivals.pop(d0, None)
         states.append(done[0].result.states)
-        arrived.append(_arrived_in_rows(done[0].protected))
         for d, n in done[1]:
             if n == 0:
                 empty_days.append(d)
@@ -467,13 +463,8 @@ def run_range(
         return True
 
     def finish(writer: store.PartitionWriter, d0: dt.date, d1: dt.date) -> None:
-        # (a day without events may not have the stored event id type)
-        span = FusedSpan(
-            settings, pl.concat(states), pl.concat([a for a in arrived if a.height] or arrived[:1])
-        )
-        write_fused(writer, "transaction", span)
+        write_fused(writer, "transaction", FusedSpan(settings, pl.concat(states)))
         states.clear()
-        arrived.clear()
 
     # every registered table, each written by its fused writer: none is replaced without rows
     if progress is not None:

@@ -24,7 +24,7 @@ table                   stage                       rows (both paths)           
 ``calibrator_state``    ``protect_days``            ``_state_rows``              day
 ``pipeline_days``       ``protect_days``            ``_Chain.day_row``           day
 ``calibration_daily``   ``monitor_days``            ``_daily_rows``              batch
-``calibration_arrivals``  ``monitor_days``          ``_arrival_metrics``         transaction
+``calibration_arrivals``  ``monitor_days``          ``_arrival_metrics``         day
 ``martingale_alarms``   ``alarm_days``              ``_first_crossings``         batch
 ``calibration_map``     ``map_days``                ``_map_rows``                transaction
 ``pipeline_inputs``     ``load_events``             ``day_inputs``               day
@@ -58,6 +58,7 @@ from calpipe.pipeline.labels import Arrivals, _label_rows, _quarantine_rows
 from calpipe.pipeline.mapping import _map_rows, map_days
 from calpipe.pipeline.monitoring import (
     _arrival_metrics,
+    _arrived_in_rows,
     _daily_rows,
     _stream_groups,
     monitor_days,
@@ -111,18 +112,17 @@ class FusedDay:
     day_row: dict[str, Any]
     inputs: pl.DataFrame
     arrivals: Arrivals
+    #: the forecasts whose labels the night learnt (:data:`calpipe.pipeline.monitoring.
+    #: _ARRIVED_SQL`'s rows, from memory: :func:`~calpipe.pipeline.monitoring._arrived_in_night`)
+    arrived: pl.DataFrame
 
 
 @dataclass
 class FusedSpan:
-    """The days of one transaction of the fused run: their ``calibrator_state`` rows and the
-    forecasts whose labels the days learnt (:data:`calpipe.pipeline.monitoring._ARRIVED_SQL`'s
-    rows, from memory: :func:`~calpipe.pipeline.monitoring._arrived_in_night` of each night,
-    or :func:`~calpipe.pipeline.monitoring._arrived_in_rows` of a span without a label feed)."""
+    """The days of one transaction of the fused run: their ``calibrator_state`` rows."""
 
     settings: Settings
     states: pl.DataFrame
-    arrived: pl.DataFrame
 
 
 @dataclass
@@ -187,8 +187,8 @@ def _fused_map(s: FusedSpan) -> pl.DataFrame:
     return _map_rows(s.states, s.settings)
 
 
-def _fused_arrivals(s: FusedSpan) -> pl.DataFrame:
-    return _arrival_metrics(s.arrived, s.states)
+def _fused_arrivals(d: FusedDay) -> pl.DataFrame:
+    return _arrival_metrics(d.arrived, d.state)
 
 
 def _span_events(s: FusedDays) -> pl.DataFrame:
@@ -222,6 +222,10 @@ def _span_daily(s: FusedDays) -> pl.DataFrame:
 
 def _span_alarms(s: FusedDays) -> pl.DataFrame:
     return _first_crossings(s.result.scores, s.before, None)
+
+
+def _span_arrivals(s: FusedDays) -> pl.DataFrame:
+    return _arrival_metrics(_arrived_in_rows(s.protected), s.result.states)
 
 
 @dataclass(frozen=True)
@@ -293,7 +297,7 @@ TABLES: dict[str, OutputTable] = {
         OutputTable("calibration_daily", "001_tables.sql", monitor_days, _fused_daily, "batch",
                     _span_daily),
         OutputTable("calibration_arrivals", "001_tables.sql", monitor_days, _fused_arrivals,
-                    "transaction"),
+                    "day", _span_arrivals),
         OutputTable("martingale_alarms", "001_tables.sql", alarm_days, _fused_alarms, "batch",
                     _span_alarms),
         OutputTable("calibration_map", "001_tables.sql", map_days, _fused_map, "transaction"),
