@@ -215,6 +215,20 @@ def test_a_failed_streamed_insert_rolls_back_every_day(con, background):
     assert table_rows(con, "scored_events").equals(before)
 
 
+def test_buffered_frames_with_different_enums_insert_as_strings(con):
+    """A label night's file column is an Enum of that night's files: two nights' rows buffered
+    in one INSERT have no common polars type, and go in as the strings they are."""
+
+    def night(day, name):
+        return events_of(day, 2, stream=name).with_columns(pl.col("stream").cast(pl.Enum([name])))
+
+    with store.replacing_partitions(con, D1, D2, ["scored_events"]) as w:
+        w.insert("scored_events", night(D1, "file-1.parquet"), sort=False)
+        w.insert("scored_events", night(D2, "file-2.parquet"), sort=False)
+    got = store.query(con, "SELECT DISTINCT stream FROM scored_events ORDER BY ALL")
+    assert got["stream"].to_list() == ["file-1.parquet", "file-2.parquet"]
+
+
 def test_writer_refuses_tables_it_does_not_replace(con):
     with pytest.raises(store.StoreError, match="not among the tables"):
         with store.replacing_partitions(con, D1, D1, ["scored_events"]) as w:

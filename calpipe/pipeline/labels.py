@@ -187,20 +187,30 @@ def read_arrivals(con, source: EventSource, day: dt.date) -> pl.DataFrame:
             return pl.DataFrame(schema=_ARRIVAL_SCHEMA)
         for f in files:
             cm.check_file(f)
-        lst = ", ".join(f"'{store._sql_str(str(f))}'" for f in files)
+        paths = [store._sql_str(str(f)) for f in files]
+        lst = ", ".join(f"'{f}'" for f in paths)
+        # each label's file as the file's index, then an Enum of the night's few files relative
+        # to the folder: a string per label took 520 MB in DuckDB's result and 290 MB in
+        # polars for 10M labels (the Enum: 10 MB)
+        index = " ".join(f"WHEN '{f}' THEN {i}" for i, f in enumerate(paths))
         with source._reading():
             raw = store.query(
                 con,
-                f"SELECT * FROM read_parquet([{lst}], union_by_name = true, "
+                f"SELECT * EXCLUDE ({_FILE}), CAST(CASE {_FILE} {index} END AS INTEGER) AS "
+                f"{_FILE} FROM read_parquet([{lst}], union_by_name = true, "
                 f"hive_partitioning = false, filename = '{_FILE}')",
             )
         prefix = len(str(root)) + 1
-        raw = raw.with_columns(pl.col(_FILE).str.slice(prefix))
+        relative = [str(f)[prefix:] for f in files]
+        raw = raw.with_columns(
+            pl.col(_FILE).replace_strict(dict(enumerate(relative)), return_dtype=pl.Enum(relative))
+        )
     else:
         raw = source.read_range(con, day, day)
         if raw.width == 0:
             return pl.DataFrame(schema=_ARRIVAL_SCHEMA)
-        raw = raw.drop(store.DAY_COLUMN).with_columns(pl.lit(source.location).alias(_FILE))
+        name = pl.lit(source.location, pl.Enum([source.location]))
+        raw = raw.drop(store.DAY_COLUMN).with_columns(name.alias(_FILE))
     for c in cm.required():
         if c not in raw.columns:
             raise InputError(
@@ -305,7 +315,8 @@ def check_arrivals(
     if on_unknown == "quarantine":
         quarantined = j.filter(unknown).select(
             pl.lit(day, pl.Date).alias("date"), "stream", "event_id", "label", "label_time",
-            "file", pl.lit(f"no scored event with this stream and event_id up to {day}")
+            pl.col("file").cast(pl.String),  # (few rows, kept over the transaction's days)
+            pl.lit(f"no scored event with this stream and event_id up to {day}")
             .alias("reason"),
         )  # fmt: skip
         j = j.filter(~unknown)
@@ -329,7 +340,7 @@ def check_arrivals(
     # in the files' order (deterministic: files by name, rows as stored); whoever needs another
     # order sorts the columns it reads (a sort of every column cost 1.8 s of a 10M-label night)
     rows = j.select(pl.lit(day, pl.Date).alias("date"), *list(schema)[1:]).cast(
-        {**schema, "event_id": j.schema["event_id"]}
+        {**schema, "event_id": j.schema["event_id"], "file": j.schema["file"]}
     )
     return Arrivals(day, rows, quarantined.sort("file", "stream", "event_id"), j.select(_FORECASTS))
 
