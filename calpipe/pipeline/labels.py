@@ -360,13 +360,14 @@ def _with_events(
     Why not two joins: the lookup has at most one row per label, so its rows are put in the
     labels' order by ``i`` (a gather), and only the labels it did not find are joined with the
     night's events (none on a night whose labels are all of earlier days)."""
-    i = stored["i"].cast(pl.Int64).to_numpy()
-    if stored.height == raw.height:  # one row per label: the inverse permutation of i
-        at = np.empty(raw.height, dtype=np.int64)
-        at[i] = np.arange(raw.height, dtype=np.int64)
-        stored = stored.drop("i").select(pl.all().gather(pl.Series(at)))
-    else:  # pragma: no cover - the history's checks keep events and labels unique
-        stored = raw.select("i").join(stored.cast({"i": pl.UInt32}), on="i", how="left").drop("i")
+    if stored.height != raw.height:  # the history's checks keep events and labels unique
+        raise store.StoreError(
+            f"labels of {day}: the lookup of their events found {stored.height} rows for "
+            f"{raw.height} labels (the database holds an event or a label twice)"
+        )
+    at = np.empty(raw.height, dtype=np.int64)  # one row per label: the inverse permutation of i
+    at[stored["i"].cast(pl.Int64).to_numpy()] = np.arange(raw.height, dtype=np.int64)
+    stored = stored.drop("i").select(pl.all().gather(pl.Series(at)))
     j = pl.concat([raw, stored], how="horizontal").with_columns(
         pl.col("__y").cast(pl.Int32).alias("label")
     )

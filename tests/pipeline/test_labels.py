@@ -297,6 +297,32 @@ def test_a_label_of_an_unknown_event(two_days):
     assert "stream 'a', event 1000000000: label of an unknown event" in str(err)
 
 
+def test_a_label_of_an_event_the_database_holds_twice_is_refused_not_misplaced(two_days):
+    """The label lookup places its rows by label (one per label: the history's checks keep an
+    event unique). A database edited by hand to hold an event twice gets a clear error, and
+    nothing of the night is written."""
+    con, src, lsrc, scores, *_, tmp = two_days
+    ev = _event(scores, 0, labelled=False)
+    con.execute(
+        "INSERT INTO scored_events SELECT * REPLACE (event_date + 1 AS event_date) "
+        "FROM scored_events WHERE stream = ? AND event_id = ?",
+        [ev["stream"], ev["event_id"]],
+    )
+    before = _snapshot(con)
+    folder = tmp / "labels" / f"date={day(2).isoformat()}"
+    folder.mkdir(parents=True, exist_ok=True)
+    pl.DataFrame(
+        [{"stream": ev["stream"], "event_id": ev["event_id"], "label": 1, "label_time": T2}],
+        schema={"stream": pl.String, "event_id": pl.Int64, "label": pl.Int32,
+                "label_time": pl.Datetime("us")},
+    ).write_parquet(folder / "late.parquet")  # fmt: skip
+    with pytest.raises(store.StoreError, match="found 2 rows for 1 labels"):
+        pipeline.run_range(con, src, labels=lsrc)
+    after = _snapshot(con)
+    for t in before:
+        assert after[t].equals(before[t]), t
+
+
 def test_a_label_of_an_unknown_event_is_quarantined_when_asked(two_days):
     con, src, lsrc, *_, tmp = two_days
     folder = tmp / "labels" / f"date={day(2).isoformat()}"
