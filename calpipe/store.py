@@ -45,6 +45,7 @@ from pathlib import Path
 
 import duckdb
 import polars as pl
+import polars.selectors as cs
 
 from calpipe import config
 from calpipe.errors import InputError, StoreError
@@ -420,11 +421,9 @@ class PartitionWriter:
             raise errors[0]
 
     def _send(self, table: str, frames: list[pl.DataFrame]) -> None:
-        frame = (
-            frames[0]
-            if len(frames) == 1
-            else pl.concat(_as_strings(frames), how="vertical_relaxed")
-        )
+        if len(frames) > 1:  # (two Enums, e.g. two nights' label files, have no common type)
+            frames[:] = [f.with_columns(cs.enum().cast(pl.String)) for f in frames]
+        frame = frames[0] if len(frames) == 1 else pl.concat(frames, how="vertical_relaxed")
         frames.clear()
         if self._sort[table]:
             frame = frame.sort(list(SORT_KEYS[table]), maintain_order=True)
@@ -451,19 +450,6 @@ class PartitionWriter:
         finally:
             if self._pool is not None:
                 self._pool.shutdown()
-
-
-def _as_strings(frames: list[pl.DataFrame]) -> list[pl.DataFrame]:
-    """``frames`` with each Enum or Categorical column whose type differs between them cast to
-    String (polars has no common type of two Enums; a DuckDB VARCHAR column takes either)."""
-    types = {c: {f.schema[c] for f in frames if c in f.columns} for c in frames[0].columns}
-    cast = [
-        c for c, ts in types.items()
-        if len(ts) > 1 and any(isinstance(t, pl.Enum | pl.Categorical) for t in ts)
-    ]  # fmt: skip
-    return [
-        f.with_columns(pl.col(c).cast(pl.String) for c in cast if c in f.columns) for f in frames
-    ]
 
 
 @contextmanager

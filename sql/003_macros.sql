@@ -72,6 +72,8 @@ CREATE OR REPLACE MACRO calpipe_calreg_g(th, pw, nt, c, u) AS
             lambda g_tent: th[CAST(pw AS INTEGER) + 1 + g_tent]
                            * greatest(0.0, 1.0 - abs(u * (nt - 1) - g_tent)))), 0.0)
       - u;
+-- (A value used several times is bound once by a one-element list_transform: a macro argument
+-- is substituted wherever it appears, and these expressions nest.)
 -- one cell of the scan: acc.j the cell whose end is the first sign change (0: none yet), acc.glo
 -- g at the last grid point, acc.z whether g is 0 at that end
 CREATE OR REPLACE MACRO calpipe_calreg_scan(acc, j, gu) AS
@@ -91,30 +93,29 @@ CREATE OR REPLACE MACRO calpipe_calreg_half(acc, gm) AS
              THEN {'lo': 0.5 * (acc.lo + acc.hi), 'hi': acc.hi, 'glo': gm, 'done': false, 'r': acc.r}
          ELSE {'lo': acc.lo, 'hi': 0.5 * (acc.lo + acc.hi), 'glo': acc.glo, 'done': false, 'r': acc.r}
     END;
-CREATE OR REPLACE MACRO calpipe_calreg_bisect(th, pw, nt, c, s) AS
-    list_reduce(range(60), lambda b_acc, b_step: calpipe_calreg_half(b_acc,
-                    calpipe_calreg_g(th, pw, nt, c, 0.5 * (b_acc.lo + b_acc.hi))),
-                {'lo': (s.j - 1) / 64.0, 'hi': s.j / 64.0, 'glo': s.glo, 'done': false,
-                 'r': CAST(NULL AS DOUBLE)});
 CREATE OR REPLACE MACRO calpipe_calreg_root(th, pw, nt, c, g0, s) AS
     CASE WHEN g0 = 0.0 THEN 0.0
          WHEN s.j = 0 THEN CASE WHEN g0 < 0.0 THEN 0.0 ELSE 1.0 END
          WHEN s.z THEN s.j / 64.0
-         -- (a one-element list binds the bisection's result once)
-         ELSE list_transform([calpipe_calreg_bisect(th, pw, nt, c, s)],
-                             lambda r_end: coalesce(r_end.r, 0.5 * (r_end.lo + r_end.hi)))[1]
+         ELSE list_transform([list_reduce(range(60), lambda b_acc, b_step:
+                  list_transform([calpipe_calreg_g(th, pw, nt, c, 0.5 * (b_acc.lo + b_acc.hi))],
+                                 lambda b_gm: calpipe_calreg_half(b_acc, b_gm))[1],
+                  {'lo': (s.j - 1) / 64.0, 'hi': s.j / 64.0, 'glo': s.glo, 'done': false,
+                   'r': CAST(NULL AS DOUBLE)})],
+              lambda r_end: coalesce(r_end.r, 0.5 * (r_end.lo + r_end.hi)))[1]
     END;
 CREATE OR REPLACE MACRO calpipe_calreg_fp(th, pw, nt, c) AS
-    calpipe_calreg_root(th, pw, nt, c, calpipe_calreg_g(th, pw, nt, c, 0.0),
-        list_reduce(range(1, 65), lambda s_acc, s_cell: calpipe_calreg_scan(s_acc, s_cell,
-                        calpipe_calreg_g(th, pw, nt, c, s_cell / 64.0)),
-                    {'j': CAST(0 AS BIGINT), 'glo': calpipe_calreg_g(th, pw, nt, c, 0.0),
-                     'z': false}));
+    list_transform([calpipe_calreg_g(th, pw, nt, c, 0.0)], lambda f_g0:
+        list_transform([list_reduce(range(1, 65), lambda s_acc, s_cell:
+                            list_transform([calpipe_calreg_g(th, pw, nt, c, s_cell / 64.0)],
+                                           lambda s_g: calpipe_calreg_scan(s_acc, s_cell, s_g))[1],
+                            {'j': CAST(0 AS BIGINT), 'glo': f_g0, 'z': false})],
+            lambda f_scan: calpipe_calreg_root(th, pw, nt, c, f_g0, f_scan))[1])[1];
 -- family calreg_fp: a = powers, b = tents, y_k = [their thetas, then the static ones]
 CREATE OR REPLACE MACRO calpipe_calreg_fp_row(a, b, y, p) AS
-    calpipe_calreg_fp(list_slice(y, 1, CAST(a + b AS INTEGER)), a, b,
-        calpipe_calreg_c(list_slice(y, CAST(a + b AS INTEGER) + 1, len(y)),
-                         len(y) - a - b - 2, p));
+    list_transform([calpipe_calreg_c(list_slice(y, CAST(a + b AS INTEGER) + 1, len(y)),
+                                     len(y) - a - b - 2, p)],
+        lambda f_c: calpipe_calreg_fp(list_slice(y, 1, CAST(a + b AS INTEGER)), a, b, f_c))[1];
 
 -- Equal-width bin of q among n of [0, 1], as the calibeating kernel computes it.
 CREATE OR REPLACE MACRO calpipe_bin(q, n) AS least(CAST(floor(q * n) AS INTEGER), CAST(n AS INTEGER) - 1);
