@@ -302,17 +302,8 @@ class CalibratedRegression(OnlineCalibrator):
         kw = self._kw()
         if kw["powers"] != 1 or kw["tents"] or kw["n_categories"]:
             return None
-        d = CR.feature_dim(**kw)
-        th = CR.thetas(state.values.reshape(state.n_streams, -1), d)
-        zero = np.zeros(state.n_streams)
-        j = 1 + int(kw["intercept"])
-        cols = [
-            th[:, 0],
-            th[:, 1] if kw["intercept"] else zero,
-            th[:, j] if kw["base_score"] else zero,
-        ]
-        j += int(kw["base_score"])
-        return np.column_stack([*cols, th[:, j : j + kw["score_tents"]]])
+        th = CR.thetas(state.values.reshape(state.n_streams, -1), CR.feature_dim(**kw))
+        return np.column_stack([th[:, :1], self._static_thetas(th, kw)])
 
     def fixed_point_map(self, state: FlatState) -> tuple[int, int, np.ndarray] | None:
         """Each stream's next forecast with powers of or tents on y^ (no closed form): the
@@ -324,20 +315,26 @@ class CalibratedRegression(OnlineCalibrator):
         function). None with a category column (the map then needs that column, not only the
         score) and in the closed form (:meth:`linear_map`)."""
         kw = self._kw()
-        if kw["n_categories"] or self.linear_map(state) is not None:
+        if kw["n_categories"] or (kw["powers"] == 1 and not kw["tents"]):
             return None
         th = CR.thetas(state.values.reshape(state.n_streams, -1), CR.feature_dim(**kw))
         n_dyn = kw["powers"] + kw["tents"]
-        zero = np.zeros((state.n_streams, 1))
-        j = n_dyn + int(kw["intercept"])
-        cols = [
-            th[:, :n_dyn],
-            th[:, n_dyn : n_dyn + 1] if kw["intercept"] else zero,
-            th[:, j : j + 1] if kw["base_score"] else zero,
-        ]
-        j += int(kw["base_score"])
-        rows = np.column_stack([*cols, th[:, j : j + kw["score_tents"]]])
+        rows = np.column_stack([th[:, :n_dyn], self._static_thetas(th, kw)])
         return kw["powers"], kw["tents"], rows
+
+    @staticmethod
+    def _static_thetas(th: np.ndarray, kw: dict) -> np.ndarray:
+        """The columns ``[theta_intercept, theta_score, theta of each score tent]`` of the
+        thetas ``th`` (S, D) in the kernel's layout (the test functions of y^ first), 0 for an
+        absent intercept or score: the static part c of g(u), as the SQL macro
+        ``calpipe_calreg_c`` reads it."""
+        j = kw["powers"] + kw["tents"]
+        zero = np.zeros((th.shape[0], 1))
+        intercept = th[:, j : j + 1] if kw["intercept"] else zero
+        j += int(kw["intercept"])
+        score = th[:, j : j + 1] if kw["base_score"] else zero
+        j += int(kw["base_score"])
+        return np.column_stack([intercept, score, th[:, j : j + kw["score_tents"]]])
 
     def _initial_vector(self, n_classes: int) -> np.ndarray:
         return CR.initial_state(1, CR.feature_dim(**self._kw()))[0]

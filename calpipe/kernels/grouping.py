@@ -226,7 +226,7 @@ def group_key_order(ids: np.ndarray, n_ids: int, key: np.ndarray | None = None) 
     """The stable order of rows by (``ids``, ``key``): a counting sort by the group ids (ints in
     [0, n_ids)), then each group's rows stably sorted by ``key`` (int64) unless already in
     order. O(n + sum of g log g over the groups that need it), against O(n log n) for one sort
-    of all rows: 10M rows of 10,000 streams in ~0.2 s instead of ~1 s.
+    of all rows (a side measurement: 10M rows of 10,000 streams ~0.2 s instead of ~1 s).
 
     Example
     -------

@@ -304,7 +304,7 @@ def check_arrivals(
     ])  # fmt: skip
     con.register("_calpipe_label_keys", raw.select("i", "stream", "event_id").to_arrow())
     try:
-        stored = store.query(con, _LOOKUP_SQL.format(score=score, s=score[5:]), [day])
+        stored = store.query(con, _LOOKUP_SQL.format(score=score, s="" if k == 2 else "s"), [day])
     finally:
         con.unregister("_calpipe_label_keys")
     if score not in events.columns:  # a night without events, in the binary form

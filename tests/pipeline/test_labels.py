@@ -540,3 +540,22 @@ def test_arrivals_larger_than_duckdb_s_memory_limit_are_read_in_parts(tmp_path, 
         assert parts.select(stored.columns).equals(stored)
     finally:
         con.close()
+
+
+def test_arrivals_of_earlier_events_without_their_forecasts_are_refused_not_dropped():
+    """The night's arrival rows take the forecasts of late labels from their lookup
+    (Arrivals.forecasts); arrivals without them (as read back from event_labels) would lose
+    those labels from calibration_arrivals, so they are an error, not a silent drop."""
+    from calpipe.pipeline.labels import Arrivals
+    from calpipe.pipeline.monitoring import _arrived_in_night
+
+    late = Arrivals.empty(day(2)).rows.vstack(pl.DataFrame([{
+        "date": day(2), "stream": "a", "event_id": 1, "event_date": day(1),
+        "event_time": dt.datetime(2010, 7, 20), "score": 0.3, "label": 1,
+        "label_time": T2, "file": "f.parquet",
+    }], schema=Arrivals.empty(day(2)).rows.schema))  # fmt: skip
+    labelled = pl.DataFrame(schema={"stream": pl.String, "event_id": pl.Int64,
+                                    "base_score": pl.Float64, "protected_score": pl.Float64,
+                                    "label": pl.Int32})  # fmt: skip
+    with pytest.raises(ValueError, match="without their forecasts"):
+        _arrived_in_night(labelled, Arrivals(day(2), late, Arrivals.empty(day(2)).quarantined))

@@ -323,49 +323,37 @@ def test_the_brier_compatibility_mode_s_sql_map_equals_its_serving_map(tmp_path,
 
 
 @pytest.mark.parametrize(
-    "params",
-    [{"score_tents": 3}, {"intercept": False, "score_tents": 4}, {"base_score": False}],
-    ids=["score-tents", "no-intercept", "no-score"],
-)
-def test_calibrated_regression_s_closed_form_in_sql(tmp_path, params):
-    """Calibrated regression with f_0 = y^ its only test function of the forecast (paper 004
-    §IV): y^ = clip(c / (1 - theta_0)) over the static test functions, in SQL to 1e-12."""
-    settings = Settings.make("calibrated-regression", **params)
-    con, events = _chain(tmp_path, settings)
-    try:
-        assert store.query(con, "SELECT DISTINCT family FROM calibration_map")[
-            "family"
-        ].to_list() == ["calreg"]
-        _check_sql_equals_serving_map(con, events, settings)
-    finally:
-        con.close()
-
-
-@pytest.mark.parametrize(
-    "params",
-    [{"powers": 2}, {"tents": 3}, {"powers": 3, "tents": 4, "score_tents": 3},
-     {"powers": 2, "intercept": False, "base_score": False}],
-    ids=["powers", "tents", "powers-tents-score-tents", "no-static"],
+    ("params", "family"),
+    [({"score_tents": 3}, "calreg"), ({"intercept": False, "score_tents": 4}, "calreg"),
+     ({"base_score": False}, "calreg"), ({"powers": 2}, "calreg_fp"), ({"tents": 3}, "calreg_fp"),
+     ({"powers": 3, "tents": 4, "score_tents": 3}, "calreg_fp"),
+     ({"powers": 2, "intercept": False, "base_score": False}, "calreg_fp")],
+    ids=["score-tents", "no-intercept", "no-score", "powers", "tents",
+         "powers-tents-score-tents", "no-static"],
 )  # fmt: skip
-def test_calibrated_regression_s_fixed_point_in_sql(tmp_path, params):
-    """With powers of or tents on y^ the forecast is the fixed point found by a scan of 64 cells
-    and a bisection (paper 004 Alg. 2 step 2; calpipe.kernels.calibrated_regression
-    ._fixed_point): in SQL (family calreg_fp, list_reduce over the cells and the halvings) to
-    1e-12 of the serving map."""
+def test_calibrated_regression_s_map_in_sql(tmp_path, params, family):
+    """Calibrated regression in SQL to 1e-12 of the serving map. With f_0 = y^ its only test
+    function of the forecast (paper 004 §IV), the closed form y^ = clip(c / (1 - theta_0)) over
+    the static test functions (family calreg); with powers of or tents on y^, the fixed point
+    found by a scan of 64 cells and a bisection (paper 004 Alg. 2 step 2;
+    calpipe.kernels.calibrated_regression._fixed_point), by list_reduce over the cells and the
+    halvings (family calreg_fp)."""
     settings = Settings.make("calibrated-regression", **params)
     assert has_sql_map(settings.calibrator())
     con, events = _chain(tmp_path, settings)
     try:
         assert store.query(con, "SELECT DISTINCT family FROM calibration_map")[
             "family"
-        ].to_list() == ["calreg_fp"]
+        ].to_list() == [family]
         _check_sql_equals_serving_map(con, events, settings)
     finally:
         con.close()
-    with_categories = Settings.make(
-        "calibrated-regression", category_column="segment", n_categories=2
-    )  # its map needs the category too: none of the score alone, in polars or SQL
-    assert not has_sql_map(with_categories.calibrator())
+
+
+def test_calibrated_regression_over_a_category_column_has_no_map_of_the_score_alone():
+    """Its forecast needs the category too: no map of the score alone, in polars or SQL."""
+    settings = Settings.make("calibrated-regression", category_column="segment", n_categories=2)
+    assert not has_sql_map(settings.calibrator())
 
 
 def test_the_sql_fixed_point_s_constants_are_the_config_s():
