@@ -9,7 +9,7 @@ import polars as pl
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from calpipe.ordering import key_order, lex_order, sort_by_keys
+from calpipe.ordering import duplicated, key_order, lex_order, sort_by_keys
 
 _KEYS = st.lists(st.sampled_from(["s", "i", "t", "f", "b"]), min_size=1, max_size=3, unique=True)
 
@@ -41,6 +41,25 @@ def test_sort_by_keys_equals_polars_stable_sort(frame, keys):
     expected = frame.sort(keys, maintain_order=True)
     assert sort_by_keys(frame, keys).equals(expected)
     assert key_order(frame, keys).tolist() == expected["row"].to_list()
+
+
+@settings(max_examples=300, deadline=None)
+@given(_frames(), _KEYS)
+def test_duplicated_equals_polars_is_duplicated_of_the_struct(frame, keys):
+    expected = frame.select(pl.struct(keys).is_duplicated()).to_series().to_list()
+    assert duplicated(frame, keys).tolist() == expected
+
+
+def test_duplicated_of_big_frame_of_streams_and_ids_matches_polars():
+    rng = np.random.default_rng(1)
+    n = 200_000
+    f = pl.DataFrame({
+        "stream": pl.Series(rng.integers(0, 3000, n)).cast(pl.String),
+        "event_id": rng.integers(0, 10 * n, n),  # some ids repeat within a stream
+    })  # fmt: skip
+    got = duplicated(f, ["stream", "event_id"])
+    assert got.any()
+    assert got.tolist() == f.select(pl.struct("stream", "event_id").is_duplicated())[:, 0].to_list()
 
 
 def test_string_key_orders_as_polars_not_by_first_appearance():

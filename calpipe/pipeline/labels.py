@@ -39,6 +39,7 @@ from calpipe import store
 from calpipe.contract import _TIME_US, Rule, check_rules
 from calpipe.errors import InputError
 from calpipe.frame import arrive_labels
+from calpipe.ordering import duplicated
 from calpipe.pipeline.classes import frame_n_classes, score_column, stored_n_classes
 from calpipe.pipeline.ids import stored_id_type
 from calpipe.store import EventSource
@@ -300,16 +301,11 @@ def check_arrivals(
              "of the day it became known)", pl.col("label_time").cast(pl.Date) != day,
              pl.col("label_time")),
         Rule("event_id", "second label of the same event in the night's labels",
-             pl.struct("stream", "event_id").is_duplicated()),
+             pl.lit(pl.Series(duplicated(raw, ["stream", "event_id"])))),
     ])  # fmt: skip
-    con.register("_calpipe_label_keys", raw.select("i", "stream", "event_id").to_arrow())
-    try:
-        stored = store.query(con, _LOOKUP_SQL.format(score=score, s="" if k == 2 else "s"), [day])
-    finally:
-        con.unregister("_calpipe_label_keys")
     if score not in events.columns:  # a night without events, in the binary form
         events = events.rename({"score": score}).cast({score: schema[score]})
-    j = _with_events(raw, stored, events, day, score, schema[score])
+    j = _with_events(raw, _lookup(con, raw, day, k), events, day, score, schema[score])
     unknown = pl.col("event_date").is_null()
     quarantined = pl.DataFrame(schema=_QUARANTINE_SCHEMA)
     if on_unknown == "quarantine":
@@ -345,6 +341,38 @@ def check_arrivals(
     return Arrivals(day, rows, quarantined.sort("file", "stream", "event_id"), j.select(_FORECASTS))
 
 
+def _lookup(con, raw: pl.DataFrame, day: dt.date, k: int) -> pl.DataFrame:
+    """What :data:`_LOOKUP_SQL` finds for the night's labels ``raw``, one row per label in the
+    labels' order (without ``i``).
+
+    The lookup has at most one row per label (an event and its label are unique over the
+    history), so its rows are put in the labels' order by ``i``, a gather by the inverse
+    permutation, not a join; column by column, each freed once placed (the frame and its copy
+    together were 1 GB of a 10M-label night's peak)."""
+    con.register("_calpipe_label_keys", raw.select("i", "stream", "event_id").to_arrow())
+    try:
+        sql = _LOOKUP_SQL.format(score=score_column(k), s="" if k == 2 else "s")
+        stored = store.query(con, sql, [day])
+    finally:
+        con.unregister("_calpipe_label_keys")
+    if stored.height != raw.height:  # the history's checks keep events and labels unique
+        raise store.StoreError(
+            f"labels of {day}: the lookup of their events found {stored.height} rows for "
+            f"{raw.height} labels (the database holds an event or a label twice)"
+        )
+    at = np.empty(raw.height, dtype=np.int64)  # one row per label: the inverse permutation of i
+    at[stored["i"].cast(pl.Int64).to_numpy()] = np.arange(raw.height, dtype=np.int64)
+    columns, at = stored.drop("i").get_columns(), pl.Series(at)
+    del stored
+    placed = []
+    while columns:  # (a gather across DuckDB's ~80 result chunks took twice the rechunk + gather)
+        c = columns.pop(0)
+        nulls = c.null_count() == c.len()  # e.g. no label stored before: nothing to place
+        placed.append(pl.Series(c.name, dtype=c.dtype).extend_constant(None, c.len()) if nulls
+                      else c.rechunk().gather(at))  # fmt: skip
+    return pl.DataFrame(placed)
+
+
 def _with_events(
     raw: pl.DataFrame,
     stored: pl.DataFrame,
@@ -354,20 +382,10 @@ def _with_events(
     score_type: pl.DataType,
 ) -> pl.DataFrame:
     """The night's labels ``raw`` (with their row ``i``) beside what :data:`_LOOKUP_SQL` found
-    (``stored``) or, for a label of none of the stored events, the night's own ``events``; in
-    the labels' order (the checks report the first bad label of the files).
-
-    Why not two joins: the lookup has at most one row per label, so its rows are put in the
-    labels' order by ``i`` (a gather), and only the labels it did not find are joined with the
-    night's events (none on a night whose labels are all of earlier days)."""
-    if stored.height != raw.height:  # the history's checks keep events and labels unique
-        raise store.StoreError(
-            f"labels of {day}: the lookup of their events found {stored.height} rows for "
-            f"{raw.height} labels (the database holds an event or a label twice)"
-        )
-    at = np.empty(raw.height, dtype=np.int64)  # one row per label: the inverse permutation of i
-    at[stored["i"].cast(pl.Int64).to_numpy()] = np.arange(raw.height, dtype=np.int64)
-    stored = stored.drop("i").select(pl.all().gather(pl.Series(at)))
+    (``stored``, :func:`_lookup`: in the labels' order) or, for a label of none of the stored
+    events, the night's own ``events``; in the labels' order (the checks report the first bad
+    label of the files). Only the labels the lookup did not find are joined with the night's
+    events (none on a night whose labels are all of earlier days)."""
     j = pl.concat([raw, stored], how="horizontal").with_columns(
         pl.col("__y").cast(pl.Int32).alias("label")
     )
