@@ -212,8 +212,9 @@ def _run_day(
     inputs: pl.DataFrame,
     arrivals: Arrivals | None = None,
 ) -> pl.DataFrame:
-    """Day ``d`` of :func:`run_range`, its events ``chunk`` read from the source: one batch of
-    streams at a time (:func:`_stream_batches`), write its events, run the engine (which
+    """Day ``d`` of :func:`run_range`, its events ``chunk`` read from the source: the night's
+    label ``arrivals`` first (phase ``night``: DuckDB writes them while the engine runs), then
+    one batch of streams at a time (:func:`_stream_batches`), write its events, run the engine (which
     validates the data contract), and write the rows of every registered table of the batch
     from memory (:data:`calpipe.pipeline.tables.TABLES`); then the day's tables (with the
     forecasts whose labels the night learnt: :func:`~calpipe.pipeline.monitoring.
@@ -229,9 +230,11 @@ def _run_day(
         chunk.schema["event_id"] in (pl.Int64, pl.String)
     )
     protect_input = _protect_input(chain.n_classes)
+    arrivals = arrivals or Arrivals.empty(d)
+    write_fused(writer, "night", arrivals)  # DuckDB writes the labels while the engine runs
     k, batches = _stream_batches(chunk)
     before = chain.state
-    late = None if arrivals is None else arrivals.late
+    late = arrivals.late
     parts, labelled, n_active = [], [], 0
     late_bucket = (
         None if k == 1 or late is None or not late.height else _stream_bucket(late["stream"], k)
@@ -260,9 +263,8 @@ def _run_day(
         del events, batch  # free the batch before the next one
     chain.state = parts[0] if k == 1 else pl.concat(parts).sort("stream")
     rows = _state_rows(chain.state, d, _changed_streams(chunk, arrivals))
-    arrivals = arrivals or Arrivals.empty(d)
     row = chain.day_row(d, chunk.height, n_active, rows, arrivals.rows.height)
-    day = FusedDay(d, rows, row, inputs, arrivals, _arrived_in_night(pl.concat(labelled), arrivals))
+    day = FusedDay(d, rows, row, inputs, _arrived_in_night(pl.concat(labelled), arrivals))
     write_fused(writer, "day", day)
     return day.state
 
