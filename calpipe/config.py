@@ -297,6 +297,11 @@ PROTECT_BATCH_ROWS: int = 2_000_000
 #: written; the pipeline never reads those blocks back, and its own queries (checks, alarm joins)
 #: stay within this or spill to disk.
 DUCKDB_MEMORY_LIMIT: str = "256MB"
+#: DuckDB buffer pool while ``calpipe run`` checks the days it wrote: the checks scan the run's
+#: days, and DuckDB keeps the blocks it reads cached up to its limit, so a 60-night run's
+#: checks held 240 MB more than any of its nights (BENCHMARKS §12); a quarter of the pool
+#: bounds that cache, and the checks' small joins and aggregates fit in it (or spill).
+CHECKS_MEMORY_LIMIT: str = "64MB"
 #: How long a connection waits for a DuckDB file locked by another process before it gives up
 #: (a notebook's query or a dagster step usually lets go within seconds; a nightly job should
 #: not fail on one), retrying after 0.1 s, 0.2 s, ... at most 2 s apart.

@@ -49,6 +49,12 @@ import polars.selectors as cs
 
 from calpipe import config
 from calpipe.errors import InputError, StoreError
+from calpipe.landing import (  # noqa: F401  (the landing layout: part of the store's API)
+    _FILE_COLUMN,
+    day_files,
+    read_parquet_files,
+    write_landing,
+)
 from calpipe.locks import open_waiting
 from calpipe.paths import SQL_DIR
 
@@ -736,13 +742,8 @@ class EventSource:
                 self.columns.check_file(f)
             # one query for the range (one a day cost ~2 ms a day): the files in day order, each
             # file's rows in order; each row's day from its file
-            lst = ", ".join(f"'{_sql_str(str(f))}'" for _, f in files)
-            raw = query(
-                con,
-                f"SELECT * FROM read_parquet([{lst}], union_by_name = true, "
-                f"hive_partitioning = false, filename = '{_FILE_COLUMN}')",
-            )
-            day_of = {str(f): day for day, f in files}
+            raw = read_parquet_files(con, [f for _, f in files])
+            day_of = {i: day for i, (day, _) in enumerate(files)}
             days = raw[_FILE_COLUMN].replace_strict(day_of, return_dtype=pl.Date)
             return raw.drop(_FILE_COLUMN).with_columns(days.alias(DAY_COLUMN))
         t = _sql_ident(self.columns.day_time)
@@ -754,46 +755,10 @@ class EventSource:
         )
 
 
-#: The column a landing read names each row's file in (then replaced by its day).
-_FILE_COLUMN = "__calpipe_file"
-
 _DAY_FOLDER = re.compile(r"date=(\d{4}-\d{2}-\d{2})")
 
 #: CSV sources (compared in lower case): a header row, DuckDB's type sniffer.
 CSV_SUFFIXES = (".csv", ".csv.gz", ".tsv")
-
-#: Suffixes of the Parquet files of a landing day folder (compared in lower case).
-PARQUET_SUFFIXES = (".parquet", ".parq")
-
-
-def day_files(folder: Path) -> list[Path]:
-    """The Parquet files of a landing day folder, sorted; StoreError for anything else in it.
-
-    Read: files ending in ``.parquet`` or ``.parq`` (any case). Skipped: names starting with
-    ``_`` or ``.`` (Hadoop/Spark's ``_SUCCESS``, ``.crc`` files). Refused, naming the entry:
-    sub-folders (nested partitions would be dropped), other files, and names with a glob
-    character (DuckDB would expand a file called ``*.parquet`` to every file of the folder).
-    """
-    files = []
-    for f in folder.iterdir():
-        if f.name.startswith(("_", ".")):
-            continue
-        if f.is_dir():
-            raise StoreError(
-                f"landing folder {folder}: sub-folder {f.name!r}; a day folder holds its Parquet "
-                "files directly (nested partitions are not read)"
-            )
-        if not f.name.lower().endswith(PARQUET_SUFFIXES):
-            raise StoreError(
-                f"landing folder {folder}: file {f.name!r} is not Parquet (*.parquet, *.parq); "
-                "move it out of the day folder"
-            )
-        if any(ch in f.name for ch in "*?[]{}"):
-            raise StoreError(
-                f"landing folder {folder}: file name {f.name!r} has a glob character; rename it"
-            )
-        files.append(f)
-    return sorted(files)
 
 
 def _sql_ident(name: str) -> str:
@@ -811,31 +776,6 @@ def iter_days(start: dt.date, end: dt.date) -> Iterator[dt.date]:
     while d <= end:
         yield d
         d += dt.timedelta(days=1)
-
-
-# ----------------------------------------------------------------------------------------------
-# Landing folders (what an upstream job, or the demo, writes)
-# ----------------------------------------------------------------------------------------------
-def write_landing(
-    events: pl.DataFrame, root: str | Path, *, time_column: str = "event_time"
-) -> int:
-    """Write events as a hive-style landing folder ``root/date=YYYY-MM-DD/events.parquet``.
-
-    Each day's file is written to a temporary name and renamed, so a reader never sees half a
-    file. Returns the number of day folders written.
-    """
-    root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
-    day = pl.col(time_column).cast(pl.Date).alias("__day")
-    n = 0
-    for (d,), part in events.with_columns(day).partition_by("__day", as_dict=True).items():
-        sub = root / f"date={d.isoformat()}"
-        sub.mkdir(exist_ok=True)
-        tmp = sub / "events.parquet.tmp"
-        part.drop("__day").write_parquet(tmp)
-        tmp.replace(sub / "events.parquet")
-        n += 1
-    return n
 
 
 def normalize_events(raw: pl.DataFrame, columns: ColumnMap) -> pl.DataFrame:

@@ -219,10 +219,10 @@ def _state_rows(state: pl.DataFrame, day: dt.date, active: pl.Series) -> pl.Data
     )
 
 
-def _changed_streams(events: pl.DataFrame, arrivals: Arrivals | None) -> pl.Series:
-    """The streams whose state a night changes: those with events, and those with labels of
-    earlier events arriving (their pending updates grow)."""
-    streams = events["stream"]
+def _changed_streams(streams: pl.Series, arrivals: Arrivals | None) -> pl.Series:
+    """The streams whose state a night changes: those with events (``streams``: of the night's
+    events, repeated or not), and those with labels of earlier events arriving (their pending
+    updates grow)."""
     if arrivals is not None and arrivals.late.height:
         streams = pl.concat([streams, arrivals.streams()])
     return streams.unique()
@@ -350,7 +350,7 @@ class _Chain:
         r = self.protect(events, self.state, arrivals, late)
         _check_outputs(r.scores, day)  # before anything of the day is written
         before, self.state = self.state, r.state
-        rows = _state_rows(r.state, day, _changed_streams(events, arrivals))
+        rows = _state_rows(r.state, day, _changed_streams(events["stream"], arrivals))
         n_arrivals = 0 if arrivals is None else arrivals.rows.height
         return _Day(
             r.scores,

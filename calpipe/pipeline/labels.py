@@ -47,8 +47,8 @@ from calpipe.store import EventSource
 #: What to do with a label whose event calpipe does not know: fail the night, or park it.
 ON_UNKNOWN = ("error", "quarantine")
 
-#: Column of a landing read naming each row's file (DuckDB's ``filename`` option).
-_FILE = "__calpipe_file"
+#: Column of a landing read numbering each row's file (:func:`calpipe.store.read_parquet_files`).
+_FILE = store._FILE_COLUMN
 
 _ARRIVAL_SCHEMA = {
     "stream": pl.String,
@@ -188,19 +188,10 @@ def read_arrivals(con, source: EventSource, day: dt.date) -> pl.DataFrame:
             return pl.DataFrame(schema=_ARRIVAL_SCHEMA)
         for f in files:
             cm.check_file(f)
-        paths = [store._sql_str(str(f)) for f in files]
-        lst = ", ".join(f"'{f}'" for f in paths)
         # each label's file as the file's index, then an Enum of the night's few files relative
-        # to the folder: a string per label took 520 MB in DuckDB's result and 290 MB in
-        # polars for 10M labels (the Enum: 10 MB)
-        index = " ".join(f"WHEN '{f}' THEN {i}" for i, f in enumerate(paths))
+        # to the folder (10 MB for 10M labels)
         with source._reading():
-            raw = store.query(
-                con,
-                f"SELECT * EXCLUDE ({_FILE}), CAST(CASE {_FILE} {index} END AS INTEGER) AS "
-                f"{_FILE} FROM read_parquet([{lst}], union_by_name = true, "
-                f"hive_partitioning = false, filename = '{_FILE}')",
-            )
+            raw = store.read_parquet_files(con, files)
         prefix = len(str(root)) + 1
         relative = [str(f)[prefix:] for f in files]
         raw = raw.with_columns(

@@ -203,6 +203,20 @@ def _stream_batches(events: pl.DataFrame) -> tuple[int, list[np.ndarray] | None]
     return k, [order[bounds[i] : bounds[i + 1]] for i in range(k)]
 
 
+@dataclass
+class _DayEvents:
+    """A day's events as :func:`_read_day` read them, handed over to :func:`_run_day` by
+    :meth:`take`: the day's only reference is then the engine's, which frees the events after
+    the day's last batch (480 MB of a 10M-event night's arrival monitoring)."""
+
+    frame: pl.DataFrame | None
+    height: int
+
+    def take(self) -> pl.DataFrame:
+        frame, self.frame = self.frame, None
+        return frame
+
+
 def _run_day(
     writer: store.PartitionWriter,
     source: EventSource,
@@ -212,7 +226,8 @@ def _run_day(
     inputs: pl.DataFrame,
     arrivals: Arrivals | None = None,
 ) -> pl.DataFrame:
-    """Day ``d`` of :func:`run_range`, its events ``chunk`` read from the source: the night's
+    """Day ``d`` of :func:`run_range`, its events ``chunk`` read from the source (freed after
+    the day's last batch: pass the only reference, :meth:`_DayEvents.take`): the night's
     label ``arrivals`` first (phase ``night``: DuckDB writes them while the engine runs), then
     one batch of streams at a time (:func:`_stream_batches`), write its events, run the engine (which
     validates the data contract), and write the rows of every registered table of the batch
@@ -235,7 +250,7 @@ def _run_day(
     k, batches = _stream_batches(chunk)
     before = chain.state
     late = arrivals.late
-    parts, labelled, n_active = [], [], 0
+    parts, labelled, streams, n_active = [], [], [], 0
     late_bucket = (
         None if k == 1 or late is None or not late.height else _stream_bucket(late["stream"], k)
     )
@@ -259,11 +274,14 @@ def _run_day(
         write_fused(writer, "batch", batch)
         parts.append(batch.result.state)
         labelled.append(_labelled_rows(batch.protected))
-        n_active += batch.groups[1].shape[0]  # the batch's streams
+        streams.append(batch.protected["stream"].gather(batch.groups[1]))  # the batch's streams
+        n_active += batch.groups[1].shape[0]
         del events, batch  # free the batch before the next one
+    n_events = chunk.height
+    del chunk, batches  # (the caller handed over its reference: the day's events are freed)
     chain.state = parts[0] if k == 1 else pl.concat(parts).sort("stream")
-    rows = _state_rows(chain.state, d, _changed_streams(chunk, arrivals))
-    row = chain.day_row(d, chunk.height, n_active, rows, arrivals.rows.height)
+    rows = _state_rows(chain.state, d, _changed_streams(pl.concat(streams), arrivals))
+    row = chain.day_row(d, n_events, n_active, rows, arrivals.rows.height)
     day = FusedDay(d, rows, row, inputs, _arrived_in_night(pl.concat(labelled), arrivals))
     write_fused(writer, "day", day)
     return day.state
@@ -437,22 +455,22 @@ def run_range(
     states: list[pl.DataFrame] = []
     arrivals: dict[dt.date, Arrivals] = {}
 
-    def read(d: dt.date) -> pl.DataFrame:
+    def read(d: dt.date) -> _DayEvents:
         chunk = _read_day(con, source, d, end, chain)
         arrivals[d] = night_arrivals(con, labels, d, chunk, on_unknown_label)
-        return chunk
+        return _DayEvents(chunk, chunk.height)
 
-    def write(writer: store.PartitionWriter, d: dt.date, chunk: pl.DataFrame) -> None:
-        if chunk.height == 0:
+    def write(writer: store.PartitionWriter, d: dt.date, day: _DayEvents) -> None:
+        if day.height == 0:
             empty_days.append(d)
-        states.append(_run_day(writer, source, chain, d, chunk, inputs, arrivals.pop(d)))
+        states.append(_run_day(writer, source, chain, d, day.take(), inputs, arrivals.pop(d)))
         if progress is not None:
-            progress.advance(d, chunk.height)
+            progress.advance(d, day.height)
 
-    def span(writer: store.PartitionWriter, d0: dt.date, d1: dt.date, first: pl.DataFrame) -> bool:
+    def span(writer: store.PartitionWriter, d0: dt.date, d1: dt.date, first: _DayEvents) -> bool:
         if labels is not None or not spans:
             return False
-        done = _run_span(writer, con, source, settings, chain, d0, d1, first, end, inputs)
+        done = _run_span(writer, con, source, settings, chain, d0, d1, first.frame, end, inputs)
         if done is None:
             return False
         arrivals.pop(d0, None)
@@ -488,12 +506,18 @@ def run_range(
             f"event_labels: {rows['event_labels']} labels arrived"
             + (f", {parked} of unknown events quarantined (quarantined_labels)" if parked else "")
         )
-    checks = [
-        check_probabilities(con, start, end),
-        check_row_counts(con, start, end),
-        check_state_continuity(con, start, end),
-        check_alarms(con, start, end),
-    ]
+    # (at a small buffer pool: the checks scan every day of the run, whose blocks DuckDB would
+    # otherwise keep cached up to its limit, on top of what the nights needed)
+    store.drop_block_cache(con, config.CHECKS_MEMORY_LIMIT)
+    try:
+        checks = [
+            check_probabilities(con, start, end),
+            check_row_counts(con, start, end),
+            check_state_continuity(con, start, end),
+            check_alarms(con, start, end),
+        ]
+    finally:
+        store.drop_block_cache(con)
     for c in checks:
         if not c.passed and not c.warning:
             raise CalpipeError(f"check {c.name} failed: {c.description}")

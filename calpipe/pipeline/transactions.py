@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import polars as pl
 
@@ -43,17 +44,18 @@ def _write_days(
     start: dt.date,
     end: dt.date,
     tables: Sequence[str],
-    read: Callable[[dt.date], pl.DataFrame],
-    write: Callable[[store.PartitionWriter, dt.date, pl.DataFrame], None],
+    read: Callable[[dt.date], Any],
+    write: Callable[[store.PartitionWriter, dt.date, Any], None],
     *,
     background: bool = False,
     finish: Callable[[store.PartitionWriter, dt.date, dt.date], None] | None = None,
-    span: Callable[[store.PartitionWriter, dt.date, dt.date, pl.DataFrame], bool] | None = None,
+    span: Callable[[store.PartitionWriter, dt.date, dt.date, Any], bool] | None = None,
 ) -> dict[str, int]:
     """Replace the partitions of ``tables`` day by day over [start, end], in transactions of whole
     consecutive days; returns the rows written per table.
 
-    Day d's input is ``read(d)`` and ``write(writer, d, input)`` writes its rows; ``finish`` is
+    Day d's input is ``read(d)`` (a frame, or anything with its number of rows as ``height``)
+    and ``write(writer, d, input)`` writes its rows; ``finish`` is
     called at the end of each transaction with its days. A transaction starts at a day whose
     input is read first, and spans as many days as fit in :data:`calpipe.config.TRANSACTION_ROWS`
     rows at that day's size (at least one day, at most :data:`calpipe.config.CHUNK_DAYS`):

@@ -1,0 +1,90 @@
+"""The landing folder layout: ``root/date=YYYY-MM-DD/*.parquet``, one folder per day, as an
+upstream job (or the demo) writes it and calpipe reads it (scored events and the label feed:
+:class:`calpipe.store.EventSource`, :func:`calpipe.pipeline.labels.read_arrivals`).
+
+Here: which files of a day folder are read (:func:`day_files`), one read of several files with
+each row's file (:func:`read_parquet_files`), and writing a landing folder
+(:func:`write_landing`). :mod:`calpipe.store` re-exports them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import polars as pl
+
+from calpipe.errors import StoreError
+
+#: Suffixes of the Parquet files of a landing day folder (compared in lower case).
+PARQUET_SUFFIXES = (".parquet", ".parq")
+
+
+def day_files(folder: Path) -> list[Path]:
+    """The Parquet files of a landing day folder, sorted; StoreError for anything else in it.
+
+    Read: files ending in ``.parquet`` or ``.parq`` (any case). Skipped: names starting with
+    ``_`` or ``.`` (Hadoop/Spark's ``_SUCCESS``, ``.crc`` files). Refused, naming the entry:
+    sub-folders (nested partitions would be dropped), other files, and names with a glob
+    character (DuckDB would expand a file called ``*.parquet`` to every file of the folder).
+    """
+    files = []
+    for f in folder.iterdir():
+        if f.name.startswith(("_", ".")):
+            continue
+        if f.is_dir():
+            raise StoreError(
+                f"landing folder {folder}: sub-folder {f.name!r}; a day folder holds its Parquet "
+                "files directly (nested partitions are not read)"
+            )
+        if not f.name.lower().endswith(PARQUET_SUFFIXES):
+            raise StoreError(
+                f"landing folder {folder}: file {f.name!r} is not Parquet (*.parquet, *.parq); "
+                "move it out of the day folder"
+            )
+        if any(ch in f.name for ch in "*?[]{}"):
+            raise StoreError(
+                f"landing folder {folder}: file name {f.name!r} has a glob character; rename it"
+            )
+        files.append(f)
+    return sorted(files)
+
+
+#: The column a landing read numbers each row's file in (then replaced by its day).
+_FILE_COLUMN = "__calpipe_file"
+
+
+def read_parquet_files(con: duckdb.DuckDBPyConnection, files: list[Path]) -> pl.DataFrame:
+    """The rows of the Parquet ``files`` (by column name), in order, with each row's file as its
+    index in ``files`` (Int32 column :data:`_FILE_COLUMN`): a path string per row took 520 MB
+    in DuckDB's result and 290 MB in polars for 10M rows (and 1.3 GB of a 10M-event read)."""
+    paths = [str(f).replace("'", "''") for f in files]  # as SQL strings
+    index = " ".join(f"WHEN '{f}' THEN {i}" for i, f in enumerate(paths))
+    lst = ", ".join(f"'{f}'" for f in paths)
+    return con.sql(
+        f"SELECT * EXCLUDE ({_FILE_COLUMN}), CAST(CASE {_FILE_COLUMN} {index} END AS INTEGER) "
+        f"AS {_FILE_COLUMN} FROM read_parquet([{lst}], union_by_name = true, "
+        f"hive_partitioning = false, filename = '{_FILE_COLUMN}')"
+    ).pl()
+
+
+def write_landing(
+    events: pl.DataFrame, root: str | Path, *, time_column: str = "event_time"
+) -> int:
+    """Write events as a hive-style landing folder ``root/date=YYYY-MM-DD/events.parquet``.
+
+    Each day's file is written to a temporary name and renamed, so a reader never sees half a
+    file. Returns the number of day folders written.
+    """
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    day = pl.col(time_column).cast(pl.Date).alias("__day")
+    n = 0
+    for (d,), part in events.with_columns(day).partition_by("__day", as_dict=True).items():
+        sub = root / f"date={d.isoformat()}"
+        sub.mkdir(exist_ok=True)
+        tmp = sub / "events.parquet.tmp"
+        part.drop("__day").write_parquet(tmp)
+        tmp.replace(sub / "events.parquet")
+        n += 1
+    return n
