@@ -298,9 +298,9 @@ PROTECT_BATCH_ROWS: int = 2_000_000
 #: stay within this or spill to disk.
 DUCKDB_MEMORY_LIMIT: str = "256MB"
 #: DuckDB buffer pool while ``calpipe run`` checks the days it wrote: the checks scan the run's
-#: days, and DuckDB keeps the blocks it reads cached up to its limit, so a 60-night run's
-#: checks held 240 MB more than any of its nights (BENCHMARKS §12); a quarter of the pool
-#: bounds that cache, and the checks' small joins and aggregates fit in it (or spill).
+#: days, and DuckDB keeps the blocks it reads cached up to its limit: a 60-night run's checks
+#: cached ~200 MB and raised its peak from 642 to 698 MiB (in one process, BENCHMARKS §12). A
+#: quarter of the pool bounds that cache; checks that need more run again at the full pool.
 CHECKS_MEMORY_LIMIT: str = "64MB"
 #: How long a connection waits for a DuckDB file locked by another process before it gives up
 #: (a notebook's query or a dagster step usually lets go within seconds; a nightly job should

@@ -1,5 +1,6 @@
 """Row orders by keys: :func:`key_order` and :func:`sort_by_keys`, the fast form of
-``DataFrame.sort(keys)`` for the pipeline's big frames.
+``DataFrame.sort(keys)`` for the pipeline's big frames, and :func:`duplicated` (rows whose keys
+repeat) by the same machinery.
 
 Why: polars sorts a frame by a string key and an integer key through its row encoding, which on
 the 2-core machines this runs on took 0.6-0.7 s for 2M rows (a night's labels sorted by
@@ -85,17 +86,28 @@ def _ranked_order(frame: pl.DataFrame, keys: Sequence[str], ranks: list[np.ndarr
 
 def duplicated(frame: pl.DataFrame, keys: Sequence[str]) -> np.ndarray:
     """Which rows share their ``keys`` with another row (a bool array): the value of
-    ``pl.struct(keys).is_duplicated()``, by :func:`key_order` and a comparison of neighbours.
+    ``pl.struct(keys).is_duplicated()``, by an order of the rows that makes equal keys
+    neighbours (as :func:`key_order`'s, with each string key numbered by a hash,
+    :func:`calpipe.contract.stream_ids`, rather than ranked: only equality matters here) and a
+    comparison of neighbours.
 
-    Why: polars hashes the struct of a string and an integer key row by row, which for a
-    night's 10M labels by (stream, event_id) took 1.2 s and 2 GB (a side measurement); the
-    ranks and the order take a few int64 arrays.
+    Why: polars' ``is_duplicated`` of the struct of a string and an integer key took 1.2 s and
+    2 GB for a night's 10M labels by (stream, event_id) (a side measurement); the ids and the
+    order take a few int64 arrays.
 
     >>> duplicated(pl.DataFrame({"s": ["a", "b", "a"], "i": [1, 1, 1]}), ["s", "i"]).tolist()
     [True, False, True]
     """
-    ranks = _ranks(frame, keys)
-    if ranks is None or not ranks:  # nulls, NaN or other types: polars
+    if not keys:
+        raise ValueError("duplicated needs at least one key")
+    nulls = any(frame[k].null_count() for k in keys)
+    if not nulls and any(frame[k].dtype == pl.String for k in keys[1:]):
+        # string event ids: one hash of the keys (ranking 10M distinct strings, a sort, cost
+        # more than polars' own struct hash; this takes 2/3 of its memory)
+        ids, _ = stream_ids(frame, list(keys))
+        return np.bincount(ids)[ids] > 1
+    ranks = None if nulls else _ranks(frame, keys)
+    if ranks is None:  # nulls, NaN or other types: polars
         return frame.select(pl.struct(list(keys)).is_duplicated()).to_series().to_numpy()
     n = frame.height
     out = np.zeros(n, dtype=bool)

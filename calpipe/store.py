@@ -50,7 +50,7 @@ import polars.selectors as cs
 from calpipe import config
 from calpipe.errors import InputError, StoreError
 from calpipe.landing import (  # noqa: F401  (the landing layout: part of the store's API)
-    _FILE_COLUMN,
+    FILE_COLUMN,
     day_files,
     read_parquet_files,
     write_landing,
@@ -744,8 +744,8 @@ class EventSource:
             # file's rows in order; each row's day from its file
             raw = read_parquet_files(con, [f for _, f in files])
             day_of = {i: day for i, (day, _) in enumerate(files)}
-            days = raw[_FILE_COLUMN].replace_strict(day_of, return_dtype=pl.Date)
-            return raw.drop(_FILE_COLUMN).with_columns(days.alias(DAY_COLUMN))
+            days = raw[FILE_COLUMN].replace_strict(day_of, return_dtype=pl.Date)
+            return raw.drop(FILE_COLUMN).with_columns(days.alias(DAY_COLUMN))
         t = _sql_ident(self.columns.day_time)
         return query(
             con,

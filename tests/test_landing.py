@@ -9,23 +9,23 @@ import polars as pl
 import pytest
 
 from calpipe.errors import StoreError
-from calpipe.landing import _FILE_COLUMN, day_files, read_parquet_files, write_landing
+from calpipe.landing import FILE_COLUMN, day_files, read_parquet_files, write_landing
 
 
 def test_read_parquet_files_numbers_each_row_s_file_in_the_given_order(tmp_path):
-    """Each row's file as its index in the list (not a path string per row: 1.3 GB of a
-    10M-event read), the files' rows in the list's order; a quote in a name is escaped."""
+    """Each row's file as its index in the list (not a path string per row: ~600 MB of a
+    10M-event read's peak), the files' rows in the list's order; a quote in a name is escaped."""
     names = ["b.parquet", "it's.parquet", "a.parquet"]
     for k, name in enumerate(names):
         pl.DataFrame({"x": [10 * k, 10 * k + 1], "y": ["p", "q"]}).write_parquet(tmp_path / name)
     files = [tmp_path / n for n in names]
     with duckdb.connect() as con:
         got = read_parquet_files(con, files)
-    assert got.columns == ["x", "y", _FILE_COLUMN]
+    assert got.columns == ["x", "y", FILE_COLUMN]
     assert got.rows() == [
         (0, "p", 0), (1, "q", 0), (10, "p", 1), (11, "q", 1), (20, "p", 2), (21, "q", 2)
     ]  # fmt: skip
-    assert got.schema[_FILE_COLUMN] == pl.Int32
+    assert got.schema[FILE_COLUMN] == pl.Int32
 
 
 def test_day_files_reads_parquet_skips_markers_and_refuses_the_rest(tmp_path):

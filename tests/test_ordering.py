@@ -6,6 +6,7 @@ import datetime as dt
 
 import numpy as np
 import polars as pl
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -50,16 +51,23 @@ def test_duplicated_equals_polars_is_duplicated_of_the_struct(frame, keys):
     assert duplicated(frame, keys).tolist() == expected
 
 
-def test_duplicated_of_big_frame_of_streams_and_ids_matches_polars():
+@pytest.mark.parametrize("id_type", [pl.Int64, pl.String])
+def test_duplicated_of_big_frame_of_streams_and_ids_matches_polars(id_type):
+    """Integer event ids by their order, string ones by one hash of the keys."""
     rng = np.random.default_rng(1)
     n = 200_000
     f = pl.DataFrame({
         "stream": pl.Series(rng.integers(0, 3000, n)).cast(pl.String),
-        "event_id": rng.integers(0, 10 * n, n),  # some ids repeat within a stream
+        "event_id": pl.Series(rng.integers(0, 10 * n, n)).cast(id_type),  # some repeat
     })  # fmt: skip
     got = duplicated(f, ["stream", "event_id"])
     assert got.any()
     assert got.tolist() == f.select(pl.struct("stream", "event_id").is_duplicated())[:, 0].to_list()
+
+
+def test_duplicated_needs_a_key():
+    with pytest.raises(ValueError, match="at least one key"):
+        duplicated(pl.DataFrame({"s": ["a"]}), [])
 
 
 def test_string_key_orders_as_polars_not_by_first_appearance():

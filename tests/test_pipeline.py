@@ -1167,3 +1167,28 @@ def test_composite_experts_over_an_input_without_a_logistic_map_has_no_sql_map(t
         assert store.query(con, "SELECT count(*) AS n FROM calibration_map")["n"][0] == 0
     finally:
         con.close()
+
+
+def test_checks_that_outgrow_their_small_pool_run_again_at_the_default_one(small, monkeypatch):
+    """calpipe run checks its days at config.CHECKS_MEMORY_LIMIT (their scans cached 240 MB of
+    a 60-night run at the default pool); a check that needs more memory than that is run again
+    at the default pool (the days are committed already), and the connection keeps the default
+    pool afterwards."""
+    from calpipe import config
+    from calpipe.pipeline import nightly
+
+    con, source, _, _ = small
+    default = store.fetch_one(con, "SELECT current_setting('memory_limit')")[0]
+    limits = []
+    real = nightly.check_probabilities
+
+    def probabilities_at(con, start, end):  # the pool each attempt ran at
+        limits.append(store.fetch_one(con, "SELECT current_setting('memory_limit')")[0])
+        return real(con, start, end)
+
+    monkeypatch.setattr(nightly, "check_probabilities", probabilities_at)
+    monkeypatch.setattr(config, "CHECKS_MEMORY_LIMIT", "1MB")  # too small for the checks
+    s = pipeline.run_range(con, source)
+    assert all(c.passed or c.warning for c in s.checks)
+    assert len(limits) == 2 and limits[0] != default and limits[1] == default  # the retry
+    assert store.fetch_one(con, "SELECT current_setting('memory_limit')")[0] == default

@@ -39,6 +39,7 @@ from calpipe import store
 from calpipe.contract import _TIME_US, Rule, check_rules
 from calpipe.errors import InputError
 from calpipe.frame import arrive_labels
+from calpipe.landing import FILE_COLUMN
 from calpipe.ordering import duplicated
 from calpipe.pipeline.classes import frame_n_classes, score_column, stored_n_classes
 from calpipe.pipeline.ids import stored_id_type
@@ -48,7 +49,7 @@ from calpipe.store import EventSource
 ON_UNKNOWN = ("error", "quarantine")
 
 #: Column of a landing read numbering each row's file (:func:`calpipe.store.read_parquet_files`).
-_FILE = store._FILE_COLUMN
+_FILE = FILE_COLUMN
 
 _ARRIVAL_SCHEMA = {
     "stream": pl.String,

@@ -98,8 +98,10 @@ def daily_metrics(
 
     The metrics are :mod:`calpipe.metrics`' grouped numpy forms (every group at once, as
     per-group sums in row order: the same rows in the same order give the same bits). Groups
-    without labelled events get nulls. ``groups`` is :func:`_stream_groups` of ``scores`` by
-    ``keys`` if the caller has it already. ``corp=False`` leaves the CORP columns out (their
+    without labelled events get nulls. ``groups``: the caller's ``(ids, first)`` of the rows'
+    groups, dense ids numbered in order of first appearance that split the rows as ``keys`` do
+    (:func:`_stream_groups` of ``scores`` by ``keys``, or by ``stream`` alone for rows of one
+    date). ``corp=False`` leaves the CORP columns out (their
     isotonic fits are a third of the cost; the arrival monitoring does not report them).
 
     >>> s = pl.DataFrame({"stream": ["a", "a", "b"], "base_score": [0.2, 0.7, 0.5],

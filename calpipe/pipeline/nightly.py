@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import duckdb
 import numpy as np
 import polars as pl
 
@@ -228,9 +229,10 @@ def _run_day(
 ) -> pl.DataFrame:
     """Day ``d`` of :func:`run_range`, its events ``chunk`` read from the source (freed after
     the day's last batch: pass the only reference, :meth:`_DayEvents.take`): the night's
-    label ``arrivals`` first (phase ``night``: DuckDB writes them while the engine runs), then
-    one batch of streams at a time (:func:`_stream_batches`), write its events, run the engine (which
-    validates the data contract), and write the rows of every registered table of the batch
+    label ``arrivals`` first (phase ``night``: a night of at least
+    :data:`calpipe.config.WRITE_FLUSH_ROWS` labels is sent to DuckDB at once, which writes it
+    while the engine runs), then one batch of streams at a time (:func:`_stream_batches`),
+    write its events, run the engine (which validates the data contract), and write the rows of every registered table of the batch
     from memory (:data:`calpipe.pipeline.tables.TABLES`); then the day's tables (with the
     forecasts whose labels the night learnt: :func:`~calpipe.pipeline.monitoring.
     _arrived_in_night`). Returns the day's ``calibrator_state`` rows."""
@@ -506,16 +508,15 @@ def run_range(
             f"event_labels: {rows['event_labels']} labels arrived"
             + (f", {parked} of unknown events quarantined (quarantined_labels)" if parked else "")
         )
-    # (at a small buffer pool: the checks scan every day of the run, whose blocks DuckDB would
-    # otherwise keep cached up to its limit, on top of what the nights needed)
+    # at a small buffer pool: the checks scan every day of the run, whose blocks DuckDB would
+    # otherwise keep cached up to its limit, on top of what the nights needed; checks that need
+    # more than that pool run again at the default one (the days are committed already)
     store.drop_block_cache(con, config.CHECKS_MEMORY_LIMIT)
     try:
-        checks = [
-            check_probabilities(con, start, end),
-            check_row_counts(con, start, end),
-            check_state_continuity(con, start, end),
-            check_alarms(con, start, end),
-        ]
+        checks = _data_checks(con, start, end)
+    except duckdb.OutOfMemoryException:
+        store.drop_block_cache(con)
+        checks = _data_checks(con, start, end)
     finally:
         store.drop_block_cache(con)
     for c in checks:
@@ -524,6 +525,16 @@ def run_range(
     _record_run(con, source, settings, first)
     days = (end - start).days + 1
     return RunSummary(start, end, days, rows["scored_events"], checks)
+
+
+def _data_checks(con, start: dt.date, end: dt.date) -> list[CheckOutcome]:
+    """The data checks of the days [start, end] that :func:`run_range` ran."""
+    return [
+        check_probabilities(con, start, end),
+        check_row_counts(con, start, end),
+        check_state_continuity(con, start, end),
+        check_alarms(con, start, end),
+    ]
 
 
 def _record_run(con, source: EventSource, settings: Settings, first: dt.date) -> None:

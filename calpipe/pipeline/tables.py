@@ -11,7 +11,8 @@ an entry lacks a stage or a fused writer.
 
 Both paths compute a table's rows with one function, from the same rows in the same order:
 the stage after reading its inputs from DuckDB, the fused writer from what the fused run holds in
-memory (:class:`FusedBatch`, :class:`FusedDay`, :class:`FusedSpan`); so the two paths write
+memory (the night's :class:`~calpipe.pipeline.labels.Arrivals`, :class:`FusedBatch`,
+:class:`FusedDay`, :class:`FusedSpan`); so the two paths write
 identical tables (tested). A transaction of small days may run as one span
 (:func:`calpipe.frame_days.protect_by_day`): then each table's ``span`` writer computes the rows
 of all its days at once from a :class:`FusedDays`, with the same functions (tested equal too).
@@ -67,13 +68,14 @@ from calpipe.pipeline.settings import Settings, StageResult
 
 #: When the fused run calls a table's fused writer, and with what: ``night`` with the night's
 #: checked :class:`~calpipe.pipeline.labels.Arrivals` when the day starts (so that DuckDB
-#: writes a night's labels while the engine runs: 10M labels were a 2.3 s INSERT after the
+#: writes a night's labels while the engine runs, when there are at least
+#: :data:`calpipe.config.WRITE_FLUSH_ROWS` of them: 10M labels were a 2.3 s INSERT after the
 #: day's last batch), ``events`` with a
 #: :class:`FusedBatch` as read (before the engine runs, so that DuckDB writes the events while
 #: the engine protects them), ``batch`` with a :class:`FusedBatch` after the engine ran,
 #: ``day`` with a :class:`FusedDay` once every batch of the day ran, ``transaction`` with a
 #: :class:`FusedSpan` at the end of each transaction's days. A transaction run as one span
-#: calls the ``span`` writer of every table of the first three phases with a
+#: calls the ``span`` writer of every table of every phase but ``transaction`` with a
 #: :class:`FusedDays` instead.
 PHASES = ("night", "events", "batch", "day", "transaction")
 

@@ -476,6 +476,7 @@ def test_monitoring_by_arrival_judges_the_forecasts_whose_labels_arrived(tmp_pat
                 metrics.brier("protected_score", "label").alias("protected_brier"),
                 metrics.ece("protected_score", "label").alias("protected_ece"),
                 pl.col("delay_s").max().alias("max_delay_s"),
+                pl.col("delay_s").mean().alias("mean_delay_s"),
             )
             .sort("date", "stream")
         )
@@ -483,7 +484,8 @@ def test_monitoring_by_arrival_judges_the_forecasts_whose_labels_arrived(tmp_pat
         assert learnt["delay_s"].max() > 86_400  # some labels judge forecasts of earlier days
         for c in ("base_log_loss", "protected_log_loss", "protected_brier", "protected_ece"):
             np.testing.assert_allclose(got[c].to_numpy(), want[c].to_numpy(), rtol=0, atol=1e-12)
-        np.testing.assert_allclose(got["max_delay_s"], want["max_delay_s"], rtol=0, atol=1e-6)
+        for c in ("max_delay_s", "mean_delay_s"):
+            np.testing.assert_allclose(got[c], want[c], rtol=0, atol=1e-6)
         # the martingale at the end of each night: the state's
         end = pipeline.state_as_of(con, day(N_DAYS - 1))
         last = got.filter(pl.col("date") == day(N_DAYS - 1)).join(end, on="stream", suffix="_s")
