@@ -252,6 +252,18 @@ def _p_of_label_np(p: np.ndarray, y: np.ndarray) -> np.ndarray:
     return np.where(y == 1.0, p, 1.0 - p)
 
 
+def grouped_max(v: np.ndarray, ids: np.ndarray, n_groups: int) -> np.ndarray:
+    """Largest ``v`` per group (``ids``: dense group ids in [0, n_groups)); -inf for an empty
+    group.
+
+    >>> grouped_max(np.array([1.0, 2.0, 4.0]), np.array([0, 1, 1]), 3).tolist()
+    [1.0, 4.0, -inf]
+    """
+    out = np.full(n_groups, -np.inf)
+    np.maximum.at(out, ids, v)
+    return out
+
+
 def grouped_mean(v: np.ndarray, ids: np.ndarray, n_groups: int) -> np.ndarray:
     """Mean of ``v`` per group (``ids``: dense group ids in [0, n_groups)); NaN for an empty group.
 

@@ -4,9 +4,10 @@ repeat) by the same machinery.
 
 Why: polars sorts a frame by a string key and an integer key through its row encoding, which on
 the 2-core machines this runs on took 0.6-0.7 s for 2M rows (a night's labels sorted by
-(stream, event_id)) and 3.5 s for 10M (side measurements on an AMD EPYC, not a benchmark). Here each key becomes an int64 rank first (a string key:
-a dense id per distinct string by hashing, :func:`calpipe.contract.stream_ids`, then the rank of
-the distinct strings, a sort of a few thousand streams). Rows keyed by a string first (the
+(stream, event_id)) and 3.5 s for 10M (side measurements on an AMD EPYC, not a benchmark).
+Here each key becomes an int64 rank first (a string key: a dense id per distinct string by
+hashing, :func:`calpipe.contract.stream_ids`, then the rank of the distinct strings, a sort of
+a few thousand streams). Rows keyed by a string first (the
 stream) are then grouped by a counting sort and each group sorted by the other keys packed into
 one int64 (:func:`calpipe.kernels.grouping.group_key_order`: linear for the groups already in
 order, as a night's labels of one stream usually are); other keys by one sort of the packed

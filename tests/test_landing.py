@@ -40,3 +40,14 @@ def test_day_files_reads_parquet_skips_markers_and_refuses_the_rest(tmp_path):
     (day / "notes.txt").touch()
     with pytest.raises(StoreError, match=r"'notes\.txt' is not Parquet"):
         day_files(day)
+
+
+def test_read_parquet_files_refuses_rows_it_cannot_give_a_file_and_no_files(tmp_path):
+    """A path DuckDB reports otherwise than given (here a glob it expands) would leave rows
+    without a file, hence without a day: an error, not NULL days."""
+    pl.DataFrame({"x": [1]}).write_parquet(tmp_path / "a.parquet")
+    with duckdb.connect() as con:
+        with pytest.raises(StoreError, match="named a file otherwise than it was given"):
+            read_parquet_files(con, [tmp_path / "*.parquet"])
+        with pytest.raises(ValueError, match="at least one file"):
+            read_parquet_files(con, [])

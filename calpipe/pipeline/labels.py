@@ -39,7 +39,7 @@ from calpipe import store
 from calpipe.contract import _TIME_US, Rule, check_rules
 from calpipe.errors import InputError
 from calpipe.frame import arrive_labels
-from calpipe.landing import FILE_COLUMN
+from calpipe.landing import FILE_COLUMN, read_parquet_files
 from calpipe.ordering import duplicated
 from calpipe.pipeline.classes import frame_n_classes, score_column, stored_n_classes
 from calpipe.pipeline.ids import stored_id_type
@@ -47,9 +47,6 @@ from calpipe.store import EventSource
 
 #: What to do with a label whose event calpipe does not know: fail the night, or park it.
 ON_UNKNOWN = ("error", "quarantine")
-
-#: Column of a landing read numbering each row's file (:func:`calpipe.store.read_parquet_files`).
-_FILE = FILE_COLUMN
 
 _ARRIVAL_SCHEMA = {
     "stream": pl.String,
@@ -192,18 +189,20 @@ def read_arrivals(con, source: EventSource, day: dt.date) -> pl.DataFrame:
         # each label's file as the file's index, then an Enum of the night's few files relative
         # to the folder (10 MB for 10M labels)
         with source._reading():
-            raw = store.read_parquet_files(con, files)
+            raw = read_parquet_files(con, files)
         prefix = len(str(root)) + 1
         relative = [str(f)[prefix:] for f in files]
         raw = raw.with_columns(
-            pl.col(_FILE).replace_strict(dict(enumerate(relative)), return_dtype=pl.Enum(relative))
+            pl.col(FILE_COLUMN).replace_strict(
+                dict(enumerate(relative)), return_dtype=pl.Enum(relative)
+            )
         )
     else:
         raw = source.read_range(con, day, day)
         if raw.width == 0:
             return pl.DataFrame(schema=_ARRIVAL_SCHEMA)
         name = pl.lit(source.location, pl.Enum([source.location]))
-        raw = raw.drop(store.DAY_COLUMN).with_columns(name.alias(_FILE))
+        raw = raw.drop(store.DAY_COLUMN).with_columns(name.alias(FILE_COLUMN))
     for c in cm.required():
         if c not in raw.columns:
             raise InputError(
@@ -230,7 +229,7 @@ def read_arrivals(con, source: EventSource, day: dt.date) -> pl.DataFrame:
         pl.col(cm.event_id).cast(ids).alias("event_id"),
         pl.col(cm.label).cast(pl.Float64).alias("__y"),
         pl.col(cm.label_time).cast(pl.Datetime("us")).alias("label_time"),
-        pl.col(_FILE).alias("file"),
+        pl.col(FILE_COLUMN).alias("file"),
     )
 
 

@@ -146,8 +146,9 @@ def daily_metrics(
             "mean_protected": metrics.grouped_mean(prot, ids, n_groups),
             "mean_label": metrics.grouped_mean(y, ids_l, n_groups),
         }
-    peak = np.full(n_groups, -np.inf)
-    np.maximum.at(peak, ids, scores["log10_martingale"].cast(pl.Float64).to_numpy())
+    peak = metrics.grouped_max(
+        scores["log10_martingale"].cast(pl.Float64).to_numpy(), ids, n_groups
+    )
     n_lab = np.bincount(ids_l, minlength=n_groups)
     values = {
         "n_events": np.bincount(ids, minlength=n_groups).astype(np.int64),
@@ -358,12 +359,10 @@ def _arrival_metrics(arrived: pl.DataFrame, state: pl.DataFrame) -> pl.DataFrame
         groups=(ids, first),
     )  # fmt: skip
     # the delays by the same groups (a polars group_by of 10M rows by (date, stream) took 420 MB)
-    delay = arrived["delay_s"].cast(pl.Float64).to_numpy()
-    longest = np.full(first.shape[0], -np.inf)
-    np.maximum.at(longest, ids, delay)
+    delay, n = arrived["delay_s"].cast(pl.Float64).to_numpy(), first.shape[0]
     delays = arrived.select(keys)[first.tolist()].with_columns(
-        pl.Series("mean_delay_s", metrics.grouped_mean(delay, ids, first.shape[0])),
-        pl.Series("max_delay_s", longest),
+        pl.Series("mean_delay_s", metrics.grouped_mean(delay, ids, n)),
+        pl.Series("max_delay_s", metrics.grouped_max(delay, ids, n)),
     )
     end_of_night = state.select(*keys, "log10_martingale", "log10_martingale_max")
     return (

@@ -232,10 +232,10 @@ def _run_day(
     label ``arrivals`` first (phase ``night``: a night of at least
     :data:`calpipe.config.WRITE_FLUSH_ROWS` labels is sent to DuckDB at once, which writes it
     while the engine runs), then one batch of streams at a time (:func:`_stream_batches`),
-    write its events, run the engine (which validates the data contract), and write the rows of every registered table of the batch
-    from memory (:data:`calpipe.pipeline.tables.TABLES`); then the day's tables (with the
-    forecasts whose labels the night learnt: :func:`~calpipe.pipeline.monitoring.
-    _arrived_in_night`). Returns the day's ``calibrator_state`` rows."""
+    write its events, run the engine (which validates the data contract), and write the rows
+    of every registered table of the batch from memory (:data:`calpipe.pipeline.tables.
+    TABLES`); then the day's tables (with the forecasts whose labels the night learnt:
+    :func:`~calpipe.pipeline.monitoring._arrived_in_night`). Returns the day's ``calibrator_state`` rows."""
     # stored types already (the usual case): DuckDB writes a batch's events while the engine
     # validates and protects them (an invalid day rolls the transaction back); other types are
     # cast once validated, so that a bad type gets the contract's message. The events are
@@ -253,9 +253,7 @@ def _run_day(
     before = chain.state
     late = arrivals.late
     parts, labelled, streams, n_active = [], [], [], 0
-    late_bucket = (
-        None if k == 1 or late is None or not late.height else _stream_bucket(late["stream"], k)
-    )
+    late_bucket = None if k == 1 or not late.height else _stream_bucket(late["stream"], k)
     for i in range(k):
         events = chunk if batches is None else chunk[batches[i]]
         state, late_i = before, late
