@@ -292,6 +292,12 @@ WRITE_FLUSH_ROWS: int = 500_000
 #: working set, and the engine's per-row costs stay those of a cache-friendly 2M-event frame.
 PROTECT_BATCH_ROWS: int = 2_000_000
 
+#: The nightly run reads, checks and protects a night of more scores or more labels than this
+#: in parts of whole streams of about this many of each (each part's rows chosen by DuckDB as it
+#: reads the files: calpipe.landing.part_where), so memory is bounded by a part, not by the
+#: night: a protect batch of events and as many labels.
+NIGHT_PART_ROWS: int = PROTECT_BATCH_ROWS
+
 #: DuckDB buffer pool of a read-write calpipe connection. DuckDB caches every block it writes up
 #: to its memory_limit (default 80 % of RAM), so a backfill's memory would grow with the history
 #: written; the pipeline never reads those blocks back, and its own queries (checks, alarm joins)
@@ -312,6 +318,11 @@ LOCK_RETRY_MAX_SECONDS: float = 2.0
 #: about this many labels: the join needs ~100 bytes a label of DuckDB's buffer pool (600k
 #: labels failed at 32 MB, passed at 64 MB), so parts of 1M stay well inside 256 MB.
 ARRIVALS_QUERY_ROWS: int = 1_000_000
+#: A night's labels are looked up (their events, earlier labels, forecasts) this many at a time:
+#: against a long history DuckDB builds the joins' hash tables on the labels' keys, which it
+#: cannot spill (against 10M stored events: 2.1M labels failed at 384 MB, 1M ran at 256 MB and
+#: 500k at 128 MB, each at ~0.35 us a label; measured).
+LABEL_LOOKUP_ROWS: int = 500_000
 
 #: A pipeline transaction spans whole days up to about this many events (at least one day):
 #: measured, a transaction's peak RSS grows ~350 bytes per event it holds (DuckDB's uncommitted

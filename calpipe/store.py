@@ -52,7 +52,10 @@ from calpipe.errors import InputError, StoreError
 from calpipe.landing import (  # noqa: F401  (the landing layout: part of the store's API)
     FILE_COLUMN,
     day_files,
+    part_sql,
+    part_where,
     read_parquet_files,
+    stream_part,
     write_landing,
 )
 from calpipe.locks import open_waiting
@@ -721,16 +724,22 @@ class EventSource:
         return raw.drop(DAY_COLUMN) if DAY_COLUMN in raw.columns else raw
 
     def read_range(
-        self, con: duckdb.DuckDBPyConnection, start: dt.date, end: dt.date
+        self,
+        con: duckdb.DuckDBPyConnection,
+        start: dt.date,
+        end: dt.date,
+        part: tuple[int, int] | None = None,
     ) -> pl.DataFrame:
         """The source's rows of [start, end] with the source's column names plus
         :data:`DAY_COLUMN`, the day each row was read for (a landing file's folder date; the
-        event's date for a file or table). One query per day for a landing folder, one for the
-        whole range otherwise. An empty frame (no columns) if there is nothing."""
+        event's date for a file or table); with ``part = (i, k)``, those of the streams of part
+        i of k (:func:`calpipe.landing.part_where`). One query for the range. An empty frame
+        (no columns) if there is nothing."""
+        where = part_where(self.columns.stream, part, DEFAULT_STREAM)
         with self._reading():
-            return self._read_range(con, start, end)
+            return self._read_range(con, start, end, where)
 
-    def _read_range(self, con, start: dt.date, end: dt.date) -> pl.DataFrame:
+    def _read_range(self, con, start: dt.date, end: dt.date, where: str) -> pl.DataFrame:
         if self.kind == "landing":
             files = []
             for day in iter_days(start, end):  # the range's folders, not the whole landing's
@@ -742,7 +751,7 @@ class EventSource:
                 self.columns.check_file(f)
             # one query for the range (one a day cost ~2 ms a day): the files in day order, each
             # file's rows in order; each row's day from its file
-            raw = read_parquet_files(con, [f for _, f in files])
+            raw = read_parquet_files(con, [f for _, f in files], where)
             day_of = {i: day for i, (day, _) in enumerate(files)}
             days = raw[FILE_COLUMN].replace_strict(day_of, return_dtype=pl.Date)
             return raw.drop(FILE_COLUMN).with_columns(days.alias(DAY_COLUMN))
@@ -750,7 +759,7 @@ class EventSource:
         return query(
             con,
             f"SELECT *, CAST({t} AS DATE) AS {DAY_COLUMN} FROM {self._relation_sql()} "
-            f"WHERE CAST({t} AS DATE) BETWEEN ? AND ?",
+            f"WHERE CAST({t} AS DATE) BETWEEN ? AND ? AND {where}",
             [start, end],
         )
 

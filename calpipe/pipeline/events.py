@@ -55,10 +55,13 @@ def _event_schema(multiclass: bool) -> dict[str, pl.DataType]:
             for c, t in _EVENT_SCHEMA.items()}  # fmt: skip
 
 
-def _read_source(con, source: EventSource, start: dt.date, end: dt.date) -> pl.DataFrame:
-    """The source's events of [start, end] in the data contract's names with ``event_date``,
-    each checked to lie on its day, but not yet validated nor cast to the stored types."""
-    raw = source.read_range(con, start, end)
+def _read_source(
+    con, source: EventSource, start: dt.date, end: dt.date, part: tuple[int, int] | None = None
+) -> pl.DataFrame:
+    """The source's events of [start, end] (of the streams of ``part``,
+    :func:`calpipe.landing.part_where`) in the data contract's names with ``event_date``, each
+    checked to lie on its day, but not yet validated nor cast to the stored types."""
+    raw = source.read_range(con, start, end, part)
     if raw.height == 0:
         return pl.DataFrame(schema=_EVENT_SCHEMA)
     days = raw[store.DAY_COLUMN]

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from calpipe import store
+from calpipe import config, store
 from calpipe.contract import _TIME_US, Rule, check_rules
 from calpipe.errors import InputError
 from calpipe.frame import arrive_labels
@@ -172,8 +172,11 @@ class Arrivals:
         return self.late["stream"].unique()
 
 
-def read_arrivals(con, source: EventSource, day: dt.date) -> pl.DataFrame:
-    """The labels that arrived on ``day`` in the contract's names plus ``file`` (the landing file
+def read_arrivals(
+    con, source: EventSource, day: dt.date, part: tuple[int, int] | None = None
+) -> pl.DataFrame:
+    """The labels that arrived on ``day`` (of the streams of ``part``,
+    :func:`calpipe.landing.part_where`) in the contract's names plus ``file`` (the landing file
     relative to the folder, or the source), not yet checked. Empty if none."""
     cm: LabelColumns = source.columns
     if source.kind == "landing":
@@ -189,7 +192,9 @@ def read_arrivals(con, source: EventSource, day: dt.date) -> pl.DataFrame:
         # each label's file as the file's index, then an Enum of the night's few files relative
         # to the folder (10 MB for 10M labels)
         with source._reading():
-            raw = read_parquet_files(con, files)
+            raw = read_parquet_files(
+                con, files, store.part_where(cm.stream, part, store.DEFAULT_STREAM)
+            )
         prefix = len(str(root)) + 1
         relative = [str(f)[prefix:] for f in files]
         raw = raw.with_columns(
@@ -198,7 +203,7 @@ def read_arrivals(con, source: EventSource, day: dt.date) -> pl.DataFrame:
             )
         )
     else:
-        raw = source.read_range(con, day, day)
+        raw = source.read_range(con, day, day, part)
         if raw.width == 0:
             return pl.DataFrame(schema=_ARRIVAL_SCHEMA)
         name = pl.lit(source.location, pl.Enum([source.location]))
@@ -336,16 +341,22 @@ def _lookup(con, raw: pl.DataFrame, day: dt.date, k: int) -> pl.DataFrame:
     """What :data:`_LOOKUP_SQL` finds for the night's labels ``raw``, one row per label in the
     labels' order (without ``i``).
 
-    The lookup has at most one row per label (an event and its label are unique over the
-    history), so its rows are put in the labels' order by ``i``, a gather by the inverse
-    permutation, not a join; column by column, each freed once placed (the frame and its copy
-    together were 1 GB of a 10M-label night's peak)."""
-    con.register("_calpipe_label_keys", raw.select("i", "stream", "event_id").to_arrow())
-    try:
-        sql = _LOOKUP_SQL.format(score=score_column(k), s="" if k == 2 else "s")
-        stored = store.query(con, sql, [day])
-    finally:
-        con.unregister("_calpipe_label_keys")
+    The labels are looked up :data:`calpipe.config.LABEL_LOOKUP_ROWS` at a time (the joins'
+    hash tables on their keys must fit DuckDB's pool). The lookup has at most one row per
+    label (an event and its label are unique over the history), so its rows are put in the
+    labels' order by ``i``, a gather by the inverse permutation, not a join; column by column,
+    each freed once placed (the frame and its copy together were 1 GB of a 10M-label night's
+    peak)."""
+    sql = _LOOKUP_SQL.format(score=score_column(k), s="" if k == 2 else "s")
+    keys, found = raw.select("i", "stream", "event_id"), []
+    for start in range(0, raw.height, config.LABEL_LOOKUP_ROWS):
+        con.register("_calpipe_label_keys", keys.slice(start, config.LABEL_LOOKUP_ROWS).to_arrow())
+        try:
+            found.append(store.query(con, sql, [day]))
+        finally:
+            con.unregister("_calpipe_label_keys")
+    stored = pl.concat(found) if len(found) > 1 else found[0]
+    del keys, found
     if stored.height != raw.height:  # the history's checks keep events and labels unique
         raise store.StoreError(
             f"labels of {day}: the lookup of their events found {stored.height} rows for "
@@ -450,13 +461,19 @@ def learn_late(state: pl.DataFrame | None, late: pl.DataFrame | None) -> pl.Data
 
 
 def night_arrivals(
-    con, labels: EventSource | None, day: dt.date, events: pl.DataFrame, on_unknown: str = "error"
+    con,
+    labels: EventSource | None,
+    day: dt.date,
+    events: pl.DataFrame,
+    on_unknown: str = "error",
+    part: tuple[int, int] | None = None,
 ) -> Arrivals:
-    """The labels of the feed ``labels`` that arrived on ``day``, checked (:func:`read_arrivals`,
-    :func:`check_arrivals`); none without a feed."""
+    """The labels of the feed ``labels`` that arrived on ``day`` (of the streams of ``part``,
+    whose events are ``events``), checked (:func:`read_arrivals`, :func:`check_arrivals`);
+    none without a feed."""
     if labels is None:
         return Arrivals.empty(day)
-    raw = read_arrivals(con, labels, day)
+    raw = read_arrivals(con, labels, day, part)
     return check_arrivals(con, raw, day, events, labels, on_unknown=on_unknown)
 
 

@@ -258,12 +258,13 @@ def _arrived(con, start: dt.date, end: dt.date, s: str) -> pl.DataFrame:
     n = store.query(
         con, "SELECT count(*) AS n FROM event_labels WHERE date BETWEEN $1 AND $2", [start, end]
     )["n"][0]
-    k = max(1, -(-int(n) // config.ARRIVALS_QUERY_ROWS))
+    k = min(max(1, -(-int(n) // config.ARRIVALS_QUERY_ROWS)), 256)  # (part_sql's most)
     if k == 1:
         return store.query(con, _ARRIVED_SQL.format(s=s, part_p="", part_l=""), [start, end])
     parts = [
         store.query(con, _ARRIVED_SQL.format(
-            s=s, part_p=f"AND hash(p.stream) % {k} = {i}", part_l=f"AND hash(l.stream) % {k} = {i}",
+            s=s, part_p="AND " + store.part_sql("p.stream", (i, k)),
+            part_l="AND " + store.part_sql("l.stream", (i, k)),
         ), [start, end])
         for i in range(k)
     ]  # fmt: skip
@@ -374,6 +375,16 @@ def _arrival_metrics(arrived: pl.DataFrame, state: pl.DataFrame) -> pl.DataFrame
         )
         .sort(keys)
     )
+
+
+def _night_arrival_rows(
+    labelled: pl.DataFrame, arrivals: Arrivals, state: pl.DataFrame
+) -> pl.DataFrame:
+    """The ``calibration_arrivals`` rows of one night of the fused run, or of one part of its
+    streams (the rows are per stream): :func:`_arrival_metrics` of the forecasts the night's
+    labels judge (:func:`_arrived_in_night`), with the night's ``calibrator_state`` rows
+    ``state``."""
+    return _arrival_metrics(_arrived_in_night(labelled, arrivals), state)
 
 
 #: The metrics of ``calibration_arrivals`` (those of ``calibration_daily`` over labelled rows).

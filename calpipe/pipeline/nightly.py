@@ -9,7 +9,7 @@ data checks. It writes exactly the rows the stages write one after the other (te
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -62,7 +62,7 @@ from calpipe.pipeline.inputs import (
     state_digests,
 )
 from calpipe.pipeline.labels import Arrivals, night_arrivals
-from calpipe.pipeline.monitoring import _arrived_in_night, _labelled_rows
+from calpipe.pipeline.monitoring import _labelled_rows, _night_arrival_rows
 from calpipe.pipeline.settings import Settings, _as_date
 from calpipe.pipeline.tables import (
     TABLES,
@@ -110,13 +110,16 @@ def default_range(
 
 
 def _read_day(
-    con, source: EventSource, d: dt.date, last: dt.date, chain: _Chain, to: dt.date | None = None
-) -> pl.DataFrame:
-    """Day ``d``'s events (the days [d, to] with ``to``) from the source, checked unique against
+    con, source: EventSource, d: dt.date, last: dt.date, chain: _Chain, to: dt.date | None = None,
+    part: tuple[int, int] | None = None,
+) -> pl.DataFrame:  # fmt: skip
+    """Day ``d``'s events (the days [d, to] with ``to``; of the streams of ``part``,
+    :func:`_night_parts`) from the source, checked unique against
     the stored history outside [d, last] (the writer has no INSERT pending when a day is read:
     the connection is free), their number of classes the database's (the first events of a new
     database set it, and the chain's)."""
-    chunk = _read_source(con, source, d, to or d)
+    chunk = _read_source(con, source, d, to or d, part)
+    _check_part(chunk["stream"], part, f"{source.describe()}, day {d}")
     if chunk.height:
         # the database's id type is settled by the first day with events (one catalog query a
         # day cost ~1.6 ms behind the writer's pending INSERT: a second of the demo's 892 days)
@@ -184,6 +187,41 @@ def pending_range(
     return rng[0], rng[1], "new days landed"
 
 
+def _night_parts(inputs: pl.DataFrame, d: dt.date) -> int:
+    """How many parts of whole streams night ``d`` is read, checked and protected in: one for a
+    night of at most :data:`calpipe.config.NIGHT_PART_ROWS` scores and as many labels (their
+    files' row counts, ``inputs``), else about that many of each a part (at most 256). Streams
+    are independent, so the parts one after the other write each stream's one-part rows;
+    memory is that of a part (:func:`calpipe.landing.part_where`)."""
+    n = max(_recorded_rows(inputs, d, SCORES), _recorded_rows(inputs, d, LABELS))
+    return 1 if n <= config.NIGHT_PART_ROWS else min(-(-n // config.NIGHT_PART_ROWS), 256)
+
+
+def _recorded_rows(inputs: pl.DataFrame, d: dt.date, kind: str) -> int:
+    """Rows of day ``d``'s files of ``kind`` (scores or labels) as :func:`run_inputs` counted
+    them."""
+    rows = inputs.filter((pl.col("date") == d) & (pl.col("kind") == kind))["n_rows"]
+    return int(rows.sum() or 0)
+
+
+def _check_part(streams: pl.Series, part: tuple[int, int] | None, what: str) -> None:
+    """StateError if a row read for ``part`` is of a stream of another part: DuckDB chose the
+    rows by the hash of the stream name as it reads it, the pipeline splits the state by the
+    name polars made of it (a stream column of a type whose text differs between the two). A
+    stream in two parts would run twice from one state: refused, never computed."""
+    if part is None or streams.len() == 0:
+        return
+    names = streams.unique()
+    wrong = store.stream_part(names, part[1]) != part[0]
+    if wrong.any():
+        name = names.filter(pl.Series(wrong))[0]
+        raise StateError(
+            f"{what}: stream {name!r} was read as part {part[0]} of {part[1]} but its name is of "
+            "another part (its column's text differs between DuckDB and polars: land the "
+            "stream column as a string)"
+        )
+
+
 def _stream_bucket(streams: pl.Series, k: int) -> np.ndarray:
     """Bucket 0..k-1 (k <= 256) of each stream name: a fixed hash, so a stream always lands in
     one bucket; uint8, so that numpy's stable argsort of the buckets is a radix sort."""
@@ -206,16 +244,21 @@ def _stream_batches(events: pl.DataFrame) -> tuple[int, list[np.ndarray] | None]
 
 @dataclass
 class _DayEvents:
-    """A day's events as :func:`_read_day` read them, handed over to :func:`_run_day` by
-    :meth:`take`: the day's only reference is then the engine's, which frees the events after
-    the day's last batch (480 MB of a 10M-event night's arrival monitoring)."""
+    """A day's events as :func:`_read_day` read them and its labels as
+    :func:`~calpipe.pipeline.labels.night_arrivals` checked them (a night of ``parts`` > 1
+    parts is read part by part as it runs: then neither), handed over to :func:`_run_day` by
+    :meth:`take`: the only reference is then the engine's, which frees the events after the
+    last batch (480 MB of a 10M-event night's arrival monitoring)."""
 
     frame: pl.DataFrame | None
     height: int
+    arrivals: Arrivals | None = None
+    parts: int = 1
 
-    def take(self) -> pl.DataFrame:
-        frame, self.frame = self.frame, None
-        return frame
+    def take(self) -> tuple[pl.DataFrame, Arrivals | None]:
+        taken = self.frame, self.arrivals
+        self.frame = self.arrivals = None
+        return taken
 
 
 def _run_day(
@@ -223,34 +266,90 @@ def _run_day(
     source: EventSource,
     chain: _Chain,
     d: dt.date,
-    chunk: pl.DataFrame,
+    parts: Iterator[_DayEvents],
+    n_parts: int,
     inputs: pl.DataFrame,
-    arrivals: Arrivals | None = None,
 ) -> pl.DataFrame:
-    """Day ``d`` of :func:`run_range`, its events ``chunk`` read from the source (freed after
-    the day's last batch: pass the only reference, :meth:`_DayEvents.take`): the night's
-    label ``arrivals`` first (phase ``night``: a night of at least
-    :data:`calpipe.config.WRITE_FLUSH_ROWS` labels is sent to DuckDB at once, which writes it
-    while the engine runs), then one batch of streams at a time (:func:`_stream_batches`),
-    write its events, run the engine (which validates the data contract), and write the rows
-    of every registered table of the batch from memory (:data:`calpipe.pipeline.tables.
-    TABLES`); then the day's tables (with the forecasts whose labels the night learnt:
-    :func:`~calpipe.pipeline.monitoring._arrived_in_night`). Returns the day's ``calibrator_state`` rows."""
+    """Day ``d`` of :func:`run_range` in its ``n_parts`` parts of whole streams
+    (:func:`_night_parts`; one for all but the biggest nights), each a :class:`_DayEvents` of
+    the part's events and checked labels, read from the source as the iterator ``parts`` is
+    advanced (:func:`_run_part` runs each and frees it); then the day's tables (phase
+    ``day``: the ``calibrator_state`` rows of the streams that changed, the ``pipeline_days``
+    row, the forecasts the night's labels judge). Streams are independent, so each part runs
+    its streams from their state of the day before, and the day writes each stream's rows
+    of one pass. Returns the day's ``calibrator_state`` rows."""
+    before = chain.state
+    split = n_parts > 1 and before is not None
+    part_of = store.stream_part(before["stream"], n_parts) if split else None
+    done = []
+    for i, part in enumerate(parts):
+        state = before.filter(pl.Series(part_of == i)) if split else before
+        done.append(_run_part(writer, source, chain, d, part, state))
+    chain.state = _concat_parts([p.state for p in done], "stream")
+    rows = _concat_parts([p.rows for p in done], "stream")
+    row = chain.day_row(
+        d, sum(p.n_events for p in done), sum(p.n_active for p in done), rows,
+        sum(p.n_labels for p in done),
+    )  # fmt: skip
+    arrived = _concat_parts([p.arrival_rows for p in done], ["date", "stream"])
+    day = FusedDay(d, rows, row, inputs, arrived)
+    write_fused(writer, "day", day)
+    return day.state
+
+
+def _concat_parts(frames: list[pl.DataFrame], keys: str | list[str]) -> pl.DataFrame:
+    """The rows of a night's parts (each sorted by ``keys``, which are unique: each stream is in
+    one part) as one part would have them: sorted by ``keys``. An empty part may lack columns
+    (a night without arrivals), so the empty ones are left out."""
+    full = [f for f in frames if f.height] or frames[:1]
+    return full[0] if len(full) == 1 else pl.concat(full).sort(keys)
+
+
+@dataclass
+class _PartDone:
+    """What a part of a night (:func:`_run_part`) leaves for the day: its streams' state at the
+    end of the day, its ``calibrator_state`` rows (streams that changed), its
+    ``calibration_arrivals`` rows and its counts."""
+
+    state: pl.DataFrame
+    rows: pl.DataFrame
+    arrival_rows: pl.DataFrame
+    n_events: int
+    n_active: int
+    n_labels: int
+
+
+def _run_part(
+    writer: store.PartitionWriter,
+    source: EventSource,
+    chain: _Chain,
+    d: dt.date,
+    part: _DayEvents,
+    before: pl.DataFrame | None,
+) -> _PartDone:
+    """A part of whole streams of day ``d`` (the whole day but on the biggest nights): its
+    events and checked labels, taken from ``part`` (the events are freed after the part's last
+    batch), and its streams' state of the day before ``before``. The labels first
+    (phase ``night``: a night of at least :data:`calpipe.config.WRITE_FLUSH_ROWS` labels is
+    sent to DuckDB at once, which writes it while the engine runs), then one batch of streams at
+    a time (:func:`_stream_batches`), write its events, run the engine (which validates the
+    data contract), and write the rows of every registered table of the batch from memory
+    (:data:`calpipe.pipeline.tables.TABLES`)."""
     # stored types already (the usual case): DuckDB writes a batch's events while the engine
     # validates and protects them (an invalid day rolls the transaction back); other types are
     # cast once validated, so that a bad type gets the contract's message. The events are
     # stored batch after batch: grouped by stream, which DuckDB writes and checkpoints faster
     # than streams interleaved in time (each stream keeps its rows in the source's order)
+    chunk, arrivals = part.take()
+    arrivals = arrivals or Arrivals.empty(d)
     check_stream_names(chunk, source)
     stored = _event_schema(chain.n_classes != 2)
     early = dict(chunk.schema) == {**stored, "event_id": chunk.schema["event_id"]} and (
         chunk.schema["event_id"] in (pl.Int64, pl.String)
     )
     protect_input = _protect_input(chain.n_classes)
-    arrivals = arrivals or Arrivals.empty(d)
     write_fused(writer, "night", arrivals)  # DuckDB writes the labels while the engine runs
     k, batches = _stream_batches(chunk)
-    before = chain.state
     late = arrivals.late
     parts, labelled, streams, n_active = [], [], [], 0
     late_bucket = None if k == 1 or not late.height else _stream_bucket(late["stream"], k)
@@ -278,13 +377,11 @@ def _run_day(
         n_active += batch.groups[1].shape[0]
         del events, batch  # free the batch before the next one
     n_events = chunk.height
-    del chunk, batches  # (the caller handed over its reference: the day's events are freed)
-    chain.state = parts[0] if k == 1 else pl.concat(parts).sort("stream")
-    rows = _state_rows(chain.state, d, _changed_streams(pl.concat(streams), arrivals))
-    row = chain.day_row(d, n_events, n_active, rows, arrivals.rows.height)
-    day = FusedDay(d, rows, row, inputs, _arrived_in_night(pl.concat(labelled), arrivals))
-    write_fused(writer, "day", day)
-    return day.state
+    del chunk, batches  # (taken from the part: the part's events are freed)
+    state = parts[0] if k == 1 else pl.concat(parts).sort("stream")
+    rows = _state_rows(state, d, _changed_streams(pl.concat(streams), arrivals))
+    arrival_rows = _night_arrival_rows(pl.concat(labelled), arrivals, rows)
+    return _PartDone(state, rows, arrival_rows, n_events, n_active, arrivals.rows.height)
 
 
 def _span_events(
@@ -404,8 +501,10 @@ def run_range(
     on the same rows, each stream's rows in the same order, but one day at a time from memory
     (:func:`_run_day`), every table of a day in one transaction (:func:`_write_days`):
     a day is read from the source once, validated once and never read back; memory is bounded
-    by a batch of streams plus the day's events; and DuckDB writes a batch while the engine
-    protects the next one (the writer's background INSERTs).
+    by a batch of streams plus the day's events (a night of more than
+    :data:`calpipe.config.NIGHT_PART_ROWS` scores or labels is read, checked and protected in
+    parts of whole streams, :func:`_night_parts`: plus a part's); and DuckDB writes a batch
+    while the engine protects the next one (the writer's background INSERTs).
 
     Without a label feed, a transaction of small days runs as one span (:func:`_run_span`: one
     read, one validation and one engine pass over its days, a kernel call per day), which writes
@@ -453,27 +552,57 @@ def run_range(
     )  # fmt: skip
     empty_days: list[dt.date] = []
     states: list[pl.DataFrame] = []
-    arrivals: dict[dt.date, Arrivals] = {}
+
+    def read_part(d: dt.date, part: tuple[int, int] | None = None) -> _DayEvents:
+        chunk = _read_day(con, source, d, end, chain, part=part)
+        arrived = night_arrivals(con, labels, d, chunk, on_unknown_label, part)
+        for rows in (arrived.rows, arrived.quarantined):
+            _check_part(rows["stream"], part, f"labels {labels and labels.describe()}, day {d}")
+        return _DayEvents(chunk, chunk.height, arrived)
 
     def read(d: dt.date) -> _DayEvents:
-        chunk = _read_day(con, source, d, end, chain)
-        arrivals[d] = night_arrivals(con, labels, d, chunk, on_unknown_label)
-        return _DayEvents(chunk, chunk.height)
+        k = _night_parts(inputs, d)
+        if k > 1:  # a big night: read part by part as it runs (write)
+            return _DayEvents(None, _recorded_rows(inputs, d, SCORES), parts=k)
+        return read_part(d)
+
+    def night_parts(writer: store.PartitionWriter, d: dt.date, day: _DayEvents):
+        if day.parts == 1:
+            yield day
+            return
+        n = [0, 0]  # events, labels read (no local holds a part: the engine frees each)
+
+        def counted(part: _DayEvents) -> _DayEvents:
+            n[0] += part.height
+            n[1] += part.arrivals.rows.height + part.arrivals.quarantined.height
+            return part
+
+        for i in range(day.parts):
+            writer.wait()  # the part's reads need the connection (no INSERT pending)
+            yield counted(read_part(d, (i, day.parts)))
+        want = (_recorded_rows(inputs, d, SCORES), _recorded_rows(inputs, d, LABELS))
+        if labels is None:
+            want = (want[0], 0)
+        if tuple(n) != want:  # every row in exactly one part: nothing dropped nor read twice
+            raise StateError(
+                f"day {d}: its {day.parts} parts read {n[0]} events and {n[1]} labels; its "
+                f"files hold {want[0]} and {want[1]} (did a file change during the run?)"
+            )
 
     def write(writer: store.PartitionWriter, d: dt.date, day: _DayEvents) -> None:
         if day.height == 0:
             empty_days.append(d)
-        states.append(_run_day(writer, source, chain, d, day.take(), inputs, arrivals.pop(d)))
+        parts = night_parts(writer, d, day)
+        states.append(_run_day(writer, source, chain, d, parts, day.parts, inputs))
         if progress is not None:
             progress.advance(d, day.height)
 
     def span(writer: store.PartitionWriter, d0: dt.date, d1: dt.date, first: _DayEvents) -> bool:
-        if labels is not None or not spans:
+        if labels is not None or not spans or first.parts > 1:
             return False
         done = _run_span(writer, con, source, settings, chain, d0, d1, first.frame, end, inputs)
         if done is None:
             return False
-        arrivals.pop(d0, None)
         states.append(done[0].result.states)
         for d, n in done[1]:
             if n == 0:

@@ -111,15 +111,17 @@ class FusedDay:
     """A day of the fused run after all its batches: its ``calibrator_state`` rows (the state of
     the streams that changed, keyed by the day), its ``pipeline_days`` row, the run's
     ``pipeline_inputs`` rows (this day's are written) and the forecasts whose labels arrived
-    that night (the labels themselves were written when the night started: phase ``night``)."""
+    that night, as ``calibration_arrivals`` rows (the labels themselves were written when the
+    night started: phase ``night``)."""
 
     day: dt.date
     state: pl.DataFrame
     day_row: dict[str, Any]
     inputs: pl.DataFrame
-    #: the forecasts whose labels the night learnt (:data:`calpipe.pipeline.monitoring.
-    #: _ARRIVED_SQL`'s rows, from memory: :func:`~calpipe.pipeline.monitoring._arrived_in_night`)
-    arrived: pl.DataFrame
+    #: the ``calibration_arrivals`` rows of the forecasts whose labels the night learnt, computed
+    #: part by part of the night's streams (:func:`~calpipe.pipeline.monitoring.
+    #: _night_arrival_rows`: the forecasts of a part are freed with it)
+    arrival_rows: pl.DataFrame
 
 
 @dataclass
@@ -193,7 +195,7 @@ def _fused_map(s: FusedSpan) -> pl.DataFrame:
 
 
 def _fused_arrivals(d: FusedDay) -> pl.DataFrame:
-    return _arrival_metrics(d.arrived, d.state)
+    return d.arrival_rows
 
 
 def _span_events(s: FusedDays) -> pl.DataFrame:

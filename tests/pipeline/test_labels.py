@@ -561,3 +561,48 @@ def test_arrivals_of_earlier_events_without_their_forecasts_are_refused_not_drop
                                     "label": pl.Int32})  # fmt: skip
     with pytest.raises(ValueError, match="without their forecasts"):
         _arrived_in_night(labelled, Arrivals(day(2), late, Arrivals.empty(day(2)).quarantined))
+
+
+def test_a_night_s_labels_are_looked_up_in_slices_that_fit_duckdb_s_pool(tmp_path, monkeypatch):
+    """Regression: against a long history DuckDB builds the lookup's hash tables on the labels'
+    keys and cannot spill them: 2M labels against 10M stored events failed with "Out of Memory"
+    at the pipeline's 256 MB (BENCHMARKS.md §12). Here 150,000 labels against 600,000 events at
+    a 32 MB pool: one query fails, slices of 5,000 (config.LABEL_LOOKUP_ROWS) give its rows."""
+    from calpipe import config
+    from calpipe.pipeline.labels import _lookup
+
+    con = store.connect(tmp_path / "db.duckdb")
+    try:
+        n, m = 600_000, 150_000
+        key = "'s' || (i % 500), i"
+        con.execute(
+            "INSERT INTO scored_events (event_date, stream, event_id, event_time, score, label) "
+            f"SELECT DATE '2024-01-01', {key}, TIMESTAMP '2024-01-01 10:00', 0.5, NULL "
+            f"FROM range({n}) t(i)"
+        )
+        con.execute(
+            "INSERT INTO protected_scores (event_date, stream, event_id, base_score, "
+            f"protected_score, log10_martingale) SELECT DATE '2024-01-01', {key}, 0.5, 0.5, 0.0 "
+            f"FROM range({n}) t(i)"
+        )
+        con.execute(
+            f"INSERT INTO event_labels SELECT DATE '2024-01-01', {key}, DATE '2024-01-01', "
+            "TIMESTAMP '2024-01-01 10:00', 0.5, 1, TIMESTAMP '2024-01-01 11:00', 'f', NULL "
+            f"FROM range(0, {n}, 7) t(i)"
+        )
+        raw = store.query(
+            con,
+            "SELECT CAST(i AS UINTEGER) AS i, 's' || ((3 * i) % 500) AS stream, 3 * i AS event_id "
+            f"FROM range({m}) t(i)",
+        )
+        night = dt.date(2024, 1, 2)
+        whole = _lookup(con, raw, night, 2)  # (at the pipeline's pool)
+        assert whole["prev_label"].count() == m // 7 + 1 and whole["event_date"].count() == m
+        con.execute("SET memory_limit = '32MB'")
+        monkeypatch.setattr(config, "LABEL_LOOKUP_ROWS", 10**9)
+        with pytest.raises(Exception, match="Out of Memory"):
+            _lookup(con, raw, night, 2)
+        monkeypatch.setattr(config, "LABEL_LOOKUP_ROWS", 5_000)
+        assert _lookup(con, raw, night, 2).equals(whole)
+    finally:
+        con.close()

@@ -1,0 +1,206 @@
+"""calpipe/pipeline/nightly.py: a big night read, checked and protected in parts of whole streams
+(#12: a 10M-score + 10M-label night held at once peaked at 5x its Arrow size).
+
+The oracle: the same nights in one part. Every table is equal (ORDER BY ALL), and the chain
+equals one ``calpipe.protect`` pass, with late labels, K classes, a late scores day replayed with
+quarantined labels, and table sources; a bad label in a part is refused with nothing written,
+and a night whose parts do not add up to its files is refused.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from calpipe import config, generate, pipeline, store
+from calpipe.errors import InputError, StateError
+from calpipe.pipeline import Settings, nightly
+from calpipe.pipeline.inputs import run_inputs
+from calpipe.pipeline.labels import LabelColumns, label_source
+from tests.pipeline.test_labels import (
+    N_DAYS,
+    T2,
+    assert_chain_equals_one_pass,
+    day,
+    run_nights,
+    split_feed,
+    with_classes,
+    write_day,
+)
+
+#: More streams than the labels tests' three, so that every night has several non-empty parts.
+STREAMS = tuple(
+    generate.StreamSpec(f"s{i}", events_per_day=6 + 3 * i, drift="shift", drift_day=3)
+    for i in range(7)
+)
+
+
+@pytest.fixture(scope="module")
+def events():
+    return generate.generate(n_days=N_DAYS, streams=STREAMS, seed=11)
+
+
+@pytest.fixture
+def parts(monkeypatch):
+    """Nights of more than 12 scores or labels run in parts; the parts of each night run are
+    recorded (the comparisons check that parts did run)."""
+    monkeypatch.setattr(config, "NIGHT_PART_ROWS", 12)
+    seen: list[int] = []
+    run_day = nightly._run_day
+
+    def spy(writer, source, chain, d, night, n_parts, inputs):
+        seen.append(n_parts)
+        return run_day(writer, source, chain, d, night, n_parts, inputs)
+
+    monkeypatch.setattr(nightly, "_run_day", spy)
+    return seen
+
+
+def _tables(con) -> dict[str, pl.DataFrame]:
+    out = {}
+    for t in store.PARTITION_COLUMN:
+        frame = store.query(con, f"SELECT * FROM {t} ORDER BY ALL")
+        out[t] = frame.drop("mtime_ns") if t == "pipeline_inputs" else frame
+    return out
+
+
+def _assert_same_tables(a, b) -> None:
+    ta, tb = _tables(a), _tables(b)
+    for t in ta:
+        assert ta[t].equals(tb[t]), t
+
+
+@pytest.mark.parametrize(("k", "late"), [(2, None), (4, 2)])
+def test_a_night_in_parts_writes_the_rows_of_one_part(tmp_path, events, parts, k, late):
+    """Late labels (reordered), K classes, and (late=2) a scores day landing two nights late:
+    its labels quarantined as unknown, then replayed."""
+    scores, labels, truth = split_feed(with_classes(events, k, seed=3), seed=6)
+    kw = {"late": late, "on_unknown_label": "quarantine"} if late else {}
+    parted, *_ = run_nights(tmp_path / "parts", scores, labels, method="composite-jumper", **kw)
+    assert max(parts) >= 3 and len(parts) >= N_DAYS, parts  # (nights did run in parts)
+    n_parted = len(parts)
+    config.NIGHT_PART_ROWS = 10**9  # (restored by the fixture's monkeypatch)
+    whole, *_ = run_nights(tmp_path / "whole", scores, labels, method="composite-jumper", **kw)
+    try:
+        assert set(parts[n_parted:]) == {1}
+        _assert_same_tables(parted, whole)
+        assert_chain_equals_one_pass(parted, truth, "composite-jumper")
+        n = store.query(parted, "SELECT count(*) AS n FROM event_labels")["n"][0]
+        assert n == labels.height
+    finally:
+        parted.close()
+        whole.close()
+
+
+def test_table_sources_in_parts(tmp_path, events, parts):
+    """Scores and labels in tables of the database (the parts' condition on the table's rows)
+    with other column names (the condition on the mapped stream column)."""
+    scores, labels, truth = split_feed(events, seed=7)
+    dbs = []
+    for name, rows in (("parts", 12), ("whole", 10**9)):
+        config.NIGHT_PART_ROWS = rows
+        con = store.connect(tmp_path / f"{name}.duckdb")
+        con.register("s", scores.rename({"stream": "model"}).to_arrow())
+        con.register("l", labels.rename({"stream": "model"}).to_arrow())
+        con.execute("CREATE TABLE landed AS SELECT * FROM s")
+        con.execute("CREATE TABLE arrived AS SELECT * FROM l")
+        src = store.EventSource.parse("landed", store.ColumnMap(stream="model"))
+        lsrc = label_source("arrived", LabelColumns(stream="model"))
+        pipeline.run_range(con, src, labels=lsrc, settings=Settings.make("composite-jumper"))
+        dbs.append(con)
+    try:
+        assert max(parts[:N_DAYS]) >= 3 and set(parts[N_DAYS:]) == {1}, parts
+        for t in ("landed", "arrived"):
+            dbs[0].execute(f"DROP TABLE {t}")
+            dbs[1].execute(f"DROP TABLE {t}")
+        _assert_same_tables(*dbs)
+        assert_chain_equals_one_pass(dbs[0], truth, "composite-jumper")
+    finally:
+        for con in dbs:
+            con.close()
+
+
+def _two_nights(tmp: Path, events):
+    scores, labels, _ = split_feed(events, seed=8)
+    for i in range(3):
+        write_day(scores, tmp / "scores", day(i), "event_time")
+    for i in range(3):
+        write_day(labels, tmp / "labels", day(i), "label_time")
+    con = store.connect(tmp / "db.duckdb")
+    src = store.EventSource.parse(str(tmp / "scores"))
+    lsrc = label_source(str(tmp / "labels"))
+    pipeline.run_range(con, src, end=day(1), labels=lsrc)
+    return con, src, lsrc, scores
+
+
+def test_a_bad_label_in_a_part_is_refused_and_nothing_is_written(tmp_path, events, parts):
+    """An unknown event's label in night 2's last part: the parts before it ran and sent their
+    rows to DuckDB; the error names file, stream, event and rule, and the day's transaction
+    keeps nothing of them."""
+    con, src, lsrc, scores = _two_nights(tmp_path, events)
+    try:
+        before = _tables(con)
+        n_before = len(parts)
+        folder = tmp_path / "labels" / f"date={day(2).isoformat()}"
+
+        def land_bad(stream: str) -> None:
+            pl.DataFrame(
+                [{"stream": stream, "event_id": 10**9, "label": 1, "label_time": T2}],
+                schema={"stream": pl.String, "event_id": pl.Int64, "label": pl.Int32,
+                        "label_time": pl.Datetime("us")},
+            ).write_parquet(folder / "bad.parquet")  # fmt: skip
+
+        land_bad("s0")  # (counted in the night's rows, which set its number of parts)
+        k = nightly._night_parts(run_inputs(con, src, lsrc, day(2), day(2)), day(2))
+        names = scores.filter(pl.col("event_time").dt.date() == day(2))["stream"].unique()
+        part = store.stream_part(names, k)
+        last = names[int(part.argmax())]  # a stream of the night's last non-empty part
+        land_bad(last)
+        with pytest.raises(InputError) as e:
+            pipeline.run_range(con, src, labels=lsrc)
+        assert parts[n_before:] == [k] and part.max() > 0
+        msg = str(e.value)
+        assert "bad.parquet" in msg and f"stream {last!r}, event 1000000000" in msg, msg
+        assert "label of an unknown event" in msg, msg
+        after = _tables(con)
+        for t in before:
+            assert after[t].equals(before[t]), t
+    finally:
+        con.close()
+
+
+def test_a_night_whose_parts_miss_a_row_of_its_files_is_refused(
+    tmp_path, events, parts, monkeypatch
+):
+    """The parts' rows must add up to the rows the night's files hold (every row in exactly one
+    part): a night that read fewer (here: its files counted one more) is an error, and nothing
+    of it is written."""
+    con, src, lsrc, _ = _two_nights(tmp_path, events)
+    recorded = nightly._recorded_rows
+    monkeypatch.setattr(
+        nightly, "_recorded_rows",
+        lambda inputs, d, kind: recorded(inputs, d, kind) + (kind == "scores" and d == day(2)),
+    )  # fmt: skip
+    try:
+        before = _tables(con)
+        with pytest.raises(StateError, match=rf"day {day(2)}: its \d+ parts read \d+ events"):
+            pipeline.run_range(con, src, labels=lsrc)
+        after = _tables(con)
+        for t in before:
+            assert after[t].equals(before[t]), t
+    finally:
+        con.close()
+
+
+def test_a_stream_read_into_another_part_is_refused():
+    """DuckDB picks a part's rows by the stream name as it reads it, the pipeline splits the
+    state by polars' name: a stream whose two names differ would be in two parts."""
+    names = pl.Series(["a", "b", "c", "d", "e"])
+    k = 4
+    part = store.stream_part(names, k)
+    nightly._check_part(names.filter(pl.Series(part == part[0])), (int(part[0]), k), "x")
+    wrong = (int(part[0]) + 1) % k
+    with pytest.raises(StateError, match=f"x: stream 'a' was read as part {wrong} of 4"):
+        nightly._check_part(names[:1], (wrong, k), "x")
