@@ -193,15 +193,15 @@ def _night_parts(inputs: pl.DataFrame, d: dt.date) -> int:
     files' row counts, ``inputs``), else about that many of each a part (at most 256). Streams
     are independent, so the parts one after the other write each stream's one-part rows;
     memory is that of a part (:func:`calpipe.landing.part_where`)."""
-    n = max(_recorded_rows(inputs, d, SCORES), _recorded_rows(inputs, d, LABELS))
+    n = max(_recorded_rows(inputs, d, SCORES) or 0, _recorded_rows(inputs, d, LABELS) or 0)
     return 1 if n <= config.NIGHT_PART_ROWS else min(-(-n // config.NIGHT_PART_ROWS), 256)
 
 
-def _recorded_rows(inputs: pl.DataFrame, d: dt.date, kind: str) -> int:
+def _recorded_rows(inputs: pl.DataFrame, d: dt.date, kind: str) -> int | None:
     """Rows of day ``d``'s files of ``kind`` (scores or labels) as :func:`run_inputs` counted
-    them."""
+    them; None if a count is missing (a file recorded without one)."""
     rows = inputs.filter((pl.col("date") == d) & (pl.col("kind") == kind))["n_rows"]
-    return int(rows.sum() or 0)
+    return None if rows.null_count() else int(rows.sum() or 0)
 
 
 def _check_part(streams: pl.Series, part: tuple[int, int] | None, what: str) -> None:
@@ -563,7 +563,7 @@ def run_range(
     def read(d: dt.date) -> _DayEvents:
         k = _night_parts(inputs, d)
         if k > 1:  # a big night: read part by part as it runs (write)
-            return _DayEvents(None, _recorded_rows(inputs, d, SCORES), parts=k)
+            return _DayEvents(None, _recorded_rows(inputs, d, SCORES) or 0, parts=k)
         return read_part(d)
 
     def night_parts(writer: store.PartitionWriter, d: dt.date, day: _DayEvents):
@@ -581,9 +581,9 @@ def run_range(
             writer.wait()  # the part's reads need the connection (no INSERT pending)
             yield counted(read_part(d, (i, day.parts)))
         want = (_recorded_rows(inputs, d, SCORES), _recorded_rows(inputs, d, LABELS))
-        if labels is None:
-            want = (want[0], 0)
-        if tuple(n) != want:  # every row in exactly one part: nothing dropped nor read twice
+        # every row in exactly one part: nothing dropped nor read twice (a missing count: the
+        # parts' own reads only)
+        if any(w is not None and w != m for w, m in zip(want, n, strict=True)):
             raise StateError(
                 f"day {d}: its {day.parts} parts read {n[0]} events and {n[1]} labels; its "
                 f"files hold {want[0]} and {want[1]} (did a file change during the run?)"

@@ -204,3 +204,26 @@ def test_a_stream_read_into_another_part_is_refused():
     wrong = (int(part[0]) + 1) % k
     with pytest.raises(StateError, match=f"x: stream 'a' was read as part {wrong} of 4"):
         nightly._check_part(names[:1], (wrong, k), "x")
+
+
+def test_a_night_whose_files_have_no_recorded_count_runs_in_parts_unchecked(
+    tmp_path, events, parts, monkeypatch
+):
+    """A file recorded without a row count (None): the night is sized by the counts it has and
+    its parts' total is not compared with a count it does not have."""
+    con, src, lsrc, _ = _two_nights(tmp_path, events)
+    recorded = nightly._recorded_rows
+    monkeypatch.setattr(
+        nightly, "_recorded_rows",
+        lambda inputs, d, kind: None if kind == "scores" else recorded(inputs, d, kind),
+    )  # fmt: skip
+    try:
+        n_before = len(parts)
+        pipeline.run_range(con, src, labels=lsrc)
+        assert parts[n_before:] and min(parts[n_before:]) > 1, parts  # (sized by the labels)
+        n = store.query(
+            con, "SELECT count(*) AS n FROM scored_events WHERE event_date = ?", [day(2)]
+        )
+        assert n["n"][0] > 0
+    finally:
+        con.close()
