@@ -244,18 +244,25 @@ def test_labels_known_at_their_event_and_a_feed_match_the_stages(tmp_path, event
 # ----------------------------------------------------------------------------------------------
 # Bad labels: a clear error naming file, stream, event and rule; nothing written
 # ----------------------------------------------------------------------------------------------
+def land_two_nights(tmp: Path, events: pl.DataFrame, *, seed: int, label_days: int):
+    """Days 0-2's scores and the labels of arrival days 0..label_days-1 landed, days 0-1 run
+    with the feed: (connection, scores source, label source, scores, labels)."""
+    scores, labels, _ = split_feed(events, seed=seed)
+    for i in range(3):
+        write_day(scores, tmp / "scores", day(i), "event_time")
+    for i in range(label_days):
+        write_day(labels, tmp / "labels", day(i), "label_time")
+    con = store.connect(tmp / "db.duckdb")
+    src = store.EventSource.parse(str(tmp / "scores"))
+    lsrc = label_source(str(tmp / "labels"))
+    pipeline.run_range(con, src, end=day(1), labels=lsrc)
+    return con, src, lsrc, scores, labels
+
+
 @pytest.fixture
 def two_days(tmp_path, events):
     """Days 0-1 scored and run with a clean feed; day 2's scores landed, ready for a bad label."""
-    scores, labels, _ = split_feed(events, seed=4)
-    for i in range(3):
-        write_day(scores, tmp_path / "scores", day(i), "event_time")
-    for i in range(2):
-        write_day(labels, tmp_path / "labels", day(i), "label_time")
-    con = store.connect(tmp_path / "db.duckdb")
-    src = store.EventSource.parse(str(tmp_path / "scores"))
-    lsrc = label_source(str(tmp_path / "labels"))
-    pipeline.run_range(con, src, end=day(1), labels=lsrc)
+    con, src, lsrc, scores, labels = land_two_nights(tmp_path, events, seed=4, label_days=2)
     yield con, src, lsrc, scores, labels, tmp_path
     con.close()
 

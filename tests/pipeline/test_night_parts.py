@@ -24,10 +24,10 @@ from tests.pipeline.test_labels import (
     T2,
     assert_chain_equals_one_pass,
     day,
+    land_two_nights,
     run_nights,
     split_feed,
     with_classes,
-    write_day,
 )
 
 #: More streams than the labels tests' three, so that every night has several non-empty parts.
@@ -123,16 +123,8 @@ def test_table_sources_in_parts(tmp_path, events, parts):
 
 
 def _two_nights(tmp: Path, events):
-    scores, labels, _ = split_feed(events, seed=8)
-    for i in range(3):
-        write_day(scores, tmp / "scores", day(i), "event_time")
-    for i in range(3):
-        write_day(labels, tmp / "labels", day(i), "label_time")
-    con = store.connect(tmp / "db.duckdb")
-    src = store.EventSource.parse(str(tmp / "scores"))
-    lsrc = label_source(str(tmp / "labels"))
-    pipeline.run_range(con, src, end=day(1), labels=lsrc)
-    return con, src, lsrc, scores
+    """Days 0-1 run with their labels; day 2's scores and labels landed."""
+    return land_two_nights(tmp, events, seed=8, label_days=3)[:4]
 
 
 def test_a_bad_label_in_a_part_is_refused_and_nothing_is_written(tmp_path, events, parts):
