@@ -214,7 +214,9 @@ def read_arrivals(
                 c, None, f"labels {source.describe()}: missing column (it has {raw.columns})"
             )
     ids = stored_id_type(con)
-    if raw.schema[cm.event_id].is_integer() != (ids == pl.Int64):
+    # (no labels, no ids to compare: a night's first part without events has not set the type
+    # of a new database yet)
+    if raw.height and raw.schema[cm.event_id].is_integer() != (ids == pl.Int64):
         raise InputError(
             cm.event_id, None,
             f"labels {source.describe()}: event ids are {raw.schema[cm.event_id]}, but this "

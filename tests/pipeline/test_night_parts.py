@@ -94,10 +94,13 @@ def test_a_night_in_parts_writes_the_rows_of_one_part(tmp_path, events, parts, k
         whole.close()
 
 
-def test_table_sources_in_parts(tmp_path, events, parts):
+def test_table_sources_and_string_ids_in_parts(tmp_path, events, parts):
     """Scores and labels in tables of the database (the parts' condition on the table's rows)
-    with other column names (the condition on the mapped stream column)."""
-    scores, labels, truth = split_feed(events, seed=7)
+    with other column names (the condition on the mapped stream column), string event ids in a
+    new database (regression: a first part without events checked its empty labels' ids
+    against the new database's integer default before a part with events set the type)."""
+    ids = events.with_columns(pl.format("e-{}", "event_id").alias("event_id"))
+    scores, labels, truth = split_feed(ids, seed=7)
     dbs = []
     for name, rows in (("parts", 12), ("whole", 10**9)):
         config.NIGHT_PART_ROWS = rows
