@@ -351,7 +351,7 @@ def _lookup(con, raw: pl.DataFrame, day: dt.date, k: int) -> pl.DataFrame:
     peak)."""
     sql = _LOOKUP_SQL.format(score=score_column(k), s="" if k == 2 else "s")
     keys, found = raw.select("i", "stream", "event_id"), []
-    for start in range(0, raw.height, config.LABEL_LOOKUP_ROWS):
+    for start in range(0, max(raw.height, 1), config.LABEL_LOOKUP_ROWS):  # (a query if none)
         con.register("_calpipe_label_keys", keys.slice(start, config.LABEL_LOOKUP_ROWS).to_arrow())
         try:
             found.append(store.query(con, sql, [day]))
