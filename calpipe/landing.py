@@ -4,8 +4,8 @@ upstream job (or the demo) writes it and calpipe reads it (scored events and the
 
 Here: which files of a day folder are read (:func:`day_files`), one read of several files with
 each row's file (:func:`read_parquet_files`), writing a landing folder (:func:`write_landing`),
-and the parts of whole streams a big night is read in (:func:`part_sql`, :func:`stream_part`).
-:mod:`calpipe.store` re-exports them.
+and the parts of whole streams a big night is read in (:func:`part_sql`, :func:`part_where`,
+:func:`stream_part`). :mod:`calpipe.store` re-exports the layout's functions.
 """
 
 from __future__ import annotations

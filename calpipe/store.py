@@ -52,10 +52,8 @@ from calpipe.errors import InputError, StoreError
 from calpipe.landing import (  # noqa: F401  (the landing layout: part of the store's API)
     FILE_COLUMN,
     day_files,
-    part_sql,
     part_where,
     read_parquet_files,
-    stream_part,
     write_landing,
 )
 from calpipe.locks import open_waiting

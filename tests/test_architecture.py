@@ -44,7 +44,7 @@ LAYERS = {
     "calpipe": 3,  # the package root: the public facade over frame and calibrators
     "calpipe.store": 4,
     "calpipe.locks": 4,  # opening a DuckDB file another process may hold (under store)
-    "calpipe.landing": 4,  # the landing folder layout: its files, one read, a write (under store)
+    "calpipe.landing": 4,  # the landing folder layout: its files, one read, a write; a night's parts (under store)
     "calpipe.pipeline": 4,
     "calpipe.cli": 5,
     "calpipe.spark": 5,  # the nightly step on Spark: over the pipeline's functions, like the cli

@@ -39,7 +39,7 @@ from calpipe import config, store
 from calpipe.contract import _TIME_US, Rule, check_rules
 from calpipe.errors import InputError
 from calpipe.frame import arrive_labels
-from calpipe.landing import FILE_COLUMN, read_parquet_files
+from calpipe.landing import FILE_COLUMN, part_where, read_parquet_files
 from calpipe.ordering import duplicated
 from calpipe.pipeline.classes import frame_n_classes, score_column, stored_n_classes
 from calpipe.pipeline.ids import stored_id_type
@@ -192,9 +192,7 @@ def read_arrivals(
         # each label's file as the file's index, then an Enum of the night's few files relative
         # to the folder (10 MB for 10M labels)
         with source._reading():
-            raw = read_parquet_files(
-                con, files, store.part_where(cm.stream, part, store.DEFAULT_STREAM)
-            )
+            raw = read_parquet_files(con, files, part_where(cm.stream, part, store.DEFAULT_STREAM))
         prefix = len(str(root)) + 1
         relative = [str(f)[prefix:] for f in files]
         raw = raw.with_columns(

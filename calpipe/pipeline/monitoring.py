@@ -19,6 +19,7 @@ import polars as pl
 from calpipe import config, metrics, store
 from calpipe.contract import stream_ids
 from calpipe.kernels.grouping import dense_ids
+from calpipe.landing import part_sql
 from calpipe.ordering import sort_by_keys
 from calpipe.pipeline.chain import _require_chain
 from calpipe.pipeline.classes import stored_n_classes
@@ -263,8 +264,8 @@ def _arrived(con, start: dt.date, end: dt.date, s: str) -> pl.DataFrame:
         return store.query(con, _ARRIVED_SQL.format(s=s, part_p="", part_l=""), [start, end])
     parts = [
         store.query(con, _ARRIVED_SQL.format(
-            s=s, part_p="AND " + store.part_sql("p.stream", (i, k)),
-            part_l="AND " + store.part_sql("l.stream", (i, k)),
+            s=s, part_p="AND " + part_sql("p.stream", (i, k)),
+            part_l="AND " + part_sql("l.stream", (i, k)),
         ), [start, end])
         for i in range(k)
     ]  # fmt: skip

@@ -20,6 +20,7 @@ import polars as pl
 from calpipe import config, store
 from calpipe.errors import CalpipeError, InputError, StateError
 from calpipe.frame_days import protect_by_day
+from calpipe.landing import stream_part
 from calpipe.pipeline.chain import (
     _Chain,
     _changed_streams,
@@ -212,7 +213,7 @@ def _check_part(streams: pl.Series, part: tuple[int, int] | None, what: str) -> 
     if part is None or streams.len() == 0:
         return
     names = streams.unique()
-    wrong = store.stream_part(names, part[1]) != part[0]
+    wrong = stream_part(names, part[1]) != part[0]
     if wrong.any():
         name = names.filter(pl.Series(wrong))[0]
         raise StateError(
@@ -280,7 +281,7 @@ def _run_day(
     of one pass. Returns the day's ``calibrator_state`` rows."""
     before = chain.state
     split = n_parts > 1 and before is not None
-    part_of = store.stream_part(before["stream"], n_parts) if split else None
+    part_of = stream_part(before["stream"], n_parts) if split else None
     done = []
     for i, part in enumerate(parts):
         state = before.filter(pl.Series(part_of == i)) if split else before
