@@ -16,6 +16,7 @@ import pytest
 
 from calpipe import config, generate, pipeline, store
 from calpipe.errors import InputError, StateError
+from calpipe.landing import stream_part
 from calpipe.pipeline import Settings, nightly
 from calpipe.pipeline.inputs import run_inputs
 from calpipe.pipeline.labels import LabelColumns, label_source
@@ -150,7 +151,7 @@ def test_a_bad_label_in_a_part_is_refused_and_nothing_is_written(tmp_path, event
         land_bad("s0")  # (counted in the night's rows, which set its number of parts)
         k = nightly._night_parts(run_inputs(con, src, lsrc, day(2), day(2)), day(2))
         names = scores.filter(pl.col("event_time").dt.date() == day(2))["stream"].unique()
-        part = store.stream_part(names, k)
+        part = stream_part(names, k)
         last = names[int(part.argmax())]  # a stream of the night's last non-empty part
         land_bad(last)
         with pytest.raises(InputError) as e:
@@ -194,7 +195,7 @@ def test_a_stream_read_into_another_part_is_refused():
     state by polars' name: a stream whose two names differ would be in two parts."""
     names = pl.Series(["a", "b", "c", "d", "e"])
     k = 4
-    part = store.stream_part(names, k)
+    part = stream_part(names, k)
     nightly._check_part(names.filter(pl.Series(part == part[0])), (int(part[0]), k), "x")
     wrong = (int(part[0]) + 1) % k
     with pytest.raises(StateError, match=f"x: stream 'a' was read as part {wrong} of 4"):
@@ -220,5 +221,23 @@ def test_a_night_whose_files_have_no_recorded_count_runs_in_parts_unchecked(
             con, "SELECT count(*) AS n FROM scored_events WHERE event_date = ?", [day(2)]
         )
         assert n["n"][0] > 0
+    finally:
+        con.close()
+
+
+def test_a_float_stream_column_that_duckdb_spells_otherwise_is_refused(tmp_path, events, parts):
+    """A stream column of floats: DuckDB reads the part of ``1e-07``, polars names the stream
+    ``1e-7`` (and splits the state by that name): refused naming the stream, nothing written."""
+    names = {f"s{i}": (i + 1) * 1e-7 for i in range(7)}
+    scores = events.with_columns(pl.col("stream").replace_strict(names, return_dtype=pl.Float64))
+    store.write_landing(scores, tmp_path / "scores")
+    con = store.connect(tmp_path / "db.duckdb")
+    try:
+        before = _tables(con)
+        with pytest.raises(StateError, match=r"stream '\de-7' was read as part \d+ of \d+"):
+            pipeline.run_range(con, store.EventSource.parse(str(tmp_path / "scores")))
+        after = _tables(con)
+        for t in before:
+            assert after[t].equals(before[t]), t
     finally:
         con.close()
