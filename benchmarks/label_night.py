@@ -69,7 +69,8 @@ def _scores(n: int, n_streams: int, day: dt.date, seed: int):
 
 def _labels(events, arrival_days: np.ndarray, seed: int):
     """Labels of ``events`` (truth p^0.7) arriving on the given days, at a time of that day after
-    the event."""
+    the event; in arrival order (``label_time``), as a label feed is appended: not in the
+    events' order, which made the night's lookup of their events look twice as fast."""
     import polars as pl
 
     rng = np.random.default_rng(seed)
@@ -84,7 +85,7 @@ def _labels(events, arrival_days: np.ndarray, seed: int):
         "stream": events["stream"], "event_id": events["event_id"],
         "label": pl.Series((rng.random(n) < p**0.7).astype(np.int32)),
         "label_time": label_time,
-    })  # fmt: skip
+    }).sort("label_time", maintain_order=True)  # fmt: skip
 
 
 def prepare(root: Path, size: str) -> dict:

@@ -346,9 +346,17 @@ def _lookup(con, raw: pl.DataFrame, day: dt.date, k: int) -> pl.DataFrame:
     label (an event and its label are unique over the history), so its rows are put in the
     labels' order by ``i``, a gather by the inverse permutation, not a join; column by column,
     each freed once placed (the frame and its copy together were 1 GB of a 10M-label night's
-    peak)."""
+    peak).
+
+    Integer ids are looked up in id order: each slice then spans a narrow range of ids, and
+    DuckDB's join filter (the build side's min and max id) skips the stored row groups outside
+    it wherever ids grow with time (a sequence, a timestamp-based id), as they are stored in
+    event time order. A feed in arrival order (ids at random) took twice as long per slice
+    (BENCHMARKS.md §12). String ids keep the feed's order (sorting 2M UUIDs took 1.2 s)."""
     sql = _LOOKUP_SQL.format(score=score_column(k), s="" if k == 2 else "s")
     keys, found = raw.select("i", "stream", "event_id"), []
+    if keys.schema["event_id"].is_integer():
+        keys = keys.sort("event_id")
     for start in range(0, max(raw.height, 1), config.LABEL_LOOKUP_ROWS):  # (a query if none)
         con.register("_calpipe_label_keys", keys.slice(start, config.LABEL_LOOKUP_ROWS).to_arrow())
         try:

@@ -613,3 +613,41 @@ def test_a_night_s_labels_are_looked_up_in_slices_that_fit_duckdb_s_pool(tmp_pat
         assert _lookup(con, raw, night, 2).equals(whole)
     finally:
         con.close()
+
+
+def test_labels_in_arrival_order_get_their_own_events_from_the_id_ordered_lookup(
+    tmp_path, monkeypatch
+):
+    """The lookup runs integer ids in id order (its slices then skip stored row groups) and
+    puts every row back at its label: labels landing in arrival order (ids at random), looked
+    up in many slices, each get their own event (its score and time name its id)."""
+    from calpipe import config
+    from calpipe.pipeline.labels import _lookup
+
+    con = store.connect(tmp_path / "db.duckdb")
+    try:
+        n = 20_000
+        con.execute(
+            "INSERT INTO scored_events (event_date, stream, event_id, event_time, score, label) "
+            "SELECT DATE '2024-01-01', 's' || (i % 7), i, TIMESTAMP '2024-01-01' + "
+            f"to_microseconds(i), i / {n}, NULL FROM range({n}) t(i)"
+        )
+        con.execute(
+            "INSERT INTO protected_scores (event_date, stream, event_id, base_score, "
+            "protected_score, log10_martingale) SELECT DATE '2024-01-01', 's' || (i % 7), i, "
+            f"i / {n}, 1 - i / {n}, 0.0 FROM range({n}) t(i)"
+        )
+        ids = np.random.default_rng(5).permutation(n)[: n // 2]
+        raw = pl.DataFrame({
+            "i": pl.Series(np.arange(ids.size), dtype=pl.UInt32),
+            "stream": [f"s{j % 7}" for j in ids], "event_id": ids.astype(np.int64),
+        })  # fmt: skip
+        monkeypatch.setattr(config, "LABEL_LOOKUP_ROWS", 1_000)
+        found = _lookup(con, raw, dt.date(2024, 1, 2), 2)
+        assert found.height == raw.height
+        np.testing.assert_array_equal(found["score"].to_numpy(), ids / n)
+        np.testing.assert_array_equal(found["__prot"].to_numpy(), 1 - ids / n)
+        us = (found["event_time"] - dt.datetime(2024, 1, 1)).dt.total_microseconds()
+        np.testing.assert_array_equal(us.to_numpy(), ids)
+    finally:
+        con.close()
