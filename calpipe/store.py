@@ -107,8 +107,8 @@ _META_SCHEMA = "schema_version"
 #: ``calibration_map`` (``layer`` of a stack, step/linear tables: ``x``, ``y_at``, ``y_right``,
 #: ``x_next``, ``y_next``); 9 = K-class maps (``alphas``, ``in_ka``, ``in_kb``); 10 = a K-class
 #: category's forecast and a partition tree (``y_k``, ``kids``: the Venn taxonomies' tables,
-#: ROC-isotonic's tree).
-SCHEMA_VERSION = 10
+#: ROC-isotonic's tree); 11 = a composite-experts input table (``in_layer``, negative ``layer``).
+SCHEMA_VERSION = 11
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*){0,2}$")
 
 

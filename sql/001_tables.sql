@@ -301,6 +301,12 @@ ALTER TABLE calibration_map ADD COLUMN IF NOT EXISTS y_k DOUBLE[];
 -- kleaf, node term, its forecast in y_k
 ALTER TABLE calibration_map ADD COLUMN IF NOT EXISTS kids DOUBLE[];
 
+-- schema version 11: a composite-experts input whose map is a table of its own (isotonic,
+-- ROC-isotonic, histogram, Venn, Venn-ABERS): its rows are layer -(j + 1) (the j-th such input,
+-- from 0), evaluated at the clipped score (clip = the method's); a term reading one has
+-- in_layer = that layer: q = the table's value, then clipped to [clip, 1 - clip]
+ALTER TABLE calibration_map ADD COLUMN IF NOT EXISTS in_layer INTEGER;
+
 -- Key-value facts about this database (SQL layer version, the chain's configuration).
 CREATE TABLE IF NOT EXISTS calpipe_meta (
     key   VARCHAR NOT NULL,

@@ -174,8 +174,9 @@ CREATE OR REPLACE MACRO calpipe_brier_binary(a0, a1) AS
 -- One layer of stream `s`'s map of day `d` evaluated at p: `v` (NULL: the layer has no rows) and
 -- its row count `n`. The Brier compatibility mode's forecast, a step/linear table (the piece
 -- with the largest x <= p), a bin table (family bins: the value of p's bin, p where NULL) or a
--- weighted sum of terms.
-CREATE OR REPLACE MACRO calpipe_layer(s, d, lay, p) AS TABLE
+-- weighted sum of terms; a term with an input table (in_layer -(j + 1)) reads its value
+-- ins[j + 1] (the input tables' values, calibrate_score_as_of) for q.
+CREATE OR REPLACE MACRO calpipe_layer(s, d, lay, p, ins) AS TABLE
     SELECT CASE WHEN bool_or(m.family IN ('brier', 'brier_cox'))
                 THEN calpipe_brier_binary(
                     sum(m.weight * exp(-calpipe_brier_loss(0, calpipe_brier_f(m.family, m.b,
@@ -191,8 +192,13 @@ CREATE OR REPLACE MACRO calpipe_layer(s, d, lay, p) AS TABLE
                              m.x) FILTER (WHERE m.x <= p)
                 WHEN bool_or(m.family = 'bins')
                 THEN max(coalesce(m.y_at, p)) FILTER (WHERE m.term = calpipe_bin(p, m.a))
-                ELSE sum(m.weight * calpipe_map_term(m.family, m.a, m.b, m.clip, m.in_w1, m.in_w2,
-                                                     m.in_w0, m.in_eps, p))
+                ELSE sum(m.weight * CASE
+                    WHEN m.in_layer IS NULL
+                    THEN calpipe_map_term(m.family, m.a, m.b, m.clip, m.in_w1, m.in_w2, m.in_w0,
+                                          m.in_eps, p)
+                    ELSE calpipe_term(m.family, m.a, m.b,
+                                      calpipe_clip(ins[-m.in_layer], m.clip))
+                    END)
            END AS v,
            count(*) AS n
     FROM calibration_map m
@@ -202,14 +208,25 @@ CREATE OR REPLACE MACRO calpipe_layer(s, d, lay, p) AS TABLE
 -- (its latest map on or before; NULL: no map yet), for every method with a SQL form
 -- (calpipe.pipeline.mapping.has_sql_map): layer 0 at the score; layer 1 (a stack's top, a
 -- calibeating table), where there is one, at layer 0's value; layer 2 (the top of a stack with
--- a calibeating layer) at layer 1's.
+-- a calibeating layer) at layer 1's. A composite-experts input whose map is a table of its own
+-- (layer -1, -2, ...) is evaluated first, at the clipped score, for the terms that read it.
 CREATE OR REPLACE MACRO calibrate_score_as_of(s, score, as_of) AS (
     WITH d AS (
         SELECT max(date) AS d FROM calibration_map WHERE stream = s AND date <= CAST(as_of AS DATE)
     ),
-    l0 AS (SELECT l.v FROM d, calpipe_layer(s, d.d, 0, CAST(score AS DOUBLE)) AS l),
-    l1 AS (SELECT l.v, l.n FROM d, l0, calpipe_layer(s, d.d, 1, l0.v) AS l),
-    l2 AS (SELECT l.v, l.n FROM d, l1, calpipe_layer(s, d.d, 2, l1.v) AS l)
+    in_tables AS (
+        SELECT DISTINCT m.layer, m.clip FROM d, calibration_map m
+        WHERE m.stream = s AND m.date = d.d AND m.layer < 0
+    ),
+    -- (a scalar subquery: one row, NULL without input tables, also per row of an outer query)
+    ins AS (
+        SELECT (SELECT list(l.v ORDER BY it.layer DESC)
+                FROM d, in_tables it,
+                     calpipe_layer(s, d.d, it.layer, calpipe_clip(score, it.clip), NULL) AS l) AS v
+    ),
+    l0 AS (SELECT l.v FROM d, ins, calpipe_layer(s, d.d, 0, CAST(score AS DOUBLE), ins.v) AS l),
+    l1 AS (SELECT l.v, l.n FROM d, l0, calpipe_layer(s, d.d, 1, l0.v, NULL) AS l),
+    l2 AS (SELECT l.v, l.n FROM d, l1, calpipe_layer(s, d.d, 2, l1.v, NULL) AS l)
     SELECT CASE WHEN l2.n > 0 THEN l2.v WHEN l1.n > 0 THEN l1.v ELSE l0.v END FROM l0, l1, l2
 );
 

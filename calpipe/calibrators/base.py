@@ -79,6 +79,10 @@ class MapTerms:
     #: q = softmax(a_c ln c_c(p) + b_c), c the floor at eps renormalised (NaN rows: the base).
     alphas: np.ndarray | None = None
     inputs_k: np.ndarray | None = None
+    #: Binary: the input of each term (T,) that is a table of its own (a composite-experts
+    #: input without a logistic map: isotonic, Venn-ABERS, ...): its number j >= 0 among those
+    #: inputs, in order (q = that input's map at the clipped score, SQL layer -(j + 1)); -1: none
+    in_table: np.ndarray | None = None
 
 
 @dataclass

@@ -366,8 +366,10 @@ class CompositeExperts(Calibrator[FlatState]):
         W_{i, theta} (summed over the rates after jump-mixing, as the next forecast mixes them)
         on the Cox function theta of input i, each input written as its current logistic map
         (``ops``, ``obs``, windowed ``platt``/``beta``; an unfitted window: the base), for K
-        classes as its vector scaling map (``ops``: online vector scaling). Raises
-        ParameterError for an input without that form (isotonic, Venn-ABERS, ...)."""
+        classes as its vector scaling map (``ops``: online vector scaling). A binary input
+        without a logistic map (isotonic, Venn-ABERS, ...: a step or linear table, see
+        :meth:`table_inputs`) is named in ``in_table``. Raises ParameterError for a K-class
+        input without a vector scaling map."""
         k = n_classes
         fam = self.family(k)
         head, subs = self._split(state, k)
@@ -377,10 +379,15 @@ class CompositeExperts(Calibrator[FlatState]):
         weight = np.column_stack([head[:, 0], serving_weights(active, self.rates)])
         width = 4 if k == 2 else 2 * k + 1
         inputs = np.full((n, weight.shape[1], width), np.nan)
+        in_table = np.full(weight.shape[1], -1, dtype=np.int64)
+        n_tables = 0
         for i, (cal, sub) in enumerate(zip(self._inputs(k), subs, strict=True)):
+            lo = 1 + (i + 1) * t  # input 0 is the base itself: its terms keep NaN
+            if k == 2 and not cal.has_logistic_map():
+                in_table[lo : lo + t], n_tables = n_tables, n_tables + 1
+                continue
             if not hasattr(cal, "logistic_map" if k == 2 else "vector_map"):
                 raise ParameterError(f"input {cal.name!r} of {self.name!r} has no SQL form")
-            lo = 1 + (i + 1) * t  # input 0 is the base itself: its terms keep NaN
             inputs[:, lo : lo + t] = (cal.logistic_map(sub) if k == 2 else cal.vector_map(sub, k))[
                 :, None, :
             ]
@@ -396,7 +403,19 @@ class CompositeExperts(Calibrator[FlatState]):
             inputs=inputs if k == 2 else None,
             alphas=alphas,
             inputs_k=inputs if k > 2 else None,
+            in_table=in_table if k == 2 else None,
         )
+
+    def table_inputs(self, state: FlatState) -> list[tuple[Calibrator, FlatState]]:
+        """The binary inputs without a logistic map, in order (``MapTerms.in_table`` numbers
+        them), each with its part of ``state``: their maps are tables of their own (the SQL
+        serving map evaluates each at the clipped score, then the terms at its value)."""
+        _, subs = self._split(state, 2)
+        return [
+            (cal, sub)
+            for cal, sub in zip(self._inputs(2), subs, strict=True)
+            if not cal.has_logistic_map()
+        ]
 
     # -- running -------------------------------------------------------------------------------
     def prepare_scores(self, scores: np.ndarray) -> np.ndarray:

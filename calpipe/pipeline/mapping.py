@@ -38,8 +38,9 @@ def map_weights(state: pl.DataFrame, settings: Settings) -> tuple[np.ndarray, np
 def has_sql_map(cal, n_classes: int = 2) -> bool:
     """Whether ``cal``'s binary serving map has a SQL form in ``calibration_map``: a mixture of
     calibrating functions (the log-loss protected methods; ``composite-experts`` over inputs
-    with a logistic map), a logistic map (Platt, beta, OPS/OBS, decay-beta), temperature
-    scaling (family ``temperature``), a step or linear table (isotonic, ROC-isotonic,
+    with a logistic map or a step/linear table of their own, the tables as layers -1, -2, ...
+    evaluated at the clipped score: not under a stack's top), a logistic map (Platt, beta,
+    OPS/OBS, decay-beta), temperature scaling (family ``temperature``), a step or linear table (isotonic, ROC-isotonic,
     histogram, Venn, Venn-ABERS, the Venn predictor on score bins), calibrated regression in
     paper 004 §IV's closed form (family ``calreg``) or, with powers of or tents on the
     forecast, by the kernel's scan and bisection (family ``calreg_fp``), calibeating (the expert's logistic map,
@@ -55,8 +56,20 @@ def has_sql_map(cal, n_classes: int = 2) -> bool:
     Algorithm 2). The Brier compatibility mode (binary and K classes): the weights of its
     next forecast, which the macros aggregate as its substitution shortcut does."""
     if isinstance(cal, Stacked):  # base then top (a calibeating method takes two layers)
-        return all(_form(c, n_classes) is not None for c in (cal.base, cal.top))
+        # (an input table is evaluated at the score: not under a stack's top)
+        return all(
+            _form(c, n_classes) is not None and not (n_classes == 2 and _table_inputs(c))
+            for c in (cal.base, cal.top)
+        )
     return _form(cal, n_classes) is not None
+
+
+def _table_inputs(cal) -> list:
+    """A binary ``composite-experts``' inputs whose map is a table of its own (no logistic
+    map: isotonic, ROC-isotonic, histogram, Venn, Venn-ABERS), in order."""
+    if not hasattr(cal, "table_inputs"):
+        return []
+    return [c for c in cal._inputs(2) if not c.has_logistic_map()]
 
 
 def _form(cal, n_classes: int = 2) -> str | None:
@@ -85,7 +98,8 @@ def _form(cal, n_classes: int = 2) -> str | None:
     if hasattr(cal, "map_terms"):
         if isinstance(cal, ProtectedCalibrator):
             return "terms" if cal.loss == "log" else None
-        return "terms" if all(c.has_logistic_map() for c in cal._inputs(2)) else None
+        ok = all(c.has_logistic_map() or _form(c) == "steps" for c in cal._inputs(2))
+        return "terms" if ok else None
     if cal.has_logistic_map():
         return "logistic"
     if hasattr(cal, "linear_map") and cal.linear_map(cal.initial_state(1, 2)) is not None:
@@ -125,9 +139,7 @@ def map_terms(state: pl.DataFrame, settings: Settings) -> pl.DataFrame:
         pl.lit(cal.name).alias("method"), pl.lit(cal.fingerprint(k)).alias("config_fingerprint")
     )
     absent = [
-        pl.lit(None, pl.List(pl.Float64) if c in _LIST_COLUMNS else pl.Float64).alias(c)
-        for c in _COLUMNS
-        if c not in out.columns
+        pl.lit(None, _TYPES.get(c, pl.Float64)).alias(c) for c in _COLUMNS if c not in out.columns
     ]
     return out.with_columns(absent).select(_COLUMNS)
 
@@ -150,12 +162,14 @@ def _cal_rows(cal, st, keys: pl.DataFrame, layer: int, k: int) -> list[pl.DataFr
 _COLUMNS = (
     "date", "stream", "term", "family", "a", "b", "weight", "clip", "method",
     "config_fingerprint", "in_w1", "in_w2", "in_w0", "in_eps", "layer", "x", "y_at", "y_right",
-    "x_next", "y_next", "alphas", "in_ka", "in_kb", "y_k", "kids",
+    "x_next", "y_next", "alphas", "in_ka", "in_kb", "y_k", "kids", "in_layer",
 )  # fmt: skip
 #: Columns of a term's input map in ``calibration_map`` (NULL: the clipped base).
 _INPUT_COLUMNS = ("in_w1", "in_w2", "in_w0", "in_eps")
 #: K-class columns (DOUBLE[]): a Cox term's class shifts, a term's vector scaling input.
 _LIST_COLUMNS = ("alphas", "in_ka", "in_kb", "y_k", "kids")
+#: The types of the columns a map may lack (the others are DOUBLE).
+_TYPES = {c: pl.List(pl.Float64) for c in _LIST_COLUMNS} | {"in_layer": pl.Int32}
 
 
 def _layer_rows(cal, st, keys: pl.DataFrame, layer: int, k: int = 2) -> pl.DataFrame:
@@ -169,10 +183,24 @@ def _layer_rows(cal, st, keys: pl.DataFrame, layer: int, k: int = 2) -> pl.DataF
         mt = cal.map_terms(st)
         n, t = mt.weight.shape
         inputs = mt.inputs if mt.inputs is not None else np.full((n, t, 4), np.nan)
-        return _term_frame(
+        clip = float(cal.params["clip"])
+        terms = _term_frame(
             keys, t, np.tile(mt.family, n), np.tile(mt.a, n), np.tile(mt.b, n),
-            mt.weight.ravel(), inputs.reshape(n * t, 4), float(cal.params["clip"]), layer,
+            mt.weight.ravel(), inputs.reshape(n * t, 4), clip, layer,
         )  # fmt: skip
+        if mt.in_table is None or not (mt.in_table >= 0).any():
+            return terms
+        # the input tables (layer -(j + 1), evaluated at the clipped score, `clip` = the
+        # method's), and the terms that read one (`in_layer`)
+        in_layer = np.where(mt.in_table >= 0, -(mt.in_table + 1), 0)
+        terms = terms.with_columns(
+            pl.Series("in_layer", np.tile(in_layer, n), dtype=pl.Int32)
+        ).with_columns(pl.when(pl.col("in_layer") != 0).then(pl.col("in_layer")).alias("in_layer"))
+        tables = [
+            _step_rows(c, sub, keys, -(j + 1)).with_columns(pl.lit(clip).alias("clip"))
+            for j, (c, sub) in enumerate(cal.table_inputs(st))
+        ]
+        return pl.concat([terms, *tables], how="diagonal_relaxed")
     if form == "logistic":  # one identity term whose input is the map (NaN: the base)
         n = keys.height
         return _term_frame(
@@ -494,9 +522,10 @@ def _step_rows(cal, st, keys: pl.DataFrame, layer: int) -> pl.DataFrame:
 
 def _map_rows(state: pl.DataFrame, settings: Settings) -> pl.DataFrame:
     """``calibration_map`` rows of state rows: :func:`map_terms` for the chains of the methods
-    whose map has a SQL form (:func:`has_sql_map`); none for the others (composite-experts
-    over an input without a logistic map: serve it with serving_map(); a method reading a
-    user column has no map of the score alone)."""
+    whose map has a SQL form (:func:`has_sql_map`); none for the others (serve them with
+    serving_map(): a stack over composite-experts with input tables, K-class composite-experts
+    over inputs without a vector scaling map; a method reading a user column has no map of the
+    score alone)."""
     k = int(state["n_classes"][0]) if state.height else 2
     if state.height and has_sql_map(settings.calibrator(), k):
         return map_terms(state, settings)

@@ -366,3 +366,43 @@ def test_the_sql_fixed_point_s_constants_are_the_config_s():
     assert f"range({config.CALREG_BISECTION_MAX_ITER})" in body
     grid = config.CALREG_ROOT_GRID
     assert f"range(1, {grid + 1})" in body and f"/ {float(grid)!r}" in body
+
+
+@pytest.mark.parametrize(
+    "inputs",
+    [("isotonic",), ("venn-abers",), ("ops", "histogram"), ("roc-isotonic", "obs", "venn")],
+    ids=["isotonic", "venn-abers", "ops-histogram", "roc-isotonic-obs-venn"],
+)
+def test_composite_experts_over_input_tables_in_sql(tmp_path, inputs):
+    """composite-experts over inputs without a logistic map (windowed isotonic, Venn-ABERS,
+    histogram, ROC-isotonic, Venn; beside logistic ones): each such input's map is a table of
+    its own (layer -(j + 1)) evaluated at the clipped score, the terms reading it (in_layer),
+    equal to the serving map to 1e-12."""
+    windowed = {"isotonic", "venn-abers", "histogram", "roc-isotonic", "venn"}
+    specs = tuple(f"{m}:window=30:refit_every=11" if m in windowed else m for m in inputs)
+    settings = Settings.make("composite-experts", inputs=specs)
+    assert has_sql_map(settings.calibrator())
+    con, events = _chain(tmp_path, settings)
+    try:
+        n_tables = sum(m in windowed for m in inputs)
+        layers = store.query(
+            con, "SELECT DISTINCT layer FROM calibration_map WHERE layer < 0 ORDER BY layer"
+        )["layer"].to_list()
+        assert layers == list(range(-n_tables, 0))
+        read = store.query(con, "SELECT DISTINCT in_layer FROM calibration_map WHERE in_layer "
+                                "IS NOT NULL ORDER BY in_layer")["in_layer"].to_list()  # fmt: skip
+        assert read == layers
+        _check_sql_equals_serving_map(con, events, settings)
+        day = store.query(con, "SELECT min(date) AS d FROM calibrator_state")["d"][0]
+        _check_sql_equals_serving_map(con, events, settings, as_of=day)  # (inputs unfitted)
+    finally:
+        con.close()
+
+
+def test_a_stack_over_composite_experts_with_input_tables_has_no_sql_map():
+    """An input table is evaluated at the score, so not under a stack's top: serving_map()."""
+    settings = Settings.make(
+        "platt", base_method="composite-experts",
+        base_params={"inputs": ("isotonic:window=30:refit_every=11",)},
+    )  # fmt: skip
+    assert not has_sql_map(settings.calibrator())
