@@ -1155,8 +1155,11 @@ def test_sql_macro_equals_the_serving_map_of_composite_experts(tmp_path, inputs)
         con.close()
 
 
-def test_composite_experts_over_an_input_without_a_logistic_map_has_no_sql_map(tmp_path):
-    settings = Settings.make("composite-experts", inputs=("ops", "isotonic:window=20"))
+def test_composite_experts_over_a_temperature_input_has_no_sql_map(tmp_path):
+    """An input without a logistic map or a table of its own (a windowed temperature fit) has
+    no SQL form: no calibration_map rows (serving_map() serves it). Inputs that are tables
+    (isotonic, ...) have one: tests/pipeline/test_mapping.py."""
+    settings = Settings.make("composite-experts", inputs=("ops", "temperature:window=20"))
     events = generate.generate(n_days=2, streams=SMALL, seed=2)
     store.write_landing(events, tmp_path / "landing")
     con = store.connect(tmp_path / "db.duckdb")
