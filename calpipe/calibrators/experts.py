@@ -380,11 +380,11 @@ class CompositeExperts(Calibrator[FlatState]):
         width = 4 if k == 2 else 2 * k + 1
         inputs = np.full((n, weight.shape[1], width), np.nan)
         in_table = np.full(weight.shape[1], -1, dtype=np.int64)
-        n_tables = 0
+        tables = self.table_input_indices() if k == 2 else []
         for i, (cal, sub) in enumerate(zip(self._inputs(k), subs, strict=True)):
             lo = 1 + (i + 1) * t  # input 0 is the base itself: its terms keep NaN
-            if k == 2 and not cal.has_logistic_map():
-                in_table[lo : lo + t], n_tables = n_tables, n_tables + 1
+            if i in tables:
+                in_table[lo : lo + t] = tables.index(i)
                 continue
             if not hasattr(cal, "logistic_map" if k == 2 else "vector_map"):
                 raise ParameterError(f"input {cal.name!r} of {self.name!r} has no SQL form")
@@ -406,16 +406,17 @@ class CompositeExperts(Calibrator[FlatState]):
             in_table=in_table if k == 2 else None,
         )
 
+    def table_input_indices(self) -> list[int]:
+        """The binary inputs without a logistic map (their positions among the inputs, in
+        order; ``MapTerms.in_table`` numbers them 0, 1, ...): their maps are tables of their
+        own, which the SQL serving map evaluates at the clipped score before the terms."""
+        return [i for i, cal in enumerate(self._inputs(2)) if not cal.has_logistic_map()]
+
     def table_inputs(self, state: FlatState) -> list[tuple[Calibrator, FlatState]]:
-        """The binary inputs without a logistic map, in order (``MapTerms.in_table`` numbers
-        them), each with its part of ``state``: their maps are tables of their own (the SQL
-        serving map evaluates each at the clipped score, then the terms at its value)."""
+        """:meth:`table_input_indices`' inputs, each with its part of ``state``."""
         _, subs = self._split(state, 2)
-        return [
-            (cal, sub)
-            for cal, sub in zip(self._inputs(2), subs, strict=True)
-            if not cal.has_logistic_map()
-        ]
+        cals = self._inputs(2)
+        return [(cals[i], subs[i]) for i in self.table_input_indices()]
 
     # -- running -------------------------------------------------------------------------------
     def prepare_scores(self, scores: np.ndarray) -> np.ndarray:

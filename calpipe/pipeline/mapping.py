@@ -58,18 +58,13 @@ def has_sql_map(cal, n_classes: int = 2) -> bool:
     if isinstance(cal, Stacked):  # base then top (a calibeating method takes two layers)
         # (an input table is evaluated at the score: not under a stack's top)
         return all(
-            _form(c, n_classes) is not None and not (n_classes == 2 and _table_inputs(c))
+            _form(c, n_classes) is not None
+            and not (
+                n_classes == 2 and hasattr(c, "table_input_indices") and c.table_input_indices()
+            )
             for c in (cal.base, cal.top)
         )
     return _form(cal, n_classes) is not None
-
-
-def _table_inputs(cal) -> list:
-    """A binary ``composite-experts``' inputs whose map is a table of its own (no logistic
-    map: isotonic, ROC-isotonic, histogram, Venn, Venn-ABERS), in order."""
-    if not hasattr(cal, "table_inputs"):
-        return []
-    return [c for c in cal._inputs(2) if not c.has_logistic_map()]
 
 
 def _form(cal, n_classes: int = 2) -> str | None:
