@@ -19,7 +19,8 @@ Measurements (the numbering of BENCHMARKS.md):
 8. start-up: first ``protect`` call of a fresh process, numba cache cold vs warm;
 9. every method of the default's mixture; 13. the river and scikit-learn APIs
    (:mod:`benchmarks.online`); 14. many small days in spans vs day by day, and ``calpipe demo``
-   (:mod:`benchmarks.small_days`);
+   (:mod:`benchmarks.small_days`); 15. serving maps in SQL, a table of scores at once vs per
+   score (:mod:`benchmarks.serving`);
 and the Venn-ABERS speed against the ``venn-abers`` package (:mod:`benchmarks.venn_abers`).
 
 ``protect`` measurements run in a child process each (``--child``), so that the peak RSS
@@ -563,7 +564,7 @@ def main(argv=None) -> None:
     only = (
         set(args.only.split(","))
         if args.only
-        else {"1", "2", "3", "4", "5", "6", "7", "8", "9", "13", "14", "va"}
+        else {"1", "2", "3", "4", "5", "6", "7", "8", "9", "13", "14", "15", "va"}
     )
     t_suite = time.perf_counter()
     parts = [
@@ -612,6 +613,10 @@ def main(argv=None) -> None:
         from benchmarks import small_days
 
         emit(small_days.measure(args.size, args.repeat))
+    if "15" in only:  # serving maps in SQL: calibrate_table vs calibrate_score per row
+        from benchmarks import serving
+
+        emit(serving.measure(args.size, args.repeat))
     total = f"Suite wall time: {time.perf_counter() - t_suite:.0f} s (`--size {args.size}`).\n"
     print(total, flush=True)
     parts.append(total)

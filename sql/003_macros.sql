@@ -7,27 +7,41 @@
 CREATE OR REPLACE MACRO calpipe_clip(p, eps) AS
     least(greatest(CAST(p AS DOUBLE), CAST(eps AS DOUBLE)), 1 - CAST(eps AS DOUBLE));
 
+-- A score as the maps read it: a DOUBLE, NULL for NULL and NaN (no forecast without a score;
+-- calpipe_clip would read NULL as eps, as greatest() skips NULLs, and NaN has no bin).
+CREATE OR REPLACE MACRO calpipe_score(p) AS
+    CASE WHEN isnan(CAST(p AS DOUBLE)) THEN NULL ELSE CAST(p AS DOUBLE) END;
+
+-- A macro's argument is copied wherever its parameter appears, so a parameter used n times
+-- inside a macro used m times inside another is bound n * m times: the term of a map, spelled
+-- directly, expanded into thousands of nodes and took DuckDB 0.3 s to bind per layer (1.5 s a
+-- calibrate_score query). The macros below that use an argument more than once bind it once, as
+-- the single element of a list that a lambda reads (list_transform([x], lambda v: ...)[1]).
+
 -- The logistic function, without overflow for large |z|.
 CREATE OR REPLACE MACRO calpipe_sigmoid(z) AS
-    CASE WHEN z >= 0 THEN 1 / (1 + exp(-z)) ELSE exp(z) / (1 + exp(z)) END;
+    list_transform([CAST(z AS DOUBLE)], lambda sg_z:
+        CASE WHEN sg_z >= 0 THEN 1 / (1 + exp(-sg_z)) ELSE exp(sg_z) / (1 + exp(sg_z)) END)[1];
 
 -- One calibrating function f(p) of a map term.
 CREATE OR REPLACE MACRO calpipe_term(family, a, b, p) AS
-    CASE family
-        WHEN 'identity'  THEN p
-        WHEN 'quadratic' THEN p + a * p * (1 - p)
-        WHEN 'cubic'     THEN p + a * p * (p - b) * (p - 1)
-        WHEN 'cox'       THEN exp(a) * pow(p, b) / (exp(a) * pow(p, b) + pow(1 - p, b))
+    list_transform([CAST(p AS DOUBLE)], lambda tm_p: CASE family
+        WHEN 'identity'  THEN tm_p
+        WHEN 'quadratic' THEN tm_p + a * tm_p * (1 - tm_p)
+        WHEN 'cubic'     THEN tm_p + a * tm_p * (tm_p - b) * (tm_p - 1)
+        WHEN 'cox'       THEN exp(a) * pow(tm_p, b) / (exp(a) * pow(tm_p, b) + pow(1 - tm_p, b))
         -- temperature scaling, a = 1/T, b = eps: the two-class softmax of ln max(p, eps) / T
-        WHEN 'temperature' THEN calpipe_sigmoid(a * ln(greatest(p, b)) - a * ln(greatest(1 - p, b)))
-    END;
+        WHEN 'temperature'
+        THEN calpipe_sigmoid(a * ln(greatest(tm_p, b)) - a * ln(greatest(1 - tm_p, b)))
+    END)[1];
 
 -- A term's input q(p): p itself (w1 NULL), or the logistic map of a composite-experts input
 -- (online Platt/beta scaling, a windowed Platt/beta fit): sigmoid(w1 ln c - w2 ln(1 - c) + w0).
 CREATE OR REPLACE MACRO calpipe_input(p, w1, w2, w0, eps) AS
-    CASE WHEN w1 IS NULL THEN p
-         ELSE calpipe_sigmoid(w1 * ln(calpipe_clip(p, eps)) - w2 * ln(1 - calpipe_clip(p, eps)) + w0)
-    END;
+    list_transform([CAST(p AS DOUBLE)], lambda in_p: CASE WHEN w1 IS NULL THEN in_p
+        ELSE calpipe_sigmoid(w1 * ln(calpipe_clip(in_p, eps)) - w2 * ln(1 - calpipe_clip(in_p, eps))
+                             + w0)
+    END)[1];
 
 -- One term of a map row `m` evaluated at score p: f(clip(q(clip(p)))).
 CREATE OR REPLACE MACRO calpipe_map_term(family, a, b, clip, w1, w2, w0, eps, p) AS
@@ -171,44 +185,59 @@ CREATE OR REPLACE MACRO calpipe_brier_binary(a0, a1) AS
     calpipe_brier_v2(-ln(a1), -ln(a0), -ln(a1))
     / (calpipe_brier_v2(-ln(a0), -ln(a0), -ln(a1)) + calpipe_brier_v2(-ln(a1), -ln(a0), -ln(a1)));
 
+-- `value` on the map rows `m` of the families `families`, NULL on the others (which the
+-- aggregates skip). Why: an aggregate computes its argument on every row of the group, whatever
+-- branch of calpipe_layer_value is taken, and CASE computes a branch only for its own rows (the
+-- calibrated-regression scan, 64 steps of list lambdas, on every term of a Jumper's map made a
+-- score cost milliseconds).
+CREATE OR REPLACE MACRO calpipe_rows_of(m, families, value) AS
+    CASE WHEN list_contains(families, m.family) THEN value END;
+
+-- The value at p of one layer of a map, an aggregate over the layer's rows `m` (a row of
+-- calibration_map as a struct): the Brier compatibility mode's forecast, a step/linear table
+-- (the piece with the largest x <= p), a bin table (family bins: the value of p's bin, p where
+-- NULL) or a weighted sum of terms; a term with an input table (in_layer -(j + 1)) reads its
+-- value ins[j + 1] (the input tables' values at the clipped score) for q. One home for both
+-- forms: calpipe_layer (one score) and calpipe_points_layer (a table of scores).
+CREATE OR REPLACE MACRO calpipe_layer_value(m, p, ins) AS
+    CASE WHEN bool_or(m.family IN ('brier', 'brier_cox'))
+         THEN calpipe_brier_binary(
+             sum(calpipe_rows_of(m, ['brier', 'brier_cox'], m.weight * exp(-calpipe_brier_loss(
+                 0, calpipe_brier_f(m.family, m.b, m.alphas, [1.0 - p, p]))))),
+             sum(calpipe_rows_of(m, ['brier', 'brier_cox'], m.weight * exp(-calpipe_brier_loss(
+                 1, calpipe_brier_f(m.family, m.b, m.alphas, [1.0 - p, p]))))))
+         WHEN bool_or(m.family = 'calreg')
+         THEN max(calpipe_rows_of(m, ['calreg'], calpipe_calreg_y(m.a,
+                                                                 calpipe_calreg_c(m.y_k, m.b, p))))
+         WHEN bool_or(m.family = 'calreg_fp')
+         THEN max(calpipe_rows_of(m, ['calreg_fp'], calpipe_calreg_fp_row(m.a, m.b, m.y_k, p)))
+         WHEN bool_or(m.family IN ('step', 'linear'))
+         THEN arg_max(calpipe_piece(m.family, m.x, m.y_at, m.y_right, m.x_next, m.y_next, p),
+                      m.x) FILTER (WHERE m.x <= p)
+         WHEN bool_or(m.family = 'bins')
+         THEN max(coalesce(m.y_at, p)) FILTER (WHERE m.term = calpipe_bin(p, m.a))
+         ELSE sum(m.weight * CASE
+             WHEN m.family IN ('brier', 'brier_cox', 'calreg', 'calreg_fp', 'step', 'linear',
+                               'bins') THEN NULL
+             WHEN m.in_layer IS NULL
+             THEN calpipe_map_term(m.family, m.a, m.b, m.clip, m.in_w1, m.in_w2, m.in_w0,
+                                   m.in_eps, p)
+             ELSE calpipe_term(m.family, m.a, m.b, calpipe_clip(ins[-m.in_layer], m.clip))
+             END)
+    END;
+
 -- One layer of stream `s`'s map of day `d` evaluated at p: `v` (NULL: the layer has no rows) and
--- its row count `n`. The Brier compatibility mode's forecast, a step/linear table (the piece
--- with the largest x <= p), a bin table (family bins: the value of p's bin, p where NULL) or a
--- weighted sum of terms; a term with an input table (in_layer -(j + 1)) reads its value
--- ins[j + 1] (the input tables' values, calibrate_score_as_of) for q.
+-- its row count `n` (calpipe_layer_value).
 CREATE OR REPLACE MACRO calpipe_layer(s, d, lay, p, ins) AS TABLE
-    SELECT CASE WHEN bool_or(m.family IN ('brier', 'brier_cox'))
-                THEN calpipe_brier_binary(
-                    sum(m.weight * exp(-calpipe_brier_loss(0, calpipe_brier_f(m.family, m.b,
-                        m.alphas, [1.0 - p, p])))),
-                    sum(m.weight * exp(-calpipe_brier_loss(1, calpipe_brier_f(m.family, m.b,
-                        m.alphas, [1.0 - p, p])))))
-                WHEN bool_or(m.family = 'calreg')
-                THEN max(calpipe_calreg_y(m.a, calpipe_calreg_c(m.y_k, m.b, p)))
-                WHEN bool_or(m.family = 'calreg_fp')
-                THEN max(calpipe_calreg_fp_row(m.a, m.b, m.y_k, p))
-                WHEN bool_or(m.family IN ('step', 'linear'))
-                THEN arg_max(calpipe_piece(m.family, m.x, m.y_at, m.y_right, m.x_next, m.y_next, p),
-                             m.x) FILTER (WHERE m.x <= p)
-                WHEN bool_or(m.family = 'bins')
-                THEN max(coalesce(m.y_at, p)) FILTER (WHERE m.term = calpipe_bin(p, m.a))
-                ELSE sum(m.weight * CASE
-                    WHEN m.in_layer IS NULL
-                    THEN calpipe_map_term(m.family, m.a, m.b, m.clip, m.in_w1, m.in_w2, m.in_w0,
-                                          m.in_eps, p)
-                    ELSE calpipe_term(m.family, m.a, m.b,
-                                      calpipe_clip(ins[-m.in_layer], m.clip))
-                    END)
-           END AS v,
-           count(*) AS n
+    SELECT calpipe_layer_value(m, p, ins) AS v, count(*) AS n
     FROM calibration_map m
     WHERE m.stream = s AND m.date = d AND coalesce(m.layer, 0) = lay;
 
 -- Calibrated probability of `score` under stream `s`'s map in force at the end of day `as_of`
--- (its latest map on or before; NULL: no map yet), for every method with a SQL form
--- (calpipe.pipeline.mapping.has_sql_map): layer 0 at the score; layer 1 (a stack's top, a
--- calibeating table), where there is one, at layer 0's value; layer 2 (the top of a stack with
--- a calibeating layer) at layer 1's. A composite-experts input whose map is a table of its own
+-- (its latest map on or before; NULL: no map yet, or a NULL or NaN score), for every method
+-- with a SQL form (calpipe.pipeline.mapping.has_sql_map): layer 0 at the score; layer 1 (a
+-- stack's top, a calibeating table), where there is one, at layer 0's value; layer 2 (the top
+-- of a stack with a calibeating layer) at layer 1's. A composite-experts input whose map is a table of its own
 -- (layer -1, -2, ...) is evaluated first, at the clipped score, for the terms that read it.
 CREATE OR REPLACE MACRO calibrate_score_as_of(s, score, as_of) AS (
     WITH d AS (
@@ -222,12 +251,15 @@ CREATE OR REPLACE MACRO calibrate_score_as_of(s, score, as_of) AS (
     ins AS (
         SELECT (SELECT list(l.v ORDER BY it.layer DESC)
                 FROM d, in_tables it,
-                     calpipe_layer(s, d.d, it.layer, calpipe_clip(score, it.clip), NULL) AS l) AS v
+                     calpipe_layer(s, d.d, it.layer, calpipe_clip(calpipe_score(score), it.clip),
+                                   NULL) AS l) AS v
     ),
-    l0 AS (SELECT l.v FROM d, ins, calpipe_layer(s, d.d, 0, CAST(score AS DOUBLE), ins.v) AS l),
+    l0 AS (SELECT l.v FROM d, ins, calpipe_layer(s, d.d, 0, calpipe_score(score), ins.v) AS l),
     l1 AS (SELECT l.v, l.n FROM d, l0, calpipe_layer(s, d.d, 1, l0.v, NULL) AS l),
     l2 AS (SELECT l.v, l.n FROM d, l1, calpipe_layer(s, d.d, 2, l1.v, NULL) AS l)
-    SELECT CASE WHEN l2.n > 0 THEN l2.v WHEN l1.n > 0 THEN l1.v ELSE l0.v END FROM l0, l1, l2
+    SELECT CASE WHEN calpipe_score(score) IS NULL THEN NULL
+                WHEN l2.n > 0 THEN l2.v WHEN l1.n > 0 THEN l1.v ELSE l0.v END
+    FROM l0, l1, l2
 );
 
 -- The test score of the K-class sub-problem (i, j) at p (0-based classes): p[j] when i < 0
@@ -392,6 +424,98 @@ CREATE OR REPLACE MACRO calibrate_scores(s, scores) AS
 --   SELECT calibrate_score('bank-telemarketing', 0.3);
 CREATE OR REPLACE MACRO calibrate_score(s, score) AS
     calibrate_score_as_of(s, score, DATE '9999-12-31');
+
+-- The set form (calibrate_table): one layer of the maps in force evaluated at every point of
+-- the relation named `points` (r, stream, layer, q, ins: a point's key, its stream, the layer,
+-- the value to evaluate it at, the input tables' values) under the map rows of the relation
+-- named `maps` (calibration_map's rows in force, layer NULL read as 0): (r, layer, v), one row
+-- per point whose stream has rows in that layer. A point joins every row of a term or bin
+-- layer, but only its own piece of a step/linear table (an ASOF join on x <= q, the piece that
+-- calpipe_layer_value's arg_max picks): a table of thousands of pieces is not evaluated
+-- thousands of times per score.
+CREATE OR REPLACE MACRO calpipe_points_layer(points, maps) AS TABLE
+    WITH calpipe_candidates AS (
+        SELECT pt.r, pt.layer, pt.q, pt.ins, m
+        FROM query_table(points) pt
+        JOIN (SELECT * FROM query_table(maps) WHERE family NOT IN ('step', 'linear')) m
+          ON m.stream = pt.stream AND m.layer = pt.layer
+        UNION ALL
+        SELECT pt.r, pt.layer, pt.q, pt.ins, m
+        FROM query_table(points) pt
+        ASOF JOIN (SELECT * FROM query_table(maps) WHERE family IN ('step', 'linear')) m
+          ON m.stream = pt.stream AND m.layer = pt.layer AND m.x <= pt.q
+    )
+    SELECT r, layer, calpipe_layer_value(m, q, ins) AS v
+    FROM calpipe_candidates GROUP BY r, layer;
+
+-- Calibrated probabilities of a whole table: every row of the table, view or CTE named `tbl`
+-- (columns `stream` and `score`, a binary base probability), in its order and with all its
+-- columns, plus `protected_score` under its stream's map in force at the end of day `as_of`
+-- (NULL: no map yet, or a NULL or NaN score). Equal row by row to calibrate_score_as_of (the same layers, the same
+-- calpipe_layer_value), but set-based: the scores are joined with the maps' rows once, where
+-- calibrate_score evaluates each score's map on its own (about 100x faster for 200,000 scores
+-- of the demo database: README). Binary maps only (K classes: calibrate_scores per row).
+--   SELECT * FROM calibrate_table_as_of('fresh_scores', DATE '2010-11-01');
+CREATE OR REPLACE MACRO calibrate_table_as_of(tbl, as_of) AS TABLE
+    WITH calpipe_rows AS (SELECT row_number() OVER () AS calpipe_row, * FROM query_table(tbl)),
+    calpipe_latest AS (
+        SELECT stream, max(date) AS d FROM calibration_map
+        WHERE date <= CAST(as_of AS DATE) GROUP BY stream
+    ),
+    calpipe_maps AS (
+        SELECT m.* REPLACE (coalesce(m.layer, 0) AS layer)
+        FROM calibration_map m JOIN calpipe_latest l ON m.stream = l.stream AND m.date = l.d
+    ),
+    calpipe_tops AS (SELECT stream, max(layer) AS top FROM calpipe_maps GROUP BY stream),
+    calpipe_points AS (
+        SELECT e.calpipe_row AS r, e.stream, calpipe_score(e.score) AS p
+        FROM calpipe_rows e SEMI JOIN calpipe_tops t ON t.stream = e.stream
+        WHERE calpipe_score(e.score) IS NOT NULL
+    ),
+    -- a composite-experts input whose map is a table (layer -1, -2, ...), at the clipped score
+    calpipe_in_points AS (
+        SELECT pt.r, pt.stream, it.layer, calpipe_clip(pt.p, it.clip) AS q,
+               CAST(NULL AS DOUBLE[]) AS ins
+        FROM calpipe_points pt
+        JOIN (SELECT DISTINCT stream, layer, clip FROM calpipe_maps WHERE layer < 0) it
+          ON it.stream = pt.stream
+    ),
+    calpipe_ins AS (
+        SELECT r, list(v ORDER BY layer DESC) AS ins
+        FROM calpipe_points_layer('calpipe_in_points', 'calpipe_maps') GROUP BY r
+    ),
+    calpipe_p0 AS (
+        SELECT pt.r, pt.stream, 0 AS layer, pt.p AS q, i.ins
+        FROM calpipe_points pt LEFT JOIN calpipe_ins i ON i.r = pt.r
+    ),
+    calpipe_v0 AS (SELECT r, v FROM calpipe_points_layer('calpipe_p0', 'calpipe_maps')),
+    -- a stack's top or a calibeating table at layer 0's value; a third layer at layer 1's
+    calpipe_p1 AS (
+        SELECT pt.r, pt.stream, 1 AS layer, v.v AS q, CAST(NULL AS DOUBLE[]) AS ins
+        FROM calpipe_points pt JOIN calpipe_tops t ON t.stream = pt.stream AND t.top >= 1
+        LEFT JOIN calpipe_v0 v ON v.r = pt.r
+    ),
+    calpipe_v1 AS (SELECT r, v FROM calpipe_points_layer('calpipe_p1', 'calpipe_maps')),
+    calpipe_p2 AS (
+        SELECT pt.r, pt.stream, 2 AS layer, v.v AS q, CAST(NULL AS DOUBLE[]) AS ins
+        FROM calpipe_points pt JOIN calpipe_tops t ON t.stream = pt.stream AND t.top >= 2
+        LEFT JOIN calpipe_v1 v ON v.r = pt.r
+    ),
+    calpipe_v2 AS (SELECT r, v FROM calpipe_points_layer('calpipe_p2', 'calpipe_maps'))
+    SELECT e.* EXCLUDE (calpipe_row),
+           CASE WHEN t.top >= 2 THEN v2.v WHEN t.top >= 1 THEN v1.v ELSE v0.v END
+               AS protected_score
+    FROM calpipe_rows e
+    LEFT JOIN calpipe_tops t ON t.stream = e.stream
+    LEFT JOIN calpipe_v0 v0 ON v0.r = e.calpipe_row
+    LEFT JOIN calpipe_v1 v1 ON v1.r = e.calpipe_row
+    LEFT JOIN calpipe_v2 v2 ON v2.r = e.calpipe_row
+    ORDER BY e.calpipe_row;
+
+-- The same under each stream's latest map.
+--   SELECT * FROM calibrate_table('fresh_scores');
+CREATE OR REPLACE MACRO calibrate_table(tbl) AS TABLE
+    SELECT * FROM calibrate_table_as_of(tbl, DATE '9999-12-31');
 
 -- The latest map of stream `s` tabulated on n + 1 equally spaced points of [0, 1] (for plots).
 --   SELECT * FROM calibration_curve('bank-telemarketing', 10);

@@ -71,6 +71,8 @@ def test_connect_installs_tables_views_and_macros(con):
     assert {
         "calibrate_score",
         "calibrate_score_as_of",
+        "calibrate_table",
+        "calibrate_table_as_of",
         "calpipe_term",
         "calibration_curve",
     } <= macros

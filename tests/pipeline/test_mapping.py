@@ -64,9 +64,12 @@ def _grid(con, events: pl.DataFrame) -> np.ndarray:
 
 
 def _check_sql_equals_serving_map(con, events, settings: Settings, as_of: dt.date | None = None):
+    """calibrate_score_as_of per score, and calibrate_table_as_of over a table of both streams'
+    scores (interleaved, with a stream without a map and a NULL score), equal the serving map."""
     day = as_of or store.query(con, "SELECT max(date) AS d FROM calibrator_state")["d"][0]
     state = pipeline.state_as_of(con, day)
     p = _grid(con, events)
+    wants = {}
     for stream in ("a", "b"):
         want = pipeline.serving_map(
             state, pl.DataFrame({"stream": [stream] * p.size, "score": p}), settings
@@ -77,7 +80,37 @@ def _check_sql_equals_serving_map(con, events, settings: Settings, as_of: dt.dat
         ).fetchall()
         got = np.array([g[0] for g in got], dtype=np.float64)
         assert np.max(np.abs(got - want)) <= TOL, (settings.method, stream)
+        wants[stream] = want
     assert con.execute("SELECT calibrate_score('nope', 0.5)").fetchall() == [(None,)]
+    # no forecast without a score (calpipe_clip alone read NULL as eps)
+    assert con.execute(
+        "SELECT calibrate_score('a', NULL), calibrate_score('a', 'nan'::DOUBLE)"
+    ).fetchall() == [(None, None)]
+    _check_table_form(con, p, wants, day, settings.method)
+
+
+def _check_table_form(con, p: np.ndarray, wants: dict, day: dt.date, method: str) -> None:
+    """calibrate_table_as_of over the streams' scores in one table: its rows in the table's
+    order with their own columns, each equal to its stream's serving map; NULL for a stream
+    without a map and for a NULL or NaN score."""
+    streams = list(wants)
+    n = p.size
+    rows = pl.DataFrame({
+        "stream": [streams[i % len(streams)] for i in range(n * len(streams))] + ["nope", "a", "a"],
+        "score": [*np.repeat(p, len(streams)), 0.5, None, float("nan")],
+        "tag": np.arange(n * len(streams) + 3),
+    })  # fmt: skip
+    con.register("fresh_scores", rows.to_arrow())
+    try:
+        got = store.query(con, "SELECT * FROM calibrate_table_as_of('fresh_scores', ?)", [day])
+    finally:
+        con.unregister("fresh_scores")
+    assert got.columns == ["stream", "score", "tag", "protected_score"]
+    assert got["tag"].to_list() == rows["tag"].to_list()  # the table's order
+    want = np.column_stack([wants[s] for s in streams]).ravel()
+    value = got["protected_score"].to_numpy()[: want.size].astype(np.float64)
+    assert np.max(np.abs(value - want)) <= TOL, method
+    assert got["protected_score"][-3:].to_list() == [None, None, None]
 
 
 BINARY = [m for m, c in METHODS.items() if getattr(c, "classes", "both") in ("binary", "both")]
