@@ -451,10 +451,11 @@ CREATE OR REPLACE MACRO calpipe_points_layer(points, maps) AS TABLE
 -- Calibrated probabilities of a whole table: every row of the table, view or CTE named `tbl`
 -- (columns `stream` and `score`, a binary base probability), in its order and with all its
 -- columns, plus `protected_score` under its stream's map in force at the end of day `as_of`
--- (NULL: no map yet, or a NULL or NaN score). Equal row by row to calibrate_score_as_of (the same layers, the same
--- calpipe_layer_value), but set-based: the scores are joined with the maps' rows once, where
--- calibrate_score evaluates each score's map on its own (about 100x faster for 200,000 scores
--- of the demo database: README). Binary maps only (K classes: calibrate_scores per row).
+-- (NULL: no map yet, or a NULL or NaN score). Equal row by row to calibrate_score_as_of (the
+-- same layers, the same calpipe_layer_value), but set-based: the scores are joined with the
+-- maps' rows once, where calibrate_score evaluates each score's map on its own (35x to 190x
+-- the scores per second on the demo database, BENCHMARKS.md §15). Binary maps only (K classes:
+-- calibrate_scores per row).
 --   SELECT * FROM calibrate_table_as_of('fresh_scores', DATE '2010-11-01');
 CREATE OR REPLACE MACRO calibrate_table_as_of(tbl, as_of) AS TABLE
     WITH calpipe_rows AS (SELECT row_number() OVER () AS calpipe_row, * FROM query_table(tbl)),
