@@ -459,9 +459,11 @@ CREATE OR REPLACE MACRO calpipe_points_layer(points, maps) AS TABLE
 --   SELECT * FROM calibrate_table_as_of('fresh_scores', DATE '2010-11-01');
 CREATE OR REPLACE MACRO calibrate_table_as_of(tbl, as_of) AS TABLE
     WITH calpipe_rows AS (SELECT row_number() OVER () AS calpipe_row, * FROM query_table(tbl)),
+    -- (only the table's streams: a long history's calibration_map holds every stream's days)
     calpipe_latest AS (
         SELECT stream, max(date) AS d FROM calibration_map
-        WHERE date <= CAST(as_of AS DATE) GROUP BY stream
+        WHERE date <= CAST(as_of AS DATE) AND stream IN (SELECT stream FROM calpipe_rows)
+        GROUP BY stream
     ),
     calpipe_maps AS (
         SELECT m.* REPLACE (coalesce(m.layer, 0) AS layer)
