@@ -237,8 +237,9 @@ CREATE OR REPLACE MACRO calpipe_layer(s, d, lay, p, ins) AS TABLE
 -- (its latest map on or before; NULL: no map yet, or a NULL or NaN score), for every method
 -- with a SQL form (calpipe.pipeline.mapping.has_sql_map): layer 0 at the score; layer 1 (a
 -- stack's top, a calibeating table), where there is one, at layer 0's value; layer 2 (the top
--- of a stack with a calibeating layer) at layer 1's. A composite-experts input whose map is a table of its own
--- (layer -1, -2, ...) is evaluated first, at the clipped score, for the terms that read it.
+-- of a stack with a calibeating layer) at layer 1's. A composite-experts input whose map is a
+-- table of its own (layer -1, -2, ...) is evaluated first, at the clipped score, for the terms
+-- that read it.
 CREATE OR REPLACE MACRO calibrate_score_as_of(s, score, as_of) AS (
     WITH d AS (
         SELECT max(date) AS d FROM calibration_map WHERE stream = s AND date <= CAST(as_of AS DATE)
