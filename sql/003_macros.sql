@@ -18,6 +18,16 @@ CREATE OR REPLACE MACRO calpipe_score(p) AS
 -- calibrate_score query). The macros below that use an argument more than once bind it once, as
 -- the single element of a list that a lambda reads (list_transform([x], lambda v: ...)[1]).
 
+-- NULL, or an error naming `what` when the database holds K-class forecasts: a binary macro
+-- would read the rows of a K-class map (a Cox term's class shifts, the tables of sub-problems)
+-- as a binary map's and answer a number that is no forecast.
+CREATE OR REPLACE MACRO calpipe_require_binary(what) AS
+    CASE WHEN coalesce((SELECT scores IS NOT NULL FROM scored_events LIMIT 1),
+                       (SELECT n_classes > 2 FROM calibrator_state LIMIT 1))
+         THEN error(what || ' calibrates binary scores, and this database holds K-class '
+                    || 'forecasts: use calibrate_scores(stream, [p_1, ..., p_K])')
+    END;
+
 -- The logistic function, without overflow for large |z|.
 CREATE OR REPLACE MACRO calpipe_sigmoid(z) AS
     list_transform([CAST(z AS DOUBLE)], lambda sg_z:
@@ -258,8 +268,9 @@ CREATE OR REPLACE MACRO calibrate_score_as_of(s, score, as_of) AS (
     l0 AS (SELECT l.v FROM d, ins, calpipe_layer(s, d.d, 0, calpipe_score(score), ins.v) AS l),
     l1 AS (SELECT l.v, l.n FROM d, l0, calpipe_layer(s, d.d, 1, l0.v, NULL) AS l),
     l2 AS (SELECT l.v, l.n FROM d, l1, calpipe_layer(s, d.d, 2, l1.v, NULL) AS l)
-    SELECT CASE WHEN calpipe_score(score) IS NULL THEN NULL
-                WHEN l2.n > 0 THEN l2.v WHEN l1.n > 0 THEN l1.v ELSE l0.v END
+    SELECT coalesce(calpipe_require_binary('calibrate_score'),
+                    CASE WHEN calpipe_score(score) IS NULL THEN NULL
+                         WHEN l2.n > 0 THEN l2.v WHEN l1.n > 0 THEN l1.v ELSE l0.v END)
     FROM l0, l1, l2
 );
 
@@ -475,6 +486,7 @@ CREATE OR REPLACE MACRO calibrate_table_as_of(tbl, as_of) AS TABLE
         SELECT e.calpipe_row AS r, e.stream, calpipe_score(e.score) AS p
         FROM calpipe_rows e SEMI JOIN calpipe_tops t ON t.stream = e.stream
         WHERE calpipe_score(e.score) IS NOT NULL
+          AND calpipe_require_binary('calibrate_table') IS NULL
     ),
     -- a composite-experts input whose map is a table (layer -1, -2, ...), at the clipped score
     calpipe_in_points AS (

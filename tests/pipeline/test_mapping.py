@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 
+import duckdb
 import numpy as np
 import polars as pl
 import pytest
@@ -279,6 +280,12 @@ def _check_k_sql_equals_serving_map(con, events: pl.DataFrame, settings: Setting
         assert got.shape == want.shape == (len(grid), K)
         err = np.max(np.abs(got - want))
         assert err <= TOL, (settings.method, stream, err)
+    # the binary forms refuse a K-class database (they read its maps' rows as a binary map's
+    # and answered a number)
+    for query in ("SELECT calibrate_score('a', 0.3)",
+                  "WITH z AS (SELECT 'a' AS stream, 0.3 AS score) SELECT * FROM calibrate_table('z')"):  # fmt: skip
+        with pytest.raises(duckdb.InvalidInputException, match=r"K-class forecasts: use calib"):
+            con.execute(query).fetchall()
 
 
 #: K-class stacks whose layers both have a K-class SQL form: (top, its params, base, its params).
