@@ -446,3 +446,39 @@ def test_a_stack_over_composite_experts_with_input_tables_has_no_sql_map():
         base_params={"inputs": ("isotonic:window=30:refit_every=11",)},
     )  # fmt: skip
     assert not has_sql_map(settings.calibrator())
+
+
+def test_calibrate_table_from_parquet_to_parquet_with_calpipe_sql(tmp_path, capsys):
+    """The README's recipe: one read-only `calpipe sql` query calibrates a Parquet file of
+    fresh scores into another (a CTE over read_parquet named for calibrate_table, COPY TO):
+    every row in the file's order with its own columns, equal to the serving map."""
+    from calpipe import cli
+
+    settings = Settings.make("composite-jumper")
+    con, _ = _chain(tmp_path, settings)
+    try:
+        day = store.query(con, "SELECT max(date) AS d FROM calibrator_state")["d"][0]
+        state = pipeline.state_as_of(con, day)
+    finally:
+        con.close()
+    rng = np.random.default_rng(3)
+    fresh = pl.DataFrame({
+        "stream": rng.choice(["a", "b", "new"], 3_000).tolist(),
+        "score": rng.uniform(0.0, 1.0, 3_000),
+        "request_id": rng.permutation(3_000),
+    })  # fmt: skip
+    fresh.write_parquet(tmp_path / "fresh.parquet")
+    query = (
+        f"COPY (WITH fresh AS (SELECT * FROM read_parquet('{tmp_path / 'fresh.parquet'}')) "
+        f"SELECT * FROM calibrate_table('fresh')) TO '{tmp_path / 'out.parquet'}'"
+    )
+    assert cli.main(["sql", "--db", str(tmp_path / "db.duckdb"), query]) == 0
+    capsys.readouterr()
+    out = pl.read_parquet(tmp_path / "out.parquet")
+    assert out.columns == ["stream", "score", "request_id", "protected_score"]
+    assert out["request_id"].to_list() == fresh["request_id"].to_list()
+    known = fresh["stream"] != "new"
+    want = pipeline.serving_map(state, fresh.filter(known), settings)["protected_score"]
+    got = out.filter(known)["protected_score"]
+    assert np.max(np.abs(got.to_numpy() - want.to_numpy())) <= TOL
+    assert out.filter(~known)["protected_score"].null_count() == (~known).sum()
