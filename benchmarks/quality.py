@@ -595,8 +595,15 @@ def main(argv: list[str] | None = None) -> int:
     else:
         sys.stdout.write(text + "\n")
     failed = [v["stream"] for v in verdicts if not v["ok"]]
+    # (smoke cuts a stream to a few thousand events: too few for some verdicts, e.g. bank-time's
+    # 6,000 of 35,211 calls; the claims are the full suite's, QUALITY.md)
+    scope = (
+        " (smoke size: informational; QUALITY.md holds the full verdicts)"
+        if args.size == "smoke"
+        else ""
+    )
     print(f"quality: {len(verdicts) - len(failed)}/{len(verdicts)} streams pass"
-          + (f"; failing: {', '.join(failed)}" if failed else ""), file=sys.stderr)  # fmt: skip
+          + (f"; failing: {', '.join(failed)}" if failed else "") + scope, file=sys.stderr)  # fmt: skip
     return 0
 
 
