@@ -470,7 +470,11 @@ CREATE OR REPLACE MACRO calpipe_points_layer(points, maps) AS TABLE
 -- calibrate_scores per row).
 --   SELECT * FROM calibrate_table_as_of('fresh_scores', DATE '2010-11-01');
 CREATE OR REPLACE MACRO calibrate_table_as_of(tbl, as_of) AS TABLE
-    WITH calpipe_rows AS (SELECT row_number() OVER () AS calpipe_row, * FROM query_table(tbl)),
+    -- (materialized: every reference reads the same row numbers, which pair each row with its
+    -- value; the numbers follow the table's scan order, which the result keeps)
+    WITH calpipe_rows AS MATERIALIZED (
+        SELECT row_number() OVER () AS calpipe_row, * FROM query_table(tbl)
+    ),
     -- (only the table's streams: a long history's calibration_map holds every stream's days)
     calpipe_latest AS (
         SELECT stream, max(date) AS d FROM calibration_map
