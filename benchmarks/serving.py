@@ -12,29 +12,27 @@ fixed cost of a query (binding the macros).
 
 from __future__ import annotations
 
-import datetime as dt
 import tempfile
-import time
 import warnings
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks.run import SEED, Table
+from benchmarks.run import SEED, Table, best_of
+from benchmarks.small_days import demo_days
 
 #: (scores for calibrate_table, scores for calibrate_score per row, days of the demo's events)
 SIZES = {"smoke": (20_000, 200, 120), "full": (1_000_000, 2_000, None)}
 METHODS = (("composite-experts", {}), ("isotonic", {"window": 2_000, "refit_every": 200}))
 
 
-def _best(con, query: str, params: list, repeat: int) -> float:
-    """The best wall time of ``query`` (all its rows fetched) over ``repeat`` runs."""
-    best = float("inf")
-    for _ in range(max(repeat, 1)):
-        t = time.perf_counter()
-        con.execute(query, params).fetchall()
-        best = min(best, time.perf_counter() - t)
-    return best
+def _timed(con, query: str, params: list, repeat: int) -> tuple[float, list]:
+    """The best wall time of ``query`` (all its rows fetched) over ``repeat`` runs, and the
+    rows of the last run (compared below, not fetched again)."""
+    rows: list = []
+    t = best_of(lambda: rows.__setitem__(slice(None), con.execute(query, params).fetchall()),
+                max(repeat, 1))  # fmt: skip
+    return t, rows
 
 
 def measure(size_name: str, repeat: int) -> Table:
@@ -42,7 +40,6 @@ def measure(size_name: str, repeat: int) -> Table:
 
     from calpipe import store
     from calpipe.pipeline import Settings, run_range
-    from calpipe.pipeline.demo_job import DEMO_FIRST_DAY, demo_events
 
     n_set, n_row, n_days = SIZES[size_name]
     tab = Table(
@@ -52,10 +49,7 @@ def measure(size_name: str, repeat: int) -> Table:
     )  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        events = demo_events(generated=tmp / "synthetic.parquet")
-        if n_days is not None:
-            last = DEMO_FIRST_DAY + dt.timedelta(days=n_days - 1)
-            events = events.filter(pl.col("event_time").dt.date() <= last)
+        events = demo_days(tmp, n_days)
         store.write_landing(events, tmp / "landing")
         streams = sorted(events["stream"].unique().to_list())
         rng = np.random.default_rng(SEED)
@@ -81,12 +75,13 @@ def measure(size_name: str, repeat: int) -> Table:
                 table_q = "SELECT * FROM calibrate_table('fresh')"
                 row_q = ("SELECT calibrate_score(stream, score) AS protected_score "
                          "FROM fresh_slice")  # fmt: skip
-                t_set = _best(con, table_q, [], repeat)
-                t_row = _best(con, row_q, [], 1)
-                t_one = _best(con, "SELECT calibrate_score(?, 0.3)", [streams[0]], repeat)
-                got = store.query(con, table_q)["protected_score"].to_numpy()[:n_row]
-                want = store.query(con, row_q)["protected_score"].to_numpy()
-                gap = float(np.nanmax(np.abs(got.astype(float) - want.astype(float))))
+                t_set, table_rows = _timed(con, table_q, [], repeat)
+                t_row, row_rows = _timed(con, row_q, [], 1)
+                t_one, _ = _timed(con, "SELECT calibrate_score(?, 0.3)", [streams[0]], repeat)
+                got = np.array([r[-1] for r in table_rows[:n_row]], dtype=float)
+                want = np.array([r[0] for r in row_rows], dtype=float)
+                del table_rows, row_rows
+                gap = float(np.nanmax(np.abs(got - want)))
                 if not gap <= 1e-12:
                     raise AssertionError(f"{method}: calibrate_table != calibrate_score ({gap})")
             finally:

@@ -24,12 +24,23 @@ from benchmarks.run import Table
 DAYS = {"smoke": 120, "full": None}  # None: every day of the demo
 
 
-def measure(size_name: str, repeat: int) -> Table:
+def demo_days(folder: Path, n_days: int | None):
+    """The demo's events (its synthetic streams generated into ``folder``), cut to its first
+    ``n_days`` days (None: all 892)."""
     import polars as pl
 
+    from calpipe.pipeline.demo_job import DEMO_FIRST_DAY, demo_events
+
+    events = demo_events(generated=folder / "synthetic.parquet")
+    if n_days is None:
+        return events
+    last = DEMO_FIRST_DAY + dt.timedelta(days=n_days - 1)
+    return events.filter(pl.col("event_time").dt.date() <= last)
+
+
+def measure(size_name: str, repeat: int) -> Table:
     from calpipe import store
     from calpipe.pipeline import Settings, run_range
-    from calpipe.pipeline.demo_job import DEMO_FIRST_DAY, demo_events
 
     tab = Table(
         "14. Many small days: `calpipe run` in spans vs day by day, and `calpipe demo`",
@@ -37,11 +48,8 @@ def measure(size_name: str, repeat: int) -> Table:
     )
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        events = demo_events(generated=tmp / "synthetic.parquet")
         n_days = DAYS[size_name]
-        if n_days is not None:
-            last = DEMO_FIRST_DAY + dt.timedelta(days=n_days - 1)
-            events = events.filter(pl.col("event_time").dt.date() <= last)
+        events = demo_days(tmp, n_days)
         store.write_landing(events, tmp / "landing")
         source = store.EventSource.parse(str(tmp / "landing"))
         times = {}

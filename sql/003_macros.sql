@@ -226,14 +226,14 @@ CREATE OR REPLACE MACRO calpipe_layer_value(m, p, ins) AS
                       m.x) FILTER (WHERE m.x <= p)
          WHEN bool_or(m.family = 'bins')
          THEN max(coalesce(m.y_at, p)) FILTER (WHERE m.term = calpipe_bin(p, m.a))
-         ELSE sum(m.weight * CASE
-             WHEN m.family IN ('brier', 'brier_cox', 'calreg', 'calreg_fp', 'step', 'linear',
-                               'bins') THEN NULL
+         -- (the families of calpipe_term)
+         ELSE sum(calpipe_rows_of(m, ['identity', 'quadratic', 'cubic', 'cox', 'temperature'],
+             m.weight * CASE
              WHEN m.in_layer IS NULL
              THEN calpipe_map_term(m.family, m.a, m.b, m.clip, m.in_w1, m.in_w2, m.in_w0,
                                    m.in_eps, p)
              ELSE calpipe_term(m.family, m.a, m.b, calpipe_clip(ins[-m.in_layer], m.clip))
-             END)
+             END))
     END;
 
 -- One layer of stream `s`'s map of day `d` evaluated at p: `v` (NULL: the layer has no rows) and
