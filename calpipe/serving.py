@@ -10,6 +10,7 @@ import polars as pl
 
 from calpipe import config
 from calpipe.calibrators import Calibrator, make_calibrator
+from calpipe.contract import Rule, check_rules
 from calpipe.frame import state_from_rows
 
 
@@ -30,7 +31,9 @@ def serving_map(
     the ``calibrator_state`` table), made by ``method`` with ``params`` (and ``base_method`` /
     ``base_params`` for a stack: give what made the state, as to :func:`calpipe.protect`; a
     state of another configuration is refused by its fingerprint). ``scores`` has the stream
-    column and a ``score`` column (binary: Float64; K classes: a list of K floats). Returns
+    column and a ``score`` column (binary: Float64; K classes: a list of K floats); a score
+    (a class probability) outside [0, 1] is an :class:`~calpipe.errors.InputError` naming its
+    row, as in :func:`calpipe.protect` (the map would clip it silently). Returns
     ``scores`` with ``protected_score`` (or ``protected_scores``), null for streams without
     state: what an unlabelled event with that score would be forecast, learning nothing. Uses
     the calibrator's own :meth:`~calpipe.calibrators.base.Calibrator.serving_map` (the kernel),
@@ -72,6 +75,7 @@ def apply_serving_map(
             if isinstance(scores.schema[score], pl.List)
             else scores.schema[score].size
         )
+    _check_scores(scores, score, multiclass)
     fp = cal.fingerprint(k)
     bad = joined.filter(
         pl.col("config_fingerprint").is_not_null() & (pl.col("config_fingerprint") != fp)
@@ -97,3 +101,19 @@ def apply_serving_map(
     else:
         col = pl.Series(out_name, result).fill_nan(None)
     return scores.with_columns(col)
+
+
+def _check_scores(scores: pl.DataFrame, score: str, multiclass: bool) -> None:
+    """InputError naming the row of the first score (class probability) outside [0, 1],
+    infinities included; null and NaN scores are no forecast (null out), as in the SQL map."""
+    c = pl.col(score)
+    if multiclass:
+        x = c.arr.to_list() if isinstance(scores.schema[score], pl.Array) else c
+        out = x.list.eval((pl.element() < 0) | ((pl.element() > 1) & pl.element().is_not_nan()))
+        rule = Rule(score, "a class probability outside [0, 1] (scores are base probabilities)",
+                    out.list.any())  # fmt: skip
+    else:
+        x = c.cast(pl.Float64)
+        rule = Rule(score, "score outside [0, 1] (scores are base probabilities)",
+                    (x < 0) | ((x > 1) & x.is_not_nan()))  # fmt: skip
+    check_rules(scores, [rule])

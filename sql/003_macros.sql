@@ -8,9 +8,20 @@ CREATE OR REPLACE MACRO calpipe_clip(p, eps) AS
     least(greatest(CAST(p AS DOUBLE), CAST(eps AS DOUBLE)), 1 - CAST(eps AS DOUBLE));
 
 -- A score as the maps read it: a DOUBLE, NULL for NULL and NaN (no forecast without a score;
--- calpipe_clip would read NULL as eps, as greatest() skips NULLs, and NaN has no bin).
-CREATE OR REPLACE MACRO calpipe_score(p) AS
-    CASE WHEN isnan(CAST(p AS DOUBLE)) THEN NULL ELSE CAST(p AS DOUBLE) END;
+-- calpipe_clip would read NULL as eps, as greatest() skips NULLs, and NaN has no bin); an error
+-- naming `what` (where the score is) for a score outside [0, 1], infinities included: the
+-- engine refuses such a base probability (calpipe.contract), and the clip would silently
+-- answer the map at eps or 1 - eps.
+CREATE OR REPLACE MACRO calpipe_score(p, what) AS
+    list_transform([CAST(p AS DOUBLE)], lambda cs_p:
+        CASE WHEN isnan(cs_p) THEN NULL
+             WHEN cs_p < 0 OR cs_p > 1
+             THEN error(concat(what, ': score ', cs_p,
+                               ' is outside [0, 1] (scores are base probabilities)'))
+             ELSE cs_p END)[1];
+
+-- Where calibrate_score's score is, for calpipe_score's error.
+CREATE OR REPLACE MACRO calpipe_where_score(s) AS concat('calibrate_score: stream ''', s, '''');
 
 -- A macro's argument is copied wherever its parameter appears, so a parameter used n times
 -- inside a macro used m times inside another is bound n * m times: the term of a map, spelled
@@ -241,7 +252,7 @@ CREATE OR REPLACE MACRO calpipe_layer_value(m, p, ins) AS
 CREATE OR REPLACE MACRO calpipe_layer(s, d, lay, p, ins) AS TABLE
     SELECT calpipe_layer_value(m, p, ins) AS v, count(*) AS n
     FROM calibration_map m
-    WHERE m.stream = s AND m.date = d AND coalesce(m.layer, 0) = lay;
+    WHERE m.stream = CAST(s AS VARCHAR) AND m.date = d AND coalesce(m.layer, 0) = lay;
 
 -- Calibrated probability of `score` under stream `s`'s map in force at the end of day `as_of`
 -- (its latest map on or before; NULL: no map yet, or a NULL or NaN score), for every method
@@ -252,24 +263,31 @@ CREATE OR REPLACE MACRO calpipe_layer(s, d, lay, p, ins) AS TABLE
 -- that read it.
 CREATE OR REPLACE MACRO calibrate_score_as_of(s, score, as_of) AS (
     WITH d AS (
-        SELECT max(date) AS d FROM calibration_map WHERE stream = s AND date <= CAST(as_of AS DATE)
+        SELECT max(date) AS d FROM calibration_map
+        WHERE stream = CAST(s AS VARCHAR) AND date <= CAST(as_of AS DATE)
     ),
     in_tables AS (
         SELECT DISTINCT m.layer, m.clip FROM d, calibration_map m
-        WHERE m.stream = s AND m.date = d.d AND m.layer < 0
+        WHERE m.stream = CAST(s AS VARCHAR) AND m.date = d.d AND m.layer < 0
     ),
     -- (a scalar subquery: one row, NULL without input tables, also per row of an outer query)
     ins AS (
         SELECT (SELECT list(l.v ORDER BY it.layer DESC)
                 FROM d, in_tables it,
-                     calpipe_layer(s, d.d, it.layer, calpipe_clip(calpipe_score(score), it.clip),
+                     calpipe_layer(s, d.d, it.layer,
+                                   calpipe_clip(calpipe_score(score, calpipe_where_score(s)),
+                                                it.clip),
                                    NULL) AS l) AS v
     ),
-    l0 AS (SELECT l.v FROM d, ins, calpipe_layer(s, d.d, 0, calpipe_score(score), ins.v) AS l),
+    l0 AS (
+        SELECT l.v
+        FROM d, ins,
+             calpipe_layer(s, d.d, 0, calpipe_score(score, calpipe_where_score(s)), ins.v) AS l
+    ),
     l1 AS (SELECT l.v, l.n FROM d, l0, calpipe_layer(s, d.d, 1, l0.v, NULL) AS l),
     l2 AS (SELECT l.v, l.n FROM d, l1, calpipe_layer(s, d.d, 2, l1.v, NULL) AS l)
     SELECT coalesce(calpipe_require_binary('calibrate_score'),
-                    CASE WHEN calpipe_score(score) IS NULL THEN NULL
+                    CASE WHEN calpipe_score(score, calpipe_where_score(s)) IS NULL THEN NULL
                          WHEN l2.n > 0 THEN l2.v WHEN l1.n > 0 THEN l1.v ELSE l0.v END)
     FROM l0, l1, l2
 );
@@ -294,7 +312,7 @@ CREATE OR REPLACE MACRO calpipe_ktables(s, d, lay, p) AS TABLE
         SELECT m.family, m.a AS i, m.b AS j, m.x, m.y_at, m.y_right, len(p) AS k,
                calpipe_subscore(p, m.a, m.b) AS sc
         FROM calibration_map m
-        WHERE m.stream = s AND m.date = d AND coalesce(m.layer, 0) = lay
+        WHERE m.stream = CAST(s AS VARCHAR) AND m.date = d AND coalesce(m.layer, 0) = lay
           AND m.family IN ('ovr', 'ovr_base', 'ovo')
     ),
     q AS (
@@ -327,7 +345,7 @@ CREATE OR REPLACE MACRO calpipe_kbrier(s, d, lay, p) AS TABLE
         SELECT m.weight, calpipe_brier_f(m.family, m.b, m.alphas, CAST(p AS DOUBLE[])) AS f,
                len(p) AS k
         FROM calibration_map m
-        WHERE m.stream = s AND m.date = d AND coalesce(m.layer, 0) = lay
+        WHERE m.stream = CAST(s AS VARCHAR) AND m.date = d AND coalesce(m.layer, 0) = lay
           AND m.family IN ('brier', 'brier_cox')
     ),
     e AS (
@@ -352,7 +370,7 @@ CREATE OR REPLACE MACRO calpipe_kcats(s, d, lay, p) AS TABLE
                CASE WHEN m.family = 'kedge' THEN 1 ELSE 0 END AS edge,
                list_position(p, list_max(p)) - 1 AS top
         FROM calibration_map m
-        WHERE m.stream = s AND m.date = d AND coalesce(m.layer, 0) = lay
+        WHERE m.stream = CAST(s AS VARCHAR) AND m.date = d AND coalesce(m.layer, 0) = lay
           AND m.family IN ('kcat', 'kedge')
     ),
     cat AS (SELECT any_value(top) * (sum(edge) + 1) + sum(below) AS k FROM pieces)
@@ -366,7 +384,7 @@ CREATE OR REPLACE MACRO calpipe_ktree(s, d, lay, p) AS TABLE
     WITH RECURSIVE nodes AS (
         SELECT m.term, m.family, m.y_k, m.kids, CAST(p AS DOUBLE[]) AS q
         FROM calibration_map m
-        WHERE m.stream = s AND m.date = d AND coalesce(m.layer, 0) = lay
+        WHERE m.stream = CAST(s AS VARCHAR) AND m.date = d AND coalesce(m.layer, 0) = lay
           AND m.family IN ('ksplit', 'kleaf')
     ),
     walk(node) AS (
@@ -397,7 +415,7 @@ CREATE OR REPLACE MACRO calpipe_klayer(s, d, lay, p) AS TABLE
                                            m.in_ka, m.in_kb, m.in_eps), m.clip)
                              END) AS f
         FROM calibration_map m
-        WHERE m.stream = s AND m.date = d AND coalesce(m.layer, 0) = lay
+        WHERE m.stream = CAST(s AS VARCHAR) AND m.date = d AND coalesce(m.layer, 0) = lay
           AND m.family NOT IN ('ovr', 'ovr_base', 'ovo', 'kcat', 'kedge', 'ksplit', 'kleaf',
                                'brier', 'brier_cox')
     ),
@@ -413,18 +431,27 @@ CREATE OR REPLACE MACRO calpipe_klayer(s, d, lay, p) AS TABLE
     SELECT coalesce((SELECT k.v FROM k), (SELECT g.v FROM g), (SELECT r.v FROM r), (SELECT b.v FROM b),
                     (SELECT list(c.v ORDER BY c.i) FROM c)) AS v,
            (SELECT count(*) FROM calibration_map m
-            WHERE m.stream = s AND m.date = d AND coalesce(m.layer, 0) = lay) AS n;
+            WHERE m.stream = CAST(s AS VARCHAR) AND m.date = d AND coalesce(m.layer, 0) = lay) AS n;
 
 -- Calibrated class probabilities (a list) of the K-class `scores` under stream `s`'s map in force
 -- at the end of day `as_of` (NULL: no map yet): layer 0 at the scores, layer 1 (a stack's top)
 -- at layer 0's vector.
 CREATE OR REPLACE MACRO calibrate_scores_as_of(s, scores, as_of) AS (
     WITH d AS (
-        SELECT max(date) AS d FROM calibration_map WHERE stream = s AND date <= CAST(as_of AS DATE)
+        SELECT max(date) AS d FROM calibration_map
+        WHERE stream = CAST(s AS VARCHAR) AND date <= CAST(as_of AS DATE)
     ),
     l0 AS (SELECT l.v FROM d, calpipe_klayer(s, d.d, 0, scores) AS l),
     l1 AS (SELECT l.v, l.n FROM d, l0, calpipe_klayer(s, d.d, 1, l0.v) AS l)
-    SELECT CASE WHEN l1.n > 0 THEN l1.v ELSE l0.v END FROM l0, l1
+    -- a class probability outside [0, 1] is an error, as calpipe_score's (NaN: the maps' NaN)
+    SELECT CASE WHEN list_bool_or(list_transform(
+                         CAST(scores AS DOUBLE[]),
+                         lambda ks_x: ks_x < 0 OR (ks_x > 1 AND NOT isnan(ks_x))))
+                THEN error(concat('calibrate_scores: stream ''', s, ''': scores ',
+                                  CAST(CAST(scores AS DOUBLE[]) AS VARCHAR), ' hold a class probability outside ',
+                                  '[0, 1] (scores are base probabilities)'))
+                WHEN l1.n > 0 THEN l1.v ELSE l0.v END
+    FROM l0, l1
 );
 
 -- The same under the latest map of stream `s`.
@@ -460,6 +487,11 @@ CREATE OR REPLACE MACRO calpipe_points_layer(points, maps) AS TABLE
     SELECT r, layer, calpipe_layer_value(m, q, ins) AS v
     FROM calpipe_candidates GROUP BY r, layer;
 
+-- Where calibrate_table's score is (the table's row r, from 1, and its stream), for
+-- calpipe_score's error.
+CREATE OR REPLACE MACRO calpipe_where_row(r, s) AS
+    concat('calibrate_table: row ', r, ' (stream ''', s, ''')');
+
 -- Calibrated probabilities of a whole table: every row of the table, view or CTE named `tbl`
 -- (columns `stream` and `score`, a binary base probability), in its order and with all its
 -- columns, plus `protected_score` under its stream's map in force at the end of day `as_of`
@@ -478,7 +510,8 @@ CREATE OR REPLACE MACRO calibrate_table_as_of(tbl, as_of) AS TABLE
     -- (only the table's streams: a long history's calibration_map holds every stream's days)
     calpipe_latest AS (
         SELECT stream, max(date) AS d FROM calibration_map
-        WHERE date <= CAST(as_of AS DATE) AND stream IN (SELECT stream FROM calpipe_rows)
+        WHERE date <= CAST(as_of AS DATE)
+          AND stream IN (SELECT CAST(stream AS VARCHAR) FROM calpipe_rows)
         GROUP BY stream
     ),
     calpipe_maps AS (
@@ -487,9 +520,10 @@ CREATE OR REPLACE MACRO calibrate_table_as_of(tbl, as_of) AS TABLE
     ),
     calpipe_tops AS (SELECT stream, max(layer) AS top FROM calpipe_maps GROUP BY stream),
     calpipe_points AS (
-        SELECT e.calpipe_row AS r, e.stream, calpipe_score(e.score) AS p
-        FROM calpipe_rows e SEMI JOIN calpipe_tops t ON t.stream = e.stream
-        WHERE calpipe_score(e.score) IS NOT NULL
+        SELECT e.calpipe_row AS r, CAST(e.stream AS VARCHAR) AS stream,
+               calpipe_score(e.score, calpipe_where_row(e.calpipe_row, e.stream)) AS p
+        FROM calpipe_rows e SEMI JOIN calpipe_tops t ON t.stream = CAST(e.stream AS VARCHAR)
+        WHERE calpipe_score(e.score, calpipe_where_row(e.calpipe_row, e.stream)) IS NOT NULL
           AND calpipe_require_binary('calibrate_table') IS NULL
     ),
     -- a composite-experts input whose map is a table (layer -1, -2, ...), at the clipped score
@@ -522,11 +556,14 @@ CREATE OR REPLACE MACRO calibrate_table_as_of(tbl, as_of) AS TABLE
         LEFT JOIN calpipe_v1 v ON v.r = pt.r
     ),
     calpipe_v2 AS (SELECT r, v FROM calpipe_points_layer('calpipe_p2', 'calpipe_maps'))
+    -- (every row's score is checked, also of a stream without a map: as calibrate_score)
     SELECT e.* EXCLUDE (calpipe_row),
-           CASE WHEN t.top >= 2 THEN v2.v WHEN t.top >= 1 THEN v1.v ELSE v0.v END
+           CASE WHEN calpipe_score(e.score, calpipe_where_row(e.calpipe_row, e.stream)) IS NULL
+                THEN NULL
+                WHEN t.top >= 2 THEN v2.v WHEN t.top >= 1 THEN v1.v ELSE v0.v END
                AS protected_score
     FROM calpipe_rows e
-    LEFT JOIN calpipe_tops t ON t.stream = e.stream
+    LEFT JOIN calpipe_tops t ON t.stream = CAST(e.stream AS VARCHAR)
     LEFT JOIN calpipe_v0 v0 ON v0.r = e.calpipe_row
     LEFT JOIN calpipe_v1 v1 ON v1.r = e.calpipe_row
     LEFT JOIN calpipe_v2 v2 ON v2.r = e.calpipe_row
@@ -541,6 +578,9 @@ CREATE OR REPLACE MACRO calibrate_table(tbl) AS TABLE
 --   SELECT * FROM calibration_curve('bank-telemarketing', 10);
 CREATE OR REPLACE MACRO calibration_curve(s, n) AS TABLE
     SELECT g.i / n AS p, calibrate_score(s, g.i / n) AS protected_p
-    FROM range(0, n + 1) AS g(i)
-    WHERE EXISTS (SELECT 1 FROM calibration_map WHERE stream = s)
+    -- (n = 0 gave one point, 0 / 0)
+    FROM range(0, CASE WHEN n >= 1 THEN n + 1
+                       ELSE error(concat('calibration_curve: n must be >= 1, got ', n)) END)
+         AS g(i)
+    WHERE EXISTS (SELECT 1 FROM calibration_map WHERE stream = CAST(s AS VARCHAR))
     ORDER BY g.i;

@@ -18,6 +18,7 @@ import pytest
 
 from calpipe import config, generate, paths, pipeline, store
 from calpipe.calibrators import METHODS, make_calibrator
+from calpipe.errors import InputError
 from calpipe.frame import state_from_rows
 from calpipe.generate import StreamSpec
 from calpipe.pipeline import Settings
@@ -170,6 +171,8 @@ def test_a_step_map_as_of_an_earlier_day_and_its_curve(tmp_path):
         assert curve.height == 21
         assert curve["protected_p"].to_list() == direct["p"].to_list()
         assert store.query(con, "SELECT * FROM calibration_curve('nope', 20)").height == 0
+        with pytest.raises(duckdb.InvalidInputException, match=r"n must be >= 1, got 0"):
+            con.execute("SELECT * FROM calibration_curve('a', 0)").fetchall()
     finally:
         con.close()
 
@@ -286,6 +289,15 @@ def _check_k_sql_equals_serving_map(con, events: pl.DataFrame, settings: Setting
                   "WITH z AS (SELECT 'a' AS stream, 0.3 AS score) SELECT * FROM calibrate_table('z')"):  # fmt: skip
         with pytest.raises(duckdb.InvalidInputException, match=r"K-class forecasts: use calib"):
             con.execute(query).fetchall()
+    # a class probability outside [0, 1] is an error in both forms (the maps clipped it)
+    bad = [1.5, -0.5, 0.0, 0.0][:K] + [0.0] * (K - 4)
+    with pytest.raises(duckdb.InvalidInputException,
+                       match=r"calibrate_scores: stream 'a': scores .* class probability outside"):  # fmt: skip
+        con.execute("SELECT calibrate_scores('a', ?)", [bad]).fetchall()
+    with pytest.raises(InputError, match=r"row 1: a class probability outside \[0, 1\]"):
+        pipeline.serving_map(
+            state, pl.DataFrame({"stream": ["a", "a"], "score": [grid[0].tolist(), bad]}), settings
+        )
 
 
 #: K-class stacks whose layers both have a K-class SQL form: (top, its params, base, its params).
@@ -446,6 +458,55 @@ def test_a_stack_over_composite_experts_with_input_tables_has_no_sql_map():
         base_params={"inputs": ("isotonic:window=30:refit_every=11",)},
     )  # fmt: skip
     assert not has_sql_map(settings.calibrator())
+
+
+def test_a_score_outside_0_1_is_an_error_naming_where_it_is(tmp_path):
+    """Both SQL forms and the polars map refuse a score outside [0, 1] (infinities included),
+    also of a stream without a map, naming the stream (and the table's row): they clipped it
+    and answered the map at eps or 1 - eps. 0 and 1 themselves are probabilities."""
+    settings = Settings.make("composite-jumper")
+    con, _ = _chain(tmp_path, settings)
+    try:
+        for stream, score in [("a", "1.5"), ("a", "-0.1"), ("b", "'inf'::DOUBLE"), ("nope", "2")]:
+            want = rf"calibrate_score: stream '{stream}': score \S+ is outside \[0, 1\]"
+            with pytest.raises(duckdb.InvalidInputException, match=want):
+                con.execute(f"SELECT calibrate_score('{stream}', {score})").fetchall()
+        edges = con.execute("SELECT calibrate_score('a', 0.0), calibrate_score('a', 1)").fetchall()
+        assert None not in edges[0]
+        for stream in ("a", "nope"):  # a stream without a map is checked too
+            table = (
+                f"SELECT * FROM (VALUES ('a', 0.3), ('b', 0.4), ('{stream}', 1.2)) t(stream, score)"
+            )
+            with pytest.raises(duckdb.InvalidInputException,
+                               match=rf"calibrate_table: row 3 \(stream '{stream}'\): score 1.2 is outside"):  # fmt: skip
+                con.execute(f"WITH f AS ({table}) SELECT * FROM calibrate_table('f')").fetchall()
+        state = pipeline.state_as_of(con, dt.date(2100, 1, 1))
+    finally:
+        con.close()
+    fresh = pl.DataFrame({"stream": ["a", "b", "a"], "score": [0.3, float("nan"), -1e-9]})
+    with pytest.raises(InputError, match=r"column 'score', row 2: score outside \[0, 1\]"):
+        pipeline.serving_map(state, fresh, settings)
+
+
+def test_a_stream_given_as_a_number_is_its_text(tmp_path):
+    """The pipeline stores a numeric stream column as its text; the SQL forms compare a stream
+    given as a number as its text (they cast the stored names to the number and failed on the
+    first one that is not)."""
+    con, _ = _chain(tmp_path, Settings.make("composite-jumper"))
+    try:
+        con.execute("UPDATE calibration_map SET stream = '7' WHERE stream = 'a'")
+        got = con.execute(
+            "SELECT calibrate_score(7, 0.3), calibrate_score('7', 0.3), calibrate_score('b', 0.3)"
+        ).fetchall()[0]
+        assert got[0] is not None and got[0] == got[1]
+        table = store.query(con, """
+            WITH f AS (SELECT * FROM (VALUES (7, 0.3), (8, 0.3), (7, 0.6)) t(stream, score))
+            SELECT * FROM calibrate_table('f')""")  # fmt: skip
+        want = con.execute("SELECT calibrate_score('7', 0.3), calibrate_score('7', 0.6)").fetchall()
+        assert table["stream"].to_list() == [7, 8, 7]  # the table's own column, as it was
+        assert table["protected_score"].to_list() == [want[0][0], None, want[0][1]]
+    finally:
+        con.close()
 
 
 def test_calibrate_table_from_parquet_to_parquet_with_calpipe_sql(tmp_path, capsys):
