@@ -91,7 +91,30 @@ class RunningUI:
         return out["data"]
 
     def wait_ready(self, timeout: float = config.UI_START_SECONDS) -> None:
-        wait_for("the UI", lambda: self.gql("{ repositoriesOrError { __typename } }"), timeout)
+        """Wait until the UI answers GraphQL. RuntimeError with its log as soon as ``calpipe
+        ui`` has exited (it never will answer), TimeoutError with its log's tail after
+        ``timeout``: a UI that did not start says why, not only that it did not."""
+
+        def answers():
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"calpipe ui exited with code {self.proc.returncode} before answering on "
+                    f"port {self.port}; its log:\n{self.log_tail()}"
+                )
+            return self.gql("{ repositoriesOrError { __typename } }")
+
+        try:
+            wait_for("the UI", answers, timeout)
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc} (port {self.port}); its log:\n{self.log_tail()}") from None
+
+    def log_tail(self, size: int = 4000) -> str:
+        """The last ``size`` bytes of the UI's output so far, read without moving the file
+        offset that the running UI writes at (a seek here would make it overwrite)."""
+        fd = self._log.fileno()
+        end = os.fstat(fd).st_size
+        start = max(0, end - size)
+        return os.pread(fd, end - start, start).decode(errors="replace")
 
     def materialized(self, asset: str) -> int:
         """How many partitions of ``asset`` the instance has materialized."""
