@@ -70,12 +70,15 @@ def apply_serving_map(
     has = joined["weights"].is_not_null().to_numpy()
     k = 2
     if multiclass:
-        k = (
-            int(joined[score].list.len().max())
+        # the state's K (its fingerprint holds it); without a state, the vectors' own
+        k = int(state["n_classes"].max() or 0) if state.height else 0
+        k = k or (
+            int(joined[score].list.len().max() or 0)
             if isinstance(scores.schema[score], pl.List)
             else scores.schema[score].size
         )
-    _check_scores(scores, score, multiclass)
+        has &= _usable(scores, score)
+    _check_scores(scores, score, multiclass, k)
     fp = cal.fingerprint(k)
     bad = joined.filter(
         pl.col("config_fingerprint").is_not_null() & (pl.col("config_fingerprint") != fp)
@@ -103,17 +106,38 @@ def apply_serving_map(
     return scores.with_columns(col)
 
 
-def _check_scores(scores: pl.DataFrame, score: str, multiclass: bool) -> None:
-    """InputError naming the row of the first score (class probability) outside [0, 1],
-    infinities included; null and NaN scores are no forecast (null out), as in the SQL map."""
+def _as_list(scores: pl.DataFrame, score: str) -> pl.Expr:
     c = pl.col(score)
-    if multiclass:
-        x = c.arr.to_list() if isinstance(scores.schema[score], pl.Array) else c
-        out = x.list.eval((pl.element() < 0) | ((pl.element() > 1) & pl.element().is_not_nan()))
-        rule = Rule(score, "a class probability outside [0, 1] (scores are base probabilities)",
-                    out.list.any())  # fmt: skip
-    else:
+    return c.arr.to_list() if isinstance(scores.schema[score], pl.Array) else c
+
+
+def _usable(scores: pl.DataFrame, score: str) -> np.ndarray:
+    """K classes: the rows whose vector is a forecast to map: not null, no null or NaN inside
+    (no forecast without a score: null out, as a null or NaN binary score, and as in SQL)."""
+    x = _as_list(scores, score)
+    holes = x.list.eval(pl.element().is_null() | pl.element().cast(pl.Float64).is_nan()).list.any()
+    return scores.select((x.is_not_null() & ~holes.fill_null(True)).alias("u"))["u"].to_numpy()
+
+
+def _check_scores(scores: pl.DataFrame, score: str, multiclass: bool, k: int) -> None:
+    """InputError naming the row of the first score the engine would refuse
+    (:mod:`calpipe.contract`): binary, outside [0, 1] (infinities included); K classes, of
+    another number of classes than ``k`` (the state's), a class probability outside [0, 1], or
+    a sum off 1 by more than :data:`calpipe.config.SCORES_SUM_TOL`. Null and NaN scores (a
+    null or NaN inside a vector) are no forecast, not an error: null out, as in the SQL map."""
+    c = pl.col(score)
+    if not multiclass:
         x = c.cast(pl.Float64)
-        rule = Rule(score, "score outside [0, 1] (scores are base probabilities)",
-                    (x < 0) | ((x > 1) & x.is_not_nan()))  # fmt: skip
-    check_rules(scores, [rule])
+        check_rules(scores, [Rule(score, "score outside [0, 1] (scores are base probabilities)",
+                                  (x < 0) | ((x > 1) & x.is_not_nan()))])  # fmt: skip
+        return
+    x = _as_list(scores, score)
+    whole = pl.lit(pl.Series(_usable(scores, score)))
+    check_rules(scores, [
+        Rule(score, f"scores of another number of classes than the state's forecasts ({k})",
+             whole & (x.list.len() != k), x.list.len()),
+        Rule(score, "a class probability outside [0, 1] (scores are base probabilities)",
+             whole & x.list.eval((pl.element() < 0) | (pl.element() > 1)).list.any()),
+        Rule(score, f"scores do not sum to 1 (tolerance {config.SCORES_SUM_TOL:g})",
+             whole & ((x.list.sum() - 1.0).abs() > config.SCORES_SUM_TOL), x.list.sum()),
+    ])  # fmt: skip

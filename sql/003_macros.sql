@@ -292,6 +292,26 @@ CREATE OR REPLACE MACRO calibrate_score_as_of(s, score, as_of) AS (
     FROM l0, l1, l2
 );
 
+-- K classes: a score vector as the maps read it (DOUBLE[]), NULL for NULL and for a vector with
+-- a NULL or NaN inside (no forecast without a score, as calpipe_score); an error naming `what`
+-- for a vector the engine refuses (calpipe.contract): another number of classes than `k` (the
+-- database's: the maps answered a vector of the given length), a class probability outside
+-- [0, 1], or a sum off 1 by more than config.SCORES_SUM_TOL, 1e-06 (the maps renormalised it).
+CREATE OR REPLACE MACRO calpipe_kscores(p, k, what) AS
+    list_transform([CAST(p AS DOUBLE[])], lambda kp:
+        CASE WHEN kp IS NULL OR list_bool_or(list_transform(kp, lambda x: x IS NULL OR isnan(x)))
+             THEN NULL
+             WHEN len(kp) <> k
+             THEN error(concat(what, ': scores ', CAST(kp AS VARCHAR), ' hold ', len(kp),
+                               ' classes, and the forecasts of this database ', k))
+             WHEN list_bool_or(list_transform(kp, lambda x: x < 0 OR x > 1))
+             THEN error(concat(what, ': scores ', CAST(kp AS VARCHAR), ' hold a class ',
+                               'probability outside [0, 1] (scores are base probabilities)'))
+             WHEN abs(list_sum(kp) - 1) > 1e-06
+             THEN error(concat(what, ': scores ', CAST(kp AS VARCHAR), ' do not sum to 1 ',
+                               '(tolerance 1e-06)'))
+             ELSE kp END)[1];
+
 -- The test score of the K-class sub-problem (i, j) at p (0-based classes): p[j] when i < 0
 -- (one-vs-rest), else the pair score p[j] / (p[i] + p[j]), 1/2 when both are 0 (one-vs-one).
 CREATE OR REPLACE MACRO calpipe_subscore(p, i, j) AS
@@ -441,17 +461,18 @@ CREATE OR REPLACE MACRO calibrate_scores_as_of(s, scores, as_of) AS (
         SELECT max(date) AS d FROM calibration_map
         WHERE stream = CAST(s AS VARCHAR) AND date <= CAST(as_of AS DATE)
     ),
-    l0 AS (SELECT l.v FROM d, calpipe_klayer(s, d.d, 0, scores) AS l),
+    -- (a CTE, not an argument: the layer macros copy their argument wherever they read it)
+    -- (names no lambda of the layer macros uses: their parameter x would capture x.p)
+    calpipe_k AS (SELECT max(n_classes) AS n FROM calibrator_state),
+    calpipe_x AS (
+        SELECT calpipe_kscores(scores, calpipe_k.n,
+                               concat('calibrate_scores: stream ''', s, '''')) AS kscores
+        FROM calpipe_k
+    ),
+    l0 AS (SELECT l.v FROM d, calpipe_x, calpipe_klayer(s, d.d, 0, calpipe_x.kscores) AS l),
     l1 AS (SELECT l.v, l.n FROM d, l0, calpipe_klayer(s, d.d, 1, l0.v) AS l)
-    -- a class probability outside [0, 1] is an error, as calpipe_score's (NaN: the maps' NaN)
-    SELECT CASE WHEN list_bool_or(list_transform(
-                         CAST(scores AS DOUBLE[]),
-                         lambda ks_x: ks_x < 0 OR (ks_x > 1 AND NOT isnan(ks_x))))
-                THEN error(concat('calibrate_scores: stream ''', s, ''': scores ',
-                                  CAST(CAST(scores AS DOUBLE[]) AS VARCHAR), ' hold a class probability outside ',
-                                  '[0, 1] (scores are base probabilities)'))
-                WHEN l1.n > 0 THEN l1.v ELSE l0.v END
-    FROM l0, l1
+    SELECT CASE WHEN calpipe_x.kscores IS NULL THEN NULL WHEN l1.n > 0 THEN l1.v ELSE l0.v END
+    FROM calpipe_x, l0, l1
 );
 
 -- The same under the latest map of stream `s`.

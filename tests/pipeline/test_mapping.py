@@ -289,15 +289,6 @@ def _check_k_sql_equals_serving_map(con, events: pl.DataFrame, settings: Setting
                   "WITH z AS (SELECT 'a' AS stream, 0.3 AS score) SELECT * FROM calibrate_table('z')"):  # fmt: skip
         with pytest.raises(duckdb.InvalidInputException, match=r"K-class forecasts: use calib"):
             con.execute(query).fetchall()
-    # a class probability outside [0, 1] is an error in both forms (the maps clipped it)
-    bad = [1.5, -0.5, 0.0, 0.0][:K] + [0.0] * (K - 4)
-    with pytest.raises(duckdb.InvalidInputException,
-                       match=r"calibrate_scores: stream 'a': scores .* class probability outside"):  # fmt: skip
-        con.execute("SELECT calibrate_scores('a', ?)", [bad]).fetchall()
-    with pytest.raises(InputError, match=r"row 1: a class probability outside \[0, 1\]"):
-        pipeline.serving_map(
-            state, pl.DataFrame({"stream": ["a", "a"], "score": [grid[0].tolist(), bad]}), settings
-        )
 
 
 #: K-class stacks whose layers both have a K-class SQL form: (top, its params, base, its params).
@@ -337,6 +328,53 @@ def test_a_k_class_sql_map_equals_its_serving_map(tmp_path, method, params, base
         assert con.execute(
             "SELECT calibrate_scores('nope', [0.25, 0.25, 0.25, 0.25])"
         ).fetchall() == [(None,)]
+    finally:
+        con.close()
+
+
+def test_a_k_class_vector_the_engine_refuses_is_an_error_in_both_forms(tmp_path):
+    """calibrate_scores and serving_map refuse a vector that calpipe.protect refuses, naming
+    it: another number of classes than the database's (the SQL map answered a vector of that
+    length), a class probability outside [0, 1], a sum off 1 (both renormalised it); a NULL or
+    NaN inside is no forecast (NULL), as a NULL or NaN binary score; a float32 softmax's sum
+    (off 1 by ~1e-7) is a forecast."""
+    from tests.pipeline.test_labels import with_classes
+
+    settings = Settings.make("composite-jumper")
+    events = with_classes(generate.generate(n_days=4, streams=STREAMS, seed=2), K, seed=5)
+    store.write_landing(events, tmp_path / "landing")
+    con = store.connect(tmp_path / "k.duckdb")
+    try:
+        pipeline.run_range(
+            con, store.EventSource.parse(str(tmp_path / "landing")), settings=settings
+        )
+        day = store.query(con, "SELECT max(date) AS d FROM calibrator_state")["d"][0]
+        state = pipeline.state_as_of(con, day)
+        refused = [
+            ([0.2, 0.8], rf"hold 2 classes, and the forecasts of this database {K}",
+             rf"scores of another number of classes than the state's forecasts \({K}\)"),
+            ([0.5, 0.5, 0.2, -0.2], r"class probability outside \[0, 1\]",
+             r"a class probability outside \[0, 1\]"),
+            ([0.4, 0.3, 0.2, 0.2], r"do not sum to 1 \(tolerance 1e-06\)",
+             r"scores do not sum to 1 \(tolerance 1e-06\)"),
+        ]  # fmt: skip
+        for stream in ("a", "nope"):  # also for a stream without a map
+            for bad, in_sql, in_polars in refused:
+                with pytest.raises(duckdb.InvalidInputException,
+                                   match=rf"calibrate_scores: stream '{stream}': scores .*{in_sql}"):  # fmt: skip
+                    con.execute("SELECT calibrate_scores(?, ?)", [stream, bad]).fetchall()
+                fresh = pl.DataFrame({"stream": [stream] * 2, "score": [[0.25] * K, bad]})
+                with pytest.raises(InputError, match=rf"row 1: {in_polars}"):
+                    pipeline.serving_map(state, fresh, settings)
+        holes = [None, [0.5, None, 0.25, 0.25], [0.5, float("nan"), 0.25, 0.25]]
+        fine = [0.1, 0.2, 0.3, 0.4000001]
+        got = [con.execute("SELECT calibrate_scores('a', ?)", [v]).fetchall()[0][0]
+               for v in [*holes, fine]]  # fmt: skip
+        fresh = pl.DataFrame({"stream": ["a"] * 4, "score": [*holes, fine]},
+                             schema={"stream": pl.String, "score": pl.List(pl.Float64)})  # fmt: skip
+        want = pipeline.serving_map(state, fresh, settings)["protected_scores"].to_list()
+        assert got[:3] == want[:3] == [None, None, None]
+        assert np.max(np.abs(np.array(got[3]) - np.array(want[3]))) <= TOL
     finally:
         con.close()
 
