@@ -11,6 +11,7 @@ import polars as pl
 from calpipe import config
 from calpipe.calibrators import Calibrator, make_calibrator
 from calpipe.contract import Rule, check_rules
+from calpipe.errors import InputError
 from calpipe.frame import state_from_rows
 
 
@@ -31,9 +32,12 @@ def serving_map(
     the ``calibrator_state`` table), made by ``method`` with ``params`` (and ``base_method`` /
     ``base_params`` for a stack: give what made the state, as to :func:`calpipe.protect`; a
     state of another configuration is refused by its fingerprint). ``scores`` has the stream
-    column and a ``score`` column (binary: Float64; K classes: a list of K floats); a score
-    (a class probability) outside [0, 1] is an :class:`~calpipe.errors.InputError` naming its
-    row, as in :func:`calpipe.protect` (the map would clip it silently). Returns
+    column and a ``score`` column (binary: Float64; K classes: a list of K floats). A score
+    that :func:`calpipe.protect` refuses is an :class:`~calpipe.errors.InputError` naming its
+    row (the maps would clip or renormalise it silently): binary, outside [0, 1]; K classes,
+    another number of classes than the state's, a class probability outside [0, 1], a sum off
+    1 by more than :data:`calpipe.config.SCORES_SUM_TOL`; also score vectors against a state
+    of binary forecasts. A null or NaN score (or one inside a vector) is no forecast. Returns
     ``scores`` with ``protected_score`` (or ``protected_scores``), null for streams without
     state: what an unlabelled event with that score would be forecast, learning nothing. Uses
     the calibrator's own :meth:`~calpipe.calibrators.base.Calibrator.serving_map` (the kernel),
@@ -107,6 +111,7 @@ def apply_serving_map(
 
 
 def _as_list(scores: pl.DataFrame, score: str) -> pl.Expr:
+    """The K-class score column as a list expression (a List or an Array column)."""
     c = pl.col(score)
     return c.arr.to_list() if isinstance(scores.schema[score], pl.Array) else c
 
@@ -131,6 +136,9 @@ def _check_scores(scores: pl.DataFrame, score: str, multiclass: bool, k: int) ->
         check_rules(scores, [Rule(score, "score outside [0, 1] (scores are base probabilities)",
                                   (x < 0) | ((x > 1) & x.is_not_nan()))])  # fmt: skip
         return
+    if k == 2:
+        raise InputError(score, None, "score vectors against a state of binary forecasts: give "
+                         "each row's probability of class 1 as a float score")  # fmt: skip
     x = _as_list(scores, score)
     whole = pl.lit(pl.Series(_usable(scores, score)))
     check_rules(scores, [

@@ -294,12 +294,17 @@ CREATE OR REPLACE MACRO calibrate_score_as_of(s, score, as_of) AS (
 
 -- K classes: a score vector as the maps read it (DOUBLE[]), NULL for NULL and for a vector with
 -- a NULL or NaN inside (no forecast without a score, as calpipe_score); an error naming `what`
--- for a vector the engine refuses (calpipe.contract): another number of classes than `k` (the
--- database's: the maps answered a vector of the given length), a class probability outside
--- [0, 1], or a sum off 1 by more than config.SCORES_SUM_TOL, 1e-06 (the maps renormalised it).
+-- on a database of binary forecasts (k = 2: the K-class macros read a binary map's terms as
+-- a K-class map's and answered a vector of no meaning) and for a vector the engine refuses
+-- (calpipe.contract): another number of classes than `k` (the database's: the maps answered a
+-- vector of the given length), a class probability outside [0, 1], or a sum off 1 by more than
+-- config.SCORES_SUM_TOL, 1e-06 (the maps renormalised it).
 CREATE OR REPLACE MACRO calpipe_kscores(p, k, what) AS
     list_transform([CAST(p AS DOUBLE[])], lambda kp:
-        CASE WHEN kp IS NULL OR list_bool_or(list_transform(kp, lambda x: x IS NULL OR isnan(x)))
+        CASE WHEN k = 2
+             THEN error(concat(what, ': this database holds binary forecasts: use ',
+                               'calibrate_score(stream, p) with the probability of class 1'))
+             WHEN kp IS NULL OR list_bool_or(list_transform(kp, lambda x: x IS NULL OR isnan(x)))
              THEN NULL
              WHEN len(kp) <> k
              THEN error(concat(what, ': scores ', CAST(kp AS VARCHAR), ' hold ', len(kp),

@@ -252,6 +252,17 @@ K_FAMILY = {"histogram": "ovr_base", "venn-abers": "ovo", "venn": "kcat", "venn-
 NO_K_SQL_FORM: dict[str, str] = {}  # every method (a Venn predictor on a user column: none)
 
 
+def _k_chain(tmp_path, settings: Settings):
+    """:func:`_chain` with K-class events."""
+    from tests.pipeline.test_labels import with_classes
+
+    events = with_classes(generate.generate(n_days=4, streams=STREAMS, seed=2), K, seed=5)
+    store.write_landing(events, tmp_path / "landing")
+    con = store.connect(tmp_path / "k.duckdb")
+    pipeline.run_range(con, store.EventSource.parse(str(tmp_path / "landing")), settings=settings)
+    return con, events
+
+
 def _k_grid(events: pl.DataFrame, seed: int = 0) -> np.ndarray:
     """Stored score vectors (the first, and the last: the windows' calibration points, where the
     tables' values change), random ones, corners and rows with zeros (the clip floors them)."""
@@ -304,16 +315,9 @@ K_STACKS = [
     [(m, p, None, None) for m, p in K_CLASS] + K_STACKS,
 )
 def test_a_k_class_sql_map_equals_its_serving_map(tmp_path, method, params, base, base_params):
-    from tests.pipeline.test_labels import with_classes
-
     settings = Settings.make(method, base_method=base, base_params=base_params, **params)
-    events = with_classes(generate.generate(n_days=4, streams=STREAMS, seed=2), K, seed=5)
-    store.write_landing(events, tmp_path / "landing")
-    con = store.connect(tmp_path / "k.duckdb")
+    con, events = _k_chain(tmp_path, settings)
     try:
-        pipeline.run_range(
-            con, store.EventSource.parse(str(tmp_path / "landing")), settings=settings
-        )
         assert has_sql_map(settings.calibrator(), K)
         assert store.query(con, "SELECT count(*) AS n FROM calibration_map")["n"][0] > 0
         layers = store.query(con, "SELECT DISTINCT layer FROM calibration_map ORDER BY layer")
@@ -338,16 +342,9 @@ def test_a_k_class_vector_the_engine_refuses_is_an_error_in_both_forms(tmp_path)
     length), a class probability outside [0, 1], a sum off 1 (both renormalised it); a NULL or
     NaN inside is no forecast (NULL), as a NULL or NaN binary score; a float32 softmax's sum
     (off 1 by ~1e-7) is a forecast."""
-    from tests.pipeline.test_labels import with_classes
-
     settings = Settings.make("composite-jumper")
-    events = with_classes(generate.generate(n_days=4, streams=STREAMS, seed=2), K, seed=5)
-    store.write_landing(events, tmp_path / "landing")
-    con = store.connect(tmp_path / "k.duckdb")
+    con, _ = _k_chain(tmp_path, settings)
     try:
-        pipeline.run_range(
-            con, store.EventSource.parse(str(tmp_path / "landing")), settings=settings
-        )
         day = store.query(con, "SELECT max(date) AS d FROM calibrator_state")["d"][0]
         state = pipeline.state_as_of(con, day)
         refused = [
@@ -448,7 +445,8 @@ def test_calibrated_regression_over_a_category_column_has_no_map_of_the_score_al
 
 def test_the_sql_fixed_point_s_constants_are_the_config_s():
     """sql/003_macros.sql spells the scan's cells, the bisection's tolerance and its halvings
-    out (a macro has no parameters from Python): they must be calpipe.config's."""
+    out, and the K-class vectors' sum tolerance (a macro has no parameters from Python): they
+    must be calpipe.config's."""
     text = (paths.SQL_DIR / "003_macros.sql").read_text()
     body = text[text.index("CREATE OR REPLACE MACRO calpipe_calreg_half") :]
     body = body[: body.index("-- Equal-width bin")]
@@ -456,6 +454,10 @@ def test_the_sql_fixed_point_s_constants_are_the_config_s():
     assert f"range({config.CALREG_BISECTION_MAX_ITER})" in body
     grid = config.CALREG_ROOT_GRID
     assert f"range(1, {grid + 1})" in body and f"/ {float(grid)!r}" in body
+    # and the K-class vectors' sum tolerance (calpipe_kscores)
+    kscores = text[text.index("CREATE OR REPLACE MACRO calpipe_kscores") :]
+    kscores = kscores[: kscores.index("-- The test score of the K-class sub-problem")]
+    assert f"abs(list_sum(kp) - 1) > {config.SCORES_SUM_TOL!r}" in kscores
 
 
 @pytest.mark.parametrize(
@@ -518,12 +520,19 @@ def test_a_score_outside_0_1_is_an_error_naming_where_it_is(tmp_path):
             with pytest.raises(duckdb.InvalidInputException,
                                match=rf"calibrate_table: row 3 \(stream '{stream}'\): score 1.2 is outside"):  # fmt: skip
                 con.execute(f"WITH f AS ({table}) SELECT * FROM calibrate_table('f')").fetchall()
+        # K-class vectors on binary maps: the K-class macros read a binary map's terms as a
+        # K-class map's and answered [0.69, 0.30] for [0.7, 0.3]
+        with pytest.raises(duckdb.InvalidInputException, match=r"holds binary forecasts: use c"):
+            con.execute("SELECT calibrate_scores('a', [0.7, 0.3])").fetchall()
         state = pipeline.state_as_of(con, dt.date(2100, 1, 1))
     finally:
         con.close()
     fresh = pl.DataFrame({"stream": ["a", "b", "a"], "score": [0.3, float("nan"), -1e-9]})
     with pytest.raises(InputError, match=r"column 'score', row 2: score outside \[0, 1\]"):
         pipeline.serving_map(state, fresh, settings)
+    vectors = pl.DataFrame({"stream": ["a"], "score": [[0.7, 0.3]]})
+    with pytest.raises(InputError, match=r"score vectors against a state of binary forecasts"):
+        pipeline.serving_map(state, vectors, settings)
 
 
 def test_a_stream_given_as_a_number_is_its_text(tmp_path):
