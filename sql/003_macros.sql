@@ -155,15 +155,22 @@ CREATE OR REPLACE MACRO calpipe_calreg_fp_row(a, b, y, p) AS
 -- Equal-width bin of q among n of [0, 1], as the calibeating kernel computes it.
 CREATE OR REPLACE MACRO calpipe_bin(q, n) AS least(CAST(floor(q * n) AS INTEGER), CAST(n AS INTEGER) - 1);
 
--- K classes: the row floored at eps and renormalised (the engine's clip in log-loss mode).
+-- K classes: the row floored at eps and renormalised (the engine's clip in log-loss mode). The
+-- K-class macros bind their list argument, and each sum or maximum, once (one-element lists
+-- and lambdas, as calpipe_term): spelled directly, the argument (for a term, the input map of the
+-- clipped score) was computed again for every class and inside every sum, and a K = 3 vector
+-- under the default method's ~80 terms took 16 ms.
 CREATE OR REPLACE MACRO calpipe_kclip(p, eps) AS
-    list_transform(p, lambda x: greatest(CAST(x AS DOUBLE), CAST(eps AS DOUBLE))
-        / list_sum(list_transform(p, lambda y: greatest(CAST(y AS DOUBLE), CAST(eps AS DOUBLE)))));
+    list_transform([list_transform(p, lambda x: greatest(CAST(x AS DOUBLE), CAST(eps AS DOUBLE)))],
+        lambda kc_g: list_transform([list_sum(kc_g)],
+            lambda kc_s: list_transform(kc_g, lambda x: x / kc_s))[1])[1];
 
 -- The softmax of a list, shifted by its maximum (no overflow).
 CREATE OR REPLACE MACRO calpipe_softmax(z) AS
-    list_transform(z, lambda x: exp(x - list_max(z))
-        / list_sum(list_transform(z, lambda y: exp(y - list_max(z)))));
+    list_transform([z], lambda sm_z: list_transform([list_max(sm_z)],
+        lambda sm_m: list_transform([list_transform(sm_z, lambda x: exp(x - sm_m))],
+            lambda sm_e: list_transform([list_sum(sm_e)],
+                lambda sm_s: list_transform(sm_e, lambda x: x / sm_s))[1])[1])[1])[1];
 
 -- A K-class term's input q(p): p itself (ka NULL), or vector scaling (online vector scaling, an
 -- input of composite-experts or ops itself): softmax(ka[c] ln kclip(p, eps)[c] + kb[c]).
@@ -176,12 +183,14 @@ CREATE OR REPLACE MACRO calpipe_kinput(p, ka, kb, eps) AS
 -- One K-class calibrating function of a term at q: the identity, the Cox function of paper 001
 -- eq. (1) (q_c^b e^{alphas[c]} / sum), or temperature scaling (a = 1/T, b = eps).
 CREATE OR REPLACE MACRO calpipe_kterm(family, a, b, alphas, q) AS
-    CASE family
-        WHEN 'identity' THEN q
-        WHEN 'cox' THEN list_transform(q, lambda x, i: pow(x, b) * exp(alphas[i])
-            / list_sum(list_transform(q, lambda y, j: pow(y, b) * exp(alphas[j]))))
-        WHEN 'temperature' THEN calpipe_softmax(list_transform(q, lambda x: a * ln(greatest(x, b))))
-    END;
+    list_transform([q], lambda kt_q: CASE family
+        WHEN 'identity' THEN kt_q
+        WHEN 'cox' THEN list_transform(
+            [list_transform(kt_q, lambda x, i: pow(x, b) * exp(alphas[i]))],
+            lambda kt_w: list_transform([list_sum(kt_w)],
+                lambda kt_s: list_transform(kt_w, lambda x: x / kt_s))[1])[1]
+        WHEN 'temperature' THEN calpipe_softmax(list_transform(kt_q, lambda x: a * ln(greatest(x, b))))
+    END)[1];
 
 -- The Brier compatibility mode (paper 001's reference package's Brier-loss aggregating
 -- algorithm, calpipe.kernels.brier_compat): a term's forecast f at the class vector q (family
@@ -485,6 +494,207 @@ CREATE OR REPLACE MACRO calibrate_scores_as_of(s, scores, as_of) AS (
 CREATE OR REPLACE MACRO calibrate_scores(s, scores) AS
     calibrate_scores_as_of(s, scores, DATE '9999-12-31');
 
+-- The K-class set form (calibrate_scores_table): one layer of the maps in force evaluated at every
+-- point of the relation named `points` (r, stream, layer, q: a point's key, its stream, the
+-- layer, the score vector to evaluate it at) under the map rows of the relation named `maps`
+-- (calibration_map's rows in force, layer NULL read as 0): (r, layer, v), v the layer's vector,
+-- one row per point whose stream has rows in that layer. Each family as calpipe_klayer
+-- evaluates it for one score (the same macros): the terms' sum class by class, the coupled step
+-- tables of the sub-problems (each sub-problem's piece by an ASOF join), the table of
+-- categories, the partition tree (a recursive walk of every point at once), the Brier mode.
+CREATE OR REPLACE MACRO calpipe_kpoints_layer(points, maps) AS TABLE
+    WITH RECURSIVE kq_pt AS (SELECT r, stream, layer, q FROM query_table(points)),
+    kq_m AS (SELECT * FROM query_table(maps)),
+    -- terms: sum over the terms of weight * f(kclip(q)) (or of the term's input map), by class
+    kq_terms AS (
+        SELECT pt.r, pt.layer, m.weight,
+               calpipe_kterm(m.family, m.a, m.b, m.alphas,
+                             CASE WHEN m.in_ka IS NULL THEN calpipe_kclip(pt.q, m.clip)
+                                  ELSE calpipe_kclip(calpipe_kinput(calpipe_kclip(pt.q, m.clip),
+                                                                    m.in_ka, m.in_kb, m.in_eps),
+                                                     m.clip)
+                             END) AS f
+        FROM kq_pt pt JOIN kq_m m ON m.stream = pt.stream AND m.layer = pt.layer
+        WHERE m.family NOT IN ('ovr', 'ovr_base', 'ovo', 'kcat', 'kedge', 'ksplit', 'kleaf',
+                               'brier', 'brier_cox')
+    ),
+    kq_term_c AS (
+        SELECT t.r, t.layer, u.i, sum(t.weight * u.v) AS v
+        FROM kq_terms t, unnest(t.f) WITH ORDINALITY AS u(v, i)
+        GROUP BY t.r, t.layer, u.i
+    ),
+    kq_term_v AS (
+        SELECT r, layer, list(v ORDER BY i) AS v FROM kq_term_c GROUP BY r, layer
+    ),
+    -- step tables of the sub-problems: each (point, sub-problem) at its score, its piece
+    kq_subs AS (
+        SELECT DISTINCT stream, layer, family, a, b FROM kq_m
+        WHERE family IN ('ovr', 'ovr_base', 'ovo')
+    ),
+    kq_sub_pts AS (
+        SELECT pt.r, pt.layer, pt.stream, s.family, s.a, s.b, len(pt.q) AS k, pt.q,
+               calpipe_subscore(pt.q, s.a, s.b) AS sc
+        FROM kq_pt pt JOIN kq_subs s ON s.stream = pt.stream AND s.layer = pt.layer
+    ),
+    kq_sub_v AS (
+        SELECT sp.r, sp.layer, sp.family, sp.a AS i, sp.b AS j, sp.k, sp.q,
+               CASE WHEN m.x = sp.sc THEN m.y_at ELSE m.y_right END AS v
+        FROM kq_sub_pts sp
+        ASOF JOIN (SELECT * FROM kq_m WHERE family IN ('ovr', 'ovr_base', 'ovo')) m
+          ON m.stream = sp.stream AND m.layer = sp.layer AND m.family = sp.family
+         AND m.a = sp.a AND m.b = sp.b AND m.x <= sp.sc
+    ),
+    kq_sub_u AS (
+        SELECT r, layer, family, j AS cls, v AS u FROM kq_sub_v WHERE family <> 'ovo'
+        UNION ALL
+        SELECT r, layer, family, cls, 1.0 / (sum(t) - (any_value(k) - 2)) AS u
+        FROM (SELECT r, layer, family, k, i AS cls, 1.0 / (1.0 - v) AS t FROM kq_sub_v
+              WHERE family = 'ovo'
+              UNION ALL
+              SELECT r, layer, family, k, j AS cls, 1.0 / v AS t FROM kq_sub_v
+              WHERE family = 'ovo')
+        GROUP BY r, layer, family, cls
+    ),
+    kq_sub_tot AS (
+        SELECT u.r, u.layer, any_value(u.family) AS family, sum(u.u) AS tot,
+               list(u.u ORDER BY u.cls) AS raw
+        FROM kq_sub_u u GROUP BY u.r, u.layer
+    ),
+    kq_tables_v AS (
+        SELECT st.r, st.layer,
+               CASE WHEN st.family = 'ovr_base' AND st.tot <= 0 THEN pt.q
+                    ELSE list_transform(st.raw, lambda kq_x: kq_x / st.tot) END AS v
+        FROM kq_sub_tot st JOIN kq_pt pt ON pt.r = st.r AND pt.layer = st.layer
+    ),
+    -- the table of categories: argmax class x (edges + 1) + edges at or below the max
+    kq_cat_k AS (
+        SELECT pt.r, pt.layer, any_value(pt.stream) AS stream,
+               (any_value(list_position(pt.q, list_max(pt.q))) - 1)
+                   * (count(*) FILTER (WHERE m.family = 'kedge') + 1)
+                   + count(*) FILTER (WHERE m.family = 'kedge' AND m.x <= list_max(pt.q)) AS k
+        FROM kq_pt pt JOIN kq_m m ON m.stream = pt.stream AND m.layer = pt.layer
+        WHERE m.family IN ('kcat', 'kedge')
+        GROUP BY pt.r, pt.layer
+    ),
+    kq_cats_v AS (
+        SELECT ck.r, ck.layer, m.y_k AS v
+        FROM kq_cat_k ck
+        LEFT JOIN kq_m m ON m.stream = ck.stream AND m.layer = ck.layer AND m.family = 'kcat'
+                        AND m.term = ck.k
+    ),
+    -- the partition tree: every point from the root to its leaf
+    kq_nodes AS (
+        SELECT stream, layer, term, family, y_k, kids FROM kq_m
+        WHERE family IN ('ksplit', 'kleaf')
+    ),
+    kq_walk(r, layer, stream, q, node) AS (
+        SELECT pt.r, pt.layer, pt.stream, pt.q, 0 FROM kq_pt pt
+        SEMI JOIN (SELECT DISTINCT stream, layer FROM kq_nodes) n
+          ON n.stream = pt.stream AND n.layer = pt.layer
+        UNION ALL
+        SELECT w.r, w.layer, w.stream, w.q,
+               CAST(n.kids[list_position(list_transform(w.q, lambda kq_x, kq_i: kq_x - n.y_k[kq_i]),
+                                         list_max(list_transform(w.q, lambda kq_x, kq_i:
+                                                                 kq_x - n.y_k[kq_i])))]
+                    AS INTEGER)
+        FROM kq_walk w JOIN kq_nodes n
+          ON n.stream = w.stream AND n.layer = w.layer AND n.term = w.node
+        WHERE n.family = 'ksplit'
+    ),
+    kq_tree_v AS (
+        SELECT w.r, w.layer, n.y_k AS v
+        FROM kq_walk w JOIN kq_nodes n
+          ON n.stream = w.stream AND n.layer = w.layer AND n.term = w.node
+        WHERE n.family = 'kleaf'
+    ),
+    -- the Brier mode: a_c = sum over the terms of weight * e^{-Brier(c, f(q))}, merged
+    kq_brier_e AS (
+        SELECT pt.r, pt.layer, m.weight,
+               list_transform(range(len(pt.q)), lambda kq_c:
+                   exp(-calpipe_brier_loss(kq_c, calpipe_brier_f(m.family, m.b, m.alphas, pt.q))))
+                   AS e
+        FROM kq_pt pt JOIN kq_m m ON m.stream = pt.stream AND m.layer = pt.layer
+        WHERE m.family IN ('brier', 'brier_cox')
+    ),
+    kq_brier_a AS (
+        SELECT be.r, be.layer, u.i, sum(be.weight * u.v) AS a
+        FROM kq_brier_e be, unnest(be.e) WITH ORDINALITY AS u(v, i)
+        GROUP BY be.r, be.layer, u.i
+    ),
+    kq_brier_v AS (
+        SELECT r, layer, calpipe_brier_merge(list(a ORDER BY i)) AS v
+        FROM kq_brier_a GROUP BY r, layer
+    ),
+    kq_all AS (
+        SELECT r, layer, v, 0 AS kind FROM kq_tables_v
+        UNION ALL SELECT r, layer, v, 1 FROM kq_cats_v
+        UNION ALL SELECT r, layer, v, 2 FROM kq_tree_v
+        UNION ALL SELECT r, layer, v, 3 FROM kq_brier_v
+        UNION ALL SELECT r, layer, v, 4 FROM kq_term_v
+    )
+    -- calpipe_klayer's coalesce: the first kind with a value
+    SELECT r, layer, arg_min(v, kind) FILTER (WHERE v IS NOT NULL) AS v
+    FROM kq_all GROUP BY r, layer;
+
+-- Where calibrate_scores_table's score vector is (the table's row r, from 1, and its stream).
+CREATE OR REPLACE MACRO calpipe_where_krow(r, s) AS
+    concat('calibrate_scores_table: row ', r, ' (stream ''', s, ''')');
+
+-- Calibrated class probabilities of a whole table: every row of the table, view or CTE named
+-- `tbl` (columns `stream` and `scores`, a K-class base probability vector), in its order and
+-- with all its columns, plus `protected_scores` under its stream's map in force at the end of
+-- day `as_of` (NULL: no map yet, or a NULL vector or one with a NULL or NaN inside; a vector the
+-- engine refuses is an error naming its row). Equal row by row to calibrate_scores_as_of (layer
+-- 0 at the vector, layer 1, a stack's top, at layer 0's), but set-based (calpipe_kpoints_layer).
+--   SELECT * FROM calibrate_scores_table_as_of('fresh_scores', DATE '2010-11-01');
+CREATE OR REPLACE MACRO calibrate_scores_table_as_of(tbl, as_of) AS TABLE
+    WITH calpipe_rows AS MATERIALIZED (
+        SELECT row_number() OVER () AS calpipe_row, * FROM query_table(tbl)
+    ),
+    calpipe_k AS (SELECT max(n_classes) AS n FROM calibrator_state),
+    calpipe_latest AS (
+        SELECT stream, max(date) AS d FROM calibration_map
+        WHERE date <= CAST(as_of AS DATE)
+          AND stream IN (SELECT CAST(stream AS VARCHAR) FROM calpipe_rows)
+        GROUP BY stream
+    ),
+    calpipe_maps AS (
+        SELECT m.* REPLACE (coalesce(m.layer, 0) AS layer)
+        FROM calibration_map m JOIN calpipe_latest l ON m.stream = l.stream AND m.date = l.d
+    ),
+    calpipe_tops AS (SELECT stream, max(layer) AS top FROM calpipe_maps GROUP BY stream),
+    calpipe_checked AS (
+        SELECT e.calpipe_row AS r, CAST(e.stream AS VARCHAR) AS stream,
+               calpipe_kscores(e.scores, k.n, calpipe_where_krow(e.calpipe_row, e.stream)) AS q
+        FROM calpipe_rows e, calpipe_k k
+    ),
+    calpipe_p0 AS (
+        SELECT c.r, c.stream, 0 AS layer, c.q
+        FROM calpipe_checked c SEMI JOIN calpipe_tops t ON t.stream = c.stream
+        WHERE c.q IS NOT NULL
+    ),
+    calpipe_v0 AS (SELECT r, v FROM calpipe_kpoints_layer('calpipe_p0', 'calpipe_maps')),
+    calpipe_p1 AS (
+        SELECT pt.r, pt.stream, 1 AS layer, v.v AS q
+        FROM calpipe_p0 pt JOIN calpipe_tops t ON t.stream = pt.stream AND t.top >= 1
+        LEFT JOIN calpipe_v0 v ON v.r = pt.r
+    ),
+    calpipe_v1 AS (SELECT r, v FROM calpipe_kpoints_layer('calpipe_p1', 'calpipe_maps'))
+    SELECT e.* EXCLUDE (calpipe_row),
+           CASE WHEN c.q IS NULL THEN NULL WHEN t.top >= 1 THEN v1.v ELSE v0.v END
+               AS protected_scores
+    FROM calpipe_rows e
+    JOIN calpipe_checked c ON c.r = e.calpipe_row
+    LEFT JOIN calpipe_tops t ON t.stream = c.stream
+    LEFT JOIN calpipe_v0 v0 ON v0.r = e.calpipe_row
+    LEFT JOIN calpipe_v1 v1 ON v1.r = e.calpipe_row
+    ORDER BY e.calpipe_row;
+
+-- The same under each stream's latest map.
+--   SELECT * FROM calibrate_scores_table('fresh_scores');
+CREATE OR REPLACE MACRO calibrate_scores_table(tbl) AS TABLE
+    SELECT * FROM calibrate_scores_table_as_of(tbl, DATE '9999-12-31');
+
 -- The same under the latest map of stream `s`.
 --   SELECT calibrate_score('bank-telemarketing', 0.3);
 CREATE OR REPLACE MACRO calibrate_score(s, score) AS
@@ -523,9 +733,9 @@ CREATE OR REPLACE MACRO calpipe_where_row(r, s) AS
 -- columns, plus `protected_score` under its stream's map in force at the end of day `as_of`
 -- (NULL: no map yet, or a NULL or NaN score). Equal row by row to calibrate_score_as_of (the
 -- same layers, the same calpipe_layer_value), but set-based: the scores are joined with the
--- maps' rows once, where calibrate_score evaluates each score's map on its own (35x to 190x
--- the scores per second on the demo database, BENCHMARKS.md §15). Binary maps only (K classes:
--- calibrate_scores per row).
+-- maps' rows once, where calibrate_score evaluates each score's map on its own (20x to 190x
+-- the scores per second on the demo database, BENCHMARKS.md §15). Binary maps (K classes:
+-- calibrate_scores_table).
 --   SELECT * FROM calibrate_table_as_of('fresh_scores', DATE '2010-11-01');
 CREATE OR REPLACE MACRO calibrate_table_as_of(tbl, as_of) AS TABLE
     -- (materialized: every reference reads the same row numbers, which pair each row with its

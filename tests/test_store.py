@@ -73,6 +73,9 @@ def test_connect_installs_tables_views_and_macros(con):
         "calibrate_score_as_of",
         "calibrate_table",
         "calibrate_table_as_of",
+        "calibrate_scores",
+        "calibrate_scores_table",
+        "calibrate_scores_table_as_of",
         "calpipe_term",
         "calibration_curve",
     } <= macros
