@@ -494,6 +494,25 @@ CREATE OR REPLACE MACRO calibrate_scores_as_of(s, scores, as_of) AS (
 CREATE OR REPLACE MACRO calibrate_scores(s, scores) AS
     calibrate_scores_as_of(s, scores, DATE '9999-12-31');
 
+-- Where a set form's score is (the table's row r, from 1, and its stream), for calpipe_score's
+-- and calpipe_kscores' errors; `form` names the macro.
+CREATE OR REPLACE MACRO calpipe_where_row(form, r, s) AS
+    concat(form, ': row ', r, ' (stream ''', s, ''')');
+
+-- The map rows in force at the end of day `as_of` (each stream's latest day on or before it,
+-- layer NULL read as 0) of the streams of the relation named `rows` (its `stream` column, a
+-- number compared as its text), for the set forms: only the table's streams, as a long
+-- history's calibration_map holds every stream's days.
+CREATE OR REPLACE MACRO calpipe_maps_in_force(rows, as_of) AS TABLE
+    WITH calpipe_latest AS (
+        SELECT stream, max(date) AS d FROM calibration_map
+        WHERE date <= CAST(as_of AS DATE)
+          AND stream IN (SELECT CAST(stream AS VARCHAR) FROM query_table(rows))
+        GROUP BY stream
+    )
+    SELECT m.* REPLACE (coalesce(m.layer, 0) AS layer)
+    FROM calibration_map m JOIN calpipe_latest l ON m.stream = l.stream AND m.date = l.d;
+
 -- The K-class set form (calibrate_scores_table): one layer of the maps in force evaluated at every
 -- point of the relation named `points` (r, stream, layer, q: a point's key, its stream, the
 -- layer, the score vector to evaluate it at) under the map rows of the relation named `maps`
@@ -636,10 +655,6 @@ CREATE OR REPLACE MACRO calpipe_kpoints_layer(points, maps) AS TABLE
     SELECT r, layer, arg_min(v, kind) FILTER (WHERE v IS NOT NULL) AS v
     FROM kq_all GROUP BY r, layer;
 
--- Where calibrate_scores_table's score vector is (the table's row r, from 1, and its stream).
-CREATE OR REPLACE MACRO calpipe_where_krow(r, s) AS
-    concat('calibrate_scores_table: row ', r, ' (stream ''', s, ''')');
-
 -- Calibrated class probabilities of a whole table: every row of the table, view or CTE named
 -- `tbl` (columns `stream` and `scores`, a K-class base probability vector), in its order and
 -- with all its columns, plus `protected_scores` under its stream's map in force at the end of
@@ -652,20 +667,12 @@ CREATE OR REPLACE MACRO calibrate_scores_table_as_of(tbl, as_of) AS TABLE
         SELECT row_number() OVER () AS calpipe_row, * FROM query_table(tbl)
     ),
     calpipe_k AS (SELECT max(n_classes) AS n FROM calibrator_state),
-    calpipe_latest AS (
-        SELECT stream, max(date) AS d FROM calibration_map
-        WHERE date <= CAST(as_of AS DATE)
-          AND stream IN (SELECT CAST(stream AS VARCHAR) FROM calpipe_rows)
-        GROUP BY stream
-    ),
-    calpipe_maps AS (
-        SELECT m.* REPLACE (coalesce(m.layer, 0) AS layer)
-        FROM calibration_map m JOIN calpipe_latest l ON m.stream = l.stream AND m.date = l.d
-    ),
+    calpipe_maps AS (SELECT * FROM calpipe_maps_in_force('calpipe_rows', as_of)),
     calpipe_tops AS (SELECT stream, max(layer) AS top FROM calpipe_maps GROUP BY stream),
     calpipe_checked AS (
         SELECT e.calpipe_row AS r, CAST(e.stream AS VARCHAR) AS stream,
-               calpipe_kscores(e.scores, k.n, calpipe_where_krow(e.calpipe_row, e.stream)) AS q
+               calpipe_kscores(e.scores, k.n, calpipe_where_row('calibrate_scores_table',
+                                                                e.calpipe_row, e.stream)) AS q
         FROM calpipe_rows e, calpipe_k k
     ),
     calpipe_p0 AS (
@@ -723,11 +730,6 @@ CREATE OR REPLACE MACRO calpipe_points_layer(points, maps) AS TABLE
     SELECT r, layer, calpipe_layer_value(m, q, ins) AS v
     FROM calpipe_candidates GROUP BY r, layer;
 
--- Where calibrate_table's score is (the table's row r, from 1, and its stream), for
--- calpipe_score's error.
-CREATE OR REPLACE MACRO calpipe_where_row(r, s) AS
-    concat('calibrate_table: row ', r, ' (stream ''', s, ''')');
-
 -- Calibrated probabilities of a whole table: every row of the table, view or CTE named `tbl`
 -- (columns `stream` and `score`, a binary base probability), in its order and with all its
 -- columns, plus `protected_score` under its stream's map in force at the end of day `as_of`
@@ -743,24 +745,19 @@ CREATE OR REPLACE MACRO calibrate_table_as_of(tbl, as_of) AS TABLE
     WITH calpipe_rows AS MATERIALIZED (
         SELECT row_number() OVER () AS calpipe_row, * FROM query_table(tbl)
     ),
-    -- (only the table's streams: a long history's calibration_map holds every stream's days)
-    calpipe_latest AS (
-        SELECT stream, max(date) AS d FROM calibration_map
-        WHERE date <= CAST(as_of AS DATE)
-          AND stream IN (SELECT CAST(stream AS VARCHAR) FROM calpipe_rows)
-        GROUP BY stream
-    ),
-    calpipe_maps AS (
-        SELECT m.* REPLACE (coalesce(m.layer, 0) AS layer)
-        FROM calibration_map m JOIN calpipe_latest l ON m.stream = l.stream AND m.date = l.d
-    ),
+    calpipe_maps AS (SELECT * FROM calpipe_maps_in_force('calpipe_rows', as_of)),
     calpipe_tops AS (SELECT stream, max(layer) AS top FROM calpipe_maps GROUP BY stream),
-    calpipe_points AS (
+    -- every row's score checked, also of a stream without a map (as calibrate_score)
+    calpipe_checked AS (
         SELECT e.calpipe_row AS r, CAST(e.stream AS VARCHAR) AS stream,
-               calpipe_score(e.score, calpipe_where_row(e.calpipe_row, e.stream)) AS p
-        FROM calpipe_rows e SEMI JOIN calpipe_tops t ON t.stream = CAST(e.stream AS VARCHAR)
-        WHERE calpipe_score(e.score, calpipe_where_row(e.calpipe_row, e.stream)) IS NOT NULL
-          AND calpipe_require_binary('calibrate_table') IS NULL
+               calpipe_score(e.score,
+                             calpipe_where_row('calibrate_table', e.calpipe_row, e.stream)) AS p
+        FROM calpipe_rows e
+    ),
+    calpipe_points AS (
+        SELECT c.r, c.stream, c.p
+        FROM calpipe_checked c SEMI JOIN calpipe_tops t ON t.stream = c.stream
+        WHERE c.p IS NOT NULL AND calpipe_require_binary('calibrate_table') IS NULL
     ),
     -- a composite-experts input whose map is a table (layer -1, -2, ...), at the clipped score
     calpipe_in_points AS (
@@ -792,14 +789,13 @@ CREATE OR REPLACE MACRO calibrate_table_as_of(tbl, as_of) AS TABLE
         LEFT JOIN calpipe_v1 v ON v.r = pt.r
     ),
     calpipe_v2 AS (SELECT r, v FROM calpipe_points_layer('calpipe_p2', 'calpipe_maps'))
-    -- (every row's score is checked, also of a stream without a map: as calibrate_score)
     SELECT e.* EXCLUDE (calpipe_row),
-           CASE WHEN calpipe_score(e.score, calpipe_where_row(e.calpipe_row, e.stream)) IS NULL
-                THEN NULL
+           CASE WHEN c.p IS NULL THEN NULL
                 WHEN t.top >= 2 THEN v2.v WHEN t.top >= 1 THEN v1.v ELSE v0.v END
                AS protected_score
     FROM calpipe_rows e
-    LEFT JOIN calpipe_tops t ON t.stream = CAST(e.stream AS VARCHAR)
+    JOIN calpipe_checked c ON c.r = e.calpipe_row
+    LEFT JOIN calpipe_tops t ON t.stream = c.stream
     LEFT JOIN calpipe_v0 v0 ON v0.r = e.calpipe_row
     LEFT JOIN calpipe_v1 v1 ON v1.r = e.calpipe_row
     LEFT JOIN calpipe_v2 v2 ON v2.r = e.calpipe_row
