@@ -686,16 +686,22 @@ CREATE OR REPLACE MACRO calibrate_scores_table_as_of(tbl, as_of) AS TABLE
         FROM calpipe_p0 pt JOIN calpipe_tops t ON t.stream = pt.stream AND t.top >= 1
         LEFT JOIN calpipe_v0 v ON v.r = pt.r
     ),
-    calpipe_v1 AS (SELECT r, v FROM calpipe_kpoints_layer('calpipe_p1', 'calpipe_maps'))
-    SELECT e.* EXCLUDE (calpipe_row),
-           CASE WHEN c.q IS NULL THEN NULL WHEN t.top >= 1 THEN v1.v ELSE v0.v END
-               AS protected_scores
-    FROM calpipe_rows e
-    JOIN calpipe_checked c ON c.r = e.calpipe_row
-    LEFT JOIN calpipe_tops t ON t.stream = c.stream
-    LEFT JOIN calpipe_v0 v0 ON v0.r = e.calpipe_row
-    LEFT JOIN calpipe_v1 v1 ON v1.r = e.calpipe_row
-    ORDER BY e.calpipe_row;
+    calpipe_v1 AS (SELECT r, v FROM calpipe_kpoints_layer('calpipe_p1', 'calpipe_maps')),
+    calpipe_out AS (
+        SELECT e.*,
+               CASE WHEN c.q IS NULL THEN NULL WHEN t.top >= 1 THEN v1.v ELSE v0.v END
+                   AS calpipe_value
+        FROM calpipe_rows e
+        JOIN calpipe_checked c ON c.r = e.calpipe_row
+        LEFT JOIN calpipe_tops t ON t.stream = c.stream
+        LEFT JOIN calpipe_v0 v0 ON v0.r = e.calpipe_row
+        LEFT JOIN calpipe_v1 v1 ON v1.r = e.calpipe_row
+    )
+    -- (the table's own protected_scores is replaced, as calibrate_table's protected_score)
+    SELECT COLUMNS(lambda col_name: lower(col_name) NOT IN ('calpipe_row', 'calpipe_value',
+                                                           'protected_scores')),
+           calpipe_value AS protected_scores
+    FROM calpipe_out ORDER BY calpipe_row;
 
 -- The same under each stream's latest map.
 --   SELECT * FROM calibrate_scores_table('fresh_scores');
@@ -788,18 +794,25 @@ CREATE OR REPLACE MACRO calibrate_table_as_of(tbl, as_of) AS TABLE
         FROM calpipe_points pt JOIN calpipe_tops t ON t.stream = pt.stream AND t.top >= 2
         LEFT JOIN calpipe_v1 v ON v.r = pt.r
     ),
-    calpipe_v2 AS (SELECT r, v FROM calpipe_points_layer('calpipe_p2', 'calpipe_maps'))
-    SELECT e.* EXCLUDE (calpipe_row),
-           CASE WHEN c.p IS NULL THEN NULL
-                WHEN t.top >= 2 THEN v2.v WHEN t.top >= 1 THEN v1.v ELSE v0.v END
-               AS protected_score
-    FROM calpipe_rows e
-    JOIN calpipe_checked c ON c.r = e.calpipe_row
-    LEFT JOIN calpipe_tops t ON t.stream = c.stream
-    LEFT JOIN calpipe_v0 v0 ON v0.r = e.calpipe_row
-    LEFT JOIN calpipe_v1 v1 ON v1.r = e.calpipe_row
-    LEFT JOIN calpipe_v2 v2 ON v2.r = e.calpipe_row
-    ORDER BY e.calpipe_row;
+    calpipe_v2 AS (SELECT r, v FROM calpipe_points_layer('calpipe_p2', 'calpipe_maps')),
+    calpipe_out AS (
+        SELECT e.*,
+               CASE WHEN c.p IS NULL THEN NULL
+                    WHEN t.top >= 2 THEN v2.v WHEN t.top >= 1 THEN v1.v ELSE v0.v END
+                   AS calpipe_value
+        FROM calpipe_rows e
+        JOIN calpipe_checked c ON c.r = e.calpipe_row
+        LEFT JOIN calpipe_tops t ON t.stream = c.stream
+        LEFT JOIN calpipe_v0 v0 ON v0.r = e.calpipe_row
+        LEFT JOIN calpipe_v1 v1 ON v1.r = e.calpipe_row
+        LEFT JOIN calpipe_v2 v2 ON v2.r = e.calpipe_row
+    )
+    -- (the table's own protected_score, e.g. of an earlier run, is replaced: kept, it came out
+    -- beside the new one as DuckDB's protected_score_1, the stale one under the expected name)
+    SELECT COLUMNS(lambda col_name: lower(col_name) NOT IN ('calpipe_row', 'calpipe_value',
+                                                           'protected_score')),
+           calpipe_value AS protected_score
+    FROM calpipe_out ORDER BY calpipe_row;
 
 -- The same under each stream's latest map.
 --   SELECT * FROM calibrate_table('fresh_scores');

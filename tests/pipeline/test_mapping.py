@@ -94,12 +94,14 @@ def _check_sql_equals_serving_map(con, events, settings: Settings, as_of: dt.dat
 def _check_table_form(con, p: np.ndarray, wants: dict, day: dt.date, method: str) -> None:
     """calibrate_table_as_of over the streams' scores in one table: its rows in the table's
     order with their own columns, each equal to its stream's serving map; NULL for a stream
-    without a map and for a NULL or NaN score."""
+    without a map and for a NULL or NaN score. The table's own protected_score (of an earlier
+    run) is replaced: kept, it came out under that name and the new one as protected_score_1."""
     streams = list(wants)
     n = p.size
     rows = pl.DataFrame({
         "stream": [streams[i % len(streams)] for i in range(n * len(streams))] + ["nope", "a", "a"],
         "score": [*np.repeat(p, len(streams)), 0.5, None, float("nan")],
+        "protected_score": -1.0,
         "tag": np.arange(n * len(streams) + 3),
     })  # fmt: skip
     con.register("fresh_scores", rows.to_arrow())
@@ -308,13 +310,15 @@ def _check_k_sql_equals_serving_map(con, events: pl.DataFrame, settings: Setting
 def _check_k_table_form(con, grid: np.ndarray, wants: dict, method: str) -> None:
     """calibrate_scores_table over the streams' vectors in one table: its rows in the table's
     order with their own columns, each equal to its stream's serving map; NULL for a stream
-    without a map, a NULL vector and one with a NaN inside."""
+    without a map, a NULL vector and one with a NaN inside. The table's own protected_scores
+    (of an earlier run, any case) is replaced, as calibrate_table's protected_score."""
     streams = list(wants)
     n = len(grid)
     holes = [[0.25] * K, None, [0.5, float("nan"), 0.25, 0.25]]
     rows = pl.DataFrame(
         {"stream": [streams[i % len(streams)] for i in range(n * len(streams))] + ["nope", "a", "a"],
          "scores": [*np.repeat(grid, len(streams), axis=0).tolist(), *holes],
+         "Protected_Scores": [[1.0, 0.0, 0.0, 0.0]] * (n * len(streams) + 3),
          "tag": np.arange(n * len(streams) + 3)},
         schema_overrides={"scores": pl.List(pl.Float64)},
     )  # fmt: skip
