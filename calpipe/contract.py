@@ -138,6 +138,21 @@ def check_rules(df: pl.DataFrame, rules: Sequence[Rule]) -> None:
             raise InputError(r.column, int(row), f"{r.rule} (value: {value!r})")
 
 
+def probability_rules(column: str, value: pl.Expr, *, multiclass: bool) -> list[Rule]:
+    """What makes a present, non-NaN base forecast ``value`` a probability: binary, in [0, 1];
+    K classes (a list), each class probability in [0, 1] and the sum 1 within
+    :data:`calpipe.config.SCORES_SUM_TOL`. The engine's contract (:func:`validate_frame`) and
+    the serving map (:func:`calpipe.serving.apply_serving_map`) refuse the same scores."""
+    if not multiclass:
+        return [Rule(column, "score outside [0, 1]", (value < 0) | (value > 1))]
+    return [
+        Rule(column, "a class probability outside [0, 1]",
+             (value.list.min() < 0) | (value.list.max() > 1)),
+        Rule(column, f"scores do not sum to 1 (tolerance {config.SCORES_SUM_TOL:g})",
+             (value.list.sum() - 1.0).abs() > config.SCORES_SUM_TOL, value.list.sum()),
+    ]  # fmt: skip
+
+
 def validate_frame(df: pl.DataFrame, cols: Columns, *, check_duplicates: bool = True) -> int:
     """Check the data contract (docs/ARCHITECTURE.md §3); return K (2 for a binary score). Raises InputError.
 
@@ -172,7 +187,7 @@ def validate_frame(df: pl.DataFrame, cols: Columns, *, check_duplicates: bool = 
         rules += [
             Rule(cols.score, "null score (every event needs a base forecast)", s.is_null()),
             Rule(cols.score, "score is NaN", s.cast(pl.Float64).is_nan()),
-            Rule(cols.score, "score outside [0, 1]", (s < 0) | (s > 1)),
+            *probability_rules(cols.score, s, multiclass=False),
         ]
         n_classes = 2
     else:
@@ -192,9 +207,7 @@ def validate_frame(df: pl.DataFrame, cols: Columns, *, check_duplicates: bool = 
             Rule(name, "null inside scores", lst.list.eval(pl.element().is_null()).list.any()),
             Rule(name, "NaN inside scores",
                  lst.list.eval(pl.element().cast(pl.Float64).is_nan()).list.any()),
-            Rule(name, "a class probability outside [0, 1]", (lst.list.min() < 0) | (lst.list.max() > 1)),
-            Rule(name, f"scores do not sum to 1 (tolerance {config.SCORES_SUM_TOL:g})",
-                 (lst.list.sum() - 1.0).abs() > config.SCORES_SUM_TOL, lst.list.sum()),
+            *probability_rules(name, lst, multiclass=True),
         ]  # fmt: skip
 
     y = pl.col(cols.label).cast(pl.Int64, strict=False)  # NaN / inf float labels: rules above

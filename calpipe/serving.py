@@ -10,7 +10,7 @@ import polars as pl
 
 from calpipe import config
 from calpipe.calibrators import Calibrator, make_calibrator
-from calpipe.contract import Rule, check_rules
+from calpipe.contract import Rule, check_rules, probability_rules
 from calpipe.errors import InputError
 from calpipe.frame import state_from_rows
 
@@ -81,8 +81,12 @@ def apply_serving_map(
             if isinstance(scores.schema[score], pl.List)
             else scores.schema[score].size
         )
-        has &= _usable(scores, score)
-    _check_scores(scores, score, multiclass, k)
+        usable = _usable(scores, score)
+        has &= usable
+    else:  # (a null or NaN score: no forecast, not checked)
+        usable = scores.select(pl.col(score).cast(pl.Float64).is_not_nan().fill_null(False))
+        usable = usable.to_series().to_numpy()
+    _check_scores(scores, score, multiclass, k, usable)
     fp = cal.fingerprint(k)
     bad = joined.filter(
         pl.col("config_fingerprint").is_not_null() & (pl.col("config_fingerprint") != fp)
@@ -124,28 +128,20 @@ def _usable(scores: pl.DataFrame, score: str) -> np.ndarray:
     return scores.select((x.is_not_null() & ~holes.fill_null(True)).alias("u"))["u"].to_numpy()
 
 
-def _check_scores(scores: pl.DataFrame, score: str, multiclass: bool, k: int) -> None:
+def _check_scores(
+    scores: pl.DataFrame, score: str, multiclass: bool, k: int, usable: np.ndarray
+) -> None:
     """InputError naming the row of the first score the engine would refuse
-    (:mod:`calpipe.contract`): binary, outside [0, 1] (infinities included); K classes, of
-    another number of classes than ``k`` (the state's), a class probability outside [0, 1], or
-    a sum off 1 by more than :data:`calpipe.config.SCORES_SUM_TOL`. Null and NaN scores (a
-    null or NaN inside a vector) are no forecast, not an error: null out, as in the SQL map."""
-    c = pl.col(score)
-    if not multiclass:
-        x = c.cast(pl.Float64)
-        check_rules(scores, [Rule(score, "score outside [0, 1] (scores are base probabilities)",
-                                  (x < 0) | ((x > 1) & x.is_not_nan()))])  # fmt: skip
-        return
-    if k == 2:
+    (:func:`calpipe.contract.probability_rules`, infinities included; K classes, also another
+    number of classes than ``k``, the state's) among the ``usable`` rows: null and NaN scores
+    (a null or NaN inside a vector) are no forecast, not an error (null out, as in SQL)."""
+    if multiclass and k == 2:
         raise InputError(score, None, "score vectors against a state of binary forecasts: give "
                          "each row's probability of class 1 as a float score")  # fmt: skip
-    x = _as_list(scores, score)
-    whole = pl.lit(pl.Series(_usable(scores, score)))
-    check_rules(scores, [
-        Rule(score, f"scores of another number of classes than the state's forecasts ({k})",
-             whole & (x.list.len() != k), x.list.len()),
-        Rule(score, "a class probability outside [0, 1] (scores are base probabilities)",
-             whole & x.list.eval((pl.element() < 0) | (pl.element() > 1)).list.any()),
-        Rule(score, f"scores do not sum to 1 (tolerance {config.SCORES_SUM_TOL:g})",
-             whole & ((x.list.sum() - 1.0).abs() > config.SCORES_SUM_TOL), x.list.sum()),
-    ])  # fmt: skip
+    x = _as_list(scores, score) if multiclass else pl.col(score).cast(pl.Float64)
+    rules = probability_rules(score, x, multiclass=multiclass)
+    if multiclass:
+        rules.insert(0, Rule(score, f"scores of another number of classes than the state's "
+                             f"forecasts ({k})", x.list.len() != k, x.list.len()))  # fmt: skip
+    whole = pl.lit(pl.Series(usable))
+    check_rules(scores, [Rule(r.column, r.rule, whole & r.bad, r.show) for r in rules])

@@ -410,6 +410,12 @@ CREATE OR REPLACE MACRO calpipe_kcats(s, d, lay, p) AS TABLE
     cat AS (SELECT any_value(top) * (sum(edge) + 1) + sum(below) AS k FROM pieces)
     SELECT (SELECT p.y_k FROM pieces p, cat WHERE p.family = 'kcat' AND p.term = cat.k) AS v;
 
+-- The child a split node sends the score vector q to: kids[argmax_c (q_c - gamma_c)] (ties:
+-- the lowest class; paper 003 Algorithm 2), for both forms' tree walks.
+CREATE OR REPLACE MACRO calpipe_tree_child(q, gamma, kids) AS
+    list_transform([list_transform(q, lambda tc_x, tc_i: tc_x - gamma[tc_i])],
+        lambda tc_d: CAST(kids[list_position(tc_d, list_max(tc_d))] AS INTEGER))[1];
+
 -- A K-class partition tree (ROC-isotonic, paper 003 Algorithm 2; families ksplit / kleaf) of
 -- stream `s` on day `d` at p: from the root (node 0), each split sends p to its child
 -- argmax_c (p_c - gamma_c) (ties: the lowest class), until a leaf, whose forecast it is. NULL:
@@ -424,9 +430,7 @@ CREATE OR REPLACE MACRO calpipe_ktree(s, d, lay, p) AS TABLE
     walk(node) AS (
         SELECT 0 FROM (SELECT 1) WHERE EXISTS (SELECT 1 FROM nodes)
         UNION ALL
-        SELECT CAST(n.kids[list_position(list_transform(n.q, lambda x, i: x - n.y_k[i]),
-                                         list_max(list_transform(n.q, lambda x, i: x - n.y_k[i])))]
-                    AS INTEGER)
+        SELECT calpipe_tree_child(n.q, n.y_k, n.kids)
         FROM walk JOIN nodes n ON n.term = walk.node
         WHERE n.family = 'ksplit'
     )
@@ -551,12 +555,12 @@ CREATE OR REPLACE MACRO calpipe_kpoints_layer(points, maps) AS TABLE
         WHERE family IN ('ovr', 'ovr_base', 'ovo')
     ),
     kq_sub_pts AS (
-        SELECT pt.r, pt.layer, pt.stream, s.family, s.a, s.b, len(pt.q) AS k, pt.q,
+        SELECT pt.r, pt.layer, pt.stream, s.family, s.a, s.b, len(pt.q) AS k,
                calpipe_subscore(pt.q, s.a, s.b) AS sc
         FROM kq_pt pt JOIN kq_subs s ON s.stream = pt.stream AND s.layer = pt.layer
     ),
     kq_sub_v AS (
-        SELECT sp.r, sp.layer, sp.family, sp.a AS i, sp.b AS j, sp.k, sp.q,
+        SELECT sp.r, sp.layer, sp.family, sp.a AS i, sp.b AS j, sp.k,
                CASE WHEN m.x = sp.sc THEN m.y_at ELSE m.y_right END AS v
         FROM kq_sub_pts sp
         ASOF JOIN (SELECT * FROM kq_m WHERE family IN ('ovr', 'ovr_base', 'ovo')) m
@@ -611,11 +615,7 @@ CREATE OR REPLACE MACRO calpipe_kpoints_layer(points, maps) AS TABLE
         SEMI JOIN (SELECT DISTINCT stream, layer FROM kq_nodes) n
           ON n.stream = pt.stream AND n.layer = pt.layer
         UNION ALL
-        SELECT w.r, w.layer, w.stream, w.q,
-               CAST(n.kids[list_position(list_transform(w.q, lambda kq_x, kq_i: kq_x - n.y_k[kq_i]),
-                                         list_max(list_transform(w.q, lambda kq_x, kq_i:
-                                                                 kq_x - n.y_k[kq_i])))]
-                    AS INTEGER)
+        SELECT w.r, w.layer, w.stream, w.q, calpipe_tree_child(w.q, n.y_k, n.kids)
         FROM kq_walk w JOIN kq_nodes n
           ON n.stream = w.stream AND n.layer = w.layer AND n.term = w.node
         WHERE n.family = 'ksplit'
@@ -627,13 +627,16 @@ CREATE OR REPLACE MACRO calpipe_kpoints_layer(points, maps) AS TABLE
         WHERE n.family = 'kleaf'
     ),
     -- the Brier mode: a_c = sum over the terms of weight * e^{-Brier(c, f(q))}, merged
-    kq_brier_e AS (
-        SELECT pt.r, pt.layer, m.weight,
-               list_transform(range(len(pt.q)), lambda kq_c:
-                   exp(-calpipe_brier_loss(kq_c, calpipe_brier_f(m.family, m.b, m.alphas, pt.q))))
-                   AS e
+    kq_brier_f AS (
+        SELECT pt.r, pt.layer, m.weight, calpipe_brier_f(m.family, m.b, m.alphas, pt.q) AS f
         FROM kq_pt pt JOIN kq_m m ON m.stream = pt.stream AND m.layer = pt.layer
         WHERE m.family IN ('brier', 'brier_cox')
+    ),
+    kq_brier_e AS (
+        SELECT bf.r, bf.layer, bf.weight,
+               list_transform(range(len(bf.f)), lambda kq_c: exp(-calpipe_brier_loss(kq_c, bf.f)))
+                   AS e
+        FROM kq_brier_f bf
     ),
     kq_brier_a AS (
         SELECT be.r, be.layer, u.i, sum(be.weight * u.v) AS a
