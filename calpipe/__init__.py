@@ -15,8 +15,8 @@ from calpipe.calibrators import (
     StreamState,
     make_calibrator,
 )
+from calpipe.engine import ProtectResult, protect, protect_with_state
 from calpipe.errors import CalpipeError, InputError, ParameterError, StateError
-from calpipe.frame import ProtectResult, protect, protect_with_state
 from calpipe.serving import serving_map
 
 __version__ = "0.1.0"

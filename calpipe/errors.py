@@ -32,7 +32,7 @@ class StateError(CalpipeError):
     """A carried calibrator state does not fit the configuration or the events.
 
     ``stream``: the position of the offending state vector in the batch, when one is to blame;
-    :func:`calpipe.frame.state_from_rows` replaces it by the stream's key in the message."""
+    :func:`calpipe.engine.state.state_from_rows` replaces it by the stream's key in the message."""
 
     def __init__(self, message: str, *, stream: int | None = None):
         self.stream = stream

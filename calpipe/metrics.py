@@ -8,7 +8,7 @@ reliability bins, each defined once here in two forms that agree to rounding (te
   :func:`grouped_ece`, :func:`grouped_smooth_ece`, :func:`grouped_corp`,
   :func:`grouped_reliability`, :func:`grouped_mean`): every group of a frame
   at once as per-group sums (``np.bincount`` over a dense group id, e.g. from
-  :func:`calpipe.contract.stream_ids`). A monitoring day is millions of rows in a thousand streams,
+  :func:`calpipe.engine.contract.stream_ids`). A monitoring day is millions of rows in a thousand streams,
   where polars' per-group expressions cost several times more time and memory. The sums run in
   row order, so the same rows in the same order give the same bits.
 

@@ -10,9 +10,9 @@ import polars as pl
 
 from calpipe import config
 from calpipe.calibrators import Calibrator, make_calibrator
-from calpipe.contract import Rule, check_rules, probability_rules
+from calpipe.engine import state_from_rows
+from calpipe.engine.contract import Rule, check_rules, probability_rules
 from calpipe.errors import InputError
-from calpipe.frame import state_from_rows
 
 
 def serving_map(
@@ -132,7 +132,7 @@ def _check_scores(
     scores: pl.DataFrame, score: str, multiclass: bool, k: int, usable: np.ndarray
 ) -> None:
     """InputError naming the row of the first score the engine would refuse
-    (:func:`calpipe.contract.probability_rules`, infinities included; K classes, also another
+    (:func:`calpipe.engine.contract.probability_rules`, infinities included; K classes, also another
     number of classes than ``k``, the state's) among the ``usable`` rows: null and NaN scores
     (a null or NaN inside a vector) are no forecast, not an error (null out, as in SQL)."""
     if multiclass and k == 2:

@@ -42,8 +42,8 @@ import polars as pl
 import pyarrow as pa
 
 from calpipe import config
+from calpipe.engine import protect_with_state
 from calpipe.errors import CalpipeError, InputError, ParameterError
-from calpipe.frame import protect_with_state
 
 #: Column of the bucket of a row's stream keys (dropped from every output).
 _BUCKET = "__calpipe_bucket"

@@ -2,7 +2,7 @@
 
 * no import cycle among calpipe modules (explicit imports, lazy ones included: a cycle deferred
   into a function is still a cycle a reader has to untangle);
-* imports point down the layers: kernels -> calibrators -> frame/metrics -> store/pipeline ->
+* imports point down the layers: kernels -> calibrators -> engine/metrics -> store/pipeline ->
   cli (a module may import its own layer or a lower one, never a higher one);
 * ``calpipe`` never imports dagster (the dagster code location imports calpipe, not back);
 * no module is longer than :data:`MAX_LINES` (one home per concept: a module that grows past it
@@ -32,16 +32,14 @@ LAYERS = {
     "calpipe.kernels": 1,
     "calpipe.families": 1,
     "calpipe.calibrators": 2,
-    "calpipe.contract": 3,
-    "calpipe.frame": 3,
-    "calpipe.ordering": 3,  # fast sorts of big frames (over contract's stream ids)
+    "calpipe.engine": 3,  # contract, ordering, state, operation lists, the one driver
     "calpipe.metrics": 3,
     "calpipe.generate": 3,
     "calpipe.plots": 3,
     "calpipe.serving": 3,  # the serving map in polars (the pipeline's SQL form is in mapping)
     "calpipe.sklearn": 3,  # scikit-learn estimators over the calibrators (like the facade)
     "calpipe.river": 3,  # river's online protocol over the calibrators and the per-event kernel
-    "calpipe": 3,  # the package root: the public facade over frame and calibrators
+    "calpipe": 3,  # the package root: the public facade over the engine and calibrators
     "calpipe.store": 4,
     "calpipe.locks": 4,  # opening a DuckDB file another process may hold (under store)
     "calpipe.landing": 4,  # the landing folder layout: its files, one read, a write; a night's parts (under store)
@@ -157,8 +155,8 @@ def test_the_checks_see_a_cycle_and_a_layer_break(tmp_path):
     (pkg / "kernels").mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
     (pkg / "kernels" / "__init__.py").write_text("")
-    (pkg / "kernels" / "a.py").write_text("from calpipe.frame import x\n")
-    (pkg / "frame.py").write_text("from calpipe.kernels import a\n")
+    (pkg / "kernels" / "a.py").write_text("from calpipe.engine import x\n")
+    (pkg / "engine.py").write_text("from calpipe.kernels import a\n")
     global ROOT, PACKAGE
     saved = ROOT, PACKAGE
     ROOT, PACKAGE = tmp_path, pkg

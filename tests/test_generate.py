@@ -8,7 +8,8 @@ import numpy as np
 import polars as pl
 import pytest
 
-from calpipe import contract, generate
+from calpipe import generate
+from calpipe.engine import contract
 from calpipe.generate import StreamSpec
 
 

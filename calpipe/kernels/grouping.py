@@ -10,7 +10,7 @@ linear passes over a 64-bit hash of the keys:
 * :func:`_counting_sort`: the stable permutation that groups rows by id (a counting sort).
 
 A hash collision (two different keys with one 64-bit hash) would merge two streams, so the caller
-verifies every row's key against its stream's first row (:func:`calpipe.contract.stream_ids`).
+verifies every row's key against its stream's first row (:func:`calpipe.engine.contract.stream_ids`).
 """
 
 from __future__ import annotations

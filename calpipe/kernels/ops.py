@@ -18,7 +18,7 @@ A forecast is the mixture after the jump-mixing step of the next update, compute
 committing it: so an unlabelled event sees exactly the serving map of the current state, and a
 run of ``OP_FORECAST`` then ``OP_UPDATE`` on one event equals one ``OP_STEP``.
 
-The caller (:func:`calpipe.frame.protect`, or :meth:`calpipe.calibrators.base.Calibrator.run` for
+The caller (:func:`calpipe.engine.driver.protect`, or :meth:`calpipe.calibrators.base.Calibrator.run` for
 one stream) builds the list from the replay order: an event whose label is known at its own
 time is an ``OP_STEP``; with ``label_time`` an event is an ``OP_FORECAST`` and its label an
 ``OP_UPDATE`` placed at the label's time. Prequential by construction: a forecast only sees the

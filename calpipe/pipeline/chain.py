@@ -20,8 +20,8 @@ import polars as pl
 
 from calpipe import store
 from calpipe.calibrators import Calibrator
+from calpipe.engine import protect_with_state
 from calpipe.errors import StateError
-from calpipe.frame import protect_with_state
 from calpipe.pipeline.classes import score_column, stored_n_classes
 from calpipe.pipeline.events import _BY, _ORDER, _protect_input
 from calpipe.pipeline.inputs import chain_hash, state_digest

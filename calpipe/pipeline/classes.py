@@ -16,7 +16,7 @@ from __future__ import annotations
 import polars as pl
 
 from calpipe import store
-from calpipe.contract import resolve_columns, validate_frame
+from calpipe.engine.contract import resolve_columns, validate_frame
 from calpipe.store import EventSource
 
 #: The stored K: the first row of ``scored_events`` (binary if its ``score`` is set, else the

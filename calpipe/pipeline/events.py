@@ -13,7 +13,7 @@ import datetime as dt
 import polars as pl
 
 from calpipe import config, store
-from calpipe.contract import Rule, check_rules, replay_order, resolve_columns, validate_frame
+from calpipe.engine.contract import Rule, check_rules, replay_order, resolve_columns, validate_frame
 from calpipe.errors import InputError
 from calpipe.pipeline.classes import ensure_n_classes, frame_n_classes, score_column, split_scores
 from calpipe.pipeline.ids import ensure_id_type
@@ -157,8 +157,8 @@ def _stored_events(chunk: pl.DataFrame) -> pl.DataFrame:
 def read_source_days(con, source: EventSource, start: dt.date, end: dt.date) -> pl.DataFrame:
     """Validated scored events of [start, end] from ``source`` (the rows ``load_events`` stores).
 
-    Checks the data contract (docs/ARCHITECTURE.md §3, via :func:`calpipe.contract.validate_frame` and
-    :func:`calpipe.contract.replay_order`: scores in [0, 1] (K-class vectors summing to 1,
+    Checks the data contract (docs/ARCHITECTURE.md §3, via :func:`calpipe.engine.contract.validate_frame` and
+    :func:`calpipe.engine.contract.replay_order`: scores in [0, 1] (K-class vectors summing to 1,
     :mod:`calpipe.pipeline.classes`), integer labels in {0, 1} (0..K-1), unique
     (stream, event_id), ...) and that each landing file's events fall on its folder's date.
     Raises :class:`calpipe.errors.InputError` naming the day, stream and event of the first

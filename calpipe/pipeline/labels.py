@@ -13,7 +13,7 @@ table) of ``stream, event_id, label, label_time``, where the folder's date is th
    ``quarantined_labels`` instead);
 2. gives the labels of day d's own events to their rows (:func:`attach_labels`: ``label_time``
    column; an in-row label keeps a null label time, known at its event), and adds the labels of
-   earlier events to their streams' pending updates (:func:`calpipe.frame.arrive_labels`, with the
+   earlier events to their streams' pending updates (:func:`calpipe.engine.arrive_labels`, with the
    event's stored base score), so that the night's :func:`calpipe.protect_with_state` call learns
    each label at its ``label_time``;
 3. stores them in ``event_labels`` (partitioned by arrival day) with the day's other tables; each
@@ -36,11 +36,11 @@ import numpy as np
 import polars as pl
 
 from calpipe import config, store
-from calpipe.contract import _TIME_US, Rule, check_rules
+from calpipe.engine import arrive_labels
+from calpipe.engine.contract import TIME_US, Rule, check_rules
+from calpipe.engine.ordering import duplicated
 from calpipe.errors import InputError
-from calpipe.frame import arrive_labels
 from calpipe.landing import FILE_COLUMN, part_where, read_parquet_files
-from calpipe.ordering import duplicated
 from calpipe.pipeline.classes import frame_n_classes, score_column, stored_n_classes
 from calpipe.pipeline.ids import stored_id_type
 from calpipe.store import EventSource
@@ -446,7 +446,7 @@ def attach_labels(events: pl.DataFrame, arrivals: Arrivals | None) -> pl.DataFra
     if same is None or same.height == 0:
         return events
     fed = same.select(
-        "stream", "event_id", pl.col("label").alias("__fed"), pl.col("label_time").cast(_TIME_US)
+        "stream", "event_id", pl.col("label").alias("__fed"), pl.col("label_time").cast(TIME_US)
     )
     out = events.join(fed, on=["stream", "event_id"], how="left", maintain_order="left")
     return out.with_columns(pl.coalesce("label", "__fed").cast(events.schema["label"])).drop(
@@ -456,7 +456,7 @@ def attach_labels(events: pl.DataFrame, arrivals: Arrivals | None) -> pl.DataFra
 
 def learn_late(state: pl.DataFrame | None, late: pl.DataFrame | None) -> pl.DataFrame | None:
     """``state`` with ``late`` (:attr:`Arrivals.late` rows of its streams) pending in their
-    streams (:func:`calpipe.frame.arrive_labels`): the night's engine call applies each at its
+    streams (:func:`calpipe.engine.arrive_labels`): the night's engine call applies each at its
     ``label_time``."""
     if state is None or late is None or late.height == 0:
         return state

@@ -18,8 +18,8 @@ import polars as pl
 from calpipe import store
 from calpipe.calibrators import ProtectedCalibrator
 from calpipe.calibrators.stacked import Stacked
+from calpipe.engine import state_from_rows
 from calpipe.errors import StateError
-from calpipe.frame import state_from_rows
 from calpipe.kernels import mixture
 from calpipe.pipeline.chain import _require_chain
 from calpipe.pipeline.classes import stored_n_classes

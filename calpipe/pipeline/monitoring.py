@@ -17,10 +17,10 @@ import numpy as np
 import polars as pl
 
 from calpipe import config, metrics, store
-from calpipe.contract import stream_ids
+from calpipe.engine.contract import stream_ids
+from calpipe.engine.ordering import sort_by_keys
 from calpipe.kernels.grouping import dense_ids
 from calpipe.landing import part_sql
-from calpipe.ordering import sort_by_keys
 from calpipe.pipeline.chain import _require_chain
 from calpipe.pipeline.classes import stored_n_classes
 from calpipe.pipeline.labels import Arrivals
@@ -34,9 +34,9 @@ def _stream_groups(frame: pl.DataFrame, keys: Sequence[str]) -> tuple[np.ndarray
 
     A single string key without nulls (the stream) is numbered from polars' categorical codes,
     one exact code per distinct string, so no collision check is needed: at the fused run's
-    batch size this costs about the time of :func:`calpipe.contract.stream_ids` (which hashes the
+    batch size this costs about the time of :func:`calpipe.engine.contract.stream_ids` (which hashes the
     keys and then compares every row's key with its group's first) and ~50 MB less memory per
-    2M rows. Other keys go through :func:`calpipe.contract.stream_ids`."""
+    2M rows. Other keys go through :func:`calpipe.engine.contract.stream_ids`."""
     key = frame[keys[0]] if len(keys) == 1 else None
     if key is None or key.dtype != pl.String or key.null_count():
         return stream_ids(frame, keys)
@@ -204,7 +204,7 @@ def _daily_rows(
 
     ``day=None``: the rows of several days at once, per (``event_date``, stream) of ``scores``,
     with each day's ``state`` rows (their ``date``): the same rows as day by day (a span of the
-    fused run, :func:`calpipe.frame_days.protect_by_day`)."""
+    fused run, :func:`calpipe.engine.driver.protect_by_day`)."""
     thr = config.ALARM_LOG10_THRESHOLD
     end_of_day = state.select(
         *(["date"] if day is None else []),

@@ -18,8 +18,8 @@ import numpy as np
 import polars as pl
 
 from calpipe import config, store
+from calpipe.engine.driver import protect_by_day
 from calpipe.errors import CalpipeError, InputError, StateError
-from calpipe.frame_days import protect_by_day
 from calpipe.landing import stream_part
 from calpipe.pipeline.chain import (
     _Chain,
@@ -418,7 +418,7 @@ def _run_span(
     d: dt.date, e: dt.date, first: pl.DataFrame, last: dt.date, inputs: pl.DataFrame,
 ) -> tuple[FusedDays, list[tuple[dt.date, int]]] | None:  # fmt: skip
     """The days [d, e] of :func:`run_range` as one span: one read of their events, one
-    validation, one engine pass (:func:`calpipe.frame_days.protect_by_day`, a kernel call per
+    validation, one engine pass (:func:`calpipe.engine.driver.protect_by_day`, a kernel call per
     day), and each table's rows of all the days at once (the registry's span writers), equal
     to the rows the days write one by one (tested). Returns the span (its ``calibrator_state``
     rows, its protected rows) and each day's number of events; None, having written nothing and left the chain as it

@@ -14,7 +14,7 @@ the stage after reading its inputs from DuckDB, the fused writer from what the f
 memory (the night's :class:`~calpipe.pipeline.labels.Arrivals`, :class:`FusedBatch`,
 :class:`FusedDay`, :class:`FusedSpan`); so the two paths write
 identical tables (tested). A transaction of small days may run as one span
-(:func:`calpipe.frame_days.protect_by_day`): then each table's ``span`` writer computes the rows
+(:func:`calpipe.engine.driver.protect_by_day`): then each table's ``span`` writer computes the rows
 of all its days at once from a :class:`FusedDays`, with the same functions (tested equal too).
 
 ======================  ==========================  ===========================  =============
@@ -49,8 +49,8 @@ import polars as pl
 
 from calpipe import paths, store
 from calpipe.calibrators import Calibrator
-from calpipe.frame import ProtectResult
-from calpipe.frame_days import DaysResult
+from calpipe.engine import ProtectResult
+from calpipe.engine.driver import DaysResult
 from calpipe.pipeline.alarms import _first_crossings, alarm_days
 from calpipe.pipeline.chain import _protected_rows, protect_days
 from calpipe.pipeline.events import _stored_events, load_events
@@ -135,7 +135,7 @@ class FusedSpan:
 @dataclass
 class FusedDays:
     """The days [start, end] of one transaction run as one span: the events as read (with
-    ``event_date``), the engine's output (:class:`calpipe.frame_days.DaysResult`: the rows, the
+    ``event_date``), the engine's output (:class:`calpipe.engine.driver.DaysResult`: the rows, the
     end-of-day state rows), the state before the span (None on the chain's first day), the
     ``pipeline_days`` row of each day, and the run's ``pipeline_inputs`` rows."""
 

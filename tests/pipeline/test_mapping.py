@@ -18,8 +18,8 @@ import pytest
 
 from calpipe import config, generate, paths, pipeline, store
 from calpipe.calibrators import METHODS, make_calibrator
+from calpipe.engine import state_from_rows
 from calpipe.errors import InputError
-from calpipe.frame import state_from_rows
 from calpipe.generate import StreamSpec
 from calpipe.pipeline import Settings
 from calpipe.pipeline.mapping import has_sql_map

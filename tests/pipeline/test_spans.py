@@ -3,7 +3,7 @@ rows of its days run one by one (``run_range(spans=False)``), and a bad day is r
 without spans, with nothing of its transaction written.
 
 The span writers are the registry's (calpipe/pipeline/tables.py); the engine is
-:func:`calpipe.frame_days.protect_by_day` (tests/test_frame_days.py checks it against the loop of
+:func:`calpipe.engine.driver.protect_by_day` (tests/engine/test_by_day.py checks it against the loop of
 one protect_with_state per day). Each comparison checks that spans did run (a spy on the
 engine), so that it cannot pass by running day by day both times.
 """

@@ -6,7 +6,7 @@ Why: polars sorts a frame by a string key and an integer key through its row enc
 the 2-core machines this runs on took 0.6-0.7 s for 2M rows (a night's labels sorted by
 (stream, event_id)) and 3.5 s for 10M (side measurements on an AMD EPYC, not a benchmark).
 Here each key becomes an int64 rank first (a string key: a dense id per distinct string by
-hashing, :func:`calpipe.contract.stream_ids`, then the rank of the distinct strings, a sort of
+hashing, :func:`calpipe.engine.contract.stream_ids`, then the rank of the distinct strings, a sort of
 a few thousand streams). Rows keyed by a string first (the
 stream) are then grouped by a counting sort and each group sorted by the other keys packed into
 one int64 (:func:`calpipe.kernels.grouping.group_key_order`: linear for the groups already in
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import numpy as np
 import polars as pl
 
-from calpipe.contract import stream_ids
+from calpipe.engine.contract import stream_ids
 from calpipe.kernels.grouping import group_key_order
 
 
@@ -89,7 +89,7 @@ def duplicated(frame: pl.DataFrame, keys: Sequence[str]) -> np.ndarray:
     """Which rows share their ``keys`` with another row (a bool array): the value of
     ``pl.struct(keys).is_duplicated()``, by an order of the rows that makes equal keys
     neighbours (as :func:`key_order`'s, with each string key numbered by a hash,
-    :func:`calpipe.contract.stream_ids`, rather than ranked: only equality matters here) and a
+    :func:`calpipe.engine.contract.stream_ids`, rather than ranked: only equality matters here) and a
     comparison of neighbours.
 
     Why: polars' ``is_duplicated`` of the struct of a string and an integer key took 1.2 s and

@@ -1,4 +1,4 @@
-"""calpipe.frame.arrive_labels: a nightly chain fed labels days after their events equals one
+"""calpipe.engine.arrive_labels: a nightly chain fed labels days after their events equals one
 pass over the events carrying their labels and label times (the label feed's engine step)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import polars as pl
 import pytest
 
 import calpipe
+from calpipe.engine import arrive_labels
 from calpipe.errors import InputError
-from calpipe.frame import arrive_labels
 
 D0 = dt.datetime(2024, 5, 1)
 N_DAYS = 6

@@ -1,4 +1,4 @@
-"""How :func:`calpipe.contract.replay_order` groups and orders rows: every path (presorted, a time-
+"""How :func:`calpipe.engine.contract.replay_order` groups and orders rows: every path (presorted, a time-
 ordered event log, per-stream clocks, shuffled rows, event ids that do not follow time) gives
 the forecasts of running each stream alone in (event_time, event_id) order; a hash collision of
 stream keys cannot merge streams; duplicates are caught on every path."""
@@ -12,7 +12,7 @@ import polars as pl
 import pytest
 
 import calpipe
-from calpipe import contract
+from calpipe.engine import contract
 from calpipe.calibrators import make_calibrator
 from calpipe.errors import InputError
 

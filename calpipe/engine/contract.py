@@ -21,7 +21,7 @@ from calpipe.errors import InputError
 from calpipe.kernels import grouping as G
 
 #: Times compare (and are stored in states) as microsecond datetimes.
-_TIME_US = pl.Datetime("us")
+TIME_US = pl.Datetime("us")
 
 
 @dataclass(frozen=True)
@@ -229,7 +229,7 @@ def validate_frame(df: pl.DataFrame, cols: Columns, *, check_duplicates: bool = 
             Rule(lt, "label_time given for an event without a label",
                  pl.col(lt).is_not_null() & pl.col(cols.label).is_null()),
             Rule(lt, f"label_time before the event's {t0!r} (a label cannot be known before its event)",
-                 pl.col(lt).cast(_TIME_US) < pl.col(t0).cast(_TIME_US)),
+                 pl.col(lt).cast(TIME_US) < pl.col(t0).cast(TIME_US)),
         ]  # fmt: skip
 
     if check_duplicates:
@@ -251,7 +251,7 @@ def _duplicate_rule(cols: Columns) -> Rule:
 # ----------------------------------------------------------------------------------------------
 # Streams and replay order
 # ----------------------------------------------------------------------------------------------
-def _lex_greater(a: Sequence[pl.Expr], b: Sequence[pl.Expr]) -> pl.Expr:
+def lex_greater(a: Sequence[pl.Expr], b: Sequence[pl.Expr]) -> pl.Expr:
     """Lexicographic (a_0, a_1, ...) > (b_0, b_1, ...) as one expression."""
     expr = a[-1] > b[-1]
     for x, y in zip(reversed(a[:-1]), reversed(b[:-1]), strict=True):
@@ -363,7 +363,7 @@ def _within_stream_increasing(
     if order is not None:
         keys = keys[order]
     cur = [pl.col(c) for c in order_by]
-    lex = _lex_greater(cur, [c.shift(1) for c in cur])
+    lex = lex_greater(cur, [c.shift(1) for c in cur])
     last = cur[-1] > cur[-1].shift(1)
     if ids is not None:
         new_stream = pl.col("__sid") != pl.col("__sid").shift(1)

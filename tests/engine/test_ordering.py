@@ -1,4 +1,4 @@
-"""calpipe.ordering: the fast sort equals polars' stable sort, row for row."""
+"""calpipe.engine.ordering: the fast sort equals polars' stable sort, row for row."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from calpipe.ordering import duplicated, key_order, lex_order, sort_by_keys
+from calpipe.engine.ordering import duplicated, key_order, lex_order, sort_by_keys
 
 _KEYS = st.lists(st.sampled_from(["s", "i", "t", "f", "b"]), min_size=1, max_size=3, unique=True)
 

@@ -1,4 +1,4 @@
-"""Regression tests of calpipe.frame, each named after what broke."""
+"""Regression tests of calpipe.engine.driver, each named after what broke."""
 
 import numpy as np
 import polars as pl

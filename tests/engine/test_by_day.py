@@ -1,4 +1,4 @@
-"""calpipe/frame_days.py: a span of days in one pass equals one protect_with_state per day.
+"""calpipe.engine.driver.protect_by_day: a span of days in one pass equals one protect_with_state per day.
 
 The oracle is the obvious loop: the days in order, one :func:`calpipe.protect_with_state` call
 each, the state carried; the end-of-day states are that state's rows of the streams with events
@@ -20,10 +20,10 @@ from hypothesis import strategies as st
 from polars.testing import assert_frame_equal
 
 import calpipe
-from calpipe.frame_days import protect_by_day
+from calpipe.engine.driver import protect_by_day
 from tests.conftest import make_events
-from tests.test_frame_methods import CASES as METHOD_CASES
-from tests.test_frame_methods import FAST
+from tests.engine.test_driver_methods import CASES as METHOD_CASES
+from tests.engine.test_driver_methods import FAST
 
 CASES = {
     "jumper": ("jumper", {}, (2, 3)),

@@ -1,4 +1,4 @@
-"""calpipe/frame.py ``_merge_updates``: the operation order of delayed labels, by a merge of the
+"""calpipe/engine/operations.py ``merge_updates``: the operation order of delayed labels, by a merge of the
 sorted updates into the (already sorted) events, equals the 4-key lexsort it replaced."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from calpipe.frame import _merge_updates
+from calpipe.engine.operations import merge_updates
 
 
 def _lexsort(sid, te, a_sid, a_t, a_seq):
@@ -37,7 +37,7 @@ def test_merged_updates_equal_the_four_key_lexsort(n, n_a, n_streams, t_range, s
     a_sid = rng.integers(0, n_streams, n_a).astype(np.int64)
     a_t = rng.integers(-2 * t_range, 2 * t_range, n_a).astype(np.int64)
     a_seq = rng.permutation(np.arange(n_a, dtype=np.int64) - n_a // 2)
-    got = _merge_updates(sid, te, a_sid, a_t, a_seq)
+    got = merge_updates(sid, te, a_sid, a_t, a_seq)
     want = _lexsort(sid, te, a_sid, a_t, a_seq)
     np.testing.assert_array_equal(got, want)
 
@@ -50,5 +50,5 @@ def test_times_far_apart_fall_back_to_the_lexsort():
     a_t = np.array([5, -(2**62)], dtype=np.int64)
     a_seq = np.array([1, 0], dtype=np.int64)
     np.testing.assert_array_equal(
-        _merge_updates(sid, te, a_sid, a_t, a_seq), _lexsort(sid, te, a_sid, a_t, a_seq)
+        merge_updates(sid, te, a_sid, a_t, a_seq), _lexsort(sid, te, a_sid, a_t, a_seq)
     )

@@ -1,4 +1,4 @@
-"""calpipe/contract.py ``as_polars``: protect takes pandas, Arrow and numpy inputs (#14) and gives
+"""calpipe/engine/contract.py ``as_polars``: protect takes pandas, Arrow and numpy inputs (#14) and gives
 the scores back in the caller's kind; they used to fail with ``AttributeError: ... 'height'``."""
 
 from __future__ import annotations

@@ -1,0 +1,266 @@
+"""The state frame and the kernels' state arrays: one row per stream, and its parsing and building.
+
+The carried state of a stream (docs/ARCHITECTURE.md §3) as a polars frame: the stream keys,
+``method``, ``config_fingerprint``, ``n_classes``, the counters, the last processed order key
+(``last_<col>``), the running and maximum log10 martingale, the kernel state as one float64 vector
+(``weights``) and the labels not applied yet (``pending_*``). This module is its one home:
+:func:`empty_state` (the schema), :func:`join_state` (a batch's streams joined with their stored
+rows, configuration and order checked, vectors parsed by :func:`state_from_rows`),
+:func:`state_frame` (the one builder of state rows), :func:`merge_state` (new rows over the old),
+and the list-column helpers the operation list and the label feed build pending lists with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+
+from calpipe.calibrators import Calibrator
+from calpipe.calibrators.base import FlatState
+from calpipe.engine.contract import TIME_US, Columns, lex_greater
+from calpipe.errors import StateError
+
+STATE_FIXED_COLUMNS = (
+    "method",
+    "config_fingerprint",
+    "n_classes",
+    "n_events",
+    "n_labelled",
+    "log10_martingale",
+    "log10_martingale_max",
+    "weights",
+    "pending_label_time",
+    "pending_scores",
+    "pending_labels",
+)
+
+
+def empty_state(df_schema: pl.Schema, cols: Columns) -> pl.DataFrame:
+    """A state frame with no streams and the right schema."""
+    fields = {c: df_schema[c] for c in cols.by}
+    fields |= {
+        "method": pl.String,
+        "config_fingerprint": pl.String,
+        "n_classes": pl.Int32,
+        "n_events": pl.Int64,
+        "n_labelled": pl.Int64,
+    }
+    fields |= {f"last_{c}": df_schema[c] for c in cols.order_by}
+    fields |= {
+        "log10_martingale": pl.Float64,
+        "log10_martingale_max": pl.Float64,
+        "weights": pl.List(pl.Float64),
+        "pending_label_time": pl.List(TIME_US),
+        "pending_scores": pl.List(pl.Float64),
+        "pending_labels": pl.List(pl.Int64),
+    }
+    return pl.DataFrame(schema=fields)
+
+
+def _key_after(first: Sequence[str], last: Sequence[str]) -> pl.Expr:
+    """Lexicographic (first...) > (last...) of two sets of columns."""
+    return lex_greater([pl.col(c) for c in first], [pl.col(c) for c in last])
+
+
+def check_state_schema(state: pl.DataFrame, cols: Columns) -> None:
+    missing = [c for c in (*cols.by, *STATE_FIXED_COLUMNS) if c not in state.columns]
+    missing += [f"last_{c}" for c in cols.order_by if f"last_{c}" not in state.columns]
+    if missing:
+        raise StateError(f"state frame lacks column(s) {missing}; was it written with other keys?")
+
+
+def state_frame(
+    cal: Calibrator,
+    cols: Columns,
+    n_classes: int,
+    streams: pl.DataFrame,
+    *,
+    n_events: np.ndarray,
+    n_labelled: np.ndarray,
+    log10m: np.ndarray,
+    peak: np.ndarray,
+    weights: pl.Series,
+    last_rows: pl.DataFrame,
+    pending: pl.DataFrame,
+) -> pl.DataFrame:
+    """State rows (:func:`empty_state`'s columns, in its order) of the streams ``streams``
+    (their key columns), from their counters, martingale and running maximum, kernel state
+    vectors (``weights``), last processed order keys (``last_rows``: the ``order_by`` columns)
+    and labels not applied yet (``pending``). The one builder of state rows, so that a batch
+    (:func:`_run`) and a day of a span (:mod:`calpipe.engine.driver`) write the same bytes."""
+    n = streams.height if cols.by else log10m.shape[0]
+    new_rows = pl.DataFrame(
+        {
+            "method": pl.repeat(cal.name, n, dtype=pl.String, eager=True),
+            "config_fingerprint": pl.repeat(
+                cal.fingerprint(n_classes), n, dtype=pl.String, eager=True
+            ),
+            "n_classes": pl.repeat(n_classes, n, dtype=pl.Int32, eager=True),
+            "n_events": n_events,
+            "n_labelled": n_labelled,
+            "log10_martingale": log10m,
+            "log10_martingale_max": peak,
+            "weights": weights,
+        }
+    )
+    last_keys = last_rows.select([pl.col(c).alias(f"last_{c}") for c in cols.order_by])
+    frame = pl.concat([streams, new_rows, last_keys, pending], how="horizontal")
+    # empty_state's column order: keys, the five bookkeeping columns, last keys, the rest.
+    state_columns = [*cols.by, *STATE_FIXED_COLUMNS[:5]]
+    state_columns += [f"last_{c}" for c in cols.order_by] + list(STATE_FIXED_COLUMNS[5:])
+    return frame.select(state_columns)
+
+
+def merge_state(
+    state0: pl.DataFrame, new: pl.DataFrame, streams: pl.DataFrame, cols: Columns
+) -> pl.DataFrame:
+    """The state after a run: the rows ``new`` of the run's ``streams`` and ``state0``'s rows of
+    the other streams (passed through unchanged), sorted by the stream keys."""
+    if state0.height == 0:
+        state_out = new
+    else:
+        untouched = (
+            state0.join(streams, on=list(cols.by), how="anti", nulls_equal=True)
+            if cols.by
+            else state0.clear()
+        )
+        state_out = pl.concat([untouched.cast(new.schema), new])
+    if cols.by:
+        state_out = state_out.sort(list(cols.by))
+    return state_out
+
+
+def state_from_rows(cal: Calibrator, rows: pl.DataFrame, n_classes: int, keys=None):
+    """Kernel state of state-frame ``rows`` (their ``weights`` and ``log10_martingale``).
+
+    The one parser of stored state vectors. Raises StateError if a ``weights`` vector does not
+    fit the calibrator's layout, naming the row's stream by its key (``keys``: the key columns,
+    default ``stream`` if present), not by its position in the batch.
+    """
+    arr = rows["weights"].cast(pl.List(pl.Float64)).to_arrow()
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    arr = arr.cast(pa.large_list(pa.float64()))
+    offsets = arr.offsets.to_numpy().astype(np.int64)
+    values = arr.values.to_numpy(zero_copy_only=False)[offsets[0] : offsets[-1]]
+    try:
+        return cal.load_state(
+            values, offsets - offsets[0], rows["log10_martingale"].to_numpy(), n_classes
+        )
+    except StateError as exc:
+        keys = [c for c in (keys or ("stream",)) if c in rows.columns]
+        if exc.stream is None or not keys:
+            raise
+        key = rows.select(keys).row(exc.stream)
+        name = ", ".join(f"{c}={v!r}" for c, v in zip(keys, key, strict=True))
+        raise StateError(f"state row of {name}: {exc}", stream=exc.stream) from None
+
+
+def empty_lists(n: int, inner: pl.DataType) -> pl.Series:
+    """n empty lists (one broadcast, not a Python list of n lists)."""
+    return pl.Series([[]], dtype=pl.List(inner)).new_from_index(0, n)
+
+
+def list_series(values: np.ndarray, offsets: np.ndarray, inner: pl.DataType) -> pl.Series:
+    """The list column whose row s is ``values[offsets[s]:offsets[s + 1]]``, built from Arrow
+    buffers (no Python loop over rows). Datetime values are given as int64 microseconds."""
+    arr = pa.LargeListArray.from_arrays(pa.array(offsets, pa.int64()), pa.array(values))
+    return pl.Series(pl.from_arrow(arr)).cast(pl.List(inner))
+
+
+def join_state(cal, cols, n_classes, streams, first_rows, state0, n_streams):
+    """Initial kernel state of each stream in the batch and its previous state row (or zeros)."""
+    bstate = cal.initial_state(n_streams, n_classes)
+    zeros = pl.DataFrame(
+        {
+            "n_events": np.zeros(n_streams, np.int64),
+            "n_labelled": np.zeros(n_streams, np.int64),
+            "log10_martingale_max": np.zeros(n_streams),
+            "pending_label_time": empty_lists(n_streams, TIME_US),
+            "pending_scores": empty_lists(n_streams, pl.Float64),
+            "pending_labels": empty_lists(n_streams, pl.Int64),
+        }
+    )
+    if state0.height == 0:
+        return bstate, zeros
+    keyed = (
+        streams.with_row_index("__sid")
+        if cols.by
+        else pl.DataFrame({"__sid": pl.Series([0], dtype=pl.UInt32)})
+    )
+    firsts = first_rows.select([*cols.by, *cols.order_by]).with_columns(
+        pl.int_range(pl.len(), dtype=pl.UInt32).alias("__sid")
+    )
+    if cols.by:
+        joined = keyed.join(
+            state0, on=list(cols.by), how="left", nulls_equal=True, maintain_order="left"
+        )
+    else:
+        if state0.height > 1:
+            raise StateError("state has several rows but the frame is one stream (by=())")
+        joined = keyed.join(state0, how="cross")
+    joined = joined.join(firsts.drop(cols.by), on="__sid", how="left")
+    has = joined["config_fingerprint"].is_not_null().to_numpy()
+    if not has.any():
+        return bstate, zeros
+
+    expected = cal.fingerprint(n_classes)
+    bad = joined.filter(
+        pl.col("config_fingerprint").is_not_null() & (pl.col("config_fingerprint") != expected)
+    )
+    if bad.height:
+        r = bad.row(0, named=True)
+        cal.check_state(r["config_fingerprint"], r["method"], n_classes)
+    last_cols = [f"last_{c}" for c in cols.order_by]
+    late = joined.filter(
+        pl.col("config_fingerprint").is_not_null() & ~_key_after(cols.order_by, last_cols)
+    )
+    if late.height:
+        r = late.row(0, named=True)
+        key = {c: r[c] for c in cols.by}
+        first = ", ".join(f"{c}={r[c]!r}" for c in cols.order_by)
+        last = ", ".join(f"{c}={r['last_' + c]!r}" for c in cols.order_by)
+        raise StateError(
+            f"stream {key}: event ({first}) is not after the state's last processed key "
+            f"({last}); a state resumes only with later events (re-run from the previous state)"
+        )
+
+    idx = np.flatnonzero(has)
+    loaded = state_from_rows(cal, joined[idx.tolist()], n_classes, cols.by)
+    bstate = bstate.scatter(idx, loaded)
+    prev = joined.select(
+        pl.col("n_events").fill_null(0).cast(pl.Int64),
+        pl.col("n_labelled").fill_null(0).cast(pl.Int64),
+        pl.col("log10_martingale_max").fill_null(0.0),
+        pl.col("pending_label_time").fill_null(pl.lit([], pl.List(TIME_US))),
+        pl.col("pending_scores").fill_null(pl.lit([], pl.List(pl.Float64))),
+        pl.col("pending_labels").fill_null(pl.lit([], pl.List(pl.Int64))),
+    )
+    return bstate, prev
+
+
+def take_streams(cal: Calibrator, state, idx: np.ndarray, n_classes: int):
+    """Streams ``idx`` of a kernel state, through its flat form (a new state: the carried one is
+    not shared with the kernel call). A plain :class:`FlatState` is taken as it is: it came from
+    the kernels or from a state row already validated (``state_from_flat`` would check its
+    layout again, ~0.5 ms a day for the default method)."""
+    values, offsets = state.flat()
+    lengths = np.diff(offsets)[idx]
+    new_off = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    take = np.repeat(offsets[idx] - new_off[:-1], lengths) + np.arange(new_off[-1], dtype=np.int64)
+    values, log10m = np.ascontiguousarray(values[take]), state.log10m[idx].copy()
+    if type(state) is FlatState:
+        return FlatState(values, new_off, log10m)
+    return cal.state_from_flat(values, new_off, log10m, n_classes)
+
+
+def streams_in_state(streams: pl.DataFrame, state0: pl.DataFrame, cols) -> np.ndarray:
+    """Whether each of ``streams`` has a row in ``state0``."""
+    if not cols.by:
+        return np.ones(1, dtype=bool)
+    keys = state0.select(cols.by).with_columns(pl.lit(True).alias("__in"))
+    j = streams.join(keys, on=list(cols.by), how="left", nulls_equal=True, maintain_order="left")
+    return j["__in"].fill_null(False).to_numpy()
