@@ -46,7 +46,7 @@ import numpy as np
 import polars as pl
 
 from calpipe import config
-from calpipe.kernels.diagnostics import _corp_groups, _smooth_ece_groups
+from calpipe.kernels.diagnostics import corp_groups, smooth_ece_groups
 
 #: Probabilities are clipped to [LOG_LOSS_FLOOR, 1] inside log loss so that a 0 forecast of the
 #: outcome costs -ln(1e-15) = 34.5 nats instead of infinity (scikit-learn's convention).
@@ -367,7 +367,7 @@ def grouped_smooth_ece(
     p, y, ids = _labelled_rows(p, y, ids)
     if p.ndim == 2:
         p, y = top_label(p, y)
-    value, sigma = _smooth_ece_groups(
+    value, sigma = smooth_ece_groups(
         np.ascontiguousarray(p, dtype=np.float64),
         np.ascontiguousarray(y, dtype=np.float64),
         np.ascontiguousarray(ids, dtype=np.int64),
@@ -395,7 +395,7 @@ def grouped_corp(
     if np.ndim(p) != 1:
         raise ValueError("grouped_corp: binary forecasts only (a 1-d array of P(y = 1))")
     p, y, ids = _labelled_rows(p, y, ids)
-    out = _corp_groups(
+    out = corp_groups(
         np.ascontiguousarray(p, dtype=np.float64),
         np.ascontiguousarray(y, dtype=np.float64),
         np.ascontiguousarray(ids, dtype=np.int64),

@@ -468,12 +468,14 @@ def _check_format(spark, table_format: str) -> None:
         )
     if table_format != "delta":
         return
+    # Spark's public reader resolves the format first: without Delta Lake the load fails with
+    # DATA_SOURCE_NOT_FOUND, with it on the missing path (no private py4j handle needed)
     try:
-        jvm = spark.sparkContext._jvm
-        jvm.org.apache.spark.sql.execution.datasources.DataSource.lookupDataSource(
-            "delta", spark._jsparkSession.sessionState().conf()
-        )
-    except Exception as exc:  # py4j wraps Spark's DATA_SOURCE_NOT_FOUND
+        spark.read.format("delta").load(f"/calpipe-probe-{os.getpid()}-does-not-exist")
+    except Exception as exc:  # an AnalysisException, or py4j's wrap of Spark's class lookup
+        condition = getattr(exc, "getCondition", lambda: None)()
+        if condition != "DATA_SOURCE_NOT_FOUND" and "[DATA_SOURCE_NOT_FOUND]" not in str(exc):
+            return  # Delta resolved; the probe's path does not exist
         raise CalpipeError(
             "table_format='delta' needs Delta Lake on this Spark session: start it with the "
             "delta-spark package (spark.jars.packages io.delta:delta-spark_2.13:<version>) and "
@@ -606,7 +608,7 @@ class _Metrics:
     def rows(self, scores: pl.DataFrame) -> pl.DataFrame:
         """The metrics of ``scores`` (:func:`protect_with_state`'s rows), one row per stream."""
         from calpipe.calibrators import make_calibrator
-        from calpipe.pipeline.chain import _martingale_base
+        from calpipe.pipeline.chain import base_score_column
         from calpipe.pipeline.monitoring import daily_metrics as metrics
 
         kw = {
@@ -621,7 +623,7 @@ class _Metrics:
                               {self.params.get("score", "score"): "score"})  # fmt: skip
         label = self.params.get("label", "label")
         rows = frame.select(
-            *self.by, _martingale_base(cal, frame), pl.col(label).alias("label"),
+            *self.by, base_score_column(cal, frame), pl.col(label).alias("label"),
             "protected_scores" if multi else "protected_score", "log10_martingale",
         )  # fmt: skip
         return metrics(rows, keys=self.by)

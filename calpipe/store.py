@@ -446,7 +446,7 @@ class PartitionWriter:
         )
         self._con.from_arrow(aligned.to_arrow()).insert_into(table)
 
-    def _close(self, *, failed: bool) -> None:
+    def close(self, *, failed: bool) -> None:
         """Finish the background work (after a failure: wait for it, ignoring its error)."""
         try:
             if failed:
@@ -499,10 +499,10 @@ def replacing_partitions(
             con.execute(f'DELETE FROM "{table}" WHERE "{col}" BETWEEN ? AND ?', [start, end])
         yield writer
         writer.flush()
-        writer._close(failed=False)
+        writer.close(failed=False)
         con.commit()
     except BaseException:
-        writer._close(failed=True)
+        writer.close(failed=True)
         rollback(con)
         raise
 
@@ -691,11 +691,11 @@ class EventSource:
 
     def date_range(self, con: duckdb.DuckDBPyConnection) -> tuple[dt.date, dt.date] | None:
         """First and last event date of the source (None if it has no events)."""
-        with self._reading():
+        with self.reading():
             return self._date_range(con)
 
     @contextmanager
-    def _reading(self):
+    def reading(self):
         """A DuckDB error while reading the source is a StoreError that names the source (and
         only then: the CLI used to label every database error "reading <source>")."""
         try:
@@ -709,7 +709,7 @@ class EventSource:
         if self.kind == "landing":
             days = [d for d, sub in self._landing_days() if day_files(sub)]
             return (days[0], days[-1]) if days else None
-        t = _sql_ident(self.columns.day_time)
+        t = sql_ident(self.columns.day_time)
         row = fetch_one(
             con,
             f"SELECT CAST(min({t}) AS DATE), CAST(max({t}) AS DATE) FROM {self._relation_sql()}",
@@ -734,7 +734,7 @@ class EventSource:
         i of k (:func:`calpipe.landing.part_where`). One query for the range. An empty frame
         (no columns) if there is nothing."""
         where = part_where(self.columns.stream, part, DEFAULT_STREAM)
-        with self._reading():
+        with self.reading():
             return self._read_range(con, start, end, where)
 
     def _read_range(self, con, start: dt.date, end: dt.date, where: str) -> pl.DataFrame:
@@ -753,7 +753,7 @@ class EventSource:
             day_of = {i: day for i, (day, _) in enumerate(files)}
             days = raw[FILE_COLUMN].replace_strict(day_of, return_dtype=pl.Date)
             return raw.drop(FILE_COLUMN).with_columns(days.alias(DAY_COLUMN))
-        t = _sql_ident(self.columns.day_time)
+        t = sql_ident(self.columns.day_time)
         return query(
             con,
             f"SELECT *, CAST({t} AS DATE) AS {DAY_COLUMN} FROM {self._relation_sql()} "
@@ -768,7 +768,7 @@ _DAY_FOLDER = re.compile(r"date=(\d{4}-\d{2}-\d{2})")
 CSV_SUFFIXES = (".csv", ".csv.gz", ".tsv")
 
 
-def _sql_ident(name: str) -> str:
+def sql_ident(name: str) -> str:
     """A column name as a quoted SQL identifier (``--time-col`` was pasted into SQL as is)."""
     return '"' + name.replace('"', '""') + '"'
 

@@ -20,7 +20,7 @@ from calpipe import cli, config, generate, metrics, pipeline, store
 from calpipe.cli import pipeline as cli_pipeline
 from calpipe.errors import InputError, ParameterError, StateError
 from calpipe.generate import StreamSpec
-from calpipe.pipeline import Settings
+from calpipe.pipeline import Settings, transactions
 from calpipe.store import StoreError
 
 START = generate.DEFAULT_START
@@ -522,15 +522,15 @@ def test_deleted_state_rows_restarted_their_streams_from_scratch(small):
 
 
 def test_outputs_that_are_no_probability_are_refused_before_the_commit():
-    from calpipe.pipeline.chain import _check_outputs
+    from calpipe.pipeline.chain import check_outputs
 
     ok = pl.DataFrame({"stream": ["a"], "event_id": [1], "protected_score": [0.3],
                        "log10_martingale": [0.1]})  # fmt: skip
-    _check_outputs(ok, day(0))
+    check_outputs(ok, day(0))
     for col, v in (("protected_score", float("nan")), ("protected_score", 1.5),
                    ("log10_martingale", float("inf"))):  # fmt: skip
         with pytest.raises(StateError, match=r"day .*, stream 'a', event 1: .*nothing of the day"):
-            _check_outputs(ok.with_columns(pl.lit(v).alias(col)), day(0))
+            check_outputs(ok.with_columns(pl.lit(v).alias(col)), day(0))
 
 
 def test_duplicate_events_across_a_day_are_refused(small):
@@ -652,7 +652,7 @@ def test_transactions_span_whole_days_up_to_the_event_budget(monkeypatch):
     monkeypatch.setattr(store, "drop_block_cache", lambda _con: None)
     monkeypatch.setattr(config, "TRANSACTION_ROWS", 10)
     monkeypatch.setattr(config, "CHUNK_DAYS", 3)
-    pipeline._write_days(
+    transactions.write_days(
         None, day(0), day(7), ["scored_events"],
         lambda d: pl.DataFrame({"x": range(sizes[(d - START).days])}),
         lambda _w, d, data: written.append(((d - START).days, data.height)),

@@ -521,6 +521,34 @@ class Calibrator(Generic[StateT]):
         """
         raise NotImplementedError
 
+    def sql_form(self, n_classes: int = 2) -> str | None:
+        """Which SQL form this method's serving map of ``n_classes``-class forecasts has in
+        ``calibration_map`` (the rows :mod:`calpipe.pipeline.mapping` writes and the macros of
+        ``sql/`` evaluate), or None: served by :meth:`serving_map` in polars only.
+
+        Binary: ``"logistic"`` (one logistic map, :meth:`logistic_map`), ``"steps"`` (a step or
+        linear table at :meth:`map_breakpoints`), ``"terms"`` (a mixture of calibrating
+        functions), ``"brier"`` (the Brier compatibility mode's weights), ``"temperature"``,
+        ``"calreg"`` / ``"calreg_fp"`` (calibrated regression), ``"calibeat"`` (an expert's map,
+        then a bin table), ``"stack"`` (a stack of two methods with forms). K classes:
+        ``"terms"``, ``"brier"``, ``"vector"``, ``"temperature"``, ``"tables"`` (binary step
+        tables coupled across classes), ``"categories"`` (Venn taxonomies), ``"tree"``
+        (ROC-isotonic's partition tree), ``"stack"``. Each method declares its own; this
+        default is the binary logistic or step form, and none for K classes."""
+        if n_classes > 2:
+            return None
+        if self.has_logistic_map():
+            return "logistic"
+        if self.map_breakpoints(self.initial_state(1, 2)) is not None:
+            return "steps"
+        return None
+
+    def table_input_indices(self) -> list[int]:
+        """Inputs of this method whose binary map is a table of its own (composite-experts:
+        its inputs without a logistic map); none for a method without inputs. A stack's top
+        cannot have them: the SQL evaluates input tables at the clipped score."""
+        return []
+
     def has_logistic_map(self) -> bool:
         """Whether ``logistic_map(state)`` gives each stream's binary map as sigmoid(w1 ln p -
         w2 ln(1 - p) + w0) (the SQL form of a ``composite-experts`` input)."""

@@ -96,6 +96,10 @@ class Temperature(WindowedCalibrator):
             out[done] = fits[:, :2]
         return out
 
+    def sql_form(self, n_classes: int = 2) -> str | None:
+        """``[1/T, eps]`` per stream, binary and K classes (family ``temperature``)."""
+        return "temperature"
+
     def binary_temperature(self, state) -> np.ndarray:
         """Each stream's binary map as ``[1/T, eps]``: p' = sigmoid(ln max(p, eps) / T -
         ln max(1 - p, eps) / T), the two-class softmax of the kernel (its SQL form, family
@@ -116,6 +120,10 @@ class Venn(WindowedCalibrator):
     #: the bin of a score changes at the taxonomy's edges only
     steps_of = staticmethod(lambda f, w: (venn_kernel.bin_edges(f), False))
     fit_params = ("n_bins",)
+
+    def sql_form(self, n_classes: int = 2) -> str | None:
+        """K classes: the taxonomy's table of categories."""
+        return "categories" if n_classes > 2 else super().sql_form(2)
 
     def k_categories(self, state, n_classes: int) -> list[tuple[np.ndarray, np.ndarray] | None]:
         """K classes: each stream's taxonomy (predicted class x confidence bin) as ``(edges,
@@ -213,6 +221,10 @@ class RocIsotonic(WindowedCalibrator):
     predict = staticmethod(isotonic.rrir_predict)
     steps_of = staticmethod(lambda f, w: isotonic.binary_thresholds(f))
     fit_params = ("max_regions", "min_region_size", "max_candidates")
+
+    def sql_form(self, n_classes: int = 2) -> str | None:
+        """K classes: the partition tree of the simplex (paper 003 Algorithm 2)."""
+        return "tree" if n_classes > 2 else super().sql_form(2)
 
     def k_tree(self, state, n_classes: int) -> list[np.ndarray | None]:
         """K classes: each stream's partition tree (:func:`isotonic.tree_records`: a split's

@@ -406,6 +406,16 @@ class CompositeExperts(Calibrator[FlatState]):
             in_table=in_table if k == 2 else None,
         )
 
+    def sql_form(self, n_classes: int = 2) -> str | None:
+        """The mixture's terms when every input's map can be a term's input: binary, a logistic
+        map or a step table of its own (:meth:`table_input_indices`); K classes, online vector
+        scaling's map."""
+        if n_classes > 2:
+            ok = all(c.sql_form(n_classes) == "vector" for c in self._inputs(n_classes))
+        else:
+            ok = all(c.has_logistic_map() or c.sql_form(2) == "steps" for c in self._inputs(2))
+        return "terms" if ok else None
+
     def table_input_indices(self) -> list[int]:
         """The binary inputs without a logistic map (their positions among the inputs, in
         order; ``MapTerms.in_table`` numbers them 0, 1, ...): their maps are tables of their

@@ -204,6 +204,12 @@ class VennPredictor(OnlineCalibrator):
     def _state_size(self, n_classes: int) -> int:
         return self._n_cat(n_classes) * n_classes
 
+    def sql_form(self, n_classes: int = 2) -> str | None:
+        """K classes: the taxonomy's table of categories (a user taxonomy column: none)."""
+        if n_classes > 2:
+            return "categories" if self.category_column is None else None
+        return super().sql_form(2)
+
     def k_categories(self, state: FlatState, n_classes: int) -> list[tuple[np.ndarray, np.ndarray]]:
         """K classes, score taxonomy: each stream's ``(edges, forecasts)`` (each category's
         forecast from its counts, :func:`calpipe.kernels.venn.category_forecasts`)."""
@@ -290,6 +296,17 @@ class CalibratedRegression(OnlineCalibrator):
     def _state_size(self, n_classes: int) -> int:
         d = CR.feature_dim(**self._kw())
         return 1 + d * d + d
+
+    def sql_form(self, n_classes: int = 2) -> str | None:
+        """Paper 004 §IV's closed form (family ``calreg``), or the kernel's scan and bisection
+        (``calreg_fp``); no K-class form."""
+        if n_classes > 2:
+            return None
+        if self.linear_map(self.initial_state(1, 2)) is not None:
+            return "calreg"
+        if self.fixed_point_map(self.initial_state(1, 2)):
+            return "calreg_fp"
+        return super().sql_form(2)
 
     def linear_map(self, state: FlatState) -> np.ndarray | None:
         """Each stream's next forecast in §IV's closed form, when it has one (``powers`` = 1, no

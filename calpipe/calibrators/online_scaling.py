@@ -131,6 +131,14 @@ class OnlineScaling(OnlineCalibrator):
     def has_logistic_map(self) -> bool:
         return self.calibeat == OS.CALIBEAT_NONE and self.model != OS.MODEL_NONE
 
+    def sql_form(self, n_classes: int = 2) -> str | None:
+        """The logistic map (K classes: the vector map), or a calibeating method's two layers."""
+        if n_classes > 2:
+            return "vector" if self.has_logistic_map() else None
+        if self.has_logistic_map():
+            return "logistic"
+        return "calibeat" if self.calibeat else super().sql_form(2)
+
     def logistic_map(self, state: FlatState) -> np.ndarray:
         """Each stream's current binary map as ``[w1, w2, w0, eps]``: sigmoid(w1 ln c(p) - w2
         ln(1 - c(p)) + w0), c the feature clip to [eps, 1 - eps] (the SQL form of an input of

@@ -335,6 +335,10 @@ class ProtectedCalibrator(Calibrator[BatchState]):
             )
         return state.passive, mixture.serving_weights(state.active, self.rates)
 
+    def sql_form(self, n_classes: int = 2) -> str | None:
+        """The mixture's terms (log loss), or the Brier mode's weights, binary and K classes."""
+        return "brier" if self.loss == "brier" else "terms" if self.loss == "log" else None
+
     def map_terms(self, state: BatchState, n_classes: int = 2) -> MapTerms:
         """:meth:`map_weights` as the terms of :class:`~calpipe.calibrators.base.MapTerms`: the
         identity (weight P), then one term per calibrating function of the family (K classes:

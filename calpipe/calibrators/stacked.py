@@ -77,7 +77,8 @@ class Stacked(Calibrator[FlatState]):
         ]
         return FlatState.from_vectors(vectors, np.asarray(tst.log10m, dtype=np.float64))
 
-    def _split(self, st: FlatState, n_classes: int):
+    def split_state(self, st: FlatState, n_classes: int):
+        """The base's and the top's parts of a stack's state (validated by each)."""
         bvec, tvec, blm = [], [], np.empty(st.n_streams)
         for s in range(st.n_streams):
             v = st.vector(s)
@@ -92,9 +93,18 @@ class Stacked(Calibrator[FlatState]):
             self.top.state_from_flat(t.values, t.offsets, t.log10m, n_classes),
         )
 
+    def sql_form(self, n_classes: int = 2) -> str | None:
+        """The base's layers then the top's, when both have a form and neither reads input
+        tables (evaluated at the clipped score: not under a stack's top)."""
+        ok = all(
+            c.sql_form(n_classes) is not None and not (n_classes == 2 and c.table_input_indices())
+            for c in (self.base, self.top)
+        )
+        return "stack" if ok else None
+
     def state_from_flat(self, values, offsets, log10m, n_classes: int) -> FlatState:
         st = super().state_from_flat(values, offsets, log10m, n_classes)
-        self._split(st, n_classes)  # validates both parts
+        self.split_state(st, n_classes)  # validates both parts
         return st
 
     # -- running -------------------------------------------------------------------------------
@@ -114,7 +124,7 @@ class Stacked(Calibrator[FlatState]):
 
     def run_batch(self, scores, labels, op_event, op_kind, op_offsets, state, inputs=None):
         n_classes = 2 if scores.ndim == 1 else scores.shape[1]
-        bst, tst = self._split(state, n_classes)
+        bst, tst = self.split_state(state, n_classes)
         args = (labels, op_event, op_kind, op_offsets)
         bout, bnew = self.base.run_batch(scores, *args, bst, inputs)
         top_in = self.top.prepare_scores(bout.protected)
@@ -125,7 +135,7 @@ class Stacked(Calibrator[FlatState]):
     def serving_map(self, state: FlatState, scores: np.ndarray) -> np.ndarray:
         """The base method's current map, then the top's, applied to ``scores``."""
         n_classes = 2 if scores.ndim == 2 else scores.shape[2]
-        bst, tst = self._split(state, n_classes)
+        bst, tst = self.split_state(state, n_classes)
         # The top's serving map prepares the base's forecasts itself, as run_batch does once:
         # preparing twice is not the identity for K classes (floor and renormalise).
         return self.top.serving_map(tst, self.base.serving_map(bst, scores))

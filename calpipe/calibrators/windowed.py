@@ -2,7 +2,7 @@
 
 A batch method (Venn-ABERS, isotonic, Platt, ...) is a pair of kernel functions
 ``fit(scores, labels, **kw) -> fitted vector`` and ``predict(fitted, scores, **kw) -> Prediction``
-(the contract of :mod:`calpipe.kernels._prediction`). :class:`WindowedCalibrator` turns such a pair
+(the contract of :mod:`calpipe.kernels.prediction`). :class:`WindowedCalibrator` turns such a pair
 into a calibrator of the streaming protocol (:mod:`calpipe.calibrators.base`):
 
 * labelled events enter a stream's calibration window in the order their labels are learnt
@@ -46,7 +46,7 @@ from calpipe.calibrators.base import (
     ragged_take,
 )
 from calpipe.errors import ParameterError, StateError
-from calpipe.kernels._prediction import Prediction
+from calpipe.kernels.prediction import Prediction
 from calpipe.kernels.ops import OP_FORECAST, OP_UPDATE
 
 _HEADER = 3  # u, b, f
@@ -301,6 +301,13 @@ class WindowedCalibrator(Calibrator[FlatState]):
 
     def has_logistic_map(self) -> bool:
         return type(self).logistic_of is not None
+
+    def sql_form(self, n_classes: int = 2) -> str | None:
+        """K classes: the sub-problems' step tables (:attr:`k_tables_of`); binary: the logistic
+        map or the step table."""
+        if n_classes > 2:
+            return "tables" if type(self).k_tables_of is not None else None
+        return super().sql_form(2)
 
     def logistic_map(self, state: FlatState) -> np.ndarray:
         """Each stream's current binary map as ``[w1, w2, w0, eps]`` (see

@@ -195,7 +195,7 @@ def protect_with_state(
     label_time: str | None = None,
     by: str | Sequence[str] | None = None,
     order_by: str | Sequence[str] = ("event_time", "event_id"),
-    method: str = config.DEFAULT_METHOD,
+    method: str | Calibrator = config.DEFAULT_METHOD,
     base_method: str | None = None,
     base_params: dict | None = None,
     state: pl.DataFrame | None = None,
@@ -213,8 +213,12 @@ def protect_with_state(
     Raises :class:`calpipe.errors.StateError` if a stream's state was written under another
     configuration, or if the frame has an event of a stream at or before that stream's last
     processed key.
+
+    ``method`` is a method name (built with ``base_method``, ``base_params`` and ``params``) or
+    a calibrator already built (:func:`calpipe.make_calibrator`; then no parameters): a
+    nightly chain builds its calibrator once and hands the object to every call.
     """
-    cal = make_calibrator(method, base_method=base_method, base_params=base_params, **params)
+    cal = calibrator_of(method, base_method=base_method, base_params=base_params, **params)
     df, back = as_polars(frame)
     result = _protect_frame(df, cal, state, score=score, scores=scores, label=label,
                             label_time=label_time, by=by, order_by=order_by)  # fmt: skip
@@ -222,6 +226,22 @@ def protect_with_state(
         return result
     # pandas / Arrow in: the scores go back in that kind (the state stays a polars frame)
     return ProtectResult(back(result.scores), result.state)
+
+
+def calibrator_of(method: str | Calibrator, **params) -> Calibrator:
+    """The calibrator a call runs: ``method`` built with ``params``
+    (:func:`calpipe.make_calibrator`), or ``method`` itself when it is a calibrator object,
+    which then takes no parameters (ParameterError naming those given; ``None``, the default
+    of ``base_method`` and ``base_params``, is none)."""
+    if not isinstance(method, Calibrator):
+        return make_calibrator(method, **params)
+    given = sorted(k for k, v in params.items() if v is not None)
+    if given:
+        raise ParameterError(
+            f"method is a calibrator object ({method.name!r}): its parameters are set already; "
+            f"got {given} too"
+        )
+    return method
 
 
 def _protect_frame(
@@ -448,7 +468,7 @@ def protect_by_day(
     label: str = "label",
     by: str | Sequence[str] | None = None,
     order_by: str | Sequence[str] = ("event_time", "event_id"),
-    method: str = config.DEFAULT_METHOD,
+    method: str | Calibrator = config.DEFAULT_METHOD,
     state: pl.DataFrame | None = None,
     **params,
 ) -> DaysResult:
@@ -476,7 +496,7 @@ def protect_by_day(
     >>> r.states.select("date", "stream", "n_events").rows()
     [(datetime.date(2024, 1, 1), 'a', 1), (datetime.date(2024, 1, 1), 'b', 1), (datetime.date(2024, 1, 2), 'a', 2)]
     """
-    cal = make_calibrator(method, **params)
+    cal = calibrator_of(method, **params)
     cols = resolve_columns(
         frame.columns, score=score, scores=scores, label=label, label_time=None,
         by=by, order_by=order_by,

@@ -39,6 +39,6 @@ module                     implements                                         so
                            functions): the default ``composite-experts``
 ``diagnostics``            smooth ECE; CORP decomposition (PAV)               Błasiok & Nakkiran 2024;
                                                                               Dimitriadis et al. 2021
-``_prediction``            the fitted-map container of the batch kernels      —
+``prediction``             the fitted-map container of the batch kernels      —
 =========================  =================================================  ====================================
 """

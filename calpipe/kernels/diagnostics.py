@@ -51,8 +51,8 @@ import math
 import numpy as np
 from numba import njit
 
-from calpipe.kernels.grouping import _counting_sort
-from calpipe.kernels.isotonic import _pav
+from calpipe.kernels.grouping import counting_sort_kernel
+from calpipe.kernels.isotonic import pav_kernel
 
 #: The kernel's tails are cut at this many sigma: phi(6 sigma) / phi(0) = e^-18 ~ 1.5e-8.
 _TAIL_SIGMAS = 6.0
@@ -147,9 +147,9 @@ def _smooth_ece_one(f, r, min_sigma, points_per_sigma, rtol):
 
 
 @njit(cache=True)
-def _smooth_ece_groups(f, y, ids, n_groups, min_sigma, points_per_sigma, rtol):
+def smooth_ece_groups(f, y, ids, n_groups, min_sigma, points_per_sigma, rtol):
     """(smECE, sigma*) of every group (``ids`` dense in [0, n_groups)); NaN for an empty group."""
-    order, counts = _counting_sort(ids, n_groups)
+    order, counts = counting_sort_kernel(ids, n_groups)
     out = np.full(n_groups, np.nan)
     sig = np.full(n_groups, np.nan)
     start = 0
@@ -170,11 +170,11 @@ def _xlogx(x):
 
 
 @njit(cache=True)
-def _corp_groups(f, y, ids, n_groups):
+def corp_groups(f, y, ids, n_groups):
     """Per group: (mean log score of f_hat, mean Brier of f_hat, mean log score of r, mean Brier
     of r) with f_hat the PAV recalibration of ``f`` on tie-pooled forecasts and r = mean y.
     ``y`` is 0/1 (float64: 1.0 is an event, anything else a non-event). NaN for an empty group."""
-    order, counts = _counting_sort(ids, n_groups)
+    order, counts = counting_sort_kernel(ids, n_groups)
     out = np.full((n_groups, 4), np.nan)
     start = 0
     for k in range(n_groups):
@@ -224,7 +224,7 @@ def _corp_groups(f, y, ids, n_groups):
                 i0 += 1
         cnt = cnt[: g + 1]
         pos = pos[: g + 1]
-        fit = _pav(cnt, pos)
+        fit = pav_kernel(cnt, pos)
         log_fit = 0.0
         brier_fit = 0.0
         for j in range(g + 1):

@@ -7,7 +7,7 @@ linear passes over a 64-bit hash of the keys:
 
 * :func:`_dense_ids`: an open-addressing hash table maps each distinct hash to 0, 1, 2, ... in
   order of first appearance;
-* :func:`_counting_sort`: the stable permutation that groups rows by id (a counting sort).
+* :func:`counting_sort_kernel`: the stable permutation that groups rows by id (a counting sort).
 
 A hash collision (two different keys with one 64-bit hash) would merge two streams, so the caller
 verifies every row's key against its stream's first row (:func:`calpipe.engine.contract.stream_ids`).
@@ -83,7 +83,7 @@ def _dense_ids(h):
 
 
 @njit(cache=True)
-def _counting_sort(ids, n_ids):
+def counting_sort_kernel(ids, n_ids):
     """(order, counts): the stable permutation sorting rows by ``ids`` (int64 in [0, n_ids)), and
     the number of rows of each id. Rows of one id keep their relative order."""
     counts = np.zeros(n_ids, np.int64)
@@ -156,7 +156,7 @@ def counting_sort(ids: np.ndarray, n_ids: int) -> tuple[np.ndarray, np.ndarray]:
     >>> order.tolist(), counts.tolist()
     ([1, 3, 0, 2, 4], [2, 2, 1])
     """
-    return _counting_sort(np.ascontiguousarray(ids, dtype=np.int64), int(n_ids))
+    return counting_sort_kernel(np.ascontiguousarray(ids, dtype=np.int64), int(n_ids))
 
 
 @njit(cache=True)

@@ -36,7 +36,7 @@ from __future__ import annotations
 import numpy as np
 
 from calpipe import config
-from calpipe.kernels._prediction import Prediction
+from calpipe.kernels.prediction import Prediction
 
 
 def _bin_block(s: np.ndarray, hit: np.ndarray, n_bins: int, prior_strength: float) -> np.ndarray:

@@ -101,7 +101,7 @@ import numpy as np
 from numba import njit
 
 from calpipe import config
-from calpipe.kernels._prediction import Prediction
+from calpipe.kernels.prediction import Prediction
 
 __all__ = [
     "LAYOUT_LINEAR",
@@ -157,7 +157,7 @@ def _pool_ties(s_sorted, y_sorted, resolution):
 
 
 @njit(cache=True)
-def _pav(cnt, pos):
+def pav_kernel(cnt, pos):
     """Weighted PAV (paper 003 Algorithm 1) on pooled groups of ``cnt`` points with ``pos``
     positives. A block is pooled into its left neighbour while the neighbour's mean is >= its
     own (compared exactly: pos_a cnt_b >= pos_b cnt_a), so the final blocks have strictly
@@ -679,7 +679,7 @@ def isotonic_fit(
         raise ValueError(f"interpolation must be one of {sorted(_INTERPOLATIONS)}")
     s, y = _binary_xy(scores, labels)
     x, cnt, pos = _groups(s, y)
-    return _binary_vector(_INTERPOLATIONS[interpolation], x, _pav(cnt, pos))
+    return _binary_vector(_INTERPOLATIONS[interpolation], x, pav_kernel(cnt, pos))
 
 
 def _unpack_binary(f: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
@@ -801,7 +801,9 @@ def rrir_fit(
         s, y = _binary_xy(s, labels)
         x, cnt, pos = _groups(s, y)
         if cap == 0 and min_size == 1:
-            r = _pav(cnt, pos)  # unregularised Algorithm 2 on the line = PAV (module docstring)
+            r = pav_kernel(
+                cnt, pos
+            )  # unregularised Algorithm 2 on the line = PAV (module docstring)
         else:
             r = _irp_binary(cnt, pos, cap, min_size)
         return _binary_vector(LAYOUT_STEP, x, r)

@@ -44,7 +44,7 @@ import numpy as np
 from numba import njit
 
 from calpipe import config
-from calpipe.kernels._prediction import Prediction
+from calpipe.kernels.prediction import Prediction
 from calpipe.kernels.numeric import cholesky_solve
 
 #: Parameterisations of beta calibration, as in the betacal package.

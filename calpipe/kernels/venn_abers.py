@@ -2,7 +2,7 @@ r"""Venn-ABERS predictors on fixed base scores: inductive (IVAP), cross (CVAP) a
 
 A batch calibrator kernel (the contract of :mod:`calpipe.kernels`): :func:`fit` turns a
 calibration window of base scores and labels into one self-describing float64 vector,
-:func:`predict` maps test scores through it to a :class:`~calpipe.kernels._prediction.Prediction`
+:func:`predict` maps test scores through it to a :class:`~calpipe.kernels.prediction.Prediction`
 with the calibrated probability ``p`` and, for binary problems, the Venn multiprobability
 ``[p_lower, p_upper]``.
 
@@ -139,7 +139,7 @@ import numpy as np
 from numba import njit
 
 from calpipe import config
-from calpipe.kernels._prediction import Prediction
+from calpipe.kernels.prediction import Prediction
 
 __all__ = ["fit", "predict"]
 

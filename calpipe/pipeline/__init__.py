@@ -38,7 +38,7 @@ day) is a :class:`calpipe.errors.StateError`.
 The modules, one concern each (every public name is re-exported here):
 
 * ``settings``: :class:`Settings` (the chain's calibrator) and :class:`StageResult`;
-* ``transactions``: transactions of whole days (:func:`day_range`, ``_write_days``);
+* ``transactions``: transactions of whole days (:func:`day_range`, :func:`~calpipe.pipeline.transactions.write_days`);
 * ``events``, ``chain``, ``monitoring``, ``alarms``, ``mapping``: the five stages, each with
   the function that computes its table's rows from memory, shared with the fused run;
 * ``inputs``: what each day was computed from and which days to replay; ``labels``: the label
@@ -104,7 +104,7 @@ from calpipe.pipeline.reports import (
 )
 from calpipe.pipeline.settings import Settings, StageResult
 from calpipe.pipeline.tables import TABLES, OutputTable, table_schemas
-from calpipe.pipeline.transactions import _write_days, day_range
+from calpipe.pipeline.transactions import day_range
 
 __all__ = [
     "ASSET_TABLES",
@@ -124,7 +124,6 @@ __all__ = [
     "RunSummary",
     "Settings",
     "StageResult",
-    "_write_days",
     "alarm_days",
     "bank_events",
     "chain_first_day",

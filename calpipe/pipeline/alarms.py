@@ -2,7 +2,7 @@
 
 A stream crosses on day d if its running maximum before d (the state of d - 1) is below
 :data:`calpipe.config.ALARM_LOG10_THRESHOLD` and one of its events of day d reaches it; the row
-records that event and value. :func:`_first_crossings` computes a day's rows from memory; the
+records that event and value. :func:`first_crossings` computes a day's rows from memory; the
 stage (:func:`alarm_days`, from the stored rows) and the fused run (``calpipe/pipeline/tables.py``,
 from the engine's output) both call it.
 """
@@ -15,16 +15,16 @@ import numpy as np
 import polars as pl
 
 from calpipe import config, store
-from calpipe.pipeline.chain import _require_chain
-from calpipe.pipeline.monitoring import _stream_groups
-from calpipe.pipeline.settings import StageResult, _as_date
+from calpipe.pipeline.chain import require_chain
+from calpipe.pipeline.monitoring import stream_groups
+from calpipe.pipeline.settings import StageResult, as_date
 from calpipe.pipeline.transactions import day_range
 
-#: The candidate rows of [$1, $2] for :func:`_first_crossings` ($3 = threshold): protected rows
+#: The candidate rows of [$1, $2] for :func:`first_crossings` ($3 = threshold): protected rows
 #: at or above the threshold, with their event_time from scored_events, of streams whose maximum
 #: before the row's day (the state at the end of the day before: the stream's latest row before
 #: the day; the running maximum only grows, so no earlier row of the stream reached it) is below
-#: it. The two filters are :func:`_first_crossings`' own, pushed down so that only a crossing
+#: it. The two filters are :func:`first_crossings`' own, pushed down so that only a crossing
 #: day's rows leave DuckDB.
 _CANDIDATES_SQL = """
 SELECT p.event_date, p.stream, e.event_time, p.event_id, p.log10_martingale
@@ -39,7 +39,7 @@ WHERE p.event_date BETWEEN $1 AND $2 AND p.log10_martingale >= $3
 """
 
 
-def _first_crossings(
+def first_crossings(
     scores: pl.DataFrame,
     before: pl.DataFrame | None,
     day: dt.date | None,
@@ -53,7 +53,7 @@ def _first_crossings(
     ``log10_martingale`` (the engine's output in the fused run, or the stored candidate rows in
     :func:`alarm_days`; rows below the threshold may be left out, they are never chosen).
     Per-stream minima of event_time, then of event_id among the ties, instead of a sort.
-    ``groups``: ``_stream_groups(scores, ["stream"])``, if known.
+    ``groups``: ``stream_groups(scores, ["stream"])``, if known.
 
     ``day=None``: the rows of several consecutive days at once (``scores`` with their
     ``event_date``, ``before`` the state before the first): a stream's maximum before a day is
@@ -70,7 +70,7 @@ def _first_crossings(
         hit, groups = np.ones(scores.height, dtype=bool), None
     hits = np.flatnonzero(hit)
     if hits.size:
-        ids, first = _stream_groups(scores, ["stream"]) if groups is None else groups
+        ids, first = stream_groups(scores, ["stream"]) if groups is None else groups
         t = scores["event_time"].to_physical().to_numpy()
         t_first = np.full(first.shape[0], np.iinfo(np.int64).max)
         np.minimum.at(t_first, ids[hits], t[hits])
@@ -93,10 +93,10 @@ def alarm_days(con, start: dt.date, end: dt.date) -> StageResult:
     Per chunk of :data:`calpipe.config.CHUNK_DAYS` days, one query reads the candidate rows
     (:data:`_CANDIDATES_SQL`) and the state rows before the chunk's last day that are at the
     alarm level (a stream at it before day d: one of its rows before d is); each day's rows are
-    then :func:`_first_crossings` of its candidates, as in the fused run.
+    then :func:`first_crossings` of its candidates, as in the fused run.
     """
-    start, end = _as_date(start), _as_date(end)
-    _require_chain(con, start, end, "martingale_alarms")
+    start, end = as_date(start), as_date(end)
+    require_chain(con, start, end, "martingale_alarms")
     thr = config.ALARM_LOG10_THRESHOLD
     res = StageResult(start, end, {"martingale_alarms": 0})
     for c0, c1 in day_range(start, end):
@@ -109,7 +109,7 @@ def alarm_days(con, start: dt.date, end: dt.date) -> StageResult:
         candidates = store.query(con, _CANDIDATES_SQL, [c0, c1, thr])
         by_day = candidates.partition_by("event_date", as_dict=True)
         rows = [
-            _first_crossings(hits, hot.filter(pl.col("date") < d), d)
+            first_crossings(hits, hot.filter(pl.col("date") < d), d)
             for (d,), hits in sorted(by_day.items())
         ]
         alarms = pl.concat(rows) if rows else pl.DataFrame()  # replacing with none: a delete

@@ -2,9 +2,9 @@
 
 Owns the chain's rules (the first day, the state of day d - 1 that day d starts from, and the
 :class:`calpipe.errors.StateError` when it is missing or was computed under another
-configuration), :class:`_Chain` (the state carried in memory from day to day, one
+configuration), :class:`Chain` (the state carried in memory from day to day, one
 :func:`calpipe.protect_with_state` call per day or batch of streams), and the rows of the three
-tables (:func:`_protected_rows`, :func:`_state_rows`, :meth:`_Chain.day_row`), which the stage
+tables (:func:`protected_rows`, :func:`state_rows`, :meth:`Chain.day_row`), which the stage
 (:func:`protect_days`) and the fused run (``calpipe/pipeline/tables.py``) both write.
 """
 
@@ -23,11 +23,11 @@ from calpipe.calibrators import Calibrator
 from calpipe.engine import protect_with_state
 from calpipe.errors import StateError
 from calpipe.pipeline.classes import score_column, stored_n_classes
-from calpipe.pipeline.events import _BY, _ORDER, _protect_input
+from calpipe.pipeline.events import REPLAY_ORDER, STREAM_KEYS, protect_columns
 from calpipe.pipeline.inputs import chain_hash, state_digest
 from calpipe.pipeline.labels import Arrivals, attach_labels, learn_late, stored_arrivals
-from calpipe.pipeline.settings import Settings, StageResult, _as_date
-from calpipe.pipeline.transactions import _write_days
+from calpipe.pipeline.settings import Settings, StageResult, as_date
+from calpipe.pipeline.transactions import write_days
 
 
 def chain_first_day(con) -> dt.date | None:
@@ -114,7 +114,7 @@ def state_before(con, day: dt.date, settings: Settings, first_day: dt.date) -> p
 
 
 #: The state of every stream at the end of day $1: its latest ``calibrator_state`` row on or
-#: before it (a day stores the rows of the streams whose state changed, :func:`_state_rows`).
+#: before it (a day stores the rows of the streams whose state changed, :func:`state_rows`).
 #: The latest dates are found on two narrow columns first, so that only the needed rows' state
 #: vectors are read.
 _STATE_AS_OF_SQL = """
@@ -139,7 +139,7 @@ def state_as_of(con, day: dt.date) -> pl.DataFrame:
     ``date`` of the row it comes from): each stream's latest ``calibrator_state`` row on or
     before ``day``. What :func:`calpipe.pipeline.serving_map` takes to serve the map in force
     then, and what the ``calibrate_score_as_of`` macro evaluates in SQL."""
-    return store.query(con, _STATE_AS_OF_SQL, [_as_date(day)])
+    return store.query(con, _STATE_AS_OF_SQL, [as_date(day)])
 
 
 def _state_rows_missing(con, first_day: dt.date, last: dt.date) -> tuple | None:
@@ -158,7 +158,7 @@ def _state_rows_missing(con, first_day: dt.date, last: dt.date) -> tuple | None:
     )
 
 
-def _martingale_base(cal: Calibrator, scores: pl.DataFrame) -> pl.Series:
+def base_score_column(cal: Calibrator, scores: pl.DataFrame) -> pl.Series:
     """``base_score`` (``base_scores`` for K classes): the forecast the martingale bets against
     (the clipped base, or a stack's base-method forecast), so that base loss - protected loss =
     ln 10 * log10 S."""
@@ -178,7 +178,7 @@ def _day_events_sql(n_classes: int) -> str:
     protected_scores rows, written in the same order, are too). No ORDER BY: calpipe.protect
     groups the streams by hashing and finds an event log already in time order without a sort,
     where a SQL sort by (stream, event_time, event_id) would cost more than the protection."""
-    cols = ", ".join(_protect_input(n_classes))
+    cols = ", ".join(protect_columns(n_classes))
     return f"SELECT {cols} FROM scored_events WHERE event_date = ?"
 
 
@@ -186,7 +186,7 @@ def _day_events_sql(n_classes: int) -> str:
 _INTERVAL_COLUMNS = ("p_lower", "p_upper")
 
 
-def _protected_rows(cal: Calibrator, scores: pl.DataFrame, day: dt.date | None) -> pl.DataFrame:
+def protected_rows(cal: Calibrator, scores: pl.DataFrame, day: dt.date | None) -> pl.DataFrame:
     """The ``protected_scores`` rows of one day (``day=None``: of the days of the rows' own
     ``event_date``): the event key and the engine's outputs only (``v_protected_scores`` joins
     the inputs, method and fingerprint back). K classes: ``base_scores``/``protected_scores``
@@ -196,7 +196,7 @@ def _protected_rows(cal: Calibrator, scores: pl.DataFrame, day: dt.date | None) 
         pl.lit(day, pl.Date).alias("event_date") if day is not None else "event_date",
         "stream",
         "event_id",
-        _martingale_base(cal, scores),
+        base_score_column(cal, scores),
         pl.col("label").cast(pl.Int32),
         pl.col(out).cast(pl.List(pl.Float64)) if out == "protected_scores" else out,
         "log10_martingale",
@@ -205,10 +205,10 @@ def _protected_rows(cal: Calibrator, scores: pl.DataFrame, day: dt.date | None) 
     )
 
 
-def _state_rows(state: pl.DataFrame, day: dt.date, active: pl.Series) -> pl.DataFrame:
+def state_rows(state: pl.DataFrame, day: dt.date, active: pl.Series) -> pl.DataFrame:
     """The ``calibrator_state`` rows of ``day``: the end-of-day state of the streams whose state
     changed that day (``active``: the streams with events or with labels of earlier events
-    arriving, :func:`_changed_streams`), keyed by the day.
+    arriving, :func:`changed_streams`), keyed by the day.
 
     A stream without events keeps its state, so its latest row (of an earlier day) stays its
     state: the state at the end of day d is each stream's latest row on or before d
@@ -219,7 +219,7 @@ def _state_rows(state: pl.DataFrame, day: dt.date, active: pl.Series) -> pl.Data
     )
 
 
-def _changed_streams(streams: pl.Series, arrivals: Arrivals | None) -> pl.Series:
+def changed_streams(streams: pl.Series, arrivals: Arrivals | None) -> pl.Series:
     """The streams whose state a night changes: those with events (``streams``: of the night's
     events, repeated or not), and those with labels of earlier events arriving (their pending
     updates grow)."""
@@ -228,7 +228,7 @@ def _changed_streams(streams: pl.Series, arrivals: Arrivals | None) -> pl.Series
     return streams.unique()
 
 
-def _check_outputs(scores: pl.DataFrame, day: dt.date) -> None:
+def check_outputs(scores: pl.DataFrame, day: dt.date) -> None:
     """StateError naming the day, stream and event of the first protected score that is not a
     probability or martingale that is not finite: checked before the day is committed (the
     post-commit check ``probabilities_valid`` would find it only once it was stored)."""
@@ -263,7 +263,7 @@ class _Day:
     before: pl.DataFrame | None
 
 
-class _Chain:
+class Chain:
     """A chain run day after day: the settings, and the state carried in memory (one small row
     per stream) from one day to the next."""
 
@@ -310,9 +310,9 @@ class _Chain:
             )
         col = score_column(self.n_classes)
         return protect_with_state(
-            events, **{col: col}, label="label", by=_BY, order_by=_ORDER,
+            events, **{col: col}, label="label", by=STREAM_KEYS, order_by=REPLAY_ORDER,
             label_time="label_time" if "label_time" in events.columns else None,
-            method=self.settings.method, state=learn_late(state, late), **self.settings.kwargs,
+            method=self.cal, state=learn_late(state, late),
         )  # fmt: skip
 
     def day_row(
@@ -326,7 +326,7 @@ class _Chain:
         digest: bytes | None = None,
     ) -> dict[str, Any]:
         """The ``pipeline_days`` row of ``day`` (call once per day, in order); ``rows``: its
-        ``calibrator_state`` rows (:func:`_state_rows`), which extend the state's hash chain
+        ``calibrator_state`` rows (:func:`state_rows`), which extend the state's hash chain
         (``digest``: their :func:`~calpipe.pipeline.inputs.state_digest`, if known);
         ``n_streams``: the streams in the state at the end of the day (default: in the state
         carried, when it is the day's)."""
@@ -348,13 +348,13 @@ class _Chain:
         the night's label ``arrivals``: one :meth:`protect` call over all streams."""
         late = None if arrivals is None else arrivals.late
         r = self.protect(events, self.state, arrivals, late)
-        _check_outputs(r.scores, day)  # before anything of the day is written
+        check_outputs(r.scores, day)  # before anything of the day is written
         before, self.state = self.state, r.state
-        rows = _state_rows(r.state, day, _changed_streams(events["stream"], arrivals))
+        rows = state_rows(r.state, day, changed_streams(events["stream"], arrivals))
         n_arrivals = 0 if arrivals is None else arrivals.rows.height
         return _Day(
             r.scores,
-            _protected_rows(self.cal, r.scores, day),
+            protected_rows(self.cal, r.scores, day),
             rows,
             self.day_row(day, events.height, events["stream"].n_unique(), rows, n_arrivals),
             before,
@@ -376,16 +376,16 @@ def protect_days(
     then carried in memory), runs one :func:`calpipe.protect_with_state` over all streams of the
     day, and produces the day's protected rows, its state rows (keyed by d, one per stream seen
     so far) and its ``pipeline_days`` row. Days are read and written one at a time, in
-    transactions of whole days (:func:`_write_days`): only one day's events and the small state
+    transactions of whole days (:func:`write_days`): only one day's events and the small state
     frame are held in memory. ``first_day`` is the chain's first day (default: the one stored,
     else ``start``).
     """
-    start, end = _as_date(start), _as_date(end)
+    start, end = as_date(start), as_date(end)
     if first_day is None:
         first_day = chain_first_day(con) or start
-    first_day = _as_date(first_day)
+    first_day = as_date(first_day)
     k = stored_n_classes(con) or 2
-    chain = _Chain(
+    chain = Chain(
         settings, first_day, state_before(con, start, settings, first_day),
         state_hash_before(con, start), k,
     )  # fmt: skip
@@ -400,13 +400,13 @@ def protect_days(
             on_day(d)
 
     tables = ["protected_scores", "calibrator_state", "pipeline_days"]
-    rows = _write_days(
+    rows = write_days(
         con, start, end, tables, lambda d: store.query(con, _day_events_sql(k), [d]), write
     )
     return StageResult(start, end, {t: rows[t] for t in tables[:2]})
 
 
-def _require_chain(con, start: dt.date, end: dt.date, what: str) -> None:
+def require_chain(con, start: dt.date, end: dt.date, what: str) -> None:
     missing = _first_missing_day(con, start, end)
     if missing is not None:
         raise StateError(

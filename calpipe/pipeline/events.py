@@ -1,8 +1,8 @@
 """Stage ``scored_events``: read a source's events of a day, check the data contract, store them.
 
 Owns the stored event schema (:data:`_EVENT_SCHEMA`), the columns and replay keys the engine
-reads (:data:`_PROTECT_INPUT`, :data:`_BY`, :data:`_ORDER`), and how a bad source row is named
-in an error (day, stream, event). :func:`_stored_events` is the table's rows in both paths: the
+reads (:data:`_PROTECT_INPUT`, :data:`STREAM_KEYS`, :data:`REPLAY_ORDER`), and how a bad source row is named
+in an error (day, stream, event). :func:`stored_events` is the table's rows in both paths: the
 stage (:func:`load_events`) and the fused run (``calpipe/pipeline/tables.py``).
 """
 
@@ -18,14 +18,14 @@ from calpipe.errors import InputError
 from calpipe.pipeline.classes import ensure_n_classes, frame_n_classes, score_column, split_scores
 from calpipe.pipeline.ids import ensure_id_type
 from calpipe.pipeline.inputs import day_inputs, run_inputs
-from calpipe.pipeline.labels import Arrivals, _label_rows, _quarantine_rows, night_arrivals
-from calpipe.pipeline.settings import StageResult, _as_date
-from calpipe.pipeline.transactions import _write_days
+from calpipe.pipeline.labels import Arrivals, label_rows, night_arrivals, quarantine_rows
+from calpipe.pipeline.settings import StageResult, as_date
+from calpipe.pipeline.transactions import write_days
 from calpipe.store import EventSource
 
 #: Streams and replay order of the stored events (the data contract's default names).
-_BY = ("stream",)
-_ORDER = ("event_time", "event_id")
+STREAM_KEYS = ("stream",)
+REPLAY_ORDER = ("event_time", "event_id")
 
 _EVENT_SCHEMA = {
     "event_date": pl.Date,
@@ -37,17 +37,17 @@ _EVENT_SCHEMA = {
 }
 
 #: The columns calpipe.protect reads, in both paths (stored events, or fresh from the source),
-#: binary; :func:`_protect_input` for K classes.
+#: binary; :func:`protect_columns` for K classes.
 _PROTECT_INPUT = ("stream", "event_id", "event_time", "score", "label")
 
 
-def _protect_input(n_classes: int) -> tuple[str, ...]:
+def protect_columns(n_classes: int) -> tuple[str, ...]:
     """:data:`_PROTECT_INPUT` with the forecast column of K classes (``score`` or ``scores``)."""
     col = score_column(n_classes)
     return tuple(col if c == "score" else c for c in _PROTECT_INPUT)
 
 
-def _event_schema(multiclass: bool) -> dict[str, pl.DataType]:
+def event_schema(multiclass: bool) -> dict[str, pl.DataType]:
     """The stored types of a night's events (K classes: ``scores`` in place of ``score``)."""
     if not multiclass:
         return _EVENT_SCHEMA
@@ -55,7 +55,7 @@ def _event_schema(multiclass: bool) -> dict[str, pl.DataType]:
             for c, t in _EVENT_SCHEMA.items()}  # fmt: skip
 
 
-def _read_source(
+def read_source(
     con, source: EventSource, start: dt.date, end: dt.date, part: tuple[int, int] | None = None
 ) -> pl.DataFrame:
     """The source's events of [start, end] (of the streams of ``part``,
@@ -70,7 +70,7 @@ def _read_source(
     try:
         norm, _ = split_scores(norm)
     except InputError as exc:
-        raise _source_error(exc, source, norm.with_columns(days.alias("event_date"))) from None
+        raise source_error(exc, source, norm.with_columns(days.alias("event_date"))) from None
     chunk = norm.with_columns(days.alias("event_date"))
     bad = chunk.filter(pl.col("event_time").cast(pl.Date) != pl.col("event_date"))
     if bad.height:
@@ -83,7 +83,7 @@ def _read_source(
     return chunk
 
 
-def _source_error(exc: InputError, source: EventSource, chunk: pl.DataFrame) -> InputError:
+def source_error(exc: InputError, source: EventSource, chunk: pl.DataFrame) -> InputError:
     """``exc`` (raised on ``chunk``'s rows) restated with the source, day, stream and event."""
     if exc.row is None:
         return InputError(exc.column, None, f"{source.describe()}: {exc.rule}")
@@ -143,14 +143,14 @@ def check_stream_names(chunk: pl.DataFrame, source: EventSource) -> None:
     try:
         check_rules(chunk, [rule])
     except InputError as exc:
-        raise _source_error(exc, source, chunk) from None
+        raise source_error(exc, source, chunk) from None
 
 
-def _stored_events(chunk: pl.DataFrame) -> pl.DataFrame:
+def stored_events(chunk: pl.DataFrame) -> pl.DataFrame:
     """``scored_events`` rows: the contract's columns cast to the stored types (string ids stay
     strings: :func:`ensure_id_type` made the database's id columns VARCHAR)."""
     ids = pl.Int64 if chunk.schema["event_id"].is_integer() else pl.String
-    types = {**_event_schema("scores" in chunk.columns), "event_id": ids}
+    types = {**event_schema("scores" in chunk.columns), "event_id": ids}
     return chunk.select([pl.col(c).cast(t) for c, t in types.items()])
 
 
@@ -164,13 +164,13 @@ def read_source_days(con, source: EventSource, start: dt.date, end: dt.date) -> 
     Raises :class:`calpipe.errors.InputError` naming the day, stream and event of the first
     offending row.
     """
-    chunk = _read_source(con, source, start, end)
+    chunk = read_source(con, source, start, end)
     if chunk.height:
         multi = "scores" in chunk.columns
         cols = resolve_columns(
             chunk.columns, score=None if multi else "score", scores="scores" if multi else None,
             label="label", label_time=None,
-            by=_BY, order_by=_ORDER,
+            by=STREAM_KEYS, order_by=REPLAY_ORDER,
         )  # fmt: skip
         check_stream_names(chunk, source)
         try:
@@ -180,8 +180,8 @@ def read_source_days(con, source: EventSource, start: dt.date, end: dt.date) -> 
             # costs ~250 bytes a row
             replay_order(chunk, cols)
         except InputError as exc:
-            raise _source_error(exc, source, chunk) from None
-    return _stored_events(chunk)
+            raise source_error(exc, source, chunk) from None
+    return stored_events(chunk)
 
 
 def load_events(
@@ -201,11 +201,11 @@ def load_events(
     ``notes`` lists the days without events (a late landing shows up there).
 
     Days are read, validated and written one at a time, in transactions of whole days
-    (:func:`_write_days`): memory is bounded by a day. Each day's ``pipeline_inputs`` rows (what
+    (:func:`write_days`): memory is bounded by a day. Each day's ``pipeline_inputs`` rows (what
     it was read from, :mod:`calpipe.pipeline.inputs`) are written in the same transaction. Rows are stored in the source's order,
     which is deterministic (re-running a day from the same files writes identical rows).
     """
-    start, end = _as_date(start), _as_date(end)
+    start, end = as_date(start), as_date(end)
     res = StageResult(start, end)
     inputs = run_inputs(con, source, labels, start, end)
     arrivals: dict[dt.date, Arrivals] = {}
@@ -215,8 +215,8 @@ def load_events(
             res.notes.append(d.isoformat())
         night = arrivals.pop(d)
         writer.insert("scored_events", rows, sort=False)
-        writer.insert("event_labels", _label_rows(night))
-        writer.insert("quarantined_labels", _quarantine_rows(night))
+        writer.insert("event_labels", label_rows(night))
+        writer.insert("quarantined_labels", quarantine_rows(night))
         writer.insert("pipeline_inputs", day_inputs(inputs, d))
 
     tables = ["scored_events", "event_labels", "quarantined_labels", "pipeline_inputs"]
@@ -230,6 +230,6 @@ def load_events(
         arrivals[d] = night_arrivals(con, labels, d, rows, on_unknown_label)
         return rows
 
-    rows = _write_days(con, start, end, tables, read, write)
+    rows = write_days(con, start, end, tables, read, write)
     res.rows = {t: rows[t] for t in tables[:3]}
     return res

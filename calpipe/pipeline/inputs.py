@@ -125,8 +125,8 @@ def source_inputs(
         return pl.DataFrame(rows, schema=_INPUT_SCHEMA, orient="row")
     rel = source.relation_sql()
     names = store.query(con, f"SELECT * FROM {rel} LIMIT 0").columns
-    t = store._sql_ident(source.columns.day_time)
-    cols = ", ".join(store._sql_ident(c) for c in names)
+    t = store.sql_ident(source.columns.day_time)
+    cols = ", ".join(store.sql_ident(c) for c in names)
     frame = store.query(
         con,
         f"""SELECT CAST({t} AS DATE) AS date, count(*) AS n_rows,

@@ -191,7 +191,7 @@ def read_arrivals(
             cm.check_file(f)
         # each label's file as the file's index, then an Enum of the night's few files relative
         # to the folder (10 MB for 10M labels)
-        with source._reading():
+        with source.reading():
             raw = read_parquet_files(con, files, part_where(cm.stream, part, store.DEFAULT_STREAM))
         prefix = len(str(root)) + 1
         relative = [str(f)[prefix:] for f in files]
@@ -498,11 +498,11 @@ def stored_arrivals(con, day: dt.date, n_classes: int = 2) -> Arrivals:
     )
 
 
-def _label_rows(arrivals: Arrivals) -> pl.DataFrame:
+def label_rows(arrivals: Arrivals) -> pl.DataFrame:
     """``event_labels`` rows of a night."""
     return arrivals.rows
 
 
-def _quarantine_rows(arrivals: Arrivals) -> pl.DataFrame:
+def quarantine_rows(arrivals: Arrivals) -> pl.DataFrame:
     """``quarantined_labels`` rows of a night."""
     return arrivals.quarantined

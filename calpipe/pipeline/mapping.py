@@ -3,7 +3,7 @@
 Owns the map's SQL form (:func:`has_sql_map`, :func:`map_terms`: per stream and layer, the
 weighted terms of a mixture, a logistic or temperature map as one term, or a step/linear table
 tabulated from the calibrator's own serving map at its breakpoints; the ``calibrate_score``
-macros of ``sql/003_macros.sql`` evaluate them), the table's rows (:func:`_map_rows`, written by
+macros of ``sql/003_macros.sql`` evaluate them), the table's rows (:func:`map_rows`, written by
 the stage :func:`map_days` and by the fused run) and :func:`serving_map`, the map applied to
 fresh scores in polars for every method.
 """
@@ -16,14 +16,13 @@ import numpy as np
 import polars as pl
 
 from calpipe import store
-from calpipe.calibrators import ProtectedCalibrator
 from calpipe.calibrators.stacked import Stacked
 from calpipe.engine import state_from_rows
 from calpipe.errors import StateError
 from calpipe.kernels import mixture
-from calpipe.pipeline.chain import _require_chain
+from calpipe.pipeline.chain import require_chain
 from calpipe.pipeline.classes import stored_n_classes
-from calpipe.pipeline.settings import Settings, StageResult, _as_date
+from calpipe.pipeline.settings import Settings, StageResult, as_date
 from calpipe.pipeline.transactions import day_range
 from calpipe.serving import apply_serving_map
 
@@ -36,7 +35,7 @@ def map_weights(state: pl.DataFrame, settings: Settings) -> tuple[np.ndarray, np
 
 
 def has_sql_map(cal, n_classes: int = 2) -> bool:
-    """Whether ``cal``'s binary serving map has a SQL form in ``calibration_map``: a mixture of
+    """Whether ``cal``'s serving map has a SQL form in ``calibration_map``: a mixture of
     calibrating functions (the log-loss protected methods; ``composite-experts`` over inputs
     with a logistic map or a step/linear table of their own, the tables as layers -1, -2, ...
     evaluated at the clipped score: not under a stack's top), a logistic map (Platt, beta,
@@ -54,60 +53,11 @@ def has_sql_map(cal, n_classes: int = 2) -> bool:
     Venn-ABERS (one-vs-rest or one-vs-one pairwise coupling), the Venn taxonomies (a table of
     categories) and ROC-isotonic regression (a partition tree of the simplex, paper 003
     Algorithm 2). The Brier compatibility mode (binary and K classes): the weights of its
-    next forecast, which the macros aggregate as its substitution shortcut does."""
-    if isinstance(cal, Stacked):  # base then top (a calibeating method takes two layers)
-        # (an input table is evaluated at the score: not under a stack's top)
-        return all(
-            _form(c, n_classes) is not None
-            and not (
-                n_classes == 2 and hasattr(c, "table_input_indices") and c.table_input_indices()
-            )
-            for c in (cal.base, cal.top)
-        )
-    return _form(cal, n_classes) is not None
+    next forecast, which the macros aggregate as its substitution shortcut does.
 
-
-def _form(cal, n_classes: int = 2) -> str | None:
-    """Which SQL form a (non-stacked) calibrator's map has (see :func:`has_sql_map`)."""
-    if isinstance(cal, ProtectedCalibrator) and cal.loss == "brier":
-        return "brier"
-    if n_classes > 2:
-        if hasattr(cal, "map_terms"):
-            if isinstance(cal, ProtectedCalibrator):
-                return "terms" if cal.loss == "log" else None
-            ok = all(
-                hasattr(c, "vector_map") and c.has_logistic_map() for c in cal._inputs(n_classes)
-            )
-            return "terms" if ok else None
-        if hasattr(cal, "vector_map") and cal.has_logistic_map():
-            return "vector"
-        if hasattr(cal, "temperature_map"):
-            return "temperature"
-        if getattr(cal, "k_tables_of", None) is not None:
-            return "tables"
-        if hasattr(cal, "k_categories") and getattr(cal, "category_column", None) is None:
-            return "categories"
-        if hasattr(cal, "k_tree"):
-            return "tree"
-        return None
-    if hasattr(cal, "map_terms"):
-        if isinstance(cal, ProtectedCalibrator):
-            return "terms" if cal.loss == "log" else None
-        ok = all(c.has_logistic_map() or _form(c) == "steps" for c in cal._inputs(2))
-        return "terms" if ok else None
-    if cal.has_logistic_map():
-        return "logistic"
-    if hasattr(cal, "linear_map") and cal.linear_map(cal.initial_state(1, 2)) is not None:
-        return "calreg"
-    if hasattr(cal, "fixed_point_map") and cal.fixed_point_map(cal.initial_state(1, 2)):
-        return "calreg_fp"
-    if hasattr(cal, "binary_temperature"):
-        return "temperature"
-    if hasattr(cal, "calibeat_map") and cal.calibeat:
-        return "calibeat"
-    if cal.map_breakpoints(cal.initial_state(1, 2)) is not None:
-        return "steps"
-    return None
+    Each calibrator declares its form (:meth:`calpipe.calibrators.Calibrator.sql_form`); this
+    module writes the rows of each form."""
+    return cal.sql_form(n_classes) is not None
 
 
 def map_terms(state: pl.DataFrame, settings: Settings) -> pl.DataFrame:
@@ -124,7 +74,7 @@ def map_terms(state: pl.DataFrame, settings: Settings) -> pl.DataFrame:
     keys = state.select("date", "stream")
     if isinstance(cal, Stacked):
         rows, layer = [], 0
-        for c, part in zip((cal.base, cal.top), cal._split(st, k), strict=True):
+        for c, part in zip((cal.base, cal.top), cal.split_state(st, k), strict=True):
             more = _cal_rows(c, part, keys, layer, k)
             rows += more
             layer += len(more)
@@ -142,7 +92,7 @@ def map_terms(state: pl.DataFrame, settings: Settings) -> pl.DataFrame:
 def _cal_rows(cal, st, keys: pl.DataFrame, layer: int, k: int) -> list[pl.DataFrame]:
     """The rows of one (non-stacked) calibrator's map from ``layer`` on, one frame per layer: a
     calibeating method takes two (its expert's map, then its forecast's bin), others one."""
-    if k == 2 and _form(cal) == "calibeat":
+    if k == 2 and cal.sql_form() == "calibeat":
         expert, table = cal.calibeat_map(st)
         n = keys.height
         first = _term_frame(
@@ -169,7 +119,7 @@ _TYPES = {c: pl.List(pl.Float64) for c in _LIST_COLUMNS} | {"in_layer": pl.Int32
 
 def _layer_rows(cal, st, keys: pl.DataFrame, layer: int, k: int = 2) -> pl.DataFrame:
     """The rows of one calibrator's map (one layer) for the streams of ``st`` (``keys``)."""
-    form = _form(cal, k)
+    form = cal.sql_form(k)
     if form == "brier":
         return _brier_rows(cal, st, keys, k, layer)
     if k > 2:
@@ -515,7 +465,7 @@ def _step_rows(cal, st, keys: pl.DataFrame, layer: int) -> pl.DataFrame:
     return pl.concat(parts, how="diagonal_relaxed") if parts else keys.clear()
 
 
-def _map_rows(state: pl.DataFrame, settings: Settings) -> pl.DataFrame:
+def map_rows(state: pl.DataFrame, settings: Settings) -> pl.DataFrame:
     """``calibration_map`` rows of state rows: :func:`map_terms` for the chains of the methods
     whose map has a SQL form (:func:`has_sql_map`); none for the others (serve them with
     serving_map(): a stack over composite-experts with input tables, K-class composite-experts
@@ -533,8 +483,8 @@ def map_days(con, start: dt.date, end: dt.date, settings: Settings) -> StageResu
     Rows for the binary methods with a SQL form (:func:`has_sql_map`, evaluated by the
     ``calibrate_score`` macros); for the others the partitions are left empty (use
     :func:`serving_map`)."""
-    start, end = _as_date(start), _as_date(end)
-    _require_chain(con, start, end, "calibration_map")
+    start, end = as_date(start), as_date(end)
+    require_chain(con, start, end, "calibration_map")
     fp = settings.fingerprint_for(stored_n_classes(con) or 2)
     res = StageResult(start, end, {"calibration_map": 0})
     for c0, c1 in day_range(start, end):
@@ -546,7 +496,7 @@ def map_days(con, start: dt.date, end: dt.date, settings: Settings) -> StageResu
                 f"calibrator_state of {r['date']} was written with config fingerprint "
                 f"{r['config_fingerprint']}, the map is asked for {fp}"
             )
-        terms = _map_rows(state, settings)
+        terms = map_rows(state, settings)
         store.replace_partitions(con, c0, c1, {"calibration_map": terms})
         res.rows["calibration_map"] += terms.height
     return res

@@ -1,11 +1,11 @@
 """Stage ``calibration_daily``: forecast quality of base vs protected per stream and day.
 
-Owns the table's rows (:func:`_daily_rows`: :func:`daily_metrics` of a day's protected rows plus
+Owns the table's rows (:func:`daily_rows`: :func:`daily_metrics` of a day's protected rows plus
 the end-of-day martingale and the alarm flag), which the stage (:func:`monitor_days`, from the
 stored rows) and the fused run (``calpipe/pipeline/tables.py``, from memory) both call. The
 metrics themselves are defined in :mod:`calpipe.metrics` (polars expressions and their grouped
 numpy forms, tested equal); rows are grouped by stream with the grouping kernel
-(:func:`_stream_groups`).
+(:func:`stream_groups`).
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ from calpipe.engine.contract import stream_ids
 from calpipe.engine.ordering import sort_by_keys
 from calpipe.kernels.grouping import dense_ids
 from calpipe.landing import part_sql
-from calpipe.pipeline.chain import _require_chain
+from calpipe.pipeline.chain import require_chain
 from calpipe.pipeline.classes import stored_n_classes
 from calpipe.pipeline.labels import Arrivals
-from calpipe.pipeline.settings import StageResult, _as_date
+from calpipe.pipeline.settings import StageResult, as_date
 from calpipe.pipeline.transactions import day_range
 
 
-def _stream_groups(frame: pl.DataFrame, keys: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+def stream_groups(frame: pl.DataFrame, keys: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     """(ids, first): a dense group id per row for its ``keys`` and the first row of each group,
     numbered in order of first appearance (:func:`calpipe.kernels.grouping.dense_ids`).
 
@@ -101,7 +101,7 @@ def daily_metrics(
     per-group sums in row order: the same rows in the same order give the same bits). Groups
     without labelled events get nulls. ``groups``: the caller's ``(ids, first)`` of the rows'
     groups, dense ids numbered in order of first appearance that split the rows as ``keys`` do
-    (:func:`_stream_groups` of ``scores`` by ``keys``, or by ``stream`` alone for rows of one
+    (:func:`stream_groups` of ``scores`` by ``keys``, or by ``stream`` alone for rows of one
     date). ``corp=False`` leaves the CORP columns out (their
     isotonic fits are a third of the cost; the arrival monitoring does not report them).
 
@@ -113,7 +113,7 @@ def daily_metrics(
     [('a', 2, 2, 0.065), ('b', 1, 0, None)]
     """
     keys = list(keys)
-    ids, first = _stream_groups(scores, keys) if groups is None else groups
+    ids, first = stream_groups(scores, keys) if groups is None else groups
     n_groups = first.shape[0]
     multiclass = "base_scores" in scores.columns
     if multiclass:
@@ -192,7 +192,7 @@ def _day_scores_sql(n_classes: int) -> str:
     )
 
 
-def _daily_rows(
+def daily_rows(
     scores: pl.DataFrame,
     state: pl.DataFrame,
     day: dt.date | None,
@@ -200,7 +200,7 @@ def _daily_rows(
 ) -> pl.DataFrame:
     """``calibration_daily`` rows of ``day``: :func:`daily_metrics` of the day's protected rows
     (``scores``) per stream, with the end-of-day martingale and its maximum to date from the
-    day's ``state`` rows, and the alarm flag. ``groups``: ``_stream_groups(scores, ["stream"])``.
+    day's ``state`` rows, and the alarm flag. ``groups``: ``stream_groups(scores, ["stream"])``.
 
     ``day=None``: the rows of several days at once, per (``event_date``, stream) of ``scores``,
     with each day's ``state`` rows (their ``date``): the same rows as day by day (a span of the
@@ -280,10 +280,10 @@ def _arrival_rows(con, start: dt.date, end: dt.date, state: pl.DataFrame) -> pl.
     end of the night (``state``: the nights' ``calibrator_state`` rows; every stream that learnt
     a label on a night has one). One query for the range: a night's rows do not depend on it."""
     s = "" if (stored_n_classes(con) or 2) == 2 else "s"
-    return _arrival_metrics(_arrived(con, start, end, s), state)
+    return arrival_metrics(_arrived(con, start, end, s), state)
 
 
-def _arrived_in_rows(protected: pl.DataFrame) -> pl.DataFrame:
+def arrived_in_rows(protected: pl.DataFrame) -> pl.DataFrame:
     """:data:`_ARRIVED_SQL`'s rows of nights without a label feed, from their ``protected_scores``
     rows in memory: each labelled event, learnt on its own night with delay 0, in the query's
     order (a span of the fused run: no query of the rows just written)."""
@@ -295,7 +295,7 @@ def _arrived_in_rows(protected: pl.DataFrame) -> pl.DataFrame:
     ).sort("date", "stream", "event_id")
 
 
-def _labelled_rows(protected: pl.DataFrame) -> pl.DataFrame:
+def labelled_rows(protected: pl.DataFrame) -> pl.DataFrame:
     """The labelled rows of a batch's ``protected_scores`` rows, in the columns
     :func:`_arrived_in_night` reads (the fused run keeps them for the night's arrivals)."""
     s = "s" if "base_scores" in protected.columns else ""
@@ -306,7 +306,7 @@ def _labelled_rows(protected: pl.DataFrame) -> pl.DataFrame:
 
 def _arrived_in_night(labelled: pl.DataFrame, arrivals: Arrivals) -> pl.DataFrame:
     """:data:`_ARRIVED_SQL`'s rows of one night of the fused run, from memory: the night's
-    labelled ``protected_scores`` rows (``labelled``, :func:`_labelled_rows`: the labels of the
+    labelled ``protected_scores`` rows (``labelled``, :func:`labelled_rows`: the labels of the
     scores rows, delay 0, and those the feed brought for the night's own events) and the feed's
     labels of earlier events with the forecasts looked up by their checks
     (:attr:`~calpipe.pipeline.labels.Arrivals.forecasts`); the same rows in the query's order,
@@ -346,7 +346,7 @@ def _arrived_in_night(labelled: pl.DataFrame, arrivals: Arrivals) -> pl.DataFram
     return arrived.select(pl.lit(day, pl.Date).alias("date"), *columns)
 
 
-def _arrival_metrics(arrived: pl.DataFrame, state: pl.DataFrame) -> pl.DataFrame:
+def arrival_metrics(arrived: pl.DataFrame, state: pl.DataFrame) -> pl.DataFrame:
     """:func:`_arrival_rows` of the arrived forecasts ``arrived`` (:data:`_ARRIVED_SQL`'s
     rows)."""
     if arrived.height == 0:
@@ -355,7 +355,7 @@ def _arrival_metrics(arrived: pl.DataFrame, state: pl.DataFrame) -> pl.DataFrame
     # one night (the fused run's): its streams are its groups (polars' categorical codes, not a
     # hash of every row's two keys); the same groups in the same order
     one_night = arrived["date"].n_unique() == 1
-    ids, first = _stream_groups(arrived, ["stream"] if one_night else list(keys))
+    ids, first = stream_groups(arrived, ["stream"] if one_night else list(keys))
     stats = daily_metrics(
         arrived.with_columns(pl.lit(0.0).alias("log10_martingale")), keys, corp=False,
         groups=(ids, first),
@@ -378,14 +378,14 @@ def _arrival_metrics(arrived: pl.DataFrame, state: pl.DataFrame) -> pl.DataFrame
     )
 
 
-def _night_arrival_rows(
+def night_arrival_rows(
     labelled: pl.DataFrame, arrivals: Arrivals, state: pl.DataFrame
 ) -> pl.DataFrame:
     """The ``calibration_arrivals`` rows of one night of the fused run, or of one part of its
-    streams (the rows are per stream): :func:`_arrival_metrics` of the forecasts the night's
+    streams (the rows are per stream): :func:`arrival_metrics` of the forecasts the night's
     labels judge (:func:`_arrived_in_night`), with the night's ``calibrator_state`` rows
     ``state``."""
-    return _arrival_metrics(_arrived_in_night(labelled, arrivals), state)
+    return arrival_metrics(_arrived_in_night(labelled, arrivals), state)
 
 
 #: The metrics of ``calibration_arrivals`` (those of ``calibration_daily`` over labelled rows).
@@ -404,10 +404,10 @@ def monitor_days(con, start: dt.date, end: dt.date) -> StageResult:
 
     One transaction per chunk of :data:`calpipe.config.CHUNK_DAYS` days, computed one day at a
     time from the day's stored protected rows (in their stored order: the engine's) by
-    :func:`_daily_rows`, the function the fused run calls on the same rows in memory, and
+    :func:`daily_rows`, the function the fused run calls on the same rows in memory, and
     :func:`_arrival_rows`, which both paths run on the stored rows."""
-    start, end = _as_date(start), _as_date(end)
-    _require_chain(con, start, end, "calibration_daily")
+    start, end = as_date(start), as_date(end)
+    require_chain(con, start, end, "calibration_daily")
     tables = ["calibration_daily", "calibration_arrivals"]
     res = StageResult(start, end, dict.fromkeys(tables, 0))
     day_sql = _day_scores_sql(stored_n_classes(con) or 2)
@@ -420,7 +420,7 @@ def monitor_days(con, start: dt.date, end: dt.date) -> StageResult:
             for d in store.iter_days(c0, c1):
                 scores = store.query(con, day_sql, [d])
                 state_d = state.filter(pl.col("date") == d)
-                writer.insert("calibration_daily", _daily_rows(scores, state_d, d))
+                writer.insert("calibration_daily", daily_rows(scores, state_d, d))
                 del scores
             writer.insert("calibration_arrivals", _arrival_rows(con, c0, c1, state))
         for t in tables:

@@ -22,13 +22,13 @@ from calpipe.engine.driver import protect_by_day
 from calpipe.errors import CalpipeError, InputError, StateError
 from calpipe.landing import stream_part
 from calpipe.pipeline.chain import (
-    _Chain,
-    _changed_streams,
-    _check_outputs,
-    _state_rows,
+    Chain,
     chain_first_day,
+    changed_streams,
+    check_outputs,
     state_before,
     state_hash_before,
+    state_rows,
 )
 from calpipe.pipeline.checks import (
     CheckOutcome,
@@ -44,14 +44,14 @@ from calpipe.pipeline.classes import (
     stored_n_classes,
 )
 from calpipe.pipeline.events import (
-    _BY,
-    _ORDER,
-    _event_schema,
-    _protect_input,
-    _read_source,
-    _source_error,
+    REPLAY_ORDER,
+    STREAM_KEYS,
     check_history_duplicates,
     check_stream_names,
+    event_schema,
+    protect_columns,
+    read_source,
+    source_error,
 )
 from calpipe.pipeline.ids import ensure_id_type
 from calpipe.pipeline.inputs import (
@@ -63,8 +63,8 @@ from calpipe.pipeline.inputs import (
     state_digests,
 )
 from calpipe.pipeline.labels import Arrivals, night_arrivals
-from calpipe.pipeline.monitoring import _labelled_rows, _night_arrival_rows
-from calpipe.pipeline.settings import Settings, _as_date
+from calpipe.pipeline.monitoring import labelled_rows, night_arrival_rows
+from calpipe.pipeline.settings import Settings, as_date
 from calpipe.pipeline.tables import (
     TABLES,
     FusedBatch,
@@ -73,7 +73,7 @@ from calpipe.pipeline.tables import (
     FusedSpan,
     write_fused,
 )
-from calpipe.pipeline.transactions import _write_days
+from calpipe.pipeline.transactions import write_days
 from calpipe.store import EventSource
 
 
@@ -111,7 +111,7 @@ def default_range(
 
 
 def _read_day(
-    con, source: EventSource, d: dt.date, last: dt.date, chain: _Chain, to: dt.date | None = None,
+    con, source: EventSource, d: dt.date, last: dt.date, chain: Chain, to: dt.date | None = None,
     part: tuple[int, int] | None = None,
 ) -> pl.DataFrame:  # fmt: skip
     """Day ``d``'s events (the days [d, to] with ``to``; of the streams of ``part``,
@@ -119,7 +119,7 @@ def _read_day(
     the stored history outside [d, last] (the writer has no INSERT pending when a day is read:
     the connection is free), their number of classes the database's (the first events of a new
     database set it, and the chain's)."""
-    chunk = _read_source(con, source, d, to or d, part)
+    chunk = read_source(con, source, d, to or d, part)
     _check_part(chunk["stream"], part, f"{source.describe()}, day {d}")
     if chunk.height:
         # the database's id type is settled by the first day with events (one catalog query a
@@ -133,7 +133,7 @@ def _read_day(
             ensure_n_classes(con, k, source, d)
             chain.use_classes(k)
     elif chain.n_classes != 2:  # a day without events, in the chain's form
-        chunk = pl.DataFrame(schema=_event_schema(chain.n_classes != 2))
+        chunk = pl.DataFrame(schema=event_schema(chain.n_classes != 2))
     check_history_duplicates(con, chunk, d, last, source)
     return chunk
 
@@ -265,7 +265,7 @@ class _DayEvents:
 def _run_day(
     writer: store.PartitionWriter,
     source: EventSource,
-    chain: _Chain,
+    chain: Chain,
     d: dt.date,
     parts: Iterator[_DayEvents],
     n_parts: int,
@@ -323,7 +323,7 @@ class _PartDone:
 def _run_part(
     writer: store.PartitionWriter,
     source: EventSource,
-    chain: _Chain,
+    chain: Chain,
     d: dt.date,
     part: _DayEvents,
     before: pl.DataFrame | None,
@@ -344,11 +344,11 @@ def _run_part(
     chunk, arrivals = part.take()
     arrivals = arrivals or Arrivals.empty(d)
     check_stream_names(chunk, source)
-    stored = _event_schema(chain.n_classes != 2)
+    stored = event_schema(chain.n_classes != 2)
     early = dict(chunk.schema) == {**stored, "event_id": chunk.schema["event_id"]} and (
         chunk.schema["event_id"] in (pl.Int64, pl.String)
     )
-    protect_input = _protect_input(chain.n_classes)
+    protect_input = protect_columns(chain.n_classes)
     write_fused(writer, "night", arrivals)  # DuckDB writes the labels while the engine runs
     k, batches = _stream_batches(chunk)
     late = arrivals.late
@@ -367,26 +367,26 @@ def _run_part(
         try:
             batch.result = chain.protect(events.select(protect_input), state, arrivals, late_i)
         except InputError as exc:
-            raise _source_error(exc, source, events) from None
-        _check_outputs(batch.result.scores, d)  # before the day's transaction commits
+            raise source_error(exc, source, events) from None
+        check_outputs(batch.result.scores, d)  # before the day's transaction commits
         if not early:
             write_fused(writer, "events", batch)
         write_fused(writer, "batch", batch)
         parts.append(batch.result.state)
-        labelled.append(_labelled_rows(batch.protected))
+        labelled.append(labelled_rows(batch.protected))
         streams.append(batch.protected["stream"].gather(batch.groups[1]))  # the batch's streams
         n_active += batch.groups[1].shape[0]
         del events, batch  # free the batch before the next one
     n_events = chunk.height
     del chunk, batches  # (taken from the part: the part's events are freed)
     state = parts[0] if k == 1 else pl.concat(parts).sort("stream")
-    rows = _state_rows(state, d, _changed_streams(pl.concat(streams), arrivals))
-    arrival_rows = _night_arrival_rows(pl.concat(labelled), arrivals, rows)
+    rows = state_rows(state, d, changed_streams(pl.concat(streams), arrivals))
+    arrival_rows = night_arrival_rows(pl.concat(labelled), arrivals, rows)
     return _PartDone(state, rows, arrival_rows, n_events, n_active, arrivals.rows.height)
 
 
 def _span_events(
-    con, source: EventSource, chain: _Chain, d: dt.date, e: dt.date, first: pl.DataFrame,
+    con, source: EventSource, chain: Chain, d: dt.date, e: dt.date, first: pl.DataFrame,
     last: dt.date, inputs: pl.DataFrame,
 ) -> pl.DataFrame | None:  # fmt: skip
     """The events of the days [d, e] (``first``: day d's, read by :func:`_read_day`), checked as
@@ -414,7 +414,7 @@ def _span_events(
 
 
 def _run_span(
-    writer: store.PartitionWriter, con, source: EventSource, settings: Settings, chain: _Chain,
+    writer: store.PartitionWriter, con, source: EventSource, settings: Settings, chain: Chain,
     d: dt.date, e: dt.date, first: pl.DataFrame, last: dt.date, inputs: pl.DataFrame,
 ) -> tuple[FusedDays, list[tuple[dt.date, int]]] | None:  # fmt: skip
     """The days [d, e] of :func:`run_range` as one span: one read of their events, one
@@ -430,11 +430,11 @@ def _run_span(
             return None
         col = score_column(chain.n_classes)
         result = protect_by_day(
-            chunk.select(*_protect_input(chain.n_classes), "event_date"), day="event_date",
-            **{col: col}, label="label", by=_BY, order_by=_ORDER,
-            method=settings.method, state=chain.state, **settings.kwargs,
+            chunk.select(*protect_columns(chain.n_classes), "event_date"), day="event_date",
+            **{col: col}, label="label", by=STREAM_KEYS, order_by=REPLAY_ORDER,
+            method=chain.cal, state=chain.state,
         )  # fmt: skip
-        _check_outputs(result.scores, d)
+        check_outputs(result.scores, d)
     except CalpipeError:
         return None
     rows = result.states  # by day, then stream: each day's rows are a slice
@@ -500,7 +500,7 @@ def run_range(
     :func:`load_events`, :func:`protect_days`, :func:`monitor_days`, :func:`alarm_days` and
     :func:`map_days`, what the dagster assets run) one after the other, with the same functions
     on the same rows, each stream's rows in the same order, but one day at a time from memory
-    (:func:`_run_day`), every table of a day in one transaction (:func:`_write_days`):
+    (:func:`_run_day`), every table of a day in one transaction (:func:`write_days`):
     a day is read from the source once, validated once and never read back; memory is bounded
     by a batch of streams plus the day's events (a night of more than
     :data:`calpipe.config.NIGHT_PART_ROWS` scores or labels is read, checked and protected in
@@ -539,15 +539,15 @@ def run_range(
         if rng is None:
             return RunSummary(None, None, 0, 0)
         end = rng[1]
-    start, end = _as_date(start), _as_date(end)
+    start, end = as_date(start), as_date(end)
     if end < start:
         return RunSummary(None, None, 0, 0)
-    first = _as_date(first_day or chain_first_day(con) or start)
+    first = as_date(first_day or chain_first_day(con) or start)
     if inputs is None:
         inputs = run_inputs(con, source, labels, start, end)
     if labels is not None:
         store.set_meta(con, labels=labels.location)
-    chain = _Chain(
+    chain = Chain(
         settings, first, state_before(con, start, settings, first), state_hash_before(con, start),
         stored_n_classes(con),
     )  # fmt: skip
@@ -620,7 +620,7 @@ def run_range(
     if progress is not None:
         progress.start((end - start).days + 1)
     try:
-        rows = _write_days(
+        rows = write_days(
             con, start, end, list(TABLES),
             read, write, background=True, finish=finish, span=span,
         )  # fmt: skip

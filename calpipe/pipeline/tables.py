@@ -20,17 +20,17 @@ of all its days at once from a :class:`FusedDays`, with the same functions (test
 ======================  ==========================  ===========================  =============
 table                   stage                       rows (both paths)            fused phase
 ======================  ==========================  ===========================  =============
-``scored_events``       ``load_events``             ``_stored_events``           events
-``protected_scores``    ``protect_days``            ``_protected_rows``          batch
-``calibrator_state``    ``protect_days``            ``_state_rows``              day
-``pipeline_days``       ``protect_days``            ``_Chain.day_row``           day
-``calibration_daily``   ``monitor_days``            ``_daily_rows``              batch
-``calibration_arrivals``  ``monitor_days``          ``_arrival_metrics``         day
-``martingale_alarms``   ``alarm_days``              ``_first_crossings``         batch
-``calibration_map``     ``map_days``                ``_map_rows``                transaction
+``scored_events``       ``load_events``             ``stored_events``           events
+``protected_scores``    ``protect_days``            ``protected_rows``          batch
+``calibrator_state``    ``protect_days``            ``state_rows``              day
+``pipeline_days``       ``protect_days``            ``Chain.day_row``           day
+``calibration_daily``   ``monitor_days``            ``daily_rows``              batch
+``calibration_arrivals``  ``monitor_days``          ``arrival_metrics``         day
+``martingale_alarms``   ``alarm_days``              ``first_crossings``         batch
+``calibration_map``     ``map_days``                ``map_rows``                transaction
 ``pipeline_inputs``     ``load_events``             ``day_inputs``               day
-``event_labels``        ``load_events``             ``_label_rows``              night
-``quarantined_labels``  ``load_events``             ``_quarantine_rows``         night
+``event_labels``        ``load_events``             ``label_rows``              night
+``quarantined_labels``  ``load_events``             ``quarantine_rows``         night
 ======================  ==========================  ===========================  =============
 """
 
@@ -51,18 +51,18 @@ from calpipe import paths, store
 from calpipe.calibrators import Calibrator
 from calpipe.engine import ProtectResult
 from calpipe.engine.driver import DaysResult
-from calpipe.pipeline.alarms import _first_crossings, alarm_days
-from calpipe.pipeline.chain import _protected_rows, protect_days
-from calpipe.pipeline.events import _stored_events, load_events
+from calpipe.pipeline.alarms import alarm_days, first_crossings
+from calpipe.pipeline.chain import protect_days, protected_rows
+from calpipe.pipeline.events import load_events, stored_events
 from calpipe.pipeline.inputs import day_inputs
-from calpipe.pipeline.labels import Arrivals, _label_rows, _quarantine_rows
-from calpipe.pipeline.mapping import _map_rows, map_days
+from calpipe.pipeline.labels import Arrivals, label_rows, quarantine_rows
+from calpipe.pipeline.mapping import map_days, map_rows
 from calpipe.pipeline.monitoring import (
-    _arrival_metrics,
-    _arrived_in_rows,
-    _daily_rows,
-    _stream_groups,
+    arrival_metrics,
+    arrived_in_rows,
+    daily_rows,
     monitor_days,
+    stream_groups,
 )
 from calpipe.pipeline.settings import Settings, StageResult
 
@@ -98,12 +98,12 @@ class FusedBatch:
     @cached_property
     def protected(self) -> pl.DataFrame:
         """The batch's ``protected_scores`` rows (the monitoring reads them too)."""
-        return _protected_rows(self.cal, self.result.scores, self.day)
+        return protected_rows(self.cal, self.result.scores, self.day)
 
     @cached_property
     def groups(self) -> tuple[np.ndarray, np.ndarray]:
         """Stream ids of the engine's output rows (= of :attr:`protected`'s, same order)."""
-        return _stream_groups(self.protected, ["stream"])
+        return stream_groups(self.protected, ["stream"])
 
 
 @dataclass
@@ -120,7 +120,7 @@ class FusedDay:
     inputs: pl.DataFrame
     #: the ``calibration_arrivals`` rows of the forecasts whose labels the night learnt, computed
     #: part by part of the night's streams (:func:`~calpipe.pipeline.monitoring.
-    #: _night_arrival_rows`: the forecasts of a part are freed with it)
+    #: night_arrival_rows`: the forecasts of a part are freed with it)
     arrival_rows: pl.DataFrame
 
 
@@ -151,11 +151,11 @@ class FusedDays:
     @cached_property
     def protected(self) -> pl.DataFrame:
         """The span's ``protected_scores`` rows (the monitoring reads them too)."""
-        return _protected_rows(self.cal, self.result.scores, None)
+        return protected_rows(self.cal, self.result.scores, None)
 
 
 def _fused_events(b: FusedBatch) -> pl.DataFrame:
-    return _stored_events(b.events)
+    return stored_events(b.events)
 
 
 def _fused_protected(b: FusedBatch) -> pl.DataFrame:
@@ -175,23 +175,23 @@ def _fused_inputs(d: FusedDay) -> pl.DataFrame:
 
 
 def _fused_labels(a: Arrivals) -> pl.DataFrame:
-    return _label_rows(a)
+    return label_rows(a)
 
 
 def _fused_quarantine(a: Arrivals) -> pl.DataFrame:
-    return _quarantine_rows(a)
+    return quarantine_rows(a)
 
 
 def _fused_daily(b: FusedBatch) -> pl.DataFrame:
-    return _daily_rows(b.protected, b.result.state, b.day, b.groups)
+    return daily_rows(b.protected, b.result.state, b.day, b.groups)
 
 
 def _fused_alarms(b: FusedBatch) -> pl.DataFrame:
-    return _first_crossings(b.result.scores, b.before, b.day, b.groups)
+    return first_crossings(b.result.scores, b.before, b.day, b.groups)
 
 
 def _fused_map(s: FusedSpan) -> pl.DataFrame:
-    return _map_rows(s.states, s.settings)
+    return map_rows(s.states, s.settings)
 
 
 def _fused_arrivals(d: FusedDay) -> pl.DataFrame:
@@ -199,7 +199,7 @@ def _fused_arrivals(d: FusedDay) -> pl.DataFrame:
 
 
 def _span_events(s: FusedDays) -> pl.DataFrame:
-    return _stored_events(s.events)
+    return stored_events(s.events)
 
 
 def _span_protected(s: FusedDays) -> pl.DataFrame:
@@ -224,15 +224,15 @@ def _span_no_labels(s: FusedDays) -> pl.DataFrame:
 
 
 def _span_daily(s: FusedDays) -> pl.DataFrame:
-    return _daily_rows(s.protected, s.result.states, None)
+    return daily_rows(s.protected, s.result.states, None)
 
 
 def _span_alarms(s: FusedDays) -> pl.DataFrame:
-    return _first_crossings(s.result.scores, s.before, None)
+    return first_crossings(s.result.scores, s.before, None)
 
 
 def _span_arrivals(s: FusedDays) -> pl.DataFrame:
-    return _arrival_metrics(_arrived_in_rows(s.protected), s.result.states)
+    return arrival_metrics(arrived_in_rows(s.protected), s.result.states)
 
 
 @dataclass(frozen=True)

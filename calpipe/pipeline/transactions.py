@@ -1,7 +1,7 @@
 """Transactions of whole days: how every stage and ``calpipe run`` replace partitions.
 
 :func:`day_range` cuts a range into chunks of at most :data:`calpipe.config.CHUNK_DAYS` days (the
-stages vectorized over a chunk); :func:`_write_days` replaces the partitions of a range day by day
+stages vectorized over a chunk); :func:`write_days` replaces the partitions of a range day by day
 in transactions of whole consecutive days, sized by :data:`calpipe.config.TRANSACTION_ROWS`
 events, so that a crash leaves whole days and memory is bounded by a day, not by the range.
 """
@@ -39,7 +39,7 @@ _NO_DAY = pl.DataFrame()
 READ_BACK = ("scored_events", "event_labels", "protected_scores")
 
 
-def _write_days(
+def write_days(
     con,
     start: dt.date,
     end: dt.date,

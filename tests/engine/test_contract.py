@@ -12,8 +12,8 @@ import polars as pl
 import pytest
 
 import calpipe
-from calpipe.engine import contract
 from calpipe.calibrators import make_calibrator
+from calpipe.engine import contract
 from calpipe.errors import InputError
 
 T0 = dt.datetime(2024, 1, 1)

@@ -518,3 +518,25 @@ def test_state_counts_events_labels_and_tracks_the_martingale():
         assert row["config_fingerprint"] == calpipe.make_calibrator("composite-jumper").fingerprint(
             2
         )
+
+
+def test_a_calibrator_object_runs_as_its_name_and_parameters(make_events):
+    """``method`` may be a calibrator already built: the same rows and state as the name and
+    its parameters (a nightly chain builds its calibrator once and hands the object on)."""
+    ev = make_events(3, n_events=60)
+    cal = calpipe.make_calibrator("composite-jumper", pi=0.25)
+    by_name = calpipe.protect_with_state(ev, method="composite-jumper", pi=0.25)
+    by_object = calpipe.protect_with_state(ev, method=cal)
+    assert_frame_equal(by_object.scores, by_name.scores)
+    assert_frame_equal(by_object.state, by_name.state)
+    again = calpipe.protect_with_state(ev, method=cal)  # the object is not used up by a call
+    assert_frame_equal(again.scores, by_name.scores)
+
+
+def test_a_calibrator_object_with_parameters_is_refused(make_events):
+    ev = make_events(3, n_events=10)
+    cal = calpipe.make_calibrator("composite-jumper")
+    with pytest.raises(calpipe.ParameterError, match=r"calibrator object .*\['pi'\]"):
+        calpipe.protect_with_state(ev, method=cal, pi=0.25)
+    with pytest.raises(calpipe.ParameterError, match=r"\['base_method'\]"):
+        calpipe.protect(ev, method=cal, base_method="platt")

@@ -29,7 +29,7 @@ from sklearn.isotonic import IsotonicRegression
 
 from calpipe import config
 from calpipe.kernels import isotonic as K
-from calpipe.kernels._prediction import Prediction
+from calpipe.kernels.prediction import Prediction
 from tests import naive_isotonic as N
 
 ATOL = 1e-12

@@ -185,3 +185,31 @@ def test_a_bad_day_inside_a_span_is_reported_as_day_by_day(tmp_path, events, spy
     message, n_events, n_days = with_spans
     assert re.search(rule, message), message
     assert n_events == 0 and n_days == 0  # one transaction: nothing of it is written
+
+
+def test_a_run_builds_its_calibrator_once(tmp_path, events, monkeypatch):
+    """One calibrator per run, handed as an object to every engine call: a 4-day run built
+    the same CompositeExperts five times (Settings.make, the chain, the span driver and twice
+    for the serving map) when each layer made its own from the method's name."""
+    from calpipe.calibrators import registry
+
+    built = []
+    make = registry.make_calibrator
+
+    def counting(*a, **kw):
+        built.append(a[0] if a else kw.get("method"))
+        return make(*a, **kw)
+
+    for module in ("calpipe.pipeline.settings", "calpipe.engine.driver"):
+        monkeypatch.setattr(f"{module}.make_calibrator", counting)
+    store.write_landing(events.filter(pl.col("event_time").dt.date() <= day(3)), tmp_path / "l")
+    con = store.connect(tmp_path / "db.duckdb")
+    try:
+        for spans in (True, False):
+            built.clear()
+            settings = Settings.make("composite-experts")
+            pipeline.run_range(con, store.EventSource.parse(str(tmp_path / "l")), day(0), day(3),
+                               settings, first_day=START, spans=spans)  # fmt: skip
+            assert built == ["composite-experts"], (spans, built)
+    finally:
+        con.close()

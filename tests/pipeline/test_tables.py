@@ -174,7 +174,7 @@ def test_a_run_without_a_label_feed_writes_every_table_with_its_span_writer(land
 
 
 def test_the_alarm_stage_in_chunks_equals_the_fused_rows(landing, monkeypatch):
-    """alarm_days computes each day with _first_crossings from the stored rows, as the fused run
+    """alarm_days computes each day with first_crossings from the stored rows, as the fused run
     does from memory; chunks of two days (a crossing day's state in another chunk) change
     nothing."""
     source, tmp = landing
