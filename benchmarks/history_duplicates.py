@@ -24,7 +24,7 @@ import polars as pl
 
 from benchmarks.pipeline import day_events
 from benchmarks.quality import cpu_model
-from calpipe import pipeline, store
+from calpipe import pipeline, storage
 from calpipe.pipeline.events import check_history_duplicates
 
 
@@ -38,9 +38,9 @@ def measure(per_day: int, days: int, shuffled: bool) -> dict:
         ids = np.random.default_rng(0).permutation((days + 1) * per_day)
         frames = [f.with_columns(pl.Series("event_id", ids[i * per_day : (i + 1) * per_day]))
                   for i, f in enumerate(frames)]  # fmt: skip
-    store.write_landing(pl.concat(frames), tmp / "landing")
-    source = store.EventSource.parse(str(tmp / "landing"))
-    con = store.connect(tmp / "db.duckdb")
+    storage.write_landing(pl.concat(frames), tmp / "landing")
+    source = storage.EventSource.parse(str(tmp / "landing"))
+    con = storage.connect(tmp / "db.duckdb")
     last = start + dt.timedelta(days=days)
     pipeline.run_range(con, source, start, last - dt.timedelta(days=1))
     t0 = time.perf_counter()

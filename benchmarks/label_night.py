@@ -93,25 +93,25 @@ def _labels(events, arrival_days: np.ndarray, seed: int):
 
 def prepare(root: Path, size: str) -> dict:
     """Landing folders and the database holding the day before the night."""
-    from calpipe import pipeline, store
+    from calpipe import pipeline, storage
 
     n, nights, per_night = SIZES[size]
     n_streams = max(100, n // 1000)
     prev, night = DAY0, DAY0 + dt.timedelta(days=1)
     ev_prev = _scores(n, n_streams, prev, SEED)
-    store.write_landing(ev_prev, root / "landing")
+    storage.write_landing(ev_prev, root / "landing")
     for method in (TARGET_METHOD, DEFAULT_METHOD):
-        con = store.connect(root / f"history-{method}.duckdb")
-        pipeline.run_range(con, store.EventSource.parse(str(root / "landing")),
+        con = storage.connect(root / f"history-{method}.duckdb")
+        pipeline.run_range(con, storage.EventSource.parse(str(root / "landing")),
                            settings=pipeline.Settings.make(method))  # fmt: skip
         con.close()
     # the night lands beside the stored day (as a nightly landing folder grows); a copy alone
     # for DuckDB's load and the Arrow size
     tonight = _scores(n, n_streams, night, SEED + 1)
-    store.write_landing(tonight, root / "landing")
-    store.write_landing(tonight, root / "night")
+    storage.write_landing(tonight, root / "landing")
+    storage.write_landing(tonight, root / "night")
     arrive = np.full(n, np.datetime64(night.isoformat()))
-    store.write_landing(_labels(ev_prev, arrive, SEED + 2), root / "night_labels",
+    storage.write_landing(_labels(ev_prev, arrive, SEED + 2), root / "night_labels",
                         time_column="label_time")  # fmt: skip
     # the chain: nights of per_night scores, 70 % labelled the same night, 30 % 1-30 days late
     rng = np.random.default_rng(SEED + 3)
@@ -124,11 +124,11 @@ def prepare(root: Path, size: str) -> dict:
         arrive = np.datetime64(d.isoformat()) + delay.astype("timedelta64[D]")
         keep = arrive < np.datetime64((DAY0 + dt.timedelta(days=nights)).isoformat())
         lab = _labels(ev, arrive, SEED + 100 + i).filter(keep)
-        store.write_landing(ev, root / "chain")
-        store.write_landing(lab, root / "chain_labels", time_column="label_time")
+        storage.write_landing(ev, root / "chain")
+        storage.write_landing(lab, root / "chain_labels", time_column="label_time")
         if i == 0:  # one night of the chain's size, alone
-            store.write_landing(ev, root / "one")
-            store.write_landing(lab.filter(lab["label_time"].dt.date() == d),
+            storage.write_landing(ev, root / "one")
+            storage.write_landing(lab.filter(lab["label_time"].dt.date() == d),
                                 root / "one_labels", time_column="label_time")  # fmt: skip
     return {"events": n, "streams": n_streams, "nights": nights, "per_night": per_night}
 
@@ -156,7 +156,7 @@ def child(spec: dict) -> dict:
             for f in (root / name).glob("date=*/*.parquet")
         )
         return {"arrow_mib": size / 2**20}
-    from calpipe import pipeline, store
+    from calpipe import pipeline, storage
     from calpipe.pipeline.labels import label_source
 
     method = spec["method"]
@@ -172,8 +172,8 @@ def child(spec: dict) -> dict:
     if kind == "history":  # the chain but its last night (not measured)
         end = DAY0 + dt.timedelta(days=spec["nights"] - 2)
     t0, c0 = time.perf_counter(), time.process_time()
-    con = store.connect(root / db)
-    s = pipeline.run_range(con, store.EventSource.parse(str(root / events)),
+    con = storage.connect(root / db)
+    s = pipeline.run_range(con, storage.EventSource.parse(str(root / events)),
                            end=end, settings=pipeline.Settings.make(method),
                            labels=label_source(str(root / labels)))  # fmt: skip
     con.close()

@@ -80,11 +80,11 @@ def day_events(n: int, n_streams: int, day: dt.date, seed: int):
 
 
 def write_days(root: Path, per_day: int, n_streams: int, n_days: int) -> Path:
-    from calpipe import store
+    from calpipe import storage
 
     for i in range(n_days):
         d = DAY0 + dt.timedelta(days=i)
-        store.write_landing(day_events(per_day, n_streams, d, SEED + i), root)
+        storage.write_landing(day_events(per_day, n_streams, d, SEED + i), root)
     return root
 
 
@@ -111,7 +111,7 @@ def warm_up(method: str) -> None:
     import polars as pl
 
     import calpipe
-    from calpipe import config, pipeline, store  # noqa: F401
+    from calpipe import config, pipeline, storage  # noqa: F401
 
     calpipe.protect(
         pl.DataFrame(
@@ -137,11 +137,11 @@ def child(spec: dict) -> dict:
         rows = con.sql("SELECT count(*) FROM t").fetchall()[0][0]
         con.close()
     elif kind == "calpipe_run":
-        from calpipe import pipeline, store
+        from calpipe import pipeline, storage
 
-        con = store.connect(db)
+        con = storage.connect(db)
         s = pipeline.run_range(
-            con, store.EventSource.parse(landing), settings=pipeline.Settings.make(method)
+            con, storage.EventSource.parse(landing), settings=pipeline.Settings.make(method)
         )
         rows = s.events
         con.close()

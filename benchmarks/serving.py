@@ -63,7 +63,7 @@ def _with_vectors(events, seed: int):
 def measure(size_name: str, repeat: int) -> Table:
     import polars as pl
 
-    from calpipe import store
+    from calpipe import storage
     from calpipe.pipeline import Settings, run_range
 
     n_set, n_row, n_days = SIZES[size_name]
@@ -75,8 +75,8 @@ def measure(size_name: str, repeat: int) -> Table:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         events = demo_days(tmp, n_days)
-        store.write_landing(events, tmp / "landing")
-        store.write_landing(_with_vectors(events, SEED), tmp / "landing_k")
+        storage.write_landing(events, tmp / "landing")
+        storage.write_landing(_with_vectors(events, SEED), tmp / "landing_k")
         streams = sorted(events["stream"].unique().to_list())
         rng = np.random.default_rng(SEED)
         fresh = {
@@ -91,12 +91,12 @@ def measure(size_name: str, repeat: int) -> Table:
         }  # fmt: skip
         for k, method, params in METHODS:
             binary = k == 2
-            con = store.connect(tmp / f"{method}-{k}.duckdb")
+            con = storage.connect(tmp / f"{method}-{k}.duckdb")
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     landing = tmp / ("landing" if binary else "landing_k")
-                    run_range(con, store.EventSource.parse(str(landing)),
+                    run_range(con, storage.EventSource.parse(str(landing)),
                               settings=Settings.make(method, **params))  # fmt: skip
                 con.register("fresh_frame", fresh[k].to_arrow())
                 con.execute("CREATE TEMP TABLE fresh AS SELECT * FROM fresh_frame")
@@ -104,7 +104,7 @@ def measure(size_name: str, repeat: int) -> Table:
                 # with a stream column fails inside DuckDB 2.0, README "A table of scores")
                 con.execute("CREATE TEMP TABLE fresh_slice AS SELECT * FROM fresh "
                             "WHERE ? OR stream = ? LIMIT ?", [binary, streams[0], n_row])  # fmt: skip
-                per_stream = store.query(
+                per_stream = storage.query(
                     con,
                     "SELECT count(*) / count(DISTINCT stream) AS n FROM v_latest_calibration_map",
                 )["n"][0]

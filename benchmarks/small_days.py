@@ -39,7 +39,7 @@ def demo_days(folder: Path, n_days: int | None):
 
 
 def measure(size_name: str, repeat: int) -> Table:
-    from calpipe import store
+    from calpipe import storage
     from calpipe.pipeline import Settings, run_range
 
     tab = Table(
@@ -50,13 +50,13 @@ def measure(size_name: str, repeat: int) -> Table:
         tmp = Path(tmp)
         n_days = DAYS[size_name]
         events = demo_days(tmp, n_days)
-        store.write_landing(events, tmp / "landing")
-        source = store.EventSource.parse(str(tmp / "landing"))
+        storage.write_landing(events, tmp / "landing")
+        source = storage.EventSource.parse(str(tmp / "landing"))
         times = {}
         for spans in (True, False):
             best = float("inf")
             for r in range(max(repeat, 1)):
-                con = store.connect(tmp / f"db_{spans}_{r}.duckdb")
+                con = storage.connect(tmp / f"db_{spans}_{r}.duckdb")
                 try:
                     with warnings.catch_warnings():
                         warnings.simplefilter("ignore")

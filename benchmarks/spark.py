@@ -105,26 +105,26 @@ def _spark_process(
 
 
 def run(size: str) -> str:
-    from calpipe import pipeline, store
+    from calpipe import pipeline, storage
 
     n, streams = SIZES[size]
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         landing, warm = tmp / "landing", tmp / "warm"
-        store.write_landing(day_events(n, streams, DAY, 1), landing)
-        store.write_landing(day_events(10_000, 100, DAY, 2), warm)
+        storage.write_landing(day_events(n, streams, DAY, 1), landing)
+        storage.write_landing(day_events(10_000, 100, DAY, 2), warm)
         # single process: calpipe run on the same landing folder (warm-up night first)
-        con = store.connect(tmp / "warm.duckdb")
-        pipeline.run_range(con, store.EventSource.parse(str(warm)),
+        con = storage.connect(tmp / "warm.duckdb")
+        pipeline.run_range(con, storage.EventSource.parse(str(warm)),
                            settings=pipeline.Settings.make(METHOD))  # fmt: skip
         con.close()
         reps = REPEATS[size]
         one = float("inf")
         for i in range(reps):  # a fresh database each time: every run is a whole first night
-            con = store.connect(tmp / f"one{i}.duckdb")
+            con = storage.connect(tmp / f"one{i}.duckdb")
             t = time.perf_counter()
-            pipeline.run_range(con, store.EventSource.parse(str(landing)),
+            pipeline.run_range(con, storage.EventSource.parse(str(landing)),
                                settings=pipeline.Settings.make(METHOD))  # fmt: skip
             one = min(one, time.perf_counter() - t)
             con.close()

@@ -281,7 +281,7 @@ DEFAULT_RRIR_MIN_REGION_SIZE: int = 1
 DEFAULT_RRIR_MAX_CANDIDATES: int = 512
 
 
-# --- The store and the nightly run's memory (store.py, pipeline/; BENCHMARKS.md items 5-6) ---
+# --- The store and the nightly run's memory (storage.py, pipeline/; BENCHMARKS.md items 5-6) ---
 #: A partition writer sends a table's buffered rows to DuckDB once it holds this many: small
 #: days (the demo's) are inserted a chunk at a time (a few INSERTs, not one per day and table),
 #: while a big day is inserted at once and freed, so memory stays bounded by about a day.
@@ -294,7 +294,7 @@ PROTECT_BATCH_ROWS: int = 2_000_000
 
 #: The nightly run reads, checks and protects a night of more scores or more labels than this
 #: in parts of whole streams of about this many of each (each part's rows chosen by DuckDB as it
-#: reads the files: calpipe.landing.part_where), so memory is bounded by a part, not by the
+#: reads the files: calpipe.storage.landing.part_where), so memory is bounded by a part, not by the
 #: night: a protect batch of events and as many labels.
 NIGHT_PART_ROWS: int = PROTECT_BATCH_ROWS
 

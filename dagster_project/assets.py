@@ -29,7 +29,7 @@ from dagster import (
 )
 from dagster_duckdb import DuckDBResource
 
-from calpipe import config, pipeline, plots
+from calpipe import config, pipeline, plots, storage
 
 from .checks import alarm_checks, protect_checks, to_result
 from .partitions import first_day_of, partition_range
@@ -272,7 +272,7 @@ def _build_assets(partitions_def: DailyPartitionsDefinition) -> list:
         start, end = partition_range(context)
         with calpipe_connection(duckdb) as con:
             res = pipeline.alarm_days(con, start, end)
-            new = pipeline.store.read_partitions(con, "martingale_alarms", start, end)
+            new = storage.read_partitions(con, "martingale_alarms", start, end)
             outcome = pipeline.check_alarms(con, start, end)
         context.log.info(
             f"martingale_alarms {start}..{end}: {res.rows['martingale_alarms']} new alarm(s)"

@@ -23,7 +23,7 @@ from pathlib import Path
 from dagster import Definitions, in_process_executor
 from dagster_duckdb import DuckDBResource
 
-from calpipe import paths, pipeline, store
+from calpipe import paths, pipeline, storage
 
 from .assets import build_assets
 from .partitions import daily_partitions
@@ -42,7 +42,7 @@ def build_definitions(
     labels: str = "",
     spark_out: str = "",
     spark_master: str = "local[*]",
-    columns: store.ColumnMap | None = None,
+    columns: storage.ColumnMap | None = None,
 ) -> Definitions:
     """Definitions over one DuckDB file and one event source (tests build their own); with
     ``spark_out``, also the Spark assets (``dagster_project/spark_assets.py``) over the same
@@ -58,7 +58,7 @@ def build_definitions(
             settings_json=settings.to_json(),
             plots_dir=plots_dir,
             labels=labels,
-            columns_json=(columns or store.ColumnMap()).to_json(),
+            columns_json=(columns or storage.ColumnMap()).to_json(),
         ),
     }
     if spark_out:
@@ -100,7 +100,7 @@ def defs_from_env() -> Definitions:
         raise ValueError("CALPIPE_START_DATE must be a date (the chain's first day), not none")
     labels = os.environ.get("CALPIPE_LABELS", "")
     columns_json = os.environ.get("CALPIPE_COLUMNS")
-    columns = store.ColumnMap.from_json(columns_json) if columns_json else None
+    columns = storage.ColumnMap.from_json(columns_json) if columns_json else None
     return build_definitions(
         db, events, first, last, settings, labels=labels, columns=columns,
         spark_out=os.environ.get("CALPIPE_SPARK_OUT", ""),

@@ -9,7 +9,7 @@ from dagster import ConfigurableResource
 from dagster_duckdb import DuckDBResource
 from pydantic import Field
 
-from calpipe import store
+from calpipe import storage
 from calpipe.pipeline import Settings
 from calpipe.pipeline.labels import label_source
 
@@ -38,15 +38,17 @@ class CalpipeResource(ConfigurableResource):
     )
 
     columns_json: str = Field(
-        default=store.ColumnMap().to_json(),
+        default=storage.ColumnMap().to_json(),
         description="names of the data-contract columns in the source, as JSON: stream "
         "(null = one stream), event_id, event_time, score, label (calpipe run --stream-col ...)",
     )
 
-    def source(self) -> store.EventSource:
-        return store.EventSource.parse(self.events, store.ColumnMap.from_json(self.columns_json))
+    def source(self) -> storage.EventSource:
+        return storage.EventSource.parse(
+            self.events, storage.ColumnMap.from_json(self.columns_json)
+        )
 
-    def label_feed(self) -> store.EventSource | None:
+    def label_feed(self) -> storage.EventSource | None:
         return label_source(self.labels) if self.labels else None
 
     def settings(self) -> Settings:
@@ -62,8 +64,8 @@ def calpipe_connection(duckdb: DuckDBResource) -> Iterator:
     """
     with duckdb.get_connection() as con:
         try:
-            store.configure_session(con)
-            store.install_sql(con)
+            storage.configure_session(con)
+            storage.install_sql(con)
             yield con
         finally:
             con.close()

@@ -40,7 +40,7 @@ from dagster._core.storage.tags import (
 )
 from dagster_duckdb import DuckDBResource
 
-from calpipe import config, pipeline, store
+from calpipe import config, pipeline, storage
 from calpipe.errors import StoreError
 
 from .resources import CalpipeResource
@@ -66,9 +66,9 @@ def build_landing_sensor(job, partitions_def):
             return SkipReason("no partition yet")
         last_partition = dt.date.fromisoformat(keys[-1])
         if not Path(duckdb.database).exists():  # a first night: the database starts here
-            store.connect(duckdb.database, lock_wait=0).close()
+            storage.connect(duckdb.database, lock_wait=0).close()
         try:  # lock_wait=0: a run writing the database now is the next tick's business
-            con = store.connect(duckdb.database, read_only=True, lock_wait=0)
+            con = storage.connect(duckdb.database, read_only=True, lock_wait=0)
         except StoreError as exc:
             return SkipReason(f"database busy: {exc}")
         try:

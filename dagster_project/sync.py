@@ -18,7 +18,7 @@ from pathlib import Path
 
 from dagster import AssetKey, AssetMaterialization, DagsterInstance
 
-from calpipe import pipeline, store
+from calpipe import pipeline, storage
 
 #: Metadata key of the state hash a sync reported (days without it came from dagster runs).
 HASH_KEY = "calpipe/state_hash"
@@ -48,7 +48,7 @@ def _reported(instance: DagsterInstance) -> dict[str, str | None]:
 def report_stored_days(instance: DagsterInstance, db: str | Path) -> int:
     """Report the days of ``db`` the instance does not know (see the module docstring); returns
     how many days were reported."""
-    con = store.connect(db, read_only=True)
+    con = storage.connect(db, read_only=True)
     try:
         days = pipeline.stored_days(con)
     finally:
@@ -95,7 +95,7 @@ def report_range_days(
     materialization yielded per partition inside the run is not kept either, dagster#29846),
     so the latest materialization of each partition is this one, with that day's counts and
     the run it came from. Returns the days reported."""
-    con = store.connect(db, read_only=True)
+    con = storage.connect(db, read_only=True)
     try:
         days = pipeline.stored_days(con, start, end)
     finally:

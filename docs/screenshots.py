@@ -17,7 +17,7 @@ import argparse
 import shutil
 from pathlib import Path
 
-from calpipe import paths, pipeline, store
+from calpipe import paths, pipeline, storage
 from calpipe.cli.ui_client import RunningUI, wait_for
 
 SHOTS = ("lineage", "partition", "plot")
@@ -30,7 +30,7 @@ def take(db: Path, out: Path, *, timeout: float = 600) -> dict[str, Path]:
     browser_path = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser_path is None:
         raise RuntimeError("Chromium is not installed (Debian: apt-get install chromium)")
-    con = store.connect(db, read_only=True)
+    con = storage.connect(db, read_only=True)
     try:
         days = pipeline.stored_days(con)["date"]
     finally:

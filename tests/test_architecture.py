@@ -45,9 +45,7 @@ LAYERS = {
     "calpipe.sklearn": 3,  # scikit-learn estimators over the calibrators (like the facade)
     "calpipe.river": 3,  # river's online protocol over the calibrators and the per-event kernel
     "calpipe": 3,  # the package root: the public facade over the engine and calibrators
-    "calpipe.store": 4,
-    "calpipe.locks": 4,  # opening a DuckDB file another process may hold (under store)
-    "calpipe.landing": 4,  # the landing folder layout: its files, one read, a write; a night's parts (under store)
+    "calpipe.storage": 4,  # the DuckDB file: schema, session, tables, writer, sources, landing, locks
     "calpipe.pipeline": 4,
     "calpipe.cli": 5,
     "calpipe.spark": 5,  # the nightly step on Spark: over the pipeline's functions, like the cli
@@ -250,11 +248,17 @@ def test_the_private_name_check_sees_each_kind(tmp_path):
         "from calpipe.pipeline.chain import _Chain\n"
         "from dagster._core.storage import tags\n"
         "import calpipe.kernels._prediction\n"
-        "x = store._sql_ident\n"
+        "x = storage._sql_ident\n"
         "y = self._ok, cls._ok, super()._ok, row._replace(a=1)\n"
         "from calpipe.calibrators import _params\n"
     )
     uses = private_uses(src, "calpipe.m")
-    assert sorted(u.split(":")[0] for u in uses) == ["line 1", "line 2", "line 3", "line 4", "line 6"]
+    assert sorted(u.split(":")[0] for u in uses) == [
+        "line 1",
+        "line 2",
+        "line 3",
+        "line 4",
+        "line 6",
+    ]
     # a private module inside its own package is allowed
     assert private_uses(src, "calpipe.calibrators.m")[-1].startswith("line 4")

@@ -18,23 +18,23 @@ import numpy as np
 import polars as pl
 import pytest
 
-from calpipe import config, generate, pipeline, store
+from calpipe import config, generate, pipeline, storage
 from calpipe.generate import StreamSpec
 
 STREAMS = tuple(StreamSpec(f"s{i}", events_per_day=60) for i in range(20))
 N_DAYS = 12
-ALL_TABLES = tuple(store.PARTITION_COLUMN)
+ALL_TABLES = tuple(storage.PARTITION_COLUMN)
 
 #: A child running the whole range with small transactions (a commit every ~2 days), so that
 #: kills land inside and between transactions.
 RUN_CHILD = textwrap.dedent(
     """
     import sys
-    from calpipe import config, pipeline, store
+    from calpipe import config, pipeline, storage
     config.TRANSACTION_ROWS = 2_000
-    con = store.connect(sys.argv[1])
+    con = storage.connect(sys.argv[1])
     print("STARTED", flush=True)
-    pipeline.run_range(con, store.EventSource.parse(sys.argv[2]))
+    pipeline.run_range(con, storage.EventSource.parse(sys.argv[2]))
     con.close()
     print("DONE", flush=True)
     """
@@ -42,25 +42,25 @@ RUN_CHILD = textwrap.dedent(
 
 
 def _tables(db) -> dict[str, pl.DataFrame]:
-    con = store.connect(db, read_only=True)
+    con = storage.connect(db, read_only=True)
     try:
-        return {t: store.query(con, f"SELECT * FROM {t} ORDER BY ALL") for t in ALL_TABLES}
+        return {t: storage.query(con, f"SELECT * FROM {t} ORDER BY ALL") for t in ALL_TABLES}
     finally:
         con.close()
 
 
 def _consistent(db) -> None:
     """Every committed day is whole: the data checks pass on the committed range."""
-    con = store.connect(db, read_only=True)
+    con = storage.connect(db, read_only=True)
     try:
-        if not store.query(
+        if not storage.query(
             con, "SELECT * FROM duckdb_tables() WHERE table_name = 'pipeline_days'"
         ).height:
             return  # interrupted while its tables were being created: nothing was committed
-        days = store.query(con, "SELECT min(date) AS a, max(date) AS b FROM pipeline_days")
+        days = storage.query(con, "SELECT min(date) AS a, max(date) AS b FROM pipeline_days")
         a, b = days["a"][0], days["b"][0]
         if a is None:
-            assert store.query(con, "SELECT count(*) AS n FROM scored_events")["n"][0] == 0
+            assert storage.query(con, "SELECT count(*) AS n FROM scored_events")["n"][0] == 0
             return
         for check in (pipeline.check_row_counts, pipeline.check_state_continuity,
                       pipeline.check_probabilities):  # fmt: skip
@@ -74,7 +74,7 @@ def _consistent(db) -> None:
 def landing(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("faults")
     events = generate.generate(n_days=N_DAYS, streams=STREAMS, seed=17)
-    store.write_landing(events, tmp / "landing")
+    storage.write_landing(events, tmp / "landing")
     reference = tmp / "reference.duckdb"
     subprocess.run([sys.executable, "-c", RUN_CHILD, str(reference), str(tmp / "landing")],
                    check=True, capture_output=True)  # fmt: skip
@@ -116,7 +116,7 @@ def test_a_full_disk_keeps_a_consistent_prefix_and_says_so(landing, monkeypatch)
     disk's, the committed days are whole, and resuming gives the uninterrupted tables."""
     tmp, reference = landing
     db = tmp / "full.duckdb"
-    real = store.PartitionWriter.insert
+    real = storage.PartitionWriter.insert
     calls = {"n": 0}
 
     def insert(self, table, frame, **kw):
@@ -125,20 +125,20 @@ def test_a_full_disk_keeps_a_consistent_prefix_and_says_so(landing, monkeypatch)
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(self, table, frame, **kw)
 
-    monkeypatch.setattr(store.PartitionWriter, "insert", insert)
+    monkeypatch.setattr(storage.PartitionWriter, "insert", insert)
     monkeypatch.setattr(config, "TRANSACTION_ROWS", 2_000)
-    con = store.connect(db)
+    con = storage.connect(db)
     try:
         with pytest.raises(OSError, match="No space left on device"):
-            pipeline.run_range(con, store.EventSource.parse(str(tmp / "landing")))
+            pipeline.run_range(con, storage.EventSource.parse(str(tmp / "landing")))
     finally:
         con.close()
     _consistent(db)
     assert 0 < _tables(db)["pipeline_days"].height < N_DAYS  # a prefix, not nothing, not all
-    monkeypatch.setattr(store.PartitionWriter, "insert", real)
-    con = store.connect(db)
+    monkeypatch.setattr(storage.PartitionWriter, "insert", real)
+    con = storage.connect(db)
     try:
-        pipeline.run_range(con, store.EventSource.parse(str(tmp / "landing")))
+        pipeline.run_range(con, storage.EventSource.parse(str(tmp / "landing")))
     finally:
         con.close()
     got = _tables(db)
@@ -198,7 +198,7 @@ def test_a_read_only_database_file_is_a_clear_error_and_stays_as_it_was(landing,
 
     tmp, _ = landing
     db = tmp / "ro.duckdb"
-    store.connect(db).close()
+    storage.connect(db).close()
     before = _tables(db)
     os.chmod(db, 0o444)
     # root writes through mode bits; the immutable attribute stops root too (CI runs as root).
@@ -234,7 +234,7 @@ def test_a_lock_held_by_another_process_is_a_clear_error(landing, capsys, monkey
 
     tmp, _ = landing
     db = tmp / "locked.duckdb"
-    store.connect(db).close()
+    storage.connect(db).close()
     monkeypatch.setattr(config, "LOCK_WAIT_SECONDS", 0.5)
     holder = _hold(db, 120, read_only=True)  # a notebook's read-only connection blocks writers
     try:
@@ -258,7 +258,7 @@ def test_a_lock_let_go_within_the_wait_is_waited_for(landing, capsys):
 
     tmp, _ = landing
     db = tmp / "waited.duckdb"
-    store.connect(db).close()
+    storage.connect(db).close()
     holder = _hold(db, 1.0)
     try:
         assert cli.main(["run", "--events", str(tmp / "landing"), "--db", str(db)]) == 0

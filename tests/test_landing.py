@@ -1,4 +1,4 @@
-"""calpipe.landing: the landing folder layout (a day folder's files, one read of several files)."""
+"""calpipe.storage.landing: the landing folder layout (a day folder's files, one read of several files)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import polars as pl
 import pytest
 
 from calpipe.errors import StoreError
-from calpipe.landing import (
+from calpipe.storage.landing import (
     FILE_COLUMN,
     day_files,
     part_sql,

@@ -16,12 +16,12 @@ import polars as pl
 import pytest
 
 import calpipe
-from calpipe import cli, config, generate, metrics, pipeline, store
+from calpipe import cli, config, generate, metrics, pipeline, storage
 from calpipe.cli import pipeline as cli_pipeline
 from calpipe.errors import InputError, ParameterError, StateError
 from calpipe.generate import StreamSpec
 from calpipe.pipeline import Settings, transactions
-from calpipe.store import StoreError
+from calpipe.storage import StoreError
 
 START = generate.DEFAULT_START
 TOL = 1e-12
@@ -50,10 +50,10 @@ def np_ece(p, y, bins=10):
 
 
 def table(con, name: str) -> pl.DataFrame:
-    return store.query(con, f"SELECT * FROM {name} ORDER BY ALL")
+    return storage.query(con, f"SELECT * FROM {name} ORDER BY ALL")
 
 
-ALL_TABLES = tuple(store.PARTITION_COLUMN)
+ALL_TABLES = tuple(storage.PARTITION_COLUMN)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -63,7 +63,7 @@ ALL_TABLES = tuple(store.PARTITION_COLUMN)
 def demo(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("demo")
     res = pipeline.demo(tmp / "demo.duckdb", generated=tmp / "generated" / "synthetic.parquet")
-    con = store.connect(res.db)
+    con = storage.connect(res.db)
     yield res, con
     con.close()
 
@@ -79,13 +79,13 @@ def demo_one_pass(demo):
 def test_demo_covers_every_day_of_both_sets(demo):
     res, con = demo
     assert (res.run.start, res.run.end) == (pipeline.DEMO_FIRST_DAY, pipeline.DEMO_LAST_DAY)
-    days = store.partition_dates(con, "pipeline_days")
-    assert days == list(store.iter_days(pipeline.DEMO_FIRST_DAY, pipeline.DEMO_LAST_DAY))
+    days = storage.partition_dates(con, "pipeline_days")
+    assert days == list(storage.iter_days(pipeline.DEMO_FIRST_DAY, pipeline.DEMO_LAST_DAY))
     counts = dict(
-        store.query(con, "SELECT stream, count(*) FROM protected_scores GROUP BY 1").iter_rows()
+        storage.query(con, "SELECT stream, count(*) FROM protected_scores GROUP BY 1").iter_rows()
     )
     assert counts[pipeline.BANK_STREAM] == 35_211
-    bank_days = store.query(
+    bank_days = storage.query(
         con,
         "SELECT count(DISTINCT event_date) FROM protected_scores WHERE stream = 'bank-telemarketing'",
     ).item()
@@ -95,7 +95,7 @@ def test_demo_covers_every_day_of_both_sets(demo):
 
 def test_day_by_day_chain_equals_one_protect_pass(demo, demo_one_pass):
     _, con = demo
-    chain = store.query(
+    chain = storage.query(
         con, "SELECT stream, event_id, protected_score, log10_martingale FROM protected_scores"
     )
     joined = demo_one_pass.join(chain, on=["stream", "event_id"], how="inner", suffix="_chain")
@@ -111,7 +111,7 @@ def test_bank_protected_beats_base_and_raises_an_alarm(demo):
     assert bank["prot_LL"] < bank["base_LL"]
     assert bank["prot_Brier"] < bank["base_Brier"]
     # cumulative log loss (not just the mean) and the reference number of docs/REFERENCE_DATA.md
-    rows = store.query(
+    rows = storage.query(
         con,
         "SELECT base_score, protected_score, label FROM protected_scores "
         "WHERE stream = 'bank-telemarketing'",
@@ -126,17 +126,19 @@ def test_bank_protected_beats_base_and_raises_an_alarm(demo):
     assert bank["prot_LL"] == pytest.approx(0.2497, abs=5e-5)
     # the martingale bets against the base the engine used: base - protected loss = ln 10 log10 S
     assert cum(p) - cum(q) == pytest.approx(np.log(10) * bank["final_log10_S"], rel=1e-9)
-    alarms = store.query(con, "SELECT * FROM martingale_alarms WHERE stream = 'bank-telemarketing'")
+    alarms = storage.query(
+        con, "SELECT * FROM martingale_alarms WHERE stream = 'bank-telemarketing'"
+    )
     assert alarms.height == 1 and alarms["log10_martingale"][0] >= config.ALARM_LOG10_THRESHOLD
 
 
 def test_generated_streams_alarm_only_after_their_drift(demo):
     _, con = demo
     truth = generate.drift_table()
-    alarms = store.query(con, "SELECT stream, date FROM martingale_alarms")
+    alarms = storage.query(con, "SELECT stream, date FROM martingale_alarms")
     got = dict(alarms.iter_rows())
     peaks = dict(
-        store.query(
+        storage.query(
             con, "SELECT stream, max(log10_martingale) FROM protected_scores GROUP BY 1"
         ).iter_rows()
     )
@@ -151,14 +153,14 @@ def test_generated_streams_alarm_only_after_their_drift(demo):
 
 def test_alarm_rows_are_the_first_crossings(demo):
     _, con = demo
-    first = store.query(
+    first = storage.query(
         con,
         """SELECT stream, event_date AS date, event_id, log10_martingale FROM v_protected_scores
            WHERE log10_martingale >= 2
            QUALIFY row_number() OVER (PARTITION BY stream ORDER BY event_time, event_id) = 1
            ORDER BY stream""",
     )
-    alarms = store.query(
+    alarms = storage.query(
         con,
         "SELECT stream, date, event_id, log10_martingale FROM martingale_alarms ORDER BY stream",
     )
@@ -168,17 +170,17 @@ def test_alarm_rows_are_the_first_crossings(demo):
 
 def test_calibration_daily_matches_numpy(demo):
     _, con = demo
-    daily = store.query(con, "SELECT * FROM calibration_daily")
+    daily = storage.query(con, "SELECT * FROM calibration_daily")
     assert (
         daily.height
-        == store.query(
+        == storage.query(
             con, "SELECT count(*) FROM (SELECT DISTINCT event_date, stream FROM protected_scores)"
         ).item()
     )
     picks = [(pipeline.BANK_STREAM, dt.date(2008, 7, 10)), ("drift-shift", dt.date(2010, 10, 11)),
              ("stable-c", dt.date(2010, 8, 1))]  # fmt: skip
     for stream, d in picks:
-        rows = store.query(
+        rows = storage.query(
             con,
             "SELECT * FROM v_protected_scores WHERE stream = ? AND event_date = ? "
             "ORDER BY event_time, event_id",
@@ -220,19 +222,19 @@ def test_sql_macro_equals_the_polars_serving_map(demo):
     _, con = demo
     rng = np.random.default_rng(0)
     fresh_p = np.concatenate([np.linspace(0, 1, 1001), rng.random(200), [1e-9, 0.0005, 0.9995]])
-    streams = store.query(con, "SELECT DISTINCT stream FROM calibrator_state ORDER BY 1")[
+    streams = storage.query(con, "SELECT DISTINCT stream FROM calibrator_state ORDER BY 1")[
         "stream"
     ].to_list()
     fresh = pl.DataFrame(
         {"stream": np.repeat(streams, fresh_p.size), "score": np.tile(fresh_p, len(streams))}
     )
-    latest = store.query(
+    latest = storage.query(
         con,
         "SELECT * FROM calibrator_state QUALIFY row_number() OVER (PARTITION BY stream ORDER BY date DESC) = 1",
     )
     want = pipeline.serving_map(latest.drop("date"), fresh)["protected_score"].to_numpy()
     con.register("fresh_scores", fresh.with_row_index("i").to_arrow())
-    got = store.query(
+    got = storage.query(
         con, "SELECT calibrate_score(stream, score) AS p FROM fresh_scores ORDER BY i"
     )["p"].to_numpy()
     con.unregister("fresh_scores")
@@ -286,7 +288,7 @@ def test_the_alarm_check_warns_the_night_a_stream_crosses_not_every_night_after(
     """Regression: no_martingale_alarm failed on every partition once any stream had ever
     crossed; it now names the streams that crossed on the checked days and counts the others."""
     _, con = demo
-    alarms = store.query(con, "SELECT stream, date FROM martingale_alarms ORDER BY date")
+    alarms = storage.query(con, "SELECT stream, date FROM martingale_alarms ORDER BY date")
     first = alarms.row(0, named=True)
     on_it = pipeline.check_alarms(con, first["date"], first["date"])
     assert not on_it.passed and first["stream"] in on_it.description
@@ -330,9 +332,9 @@ SMALL = (
 def small(tmp_path):
     """8 days of two small streams in a landing folder, and an empty database."""
     events = generate.generate(n_days=8, streams=SMALL, seed=5)
-    store.write_landing(events, tmp_path / "landing")
-    con = store.connect(tmp_path / "db.duckdb")
-    yield con, store.EventSource.parse(str(tmp_path / "landing")), events, tmp_path
+    storage.write_landing(events, tmp_path / "landing")
+    con = storage.connect(tmp_path / "db.duckdb")
+    yield con, storage.EventSource.parse(str(tmp_path / "landing")), events, tmp_path
     con.close()
 
 
@@ -483,7 +485,7 @@ def test_a_nested_partition_in_a_day_folder_was_committed_as_an_empty_day(small)
 
 def test_a_mistyped_stream_column_is_an_error_not_one_stream(small):
     con, _, _, tmp = small
-    src = store.EventSource.parse(str(tmp / "landing"), store.ColumnMap(stream="strem"))
+    src = storage.EventSource.parse(str(tmp / "landing"), storage.ColumnMap(stream="strem"))
     with pytest.raises(InputError, match=r"column 'strem': .*missing column"):
         pipeline.run_range(con, src)
     assert table(con, "scored_events").height == 0
@@ -547,7 +549,7 @@ def test_chunked_backfill_equals_single_days(small, monkeypatch):
     monkeypatch.setattr(config, "CHUNK_DAYS", 3)  # 8 days = 3 transactions
     pipeline.run_range(con, source)
     chunked = snapshot(con)
-    con2 = store.connect(tmp / "db2.duckdb")
+    con2 = storage.connect(tmp / "db2.duckdb")
     try:
         for i in range(8):
             stages(con2, source, day(i), day(i))
@@ -590,12 +592,12 @@ def test_nightly_run_writes_exactly_the_rows_of_the_stages(
     drifting, monkeypatch, batch_rows, transaction_rows, label_dtype
 ):
     events, tmp = drifting
-    store.write_landing(events.with_columns(pl.col("label").cast(label_dtype)), tmp / "landing")
-    source = store.EventSource.parse(str(tmp / "landing"))
+    storage.write_landing(events.with_columns(pl.col("label").cast(label_dtype)), tmp / "landing")
+    source = storage.EventSource.parse(str(tmp / "landing"))
     monkeypatch.setattr(config, "PROTECT_BATCH_ROWS", batch_rows)
     monkeypatch.setattr(config, "TRANSACTION_ROWS", transaction_rows)
     monkeypatch.setattr(config, "CHUNK_DAYS", 5)
-    fused, staged = store.connect(tmp / "fused.duckdb"), store.connect(tmp / "staged.duckdb")
+    fused, staged = storage.connect(tmp / "fused.duckdb"), storage.connect(tmp / "staged.duckdb")
     try:
         summary = pipeline.run_range(fused, source)
         assert (summary.days, summary.events) == (8, events.height)
@@ -648,8 +650,8 @@ def test_transactions_span_whole_days_up_to_the_event_budget(monkeypatch):
 
         yield Writer()
 
-    monkeypatch.setattr(store, "replacing_partitions", replacing)
-    monkeypatch.setattr(store, "drop_block_cache", lambda _con: None)
+    monkeypatch.setattr(storage, "replacing_partitions", replacing)
+    monkeypatch.setattr(storage, "drop_block_cache", lambda _con: None)
     monkeypatch.setattr(config, "TRANSACTION_ROWS", 10)
     monkeypatch.setattr(config, "CHUNK_DAYS", 3)
     transactions.write_days(
@@ -787,13 +789,13 @@ def test_serving_map_is_the_next_forecast_and_the_exact_terms(method, params):
 def test_sql_macro_is_exact_for_other_families_too(tmp_path):
     settings = Settings.make("jumper", family="quadratic")
     events = generate.generate(n_days=4, streams=SMALL, seed=2)
-    store.write_landing(events, tmp_path / "landing")
-    con = store.connect(tmp_path / "db.duckdb")
+    storage.write_landing(events, tmp_path / "landing")
+    con = storage.connect(tmp_path / "db.duckdb")
     try:
         pipeline.run_range(
-            con, store.EventSource.parse(str(tmp_path / "landing")), settings=settings
+            con, storage.EventSource.parse(str(tmp_path / "landing")), settings=settings
         )
-        state = store.query(con, "SELECT * FROM calibrator_state WHERE date = ?", [day(3)]).drop(
+        state = storage.query(con, "SELECT * FROM calibrator_state WHERE date = ?", [day(3)]).drop(
             "date"
         )
         p = np.linspace(0, 1, 201)
@@ -934,8 +936,8 @@ def test_cli_run_sql_and_ui(small, capsys):
     n = int(capsys.readouterr().out.split()[-1])
     assert (
         n
-        == store.query(
-            store.connect(db, read_only=True), "SELECT count(*) FROM scored_events"
+        == storage.query(
+            storage.connect(db, read_only=True), "SELECT count(*) FROM scored_events"
         ).item()
     )
     assert cli.main(["sql", "--db", str(db), "SELECT * FROM nowhere"]) == 2
@@ -961,17 +963,19 @@ def test_cli_run_from_a_table_with_renamed_columns(tmp_path, capsys):
         {"stream": "segment", "event_time": "ts", "score": "p", "label": "y"}
     )
     db = tmp_path / "t.duckdb"
-    con = store.connect(db)
+    con = storage.connect(db)
     con.register("ev", events.to_arrow())
     con.execute("CREATE TABLE raw_events AS SELECT * FROM ev")
     con.close()
     rc = cli.main(["run", "--events", "raw_events", "--db", str(db), "--stream-col", "segment",
                    "--time-col", "ts", "--score-col", "p", "--label-col", "y"])  # fmt: skip
     assert rc == 0, capsys.readouterr().err
-    con = store.connect(db, read_only=True)
+    con = storage.connect(db, read_only=True)
     try:
-        assert store.query(con, "SELECT count(*) FROM protected_scores").item() == events.height
-        assert set(store.query(con, "SELECT DISTINCT stream FROM protected_scores")["stream"]) == {
+        assert storage.query(con, "SELECT count(*) FROM protected_scores").item() == events.height
+        assert set(
+            storage.query(con, "SELECT DISTINCT stream FROM protected_scores")["stream"]
+        ) == {
             "a",
             "b",
         }
@@ -992,9 +996,9 @@ def test_cli_run_from_csv_equals_the_same_events_from_parquet(tmp_path, capsys):
         assert rc == 0, capsys.readouterr().err
     tables = {}
     for name in ("p", "c"):
-        con = store.connect(tmp_path / f"{name}.duckdb", read_only=True)
+        con = storage.connect(tmp_path / f"{name}.duckdb", read_only=True)
         tables[name] = {
-            t: store.query(con, f"SELECT * FROM {t}")
+            t: storage.query(con, f"SELECT * FROM {t}")
             for t in ("protected_scores", "calibration_daily", "calibrator_state")
         }
         con.close()
@@ -1008,9 +1012,9 @@ def test_cli_run_from_csv_equals_the_same_events_from_parquet(tmp_path, capsys):
                      "--time-col", "ts", "--no-progress"]) == 2  # fmt: skip
     err = capsys.readouterr().err
     assert "column 'score'" in err and "outside [0, 1]" in err, err
-    con = store.connect(tmp_path / "b.duckdb", read_only=True)  # nothing written
-    assert store.query(con, "SELECT count(*) AS n FROM pipeline_days")["n"][0] == 0
-    assert store.query(con, "SELECT count(*) AS n FROM scored_events")["n"][0] == 0
+    con = storage.connect(tmp_path / "b.duckdb", read_only=True)  # nothing written
+    assert storage.query(con, "SELECT count(*) AS n FROM pipeline_days")["n"][0] == 0
+    assert storage.query(con, "SELECT count(*) AS n FROM scored_events")["n"][0] == 0
     con.close()
 
 
@@ -1027,7 +1031,7 @@ def test_docstring_examples_run(module):
 def test_cli_sql_queries_run_with_duckdbs_default_memory_limit(tmp_path, capsys):
     """The pipeline's read-write connections use a small buffer pool; a user's query does not."""
     db = tmp_path / "q.duckdb"
-    store.connect(db).close()
+    storage.connect(db).close()
     assert (
         cli.main(["sql", "SELECT current_setting('memory_limit') AS m", "--db", str(db), "--csv"])
         == 0
@@ -1049,7 +1053,7 @@ def test_only_errors_of_the_source_were_meant_to_read_reading_the_source(small, 
     err = capsys.readouterr().err
     assert f"calpipe: error: reading {target}: not a readable Parquet file" in err
     with pytest.raises(StoreError, match=r"reading table no_such_table: .*no_such_table"):
-        store.EventSource.parse("no_such_table").date_range(store.connect(tmp / "x.duckdb"))
+        storage.EventSource.parse("no_such_table").date_range(storage.connect(tmp / "x.duckdb"))
 
 
 def test_calpipe_run_piped_into_head_ran_its_checks(small):
@@ -1068,8 +1072,8 @@ def test_calpipe_run_piped_into_head_ran_its_checks(small):
                          env={**os.environ, "PYTHONUNBUFFERED": "1"}, check=False)  # fmt: skip
     assert res.returncode == 0, res.stderr
     assert "Traceback" not in res.stderr and "BrokenPipe" not in res.stderr
-    con = store.connect(db)
-    assert store.fetch_one(con, "SELECT count(*) FROM pipeline_days")[0] == 8
+    con = storage.connect(db)
+    assert storage.fetch_one(con, "SELECT count(*) FROM pipeline_days")[0] == 8
     con.close()
 
 
@@ -1131,13 +1135,13 @@ def test_sql_macro_equals_the_serving_map_of_composite_experts(tmp_path, inputs)
     serving_map. The second grid mixes filled windows (30, 40) and one still filling (400)."""
     settings = Settings.make("composite-experts", **({"inputs": inputs} if inputs else {}))
     events = generate.generate(n_days=4, streams=SMALL, seed=2)
-    store.write_landing(events, tmp_path / "landing")
-    con = store.connect(tmp_path / "db.duckdb")
+    storage.write_landing(events, tmp_path / "landing")
+    con = storage.connect(tmp_path / "db.duckdb")
     try:
         pipeline.run_range(
-            con, store.EventSource.parse(str(tmp_path / "landing")), settings=settings
+            con, storage.EventSource.parse(str(tmp_path / "landing")), settings=settings
         )
-        state = store.query(con, "SELECT * FROM calibrator_state WHERE date = ?", [day(3)]).drop(
+        state = storage.query(con, "SELECT * FROM calibrator_state WHERE date = ?", [day(3)]).drop(
             "date"
         )
         p = np.linspace(0, 1, 201)
@@ -1149,7 +1153,9 @@ def test_sql_macro_equals_the_serving_map_of_composite_experts(tmp_path, inputs)
                 "SELECT calibrate_score(?, s) FROM unnest(?) AS t(s)", [stream, p.tolist()]
             ).fetchall()
             assert np.max(np.abs(np.array([g[0] for g in got]) - want)) <= TOL
-        n_terms = store.query(con, "SELECT count(DISTINCT term) AS n FROM calibration_map")["n"][0]
+        n_terms = storage.query(con, "SELECT count(DISTINCT term) AS n FROM calibration_map")["n"][
+            0
+        ]
         assert n_terms == 1 + (1 + len(settings.calibrator().input_specs(2))) * 21
     finally:
         con.close()
@@ -1161,13 +1167,13 @@ def test_composite_experts_over_a_temperature_input_has_no_sql_map(tmp_path):
     (isotonic, ...) have one: tests/pipeline/test_mapping.py."""
     settings = Settings.make("composite-experts", inputs=("ops", "temperature:window=20"))
     events = generate.generate(n_days=2, streams=SMALL, seed=2)
-    store.write_landing(events, tmp_path / "landing")
-    con = store.connect(tmp_path / "db.duckdb")
+    storage.write_landing(events, tmp_path / "landing")
+    con = storage.connect(tmp_path / "db.duckdb")
     try:
         pipeline.run_range(
-            con, store.EventSource.parse(str(tmp_path / "landing")), settings=settings
+            con, storage.EventSource.parse(str(tmp_path / "landing")), settings=settings
         )
-        assert store.query(con, "SELECT count(*) AS n FROM calibration_map")["n"][0] == 0
+        assert storage.query(con, "SELECT count(*) AS n FROM calibration_map")["n"][0] == 0
     finally:
         con.close()
 
@@ -1181,12 +1187,12 @@ def test_checks_that_outgrow_their_small_pool_run_again_at_the_default_one(small
     from calpipe.pipeline import nightly
 
     con, source, _, _ = small
-    default = store.fetch_one(con, "SELECT current_setting('memory_limit')")[0]
+    default = storage.fetch_one(con, "SELECT current_setting('memory_limit')")[0]
     limits = []
     real = nightly.check_probabilities
 
     def probabilities_at(con, start, end):  # the pool each attempt ran at
-        limits.append(store.fetch_one(con, "SELECT current_setting('memory_limit')")[0])
+        limits.append(storage.fetch_one(con, "SELECT current_setting('memory_limit')")[0])
         return real(con, start, end)
 
     monkeypatch.setattr(nightly, "check_probabilities", probabilities_at)
@@ -1194,4 +1200,4 @@ def test_checks_that_outgrow_their_small_pool_run_again_at_the_default_one(small
     s = pipeline.run_range(con, source)
     assert all(c.passed or c.warning for c in s.checks)
     assert len(limits) == 2 and limits[0] != default and limits[1] == default  # the retry
-    assert store.fetch_one(con, "SELECT current_setting('memory_limit')")[0] == default
+    assert storage.fetch_one(con, "SELECT current_setting('memory_limit')")[0] == default

@@ -16,7 +16,7 @@ import polars as pl
 import pytest
 
 import calpipe
-from calpipe import config, generate, pipeline, store
+from calpipe import config, generate, pipeline, storage
 from calpipe.calibrators import METHODS, PROTECTED_METHODS
 from calpipe.generate import StreamSpec
 from calpipe.pipeline import Settings
@@ -61,7 +61,7 @@ def test_every_binary_method_is_run_here():
 def landing(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("methods")
     events = generate.generate(n_days=6, streams=STREAMS, seed=12)
-    store.write_landing(events, tmp / "landing")
+    storage.write_landing(events, tmp / "landing")
     return tmp, events
 
 
@@ -69,9 +69,9 @@ def landing(tmp_path_factory):
 def test_chain_equals_one_pass_and_keeps_the_martingale_identity(landing, method, params):
     tmp, events = landing
     settings = Settings.make(method, **params)
-    con = store.connect(tmp / f"{method}-{len(params)}.duckdb")
+    con = storage.connect(tmp / f"{method}-{len(params)}.duckdb")
     try:
-        pipeline.run_range(con, store.EventSource.parse(str(tmp / "landing")), settings=settings)
+        pipeline.run_range(con, storage.EventSource.parse(str(tmp / "landing")), settings=settings)
         chain = con.sql("SELECT * FROM v_protected_scores").pl()
         state = con.sql("SELECT * FROM calibrator_state").pl()
     finally:
@@ -111,7 +111,7 @@ def test_cli_run_stacks_a_batch_method_and_resumes(landing, capsys):
     last = events["event_time"].max().date()
     assert cli.main([*argv, "--end", (last - dt.timedelta(days=2)).isoformat()]) == 0
     assert cli.main(argv) == 0  # the nightly increment resumes the stacked state
-    con = store.connect(db)
+    con = storage.connect(db)
     try:
         chain = con.sql("SELECT * FROM v_protected_scores").pl()
     finally:
@@ -135,10 +135,10 @@ def test_the_brier_compatibility_mode_runs_in_the_pipeline(landing):
     tmp, events = landing
     method, params = BRIER
     settings = Settings.make(method, **params)
-    con = store.connect(tmp / "brier.duckdb")
+    con = storage.connect(tmp / "brier.duckdb")
     try:
         summary = pipeline.run_range(
-            con, store.EventSource.parse(str(tmp / "landing")), settings=settings
+            con, storage.EventSource.parse(str(tmp / "landing")), settings=settings
         )
         assert all(c.passed or c.warning for c in summary.checks)
         chain = con.sql("SELECT * FROM protected_scores").pl()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from calpipe import cli, generate, store
+from calpipe import cli, generate, storage
 from calpipe.generate import StreamSpec
 
 pytestmark = pytest.mark.slow
@@ -33,7 +33,7 @@ def test_screenshots_of_the_lineage_a_partition_and_its_plot(tmp_path):
     finally:
         sys.path.pop(0)
     events = generate.generate(n_days=3, streams=(StreamSpec("a", events_per_day=40),), seed=2)
-    store.write_landing(events, tmp_path / "landing")
+    storage.write_landing(events, tmp_path / "landing")
     db = tmp_path / "s.duckdb"
     assert (
         cli.main(["run", "--events", str(tmp_path / "landing"), "--db", str(db), "--no-progress"])

@@ -1,4 +1,4 @@
-"""calpipe.store: the SQL layer, transactional partition replace, event sources."""
+"""calpipe.storage: the SQL layer, transactional partition replace, event sources."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from calpipe import config, store
+from calpipe import config, storage
 from calpipe.errors import InputError
 
 D1, D2, D3 = dt.date(2024, 3, 1), dt.date(2024, 3, 2), dt.date(2024, 3, 3)
@@ -38,14 +38,14 @@ def events_of(day: dt.date, n: int, *, stream: str = "s", score: float = 0.25) -
 
 @pytest.fixture
 def con(tmp_path):
-    c = store.connect(tmp_path / "db.duckdb")
+    c = storage.connect(tmp_path / "db.duckdb")
     yield c
     c.close()
 
 
 def table_rows(con, table: str) -> pl.DataFrame:
     """A table's rows; without the K-class vector columns, NULL in these binary rows."""
-    rows = store.query(con, f"SELECT * FROM {table} ORDER BY ALL")
+    rows = storage.query(con, f"SELECT * FROM {table} ORDER BY ALL")
     vectors = [c for c in ("scores", "base_scores", "protected_scores") if c in rows.columns]
     assert all(rows[c].null_count() == rows.height for c in vectors)
     return rows.drop(vectors)
@@ -56,7 +56,7 @@ def table_rows(con, table: str) -> pl.DataFrame:
 # ----------------------------------------------------------------------------------------------
 def test_connect_installs_tables_views_and_macros(con):
     tables = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
-    assert set(store.PARTITION_COLUMN) <= tables
+    assert set(storage.PARTITION_COLUMN) <= tables
     views = {
         r[0]
         for r in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()
@@ -82,15 +82,15 @@ def test_connect_installs_tables_views_and_macros(con):
 
 
 def test_install_is_skipped_when_up_to_date_and_redone_when_forced(con):
-    assert store.install_sql(con) is False
-    assert store.install_sql(con, force=True) is True
-    assert store.get_meta(con, "sql_hash") is not None
+    assert storage.install_sql(con) is False
+    assert storage.install_sql(con, force=True) is True
+    assert storage.get_meta(con, "sql_hash") is not None
 
 
 def test_sql_layer_persists_for_read_only_connections(tmp_path):
     path = tmp_path / "db.duckdb"
-    store.connect(path).close()
-    ro = store.connect(path, read_only=True)
+    storage.connect(path).close()
+    ro = storage.connect(path, read_only=True)
     try:
         assert ro.execute("SELECT calpipe_clip(1.5, 0.001)").fetchall() == [(0.999,)]
     finally:
@@ -98,8 +98,8 @@ def test_sql_layer_persists_for_read_only_connections(tmp_path):
 
 
 def test_read_only_connect_to_missing_file_is_an_error(tmp_path):
-    with pytest.raises(store.StoreError, match="does not exist"):
-        store.connect(tmp_path / "nope.duckdb", read_only=True)
+    with pytest.raises(storage.StoreError, match="does not exist"):
+        storage.connect(tmp_path / "nope.duckdb", read_only=True)
 
 
 def test_term_macro_is_each_family_formula(con):
@@ -121,36 +121,36 @@ def test_term_macro_is_each_family_formula(con):
 # Partition replace
 # ----------------------------------------------------------------------------------------------
 def test_replace_touches_only_the_given_partitions(con):
-    store.replace_partitions(
+    storage.replace_partitions(
         con, D1, D3, {"scored_events": pl.concat([events_of(d, 3) for d in (D1, D2, D3)])}
     )
-    store.replace_partitions(con, D2, D2, {"scored_events": events_of(D2, 5, score=0.5)})
+    storage.replace_partitions(con, D2, D2, {"scored_events": events_of(D2, 5, score=0.5)})
     rows = table_rows(con, "scored_events")
     counts = dict(rows.group_by("event_date").len().iter_rows())
     assert counts == {D1: 3, D2: 5, D3: 3}
     assert rows.filter(pl.col("event_date") == D2)["score"].unique().to_list() == [0.5]
     # an empty frame empties the partition
-    store.replace_partitions(con, D2, D2, {"scored_events": events_of(D2, 0)})
-    assert store.partition_dates(con, "scored_events") == [D1, D3]
+    storage.replace_partitions(con, D2, D2, {"scored_events": events_of(D2, 0)})
+    assert storage.partition_dates(con, "scored_events") == [D1, D3]
 
 
 def test_replace_is_idempotent(con):
     frame = pl.concat([events_of(D1, 4), events_of(D1, 3, stream="a")])
-    store.replace_partitions(con, D1, D1, {"scored_events": frame})
+    storage.replace_partitions(con, D1, D1, {"scored_events": frame})
     first = table_rows(con, "scored_events")
-    store.replace_partitions(
+    storage.replace_partitions(
         con, D1, D1, {"scored_events": frame.sample(fraction=1.0, shuffle=True, seed=1)}
     )
     assert table_rows(con, "scored_events").equals(first)
 
 
 def test_rows_outside_the_partitions_are_refused(con):
-    with pytest.raises(store.StoreError, match="outside the partitions"):
-        store.replace_partitions(con, D1, D1, {"scored_events": events_of(D2, 2)})
+    with pytest.raises(storage.StoreError, match="outside the partitions"):
+        storage.replace_partitions(con, D1, D1, {"scored_events": events_of(D2, 2)})
 
 
 def test_a_failed_write_rolls_back_every_table(con):
-    store.replace_partitions(con, D1, D1, {"scored_events": events_of(D1, 3)})
+    storage.replace_partitions(con, D1, D1, {"scored_events": events_of(D1, 3)})
     before = table_rows(con, "scored_events")
     # protected rows without their NOT NULL log10_martingale: the second insert fails
     broken = pl.DataFrame(
@@ -158,7 +158,7 @@ def test_a_failed_write_rolls_back_every_table(con):
          "protected_score": [0.2]}
     )  # fmt: skip
     with pytest.raises(duckdb.ConstraintException):
-        store.replace_partitions(
+        storage.replace_partitions(
             con, D1, D1, {"scored_events": events_of(D1, 7), "protected_scores": broken}
         )
     assert table_rows(con, "scored_events").equals(before)
@@ -185,9 +185,9 @@ def protected_of(day: dt.date, n: int, *, score: float = 0.5) -> pl.DataFrame:
 @pytest.mark.parametrize("background", [False, True])
 def test_streamed_replace_writes_every_insert_in_one_transaction(con, monkeypatch, background):
     monkeypatch.setattr(config, "WRITE_FLUSH_ROWS", 4)  # some inserts buffered, some sent
-    store.replace_partitions(con, D1, D3, {"scored_events": events_of(D2, 9)})
+    storage.replace_partitions(con, D1, D3, {"scored_events": events_of(D2, 9)})
     parts = [events_of(D1, 3), events_of(D2, 5, stream="a"), events_of(D3, 2)]
-    with store.replacing_partitions(con, D1, D3, ["scored_events"], background=background) as w:
+    with storage.replacing_partitions(con, D1, D3, ["scored_events"], background=background) as w:
         for part in parts:
             w.insert("scored_events", part, sort=False)
         assert w.rows == {"scored_events": 10}
@@ -198,10 +198,10 @@ def test_streamed_replace_writes_every_insert_in_one_transaction(con, monkeypatc
 
 @pytest.mark.parametrize("background", [False, True])
 def test_a_failed_streamed_insert_rolls_back_every_day(con, background):
-    store.replace_partitions(con, D1, D2, {"scored_events": events_of(D1, 3)})
+    storage.replace_partitions(con, D1, D2, {"scored_events": events_of(D1, 3)})
     before = table_rows(con, "scored_events")
     with pytest.raises(duckdb.ConstraintException):  # NOT NULL log10_martingale missing
-        with store.replacing_partitions(
+        with storage.replacing_partitions(
             con, D1, D2, ["scored_events", "protected_scores"], background=background
         ) as w:
             w.insert("scored_events", events_of(D2, 300_000), sort=False)  # row groups on disk
@@ -213,7 +213,7 @@ def test_a_failed_streamed_insert_rolls_back_every_day(con, background):
     assert registered_views(con) == []
     # an error in the caller's block, with an INSERT still running, rolls back too
     with pytest.raises(RuntimeError, match="caller"):
-        with store.replacing_partitions(con, D1, D2, ["scored_events"], background=True) as w:
+        with storage.replacing_partitions(con, D1, D2, ["scored_events"], background=True) as w:
             w.insert("scored_events", events_of(D2, 300_000), sort=False)
             w.flush()
             raise RuntimeError("caller")
@@ -227,16 +227,16 @@ def test_buffered_frames_with_different_enums_insert_as_strings(con):
     def night(day, name):
         return events_of(day, 2, stream=name).with_columns(pl.col("stream").cast(pl.Enum([name])))
 
-    with store.replacing_partitions(con, D1, D2, ["scored_events"]) as w:
+    with storage.replacing_partitions(con, D1, D2, ["scored_events"]) as w:
         w.insert("scored_events", night(D1, "file-1.parquet"), sort=False)
         w.insert("scored_events", night(D2, "file-2.parquet"), sort=False)
-    got = store.query(con, "SELECT DISTINCT stream FROM scored_events ORDER BY ALL")
+    got = storage.query(con, "SELECT DISTINCT stream FROM scored_events ORDER BY ALL")
     assert got["stream"].to_list() == ["file-1.parquet", "file-2.parquet"]
 
 
 def test_writer_refuses_tables_it_does_not_replace(con):
-    with pytest.raises(store.StoreError, match="not among the tables"):
-        with store.replacing_partitions(con, D1, D1, ["scored_events"]) as w:
+    with pytest.raises(storage.StoreError, match="not among the tables"):
+        with storage.replacing_partitions(con, D1, D1, ["scored_events"]) as w:
             w.insert("protected_scores", protected_of(D1, 1))
 
 
@@ -247,12 +247,12 @@ def test_protected_scores_keeps_outputs_and_the_view_joins_the_inputs(con):
         "config_json": "{}", "n_events": 3, "n_streams": 1, "n_active_streams": 1,
         "n_state_rows": 1,
     }  # fmt: skip
-    store.replace_partitions(
+    storage.replace_partitions(
         con, D1, D1,
         {"scored_events": ev, "protected_scores": protected_of(D1, 3, score=0.4),
          "pipeline_days": pl.DataFrame([day])},
     )  # fmt: skip
-    view = store.query(con, "SELECT * FROM v_protected_scores ORDER BY event_id")
+    view = storage.query(con, "SELECT * FROM v_protected_scores ORDER BY event_id")
     assert view.height == 3
     assert view["event_time"].equals(ev["event_time"])
     assert view["score"].to_list() == [0.3] * 3
@@ -278,15 +278,15 @@ def test_the_old_protected_scores_layout_is_migrated(tmp_path):
            INSERT INTO calpipe_meta VALUES ('sql_hash', 'old')"""
     )
     raw.close()
-    con = store.connect(path)
+    con = storage.connect(path)
     try:
-        cols = store.query(con, "SELECT * FROM protected_scores").columns
+        cols = storage.query(con, "SELECT * FROM protected_scores").columns
         assert cols == [
             "event_date", "stream", "event_id", "base_score", "label", "protected_score",
             "log10_martingale", "p_lower", "p_upper", "base_scores", "protected_scores",
         ]  # fmt: skip
-        store.replace_partitions(con, D1, D1, {"protected_scores": protected_of(D1, 2)})
-        assert store.query(con, "SELECT count(*) FROM v_protected_scores").item() == 2
+        storage.replace_partitions(con, D1, D1, {"protected_scores": protected_of(D1, 2)})
+        assert storage.query(con, "SELECT count(*) FROM v_protected_scores").item() == 2
     finally:
         con.close()
 
@@ -308,9 +308,9 @@ def test_an_old_calibration_daily_gains_the_smooth_ece_and_corp_columns(tmp_path
            INSERT INTO calpipe_meta VALUES ('sql_hash', 'old')"""
     )
     raw.close()
-    con = store.connect(path)
+    con = storage.connect(path)
     try:
-        row = store.query(con, "SELECT * FROM v_calibration_daily").row(0, named=True)
+        row = storage.query(con, "SELECT * FROM v_calibration_daily").row(0, named=True)
         new = ["base_smooth_ece", "protected_smooth_ece", "base_log_loss_mcb", "log_loss_unc",
                "protected_brier_dsc", "brier_unc"]  # fmt: skip
         assert all(c in row and row[c] is None for c in new)  # unknown until recomputed
@@ -320,30 +320,30 @@ def test_an_old_calibration_daily_gains_the_smooth_ece_and_corp_columns(tmp_path
 
 
 def test_connect_limits_duckdb_memory_and_the_cache_can_be_dropped(con):
-    limit = store.fetch_one(con, "SELECT current_setting('memory_limit')")[0]
+    limit = storage.fetch_one(con, "SELECT current_setting('memory_limit')")[0]
     con.execute(f"SET memory_limit = '{config.DUCKDB_MEMORY_LIMIT}'")
-    assert store.fetch_one(con, "SELECT current_setting('memory_limit')")[0] == limit
+    assert storage.fetch_one(con, "SELECT current_setting('memory_limit')")[0] == limit
     rng = np.random.default_rng(0)
     rows = events_of(D1, 300_000).with_columns(pl.Series("score", rng.random(300_000)))
-    store.replace_partitions(con, D1, D1, {"scored_events": rows}, sort=False)
+    storage.replace_partitions(con, D1, D1, {"scored_events": rows}, sort=False)
     cached = "SELECT sum(memory_usage_bytes) FROM duckdb_memory()"
-    assert store.fetch_one(con, cached)[0] > 1_000_000
-    store.drop_block_cache(con)
-    assert store.fetch_one(con, cached)[0] < 1_000_000
-    assert store.fetch_one(con, "SELECT current_setting('memory_limit')")[0] == limit
+    assert storage.fetch_one(con, cached)[0] > 1_000_000
+    storage.drop_block_cache(con)
+    assert storage.fetch_one(con, cached)[0] < 1_000_000
+    assert storage.fetch_one(con, "SELECT current_setting('memory_limit')")[0] == limit
     assert table_rows(con, "scored_events").height == 300_000  # evicted, not lost
 
 
 def test_unknown_table_is_refused(con):
-    with pytest.raises(store.StoreError, match="unknown calpipe table"):
-        store.read_partitions(con, "nope", D1, D1)
+    with pytest.raises(storage.StoreError, match="unknown calpipe table"):
+        storage.read_partitions(con, "nope", D1, D1)
 
 
 KILL_CHILD = textwrap.dedent(
     """
     import datetime as dt, sys, time
     import polars as pl
-    from calpipe import config, store
+    from calpipe import config, storage
 
     class PauseAtCommit:
         # A connection that stops inside the transaction, just before COMMIT.
@@ -363,16 +363,16 @@ KILL_CHILD = textwrap.dedent(
         "event_date": [day] * n, "stream": ["s"] * n, "event_id": list(range(n)),
         "event_time": [t0] * n, "score": [0.9] * n, "label": [1] * n,
     })
-    con = store.connect(path)
-    store.replace_partitions(PauseAtCommit(con), day, day, {"scored_events": new})
+    con = storage.connect(path)
+    storage.replace_partitions(PauseAtCommit(con), day, day, {"scored_events": new})
     """
 )
 
 
 def test_sigkill_inside_the_transaction_leaves_the_previous_partition(tmp_path):
     path = tmp_path / "db.duckdb"
-    con = store.connect(path)
-    store.replace_partitions(con, D1, D1, {"scored_events": events_of(D1, 50)})
+    con = storage.connect(path)
+    storage.replace_partitions(con, D1, D1, {"scored_events": events_of(D1, 50)})
     before = table_rows(con, "scored_events")
     con.close()
 
@@ -392,11 +392,11 @@ def test_sigkill_inside_the_transaction_leaves_the_previous_partition(tmp_path):
             child.kill()
             child.wait()
 
-    con = store.connect(path)
+    con = storage.connect(path)
     try:
         assert table_rows(con, "scored_events").equals(before)
         # and the file is healthy: a new replace commits
-        store.replace_partitions(con, D1, D1, {"scored_events": events_of(D1, 2)})
+        storage.replace_partitions(con, D1, D1, {"scored_events": events_of(D1, 2)})
         assert table_rows(con, "scored_events").height == 2
     finally:
         con.close()
@@ -413,22 +413,22 @@ def test_parse_tells_landing_parquet_and_table_apart(tmp_path):
     (tmp_path / "landing").mkdir()
     f = tmp_path / "ev.parquet"
     raw_events([D1]).write_parquet(f)
-    assert store.EventSource.parse(str(tmp_path / "landing")).kind == "landing"
-    assert store.EventSource.parse(str(f)).kind == "parquet"
-    assert store.EventSource.parse(str(tmp_path / "*.parquet")).kind == "parquet"
-    assert store.EventSource.parse("raw.events").kind == "table"
-    with pytest.raises(store.StoreError, match="neither"):
-        store.EventSource.parse("no such; thing")
+    assert storage.EventSource.parse(str(tmp_path / "landing")).kind == "landing"
+    assert storage.EventSource.parse(str(f)).kind == "parquet"
+    assert storage.EventSource.parse(str(tmp_path / "*.parquet")).kind == "parquet"
+    assert storage.EventSource.parse("raw.events").kind == "table"
+    with pytest.raises(storage.StoreError, match="neither"):
+        storage.EventSource.parse("no such; thing")
 
 
 def test_landing_folder_round_trip(con, tmp_path):
     ev = raw_events([D1, D3], n=4)
-    assert store.write_landing(ev, tmp_path / "landing") == 2
+    assert storage.write_landing(ev, tmp_path / "landing") == 2
     assert sorted(p.name for p in (tmp_path / "landing").iterdir()) == [
         "date=2024-03-01",
         "date=2024-03-03",
     ]
-    src = store.EventSource.parse(str(tmp_path / "landing"))
+    src = storage.EventSource.parse(str(tmp_path / "landing"))
     assert src.date_range(con) == (D1, D3)
     assert src.read_raw(con, D1).equals(ev.filter(pl.col("event_time").dt.date() == D1))
     assert src.read_raw(con, D2).height == 0
@@ -438,8 +438,8 @@ def test_a_day_folder_without_dashes_was_read_as_an_empty_day(con, tmp_path):
     # date=20240301 was accepted (fromisoformat takes it) but never read: 400 events dropped
     (tmp_path / "landing" / "date=20240301").mkdir(parents=True)
     raw_events([D1]).write_parquet(tmp_path / "landing" / "date=20240301" / "e.parquet")
-    src = store.EventSource.parse(str(tmp_path / "landing"))
-    with pytest.raises(store.StoreError, match=r"date=20240301: not date=YYYY-MM-DD"):
+    src = storage.EventSource.parse(str(tmp_path / "landing"))
+    with pytest.raises(storage.StoreError, match=r"date=20240301: not date=YYYY-MM-DD"):
         src.date_range(con)
 
 
@@ -452,8 +452,8 @@ def test_day_folder_entries_that_were_silently_dropped_are_refused(con, tmp_path
     day = tmp_path / "landing" / f"date={D1.isoformat()}"
     (day / entry).parent.mkdir(parents=True)
     raw_events([D1]).write_parquet(day / entry)
-    src = store.EventSource.parse(str(tmp_path / "landing"))
-    with pytest.raises(store.StoreError, match=match):
+    src = storage.EventSource.parse(str(tmp_path / "landing"))
+    with pytest.raises(storage.StoreError, match=match):
         src.read_raw(con, D1)
 
 
@@ -466,7 +466,7 @@ def test_upper_case_and_parq_files_are_read_and_hadoop_markers_skipped(con, tmp_
     ev.tail(2).write_parquet(day / "b.parq")
     (day / "_SUCCESS").write_text("")
     (day / ".b.parq.crc").write_text("x")
-    src = store.EventSource.parse(str(tmp_path / "landing"))
+    src = storage.EventSource.parse(str(tmp_path / "landing"))
     assert src.date_range(con) == (D1, D1)
     assert src.read_raw(con, D1).sort("event_id").equals(ev.sort("event_id"))
 
@@ -477,7 +477,7 @@ def test_parquet_and_table_sources_read_one_day(con, tmp_path):
     con.register("ev_arrow", ev.to_arrow())
     con.execute("CREATE TABLE raw_events AS SELECT * FROM ev_arrow")
     for text in (str(tmp_path / "ev.parquet"), "raw_events"):
-        src = store.EventSource.parse(text)
+        src = storage.EventSource.parse(text)
         assert src.date_range(con) == (D1, D3)
         got = src.read_raw(con, D2).sort("event_id")
         assert got.equals(ev.filter(pl.col("event_time").dt.date() == D2))
@@ -488,13 +488,13 @@ def test_normalize_maps_columns_and_one_stream_only_when_asked():
         {"id": [1, 2], "when": [D1, D1], "p": [0.1, 0.2], "y": [0, None]},
         schema_overrides={"y": pl.Int8},
     )
-    cm = store.ColumnMap(stream="segment", event_id="id", event_time="when", score="p", label="y")
+    cm = storage.ColumnMap(stream="segment", event_id="id", event_time="when", score="p", label="y")
     with pytest.raises(InputError, match=r"column 'segment': missing column .*--stream-col none"):
-        store.normalize_events(raw, cm)  # regression: a missing stream column meant one stream
-    cm = store.ColumnMap(stream=None, event_id="id", event_time="when", score="p", label="y")
-    out = store.normalize_events(raw, cm)
+        storage.normalize_events(raw, cm)  # regression: a missing stream column meant one stream
+    cm = storage.ColumnMap(stream=None, event_id="id", event_time="when", score="p", label="y")
+    out = storage.normalize_events(raw, cm)
     assert out.columns == ["stream", "event_id", "event_time", "score", "label"]
-    assert out["stream"].to_list() == [store.DEFAULT_STREAM] * 2
+    assert out["stream"].to_list() == [storage.DEFAULT_STREAM] * 2
     assert out.schema["event_time"] == pl.Datetime("us")
 
 
@@ -502,7 +502,7 @@ def test_normalize_stores_aware_times_as_utc():
     t = dt.datetime(2024, 3, 1, 23, 30)
     raw = pl.DataFrame({"event_id": [1], "event_time": [t], "score": [0.1], "label": [0]})
     aware = raw.with_columns(pl.col("event_time").dt.replace_time_zone("Europe/Paris"))
-    out = store.normalize_events(aware, store.ColumnMap(stream=None))
+    out = storage.normalize_events(aware, storage.ColumnMap(stream=None))
     assert out["event_time"][0] == dt.datetime(2024, 3, 1, 22, 30)  # 23:30 CET = 22:30 UTC
     assert out.schema["event_time"] == pl.Datetime("us")
 
@@ -523,19 +523,19 @@ def test_normalize_stores_aware_times_as_utc():
 )
 def test_normalize_refuses_what_cannot_be_stored(raw, match):
     with pytest.raises(InputError, match=match):
-        store.normalize_events(raw, store.ColumnMap(stream=None))
+        storage.normalize_events(raw, storage.ColumnMap(stream=None))
 
 
 _MIXED_TZ_DAY = """
 import datetime as dt, sys
 from pathlib import Path
 import polars as pl
-from calpipe import store
+from calpipe import storage
 d = Path(sys.argv[1])
-con = store.connect(d / "db.duckdb")
-src = store.EventSource.parse(str(d / "landing"))
+con = storage.connect(d / "db.duckdb")
+src = storage.EventSource.parse(str(d / "landing"))
 raw = src.read_raw(con, dt.date(2024, 3, 1))
-out = store.normalize_events(raw, store.ColumnMap()).sort("event_id")
+out = storage.normalize_events(raw, storage.ColumnMap()).sort("event_id")
 print(con.execute("SELECT current_setting('TimeZone')").fetchone()[0], *out["event_time"].to_list())
 """
 
@@ -568,19 +568,21 @@ def test_a_disk_full_error_was_hidden_behind_cannot_rollback(con):
     "cannot rollback - no transaction is active" and hid "No space left on device"."""
     import duckdb
 
-    before = store.query(con, "SELECT * FROM scored_events")
+    before = storage.query(con, "SELECT * FROM scored_events")
     with pytest.raises(duckdb.IOException, match="No space left on device"):
-        with store.replacing_partitions(con, D1, D1, ["scored_events"]) as writer:
+        with storage.replacing_partitions(con, D1, D1, ["scored_events"]) as writer:
             writer.insert("scored_events", events_of(D1, 2), sort=False)
             con.execute("ROLLBACK")  # what DuckDB does when a write fails with ENOSPC
             raise duckdb.IOException("No space left on device")  # injected: the real error
-    assert store.query(con, "SELECT * FROM scored_events").equals(before)
+    assert storage.query(con, "SELECT * FROM scored_events").equals(before)
 
 
 def test_a_time_column_name_with_a_quote_was_pasted_into_sql(con, tmp_path):
     ev = raw_events([D1]).rename({"event_time": 'ev"t'})
     ev.write_parquet(tmp_path / "ev.parquet")
-    src = store.EventSource.parse(str(tmp_path / "ev.parquet"), store.ColumnMap(event_time='ev"t'))
+    src = storage.EventSource.parse(
+        str(tmp_path / "ev.parquet"), storage.ColumnMap(event_time='ev"t')
+    )
     assert src.date_range(con) == (D1, D1)
     assert src.read_raw(con, D1).height == ev.height
 
@@ -589,7 +591,7 @@ def test_uint64_event_ids_beyond_int64_were_a_cast_traceback():
     raw = pl.DataFrame({"event_id": [1, 2**63 + 5], "event_time": [D1, D1], "score": [0.1, 0.2],
                         "label": [0, 1]}, schema_overrides={"event_id": pl.UInt64})  # fmt: skip
     with pytest.raises(InputError, match=r"row 1: event id 9223372036854775813 does not fit"):
-        store.normalize_events(raw, store.ColumnMap(stream=None))
+        storage.normalize_events(raw, storage.ColumnMap(stream=None))
 
 
 def test_a_float_event_id_on_one_day_names_the_file(con, tmp_path):
@@ -599,7 +601,7 @@ def test_a_float_event_id_on_one_day_names_the_file(con, tmp_path):
     raw_events([D2]).with_columns(pl.col("event_id").cast(pl.Float64)).write_parquet(
         day / "e.parquet"
     )
-    src = store.EventSource.parse(str(tmp_path / "landing"))
+    src = storage.EventSource.parse(str(tmp_path / "landing"))
     with pytest.raises(InputError, match=rf"date={D2.isoformat()}/e.parquet: event ids must be "
                                          "integers or strings"):  # fmt: skip
         src.read_raw(con, D2)
@@ -615,8 +617,10 @@ def test_a_users_own_duckdb_file_was_given_calpipes_tables(tmp_path):
     """connect() installed seven tables into a user's DuckDB file and replaced their v_alarms."""
     path = tmp_path / "mine.duckdb"
     _user_database(path)
-    with pytest.raises(store.StoreError, match=r"is not a calpipe database: it has 2 tables/views"):
-        store.connect(path)
+    with pytest.raises(
+        storage.StoreError, match=r"is not a calpipe database: it has 2 tables/views"
+    ):
+        storage.connect(path)
     raw = duckdb.connect(str(path), read_only=True)
     assert raw.execute("SELECT mine FROM v_alarms").fetchone() == (42,)
     assert raw.execute("SELECT count(*) FROM duckdb_tables()").fetchone() == (1,)
@@ -625,14 +629,14 @@ def test_a_users_own_duckdb_file_was_given_calpipes_tables(tmp_path):
 
 def test_a_database_of_a_newer_calpipe_was_migrated_backwards(tmp_path):
     path = tmp_path / "new.duckdb"
-    store.connect(path).close()
+    storage.connect(path).close()
     con = duckdb.connect(str(path))
     con.execute("UPDATE calpipe_meta SET value = ? WHERE key = 'schema_version'",
-                [str(store.SCHEMA_VERSION + 1)])  # fmt: skip
+                [str(storage.SCHEMA_VERSION + 1)])  # fmt: skip
     con.execute("UPDATE calpipe_meta SET value = 'newer' WHERE key = 'sql_hash'")
     con.close()
-    with pytest.raises(store.StoreError, match=r"written by a newer calpipe \(schema version"):
-        store.connect(path)
+    with pytest.raises(storage.StoreError, match=r"written by a newer calpipe \(schema version"):
+        storage.connect(path)
     con = duckdb.connect(str(path), read_only=True)
     assert (
         dict(con.execute("SELECT key, value FROM calpipe_meta").fetchall())["sql_hash"] == "newer"
@@ -642,22 +646,22 @@ def test_a_database_of_a_newer_calpipe_was_migrated_backwards(tmp_path):
 
 def test_an_unversioned_calpipe_database_is_upgraded_once(tmp_path):
     path = tmp_path / "v1.duckdb"
-    store.connect(path).close()
+    storage.connect(path).close()
     con = duckdb.connect(str(path))
     con.execute("DELETE FROM calpipe_meta WHERE key = 'schema_version'")  # as written before
     con.close()
-    con = store.connect(path)
-    assert store.get_meta(con, "schema_version") == str(store.SCHEMA_VERSION)
-    assert store.install_sql(con) is False  # up to date: no write
+    con = storage.connect(path)
+    assert storage.get_meta(con, "schema_version") == str(storage.SCHEMA_VERSION)
+    assert storage.install_sql(con) is False  # up to date: no write
     con.close()
 
 
 def test_a_column_map_round_trips_through_json_and_a_bad_one_is_named():
-    cm = store.ColumnMap(stream=None, event_id="rid", event_time="ts", score="p", label="y")
-    assert store.ColumnMap.from_json(cm.to_json()) == cm
+    cm = storage.ColumnMap(stream=None, event_id="rid", event_time="ts", score="p", label="y")
+    assert storage.ColumnMap.from_json(cm.to_json()) == cm
     with pytest.raises(
-        store.StoreError, match=r"column map '\{\"stream\": \"a\", \"x\": 1\}' is not"
+        storage.StoreError, match=r"column map '\{\"stream\": \"a\", \"x\": 1\}' is not"
     ):
-        store.ColumnMap.from_json('{"stream": "a", "x": 1}')
-    with pytest.raises(store.StoreError, match="is not a calpipe column map"):
-        store.ColumnMap.from_json("not json")
+        storage.ColumnMap.from_json('{"stream": "a", "x": 1}')
+    with pytest.raises(storage.StoreError, match="is not a calpipe column map"):
+        storage.ColumnMap.from_json("not json")

@@ -46,8 +46,8 @@ from calpipe.calibrators.base import (
     ragged_take,
 )
 from calpipe.errors import ParameterError, StateError
-from calpipe.kernels.prediction import Prediction
 from calpipe.kernels.ops import OP_FORECAST, OP_UPDATE
+from calpipe.kernels.prediction import Prediction
 
 _HEADER = 3  # u, b, f
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import duckdb
 import polars as pl
 
-from calpipe import config, paths, pipeline, store
+from calpipe import config, paths, pipeline, storage
 from calpipe.cli import progress, ui_guard
 from calpipe.cli.options import add_method_options, method_params
 from calpipe.cli.ui_client import free_port
@@ -153,12 +153,12 @@ def _demo_interrupted(db: Path) -> str:
     whole (the demo replaces every partition; it is idempotent)."""
     last = None
     try:
-        con = store.connect(db, read_only=True, lock_wait=0)
+        con = storage.connect(db, read_only=True, lock_wait=0)
         try:
             last = con.sql("SELECT max(date) FROM pipeline_days").fetchall()[0][0]
         finally:
             con.close()
-    except (duckdb.Error, store.StoreError, KeyboardInterrupt, RuntimeError):
+    except (duckdb.Error, storage.StoreError, KeyboardInterrupt, RuntimeError):
         pass
     done = f"the days up to {last} are committed" if last else "no day is committed yet"
     return (f"calpipe demo: interrupted: {done} (the transaction in progress was rolled back). "
@@ -171,18 +171,18 @@ def _demo_interrupted(db: Path) -> str:
 def _cmd_run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     settings = pipeline.Settings.make(args.method, **method_params(args))
-    columns = store.ColumnMap(
+    columns = storage.ColumnMap(
         stream=None if args.stream_col.lower() == "none" else args.stream_col,
         event_id=args.id_col, event_time=args.time_col, score=args.score_col, label=args.label_col,
     )  # fmt: skip
-    source = store.EventSource.parse(args.events, columns)
+    source = storage.EventSource.parse(args.events, columns)
     labels = None
     if args.labels:
         labels = label_source(args.labels, LabelColumns(
             stream=columns.stream, event_id=args.id_col, label=args.label_col,
             label_time=args.label_time_col,
         ))  # fmt: skip
-    con = store.connect(args.db, lock_wait=args.lock_wait)
+    con = storage.connect(args.db, lock_wait=args.lock_wait)
     try:
         return _run(con, source, labels, args, settings, t0)
     except _INTERRUPTS as exc:
@@ -253,10 +253,10 @@ def ui_command(
     }
     meta: dict[str, str | None] = {}
     if db.exists():
-        con = store.connect(db, read_only=True)
+        con = storage.connect(db, read_only=True)
         try:
             keys = ("events", "first_day", "last_day", "settings", "columns", "labels")
-            meta = {k: store.get_meta(con, k) for k in keys}
+            meta = {k: storage.get_meta(con, k) for k in keys}
             if meta["first_day"] is None:
                 first = pipeline.chain_first_day(con)
                 meta["first_day"] = first.isoformat() if first else None
@@ -333,8 +333,8 @@ def _cmd_sql(args: argparse.Namespace) -> int:
     # read-only unless --write: a query must not install the schema into (or create) a file;
     # with --write the database must exist too (a mistyped --db is an error, not a new file)
     if args.write and not Path(args.db).expanduser().exists():
-        raise store.StoreError(f"database {args.db} does not exist")
-    con = store.connect(args.db, read_only=not args.write, lock_wait=args.lock_wait)
+        raise storage.StoreError(f"database {args.db} does not exist")
+    con = storage.connect(args.db, read_only=not args.write, lock_wait=args.lock_wait)
     # A user's query gets DuckDB's default memory limit, not the small buffer pool the pipeline's
     # writes use (config.DUCKDB_MEMORY_LIMIT): analytical queries should not spill needlessly.
     con.execute("RESET memory_limit")

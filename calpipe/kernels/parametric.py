@@ -44,8 +44,8 @@ import numpy as np
 from numba import njit
 
 from calpipe import config
-from calpipe.kernels.prediction import Prediction
 from calpipe.kernels.numeric import cholesky_solve
+from calpipe.kernels.prediction import Prediction
 
 #: Parameterisations of beta calibration, as in the betacal package.
 BETA_PARAMETERS = ("abm", "ab", "am", "a")

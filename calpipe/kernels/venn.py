@@ -67,8 +67,8 @@ import numpy as np
 from numba import njit
 
 from calpipe.config import VENN_DEFAULT_N_BINS
-from calpipe.kernels.prediction import Prediction
 from calpipe.kernels.ops import OP_FORECAST, OP_STEP, OP_UPDATE
+from calpipe.kernels.prediction import Prediction
 
 __all__ = [
     "OP_FORECAST",

@@ -1,7 +1,7 @@
 """The nightly job: the functions that the dagster assets and the ``calpipe`` CLI both call.
 
 A day ``d`` flows through five stages, each one function that reads its inputs from the DuckDB
-file and replaces its output partitions in one transaction (:mod:`calpipe.store`):
+file and replaces its output partitions in one transaction (:mod:`calpipe.storage`):
 
 =====================  ===========================================  ================================
 stage                  writes                                       reads
@@ -48,13 +48,13 @@ The modules, one concern each (every public name is re-exported here):
 
 Example
 -------
->>> import tempfile, calpipe.generate as gen, calpipe.store as store
+>>> import tempfile, calpipe.generate as gen, calpipe.storage as store
 >>> from pathlib import Path
 >>> tmp = Path(tempfile.mkdtemp())
 >>> events = gen.generate(n_days=3, seed=7)
->>> _ = store.write_landing(events, tmp / "landing")
->>> con = store.connect(tmp / "db.duckdb")
->>> summary = run_range(con, store.EventSource.parse(str(tmp / "landing")))
+>>> _ = storage.write_landing(events, tmp / "landing")
+>>> con = storage.connect(tmp / "db.duckdb")
+>>> summary = run_range(con, storage.EventSource.parse(str(tmp / "landing")))
 >>> summary.days, summary.events == events.height
 (3, True)
 >>> con.close()
@@ -62,8 +62,6 @@ Example
 
 from __future__ import annotations
 
-# `pipeline.store` is read by dagster_project.assets: the pipeline's storage layer
-from calpipe import store  # noqa: F401
 from calpipe.config import ECE_BINS, RELIABILITY_WINDOW_DAYS
 from calpipe.pipeline.alarms import alarm_days
 from calpipe.pipeline.chain import chain_first_day, protect_days, state_as_of, state_before

@@ -14,7 +14,7 @@ import datetime as dt
 import numpy as np
 import polars as pl
 
-from calpipe import config, store
+from calpipe import config, storage
 from calpipe.pipeline.chain import require_chain
 from calpipe.pipeline.monitoring import stream_groups
 from calpipe.pipeline.settings import StageResult, as_date
@@ -100,19 +100,19 @@ def alarm_days(con, start: dt.date, end: dt.date) -> StageResult:
     thr = config.ALARM_LOG10_THRESHOLD
     res = StageResult(start, end, {"martingale_alarms": 0})
     for c0, c1 in day_range(start, end):
-        hot = store.query(
+        hot = storage.query(
             con,
             "SELECT date, stream, log10_martingale_max FROM calibrator_state "
             "WHERE date < $1 AND log10_martingale_max >= $2",
             [c1, thr],
         )
-        candidates = store.query(con, _CANDIDATES_SQL, [c0, c1, thr])
+        candidates = storage.query(con, _CANDIDATES_SQL, [c0, c1, thr])
         by_day = candidates.partition_by("event_date", as_dict=True)
         rows = [
             first_crossings(hits, hot.filter(pl.col("date") < d), d)
             for (d,), hits in sorted(by_day.items())
         ]
         alarms = pl.concat(rows) if rows else pl.DataFrame()  # replacing with none: a delete
-        store.replace_partitions(con, c0, c1, {"martingale_alarms": alarms})
+        storage.replace_partitions(con, c0, c1, {"martingale_alarms": alarms})
         res.rows["martingale_alarms"] += alarms.height
     return res

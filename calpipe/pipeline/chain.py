@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from calpipe import store
+from calpipe import storage
 from calpipe.calibrators import Calibrator
 from calpipe.engine import protect_with_state
 from calpipe.errors import StateError
@@ -32,7 +32,7 @@ from calpipe.pipeline.transactions import write_days
 
 def chain_first_day(con) -> dt.date | None:
     """The first day of the chain stored in this database (None before the first run)."""
-    row = store.fetch_one(con, "SELECT min(first_day) FROM pipeline_days")
+    row = storage.fetch_one(con, "SELECT min(first_day) FROM pipeline_days")
     return None if row is None else row[0]
 
 
@@ -43,7 +43,7 @@ def _first_missing_day(con, first_day: dt.date, before: dt.date) -> dt.date | No
             "SELECT date FROM pipeline_days WHERE date BETWEEN ? AND ?", [first_day, before]
         ).fetchall()
     }
-    for d in store.iter_days(first_day, before):
+    for d in storage.iter_days(first_day, before):
         if d not in done:
             return d
     return None
@@ -66,7 +66,7 @@ def state_before(con, day: dt.date, settings: Settings, first_day: dt.date) -> p
             )
         return None
     prev = day - dt.timedelta(days=1)
-    row = store.fetch_one(
+    row = storage.fetch_one(
         con,
         "SELECT first_day, method, config_fingerprint, config_json, n_streams FROM pipeline_days "
         "WHERE date = ?",
@@ -128,7 +128,7 @@ ORDER BY s.stream
 def state_hash_before(con, day: dt.date) -> str | None:
     """The ``state_hash`` of ``day - 1`` (None on the chain's first day or for a day computed
     before calpipe recorded it): where the hash chain of the days from ``day`` on starts."""
-    row = store.fetch_one(
+    row = storage.fetch_one(
         con, "SELECT state_hash FROM pipeline_days WHERE date = ?", [day - dt.timedelta(days=1)]
     )
     return None if row is None else row[0]
@@ -139,7 +139,7 @@ def state_as_of(con, day: dt.date) -> pl.DataFrame:
     ``date`` of the row it comes from): each stream's latest ``calibrator_state`` row on or
     before ``day``. What :func:`calpipe.pipeline.serving_map` takes to serve the map in force
     then, and what the ``calibrate_score_as_of`` macro evaluates in SQL."""
-    return store.query(con, _STATE_AS_OF_SQL, [as_date(day)])
+    return storage.query(con, _STATE_AS_OF_SQL, [as_date(day)])
 
 
 def _state_rows_missing(con, first_day: dt.date, last: dt.date) -> tuple | None:
@@ -147,7 +147,7 @@ def _state_rows_missing(con, first_day: dt.date, last: dt.date) -> tuple | None:
     ``n_state_rows`` that ``pipeline_days`` recorded: (day, rows, recorded), or None. Reads the
     date column only (a stream's rows are sparse: a deleted row would go unnoticed by the state
     as of a later day, which would quietly resume that stream from an older row)."""
-    return store.fetch_one(
+    return storage.fetch_one(
         con,
         """SELECT d.date, coalesce(c.n, 0), d.n_state_rows FROM pipeline_days d
            LEFT JOIN (SELECT date, count(*) AS n FROM calibrator_state
@@ -390,7 +390,7 @@ def protect_days(
         state_hash_before(con, start), k,
     )  # fmt: skip
 
-    def write(writer: store.PartitionWriter, d: dt.date, events: pl.DataFrame) -> None:
+    def write(writer: storage.PartitionWriter, d: dt.date, events: pl.DataFrame) -> None:
         day = chain.step(events, d, stored_arrivals(con, d, k))
         # in the input's order (the engine keeps it): no sort of the day's rows
         writer.insert("protected_scores", day.protected, sort=False)
@@ -401,7 +401,7 @@ def protect_days(
 
     tables = ["protected_scores", "calibrator_state", "pipeline_days"]
     rows = write_days(
-        con, start, end, tables, lambda d: store.query(con, _day_events_sql(k), [d]), write
+        con, start, end, tables, lambda d: storage.query(con, _day_events_sql(k), [d]), write
     )
     return StageResult(start, end, {t: rows[t] for t in tables[:2]})
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
-from calpipe import config, store
+from calpipe import config, storage
 
 
 @dataclass
@@ -30,7 +30,7 @@ class CheckOutcome:
 
 def check_probabilities(con, start: dt.date, end: dt.date) -> CheckOutcome:
     """Protected scores are finite probabilities in [0, 1] and the martingale is finite."""
-    bad = store.query(
+    bad = storage.query(
         con,
         """WITH bad AS (
                SELECT event_date, stream, event_id, protected_score, protected_scores,
@@ -63,7 +63,7 @@ def check_probabilities(con, start: dt.date, end: dt.date) -> CheckOutcome:
 
 def check_row_counts(con, start: dt.date, end: dt.date) -> CheckOutcome:
     """Each day has as many protected rows as scored events (per stream)."""
-    diff = store.query(
+    diff = storage.query(
         con,
         """WITH i AS (SELECT event_date, stream, count(*) AS n_in FROM scored_events
                       WHERE event_date BETWEEN $1 AND $2 GROUP BY ALL),
@@ -120,7 +120,7 @@ def check_state_continuity(con, start: dt.date, end: dt.date) -> CheckOutcome:
     recorded, one configuration throughout, every stream with events on a day has its state row
     of the day, and each stream's event count grows by exactly the day's events."""
     problems: list[str] = []
-    days = store.query(
+    days = storage.query(
         con,
         "SELECT date, first_day, config_fingerprint FROM pipeline_days "
         "WHERE date BETWEEN ? AND ? ORDER BY date",
@@ -129,11 +129,11 @@ def check_state_continuity(con, start: dt.date, end: dt.date) -> CheckOutcome:
     have = set(days["date"].to_list())
     first = days["first_day"].min() if days.height else None
     lo = start if first is None or start <= first else start - dt.timedelta(days=1)
-    missing = [d for d in store.iter_days(lo, end) if d not in have]
+    missing = [d for d in storage.iter_days(lo, end) if d not in have]
     if missing:
         shown = ", ".join(d.isoformat() for d in missing[:5])
         problems.append(f"days without state: {shown}{' ...' if len(missing) > 5 else ''}")
-    counts = store.query(
+    counts = storage.query(
         con,
         """SELECT d.date, d.n_state_rows, count(s.stream) AS n_rows FROM pipeline_days d
            LEFT JOIN calibrator_state s ON s.date = d.date
@@ -147,7 +147,7 @@ def check_state_continuity(con, start: dt.date, end: dt.date) -> CheckOutcome:
             f"calibrator_state of {r['date']} has {r['n_rows']} rows for the {r['n_state_rows']} "
             "streams whose state changed that day (pipeline_days)"
         )
-    known = store.fetch_one(
+    known = storage.fetch_one(
         con,
         """SELECT (SELECT count(DISTINCT stream) FROM calibrator_state WHERE date <= $1),
                   (SELECT n_streams FROM pipeline_days WHERE date = $1)""",
@@ -160,7 +160,7 @@ def check_state_continuity(con, start: dt.date, end: dt.date) -> CheckOutcome:
         )
     if days["config_fingerprint"].n_unique() > 1:
         problems.append(f"several configurations: {days['config_fingerprint'].unique().to_list()}")
-    jumps = store.query(con, _STATE_JUMPS_SQL, [start, end])
+    jumps = storage.query(con, _STATE_JUMPS_SQL, [start, end])
     if jumps.height:
         r = jumps.row(0, named=True)
         if r["n_events"] is None:
@@ -181,7 +181,7 @@ def check_state_continuity(con, start: dt.date, end: dt.date) -> CheckOutcome:
                 f"{r['prev_known'] or 0} + {r['n_day_labelled']} labels of the day (in its "
                 "scores rows and arrived)"
             )
-    stale = store.query(
+    stale = storage.query(
         con,
         """SELECT date FROM (SELECT date, prev_state_hash,
                                     lag(state_hash) OVER (ORDER BY date) AS before
@@ -208,13 +208,13 @@ def check_alarms(con, start: dt.date, end: dt.date) -> CheckOutcome:
     [start, end] (``martingale_alarms``): their base forecasts are rejected as miscalibrated at
     the 1 % level (Ville). Streams that crossed on earlier days are counted, not re-raised: a
     nightly check warns once, the night a stream alarms, not on every night after it."""
-    new = store.query(
+    new = storage.query(
         con,
         """SELECT stream, date AS alarm_date, event_time, log10_martingale
            FROM martingale_alarms WHERE date BETWEEN ? AND ? ORDER BY stream""",
         [start, end],
     )
-    before = store.query(
+    before = storage.query(
         con, "SELECT count(*) AS n FROM martingale_alarms WHERE date < ?", [start]
     )["n"][0]
     ok = new.height == 0

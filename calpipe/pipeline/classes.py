@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import polars as pl
 
-from calpipe import store
+from calpipe import storage
 from calpipe.engine.contract import resolve_columns, validate_frame
-from calpipe.store import EventSource
+from calpipe.storage import EventSource
 
 #: The stored K: the first row of ``scored_events`` (binary if its ``score`` is set, else the
 #: length of its ``scores``), else a ``calibrator_state`` row's ``n_classes``; NULL for a
@@ -31,7 +31,7 @@ SELECT coalesce(
 
 def stored_n_classes(con) -> int | None:
     """The number of classes of the forecasts this database stores (None before any event)."""
-    row = store.fetch_one(con, _STORED_SQL)
+    row = storage.fetch_one(con, _STORED_SQL)
     return None if row is None or row[0] is None else int(row[0])
 
 
@@ -82,7 +82,7 @@ def ensure_n_classes(con, n_classes: int, source: EventSource, day) -> int:
     have = stored_n_classes(con)
     if have is None or have == n_classes:
         return n_classes
-    raise store.StoreError(
+    raise storage.StoreError(
         f"{source.describe()}, day {day}: its forecasts have {n_classes} classes, but this "
         f"database stores forecasts of {have} classes; one database keeps one number of classes: "
         "use a new database for this source"

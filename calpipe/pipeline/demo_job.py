@@ -14,13 +14,13 @@ from pathlib import Path
 
 import polars as pl
 
-from calpipe import generate, paths, store
+from calpipe import generate, paths, storage
 from calpipe.errors import StateError
 from calpipe.pipeline.chain import chain_first_day
 from calpipe.pipeline.nightly import DayProgress, RunSummary, run_range
 from calpipe.pipeline.reports import stream_summary
 from calpipe.pipeline.settings import Settings
-from calpipe.store import EventSource
+from calpipe.storage import EventSource
 
 #: The bank demo: stream name, the base score column, and the shipped file (docs/ARCHITECTURE.md §3 columns).
 BANK_STREAM = "bank-telemarketing"
@@ -86,8 +86,8 @@ def demo(
     db_path = Path(db or paths.DEFAULT_DB).expanduser().resolve()
     landing = db_path.parent / "landing"
     events = demo_events(generated=generated)
-    store.write_landing(events, landing)
-    con = store.connect(db_path)
+    storage.write_landing(events, landing)
+    con = storage.connect(db_path)
     try:
         source = EventSource("landing", str(landing))
         first, last = source.date_range(con)  # type: ignore[misc]
@@ -99,7 +99,7 @@ def demo(
         run = run_range(
             con, source, first, last, Settings(), first_day=first, log=log, progress=progress
         )
-        store.set_meta(con, last_day=last.isoformat())  # the rest: run_range's record
+        storage.set_meta(con, last_day=last.isoformat())  # the rest: run_range's record
         truth = generate.drift_table().select("stream", "drift_date")
         summary = stream_summary(con).join(truth, on="stream", how="left")
     finally:

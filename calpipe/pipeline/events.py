@@ -12,7 +12,7 @@ import datetime as dt
 
 import polars as pl
 
-from calpipe import config, store
+from calpipe import config, storage
 from calpipe.engine.contract import Rule, check_rules, replay_order, resolve_columns, validate_frame
 from calpipe.errors import InputError
 from calpipe.pipeline.classes import ensure_n_classes, frame_n_classes, score_column, split_scores
@@ -21,7 +21,7 @@ from calpipe.pipeline.inputs import day_inputs, run_inputs
 from calpipe.pipeline.labels import Arrivals, label_rows, night_arrivals, quarantine_rows
 from calpipe.pipeline.settings import StageResult, as_date
 from calpipe.pipeline.transactions import write_days
-from calpipe.store import EventSource
+from calpipe.storage import EventSource
 
 #: Streams and replay order of the stored events (the data contract's default names).
 STREAM_KEYS = ("stream",)
@@ -59,13 +59,13 @@ def read_source(
     con, source: EventSource, start: dt.date, end: dt.date, part: tuple[int, int] | None = None
 ) -> pl.DataFrame:
     """The source's events of [start, end] (of the streams of ``part``,
-    :func:`calpipe.landing.part_where`) in the data contract's names with ``event_date``, each
+    :func:`calpipe.storage.landing.part_where`) in the data contract's names with ``event_date``, each
     checked to lie on its day, but not yet validated nor cast to the stored types."""
     raw = source.read_range(con, start, end, part)
     if raw.height == 0:
         return pl.DataFrame(schema=_EVENT_SCHEMA)
-    days = raw[store.DAY_COLUMN]
-    norm = store.normalize_events(raw.drop(store.DAY_COLUMN), source.columns)
+    days = raw[storage.DAY_COLUMN]
+    norm = storage.normalize_events(raw.drop(storage.DAY_COLUMN), source.columns)
     del raw
     try:
         norm, _ = split_scores(norm)
@@ -121,7 +121,7 @@ def check_history_duplicates(
     keys = chunk.select(pl.col("stream").cast(pl.String), pl.col("event_id").cast(ids))
     con.register("_calpipe_day_keys", keys.to_arrow())
     try:
-        row = store.fetch_one(con, _DUPLICATE_SQL, [day, last])
+        row = storage.fetch_one(con, _DUPLICATE_SQL, [day, last])
     finally:
         con.unregister("_calpipe_day_keys")
     if row is not None:
@@ -210,7 +210,7 @@ def load_events(
     inputs = run_inputs(con, source, labels, start, end)
     arrivals: dict[dt.date, Arrivals] = {}
 
-    def write(writer: store.PartitionWriter, d: dt.date, rows: pl.DataFrame) -> None:
+    def write(writer: storage.PartitionWriter, d: dt.date, rows: pl.DataFrame) -> None:
         if rows.height == 0:
             res.notes.append(d.isoformat())
         night = arrivals.pop(d)

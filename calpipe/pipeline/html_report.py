@@ -22,7 +22,7 @@ from pathlib import Path
 import polars as pl
 from matplotlib.figure import Figure
 
-from calpipe import __version__, config, plots, store
+from calpipe import __version__, config, plots, storage
 from calpipe.errors import StoreError
 from calpipe.pipeline.chain import chain_first_day
 from calpipe.pipeline.classes import stored_n_classes
@@ -89,11 +89,11 @@ def html_report(
     daily_days: int = config.REPORT_DAILY_DAYS,
 ) -> str:
     """The report page of the database behind ``con`` (read only), as one HTML string."""
-    last = store.query(con, "SELECT max(date) AS d FROM pipeline_days").item()
+    last = storage.query(con, "SELECT max(date) AS d FROM pipeline_days").item()
     if last is None:
         raise StoreError(f"{title}: no day has been run yet; run `calpipe run` first")
     first = chain_first_day(con)
-    settings = store.get_meta(con, "settings")
+    settings = storage.get_meta(con, "settings")
     method = json.loads(settings).get("method") if settings else None
     summary = stream_summary(con).with_columns(
         (pl.col("max_log10_S") >= config.ALARM_LOG10_THRESHOLD).alias("alarm")
@@ -103,17 +103,17 @@ def html_report(
         descending=[False, False, True],
     )["stream"].to_list()
     shown, left_out = order[:max_streams], len(order) - min(len(order), max_streams)
-    alarms = store.query(
+    alarms = storage.query(
         con,
         "SELECT stream, date, event_time, event_id, round(log10_martingale, 4) AS log10_S "
         "FROM martingale_alarms ORDER BY date, stream",
     )
-    daily = store.query(
+    daily = storage.query(
         con,
         f"SELECT stream, {', '.join(_DAILY)} FROM calibration_daily WHERE date > ? ORDER BY stream, date",
         [last - dt.timedelta(days=daily_days)],
     )
-    trajectory = store.query(
+    trajectory = storage.query(
         con, "SELECT date, stream, log10_martingale FROM calibrator_state ORDER BY stream, date"
     )
     binary = (stored_n_classes(con) or 2) == 2
@@ -177,7 +177,7 @@ def write_report(
     if not db.exists():
         raise StoreError(f"database {db} does not exist")
     out = Path(out) if out else db.with_name(f"{db.stem}.report.html")
-    con = store.connect(db, read_only=True, lock_wait=lock_wait)
+    con = storage.connect(db, read_only=True, lock_wait=lock_wait)
     try:
         page = html_report(con, title=str(db), **kw)
     finally:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import duckdb
 import polars as pl
 
-from calpipe import store
-from calpipe.store import EventSource
+from calpipe import storage
+from calpipe.storage import EventSource
 
 #: Every stored column holding an event id. A database stores one type of id, BIGINT (integer
 #: ids, the DDL's) or VARCHAR (string or UUID ids): set by the first events stored
@@ -30,7 +30,7 @@ _ID_COLUMNS = {
 
 def stored_id_type(con) -> pl.DataType:
     """The event id type this database stores: ``pl.Int64`` (BIGINT) or ``pl.String``."""
-    row = store.fetch_one(
+    row = storage.fetch_one(
         con,
         "SELECT data_type FROM duckdb_columns() WHERE table_name = 'scored_events' AND "
         "column_name = 'event_id' AND database_name = current_database() AND "
@@ -49,12 +49,12 @@ def ensure_id_type(con, ids: pl.DataType, source: EventSource) -> pl.DataType:
     if want == have:
         return have
     sql = {pl.Int64: "BIGINT (integers)", pl.String: "VARCHAR (strings)"}
-    mismatch = store.StoreError(
+    mismatch = storage.StoreError(
         f"{source.describe()}: its event ids are {sql[want]}, but this database stores "
         f"{sql[have]} event ids; one database stores one type of id (their order breaks "
         "ties in event_time): use a new database, or convert the ids"
     )
-    used = store.fetch_one(
+    used = storage.fetch_one(
         con,
         "SELECT (SELECT count(*) FROM scored_events) + (SELECT count(*) FROM calibrator_state)",
     )

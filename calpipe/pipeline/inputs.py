@@ -35,9 +35,9 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from calpipe import config, store
+from calpipe import config, storage
 from calpipe.errors import StateError
-from calpipe.store import EventSource
+from calpipe.storage import EventSource
 
 #: ``pipeline_inputs.kind`` of the scored events' files, and of the label feed's
 #: (:data:`calpipe.pipeline.labels.LABELS`).
@@ -77,7 +77,7 @@ def _parquet_rows(path: Path) -> int:
     try:
         return pq.ParquetFile(path).metadata.num_rows
     except (pa.ArrowException, OSError) as exc:
-        raise store.StoreError(f"reading {path}: not a readable Parquet file ({exc})") from exc
+        raise storage.StoreError(f"reading {path}: not a readable Parquet file ({exc})") from exc
 
 
 def run_inputs(
@@ -124,10 +124,10 @@ def source_inputs(
             rows.append((d, kind, rel, st.st_size, st.st_mtime_ns, digest, n))
         return pl.DataFrame(rows, schema=_INPUT_SCHEMA, orient="row")
     rel = source.relation_sql()
-    names = store.query(con, f"SELECT * FROM {rel} LIMIT 0").columns
-    t = store.sql_ident(source.columns.day_time)
-    cols = ", ".join(store.sql_ident(c) for c in names)
-    frame = store.query(
+    names = storage.query(con, f"SELECT * FROM {rel} LIMIT 0").columns
+    t = storage.sql_ident(source.columns.day_time)
+    cols = ", ".join(storage.sql_ident(c) for c in names)
+    frame = storage.query(
         con,
         f"""SELECT CAST({t} AS DATE) AS date, count(*) AS n_rows,
                    CAST(sum(hash({cols})) AS VARCHAR) AS content_hash
@@ -153,7 +153,7 @@ def day_inputs(inputs: pl.DataFrame, day: dt.date, to: dt.date | None = None) ->
 
 def recorded_inputs(con, start: dt.date, end: dt.date) -> pl.DataFrame:
     """The ``pipeline_inputs`` rows recorded for [start, end]."""
-    return store.read_partitions(con, "pipeline_inputs", start, end).cast(_INPUT_SCHEMA)
+    return storage.read_partitions(con, "pipeline_inputs", start, end).cast(_INPUT_SCHEMA)
 
 
 def _changes(recorded: pl.DataFrame, current: pl.DataFrame, days: list[dt.date]) -> dict:
@@ -183,7 +183,7 @@ def replay_start(
     computed from (``current``: :func:`source_inputs` over the stored days), or it is stale (day
     d - 1 was recomputed to another state after it ran). None if every stored day is current.
     Days computed before calpipe recorded inputs (no ``state_hash``) are not compared."""
-    days = store.query(
+    days = storage.query(
         con,
         "SELECT date, state_hash, prev_state_hash, lag(state_hash) OVER (ORDER BY date) AS "
         "before FROM pipeline_days WHERE date >= ? ORDER BY date",

@@ -35,15 +35,15 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from calpipe import config, store
+from calpipe import config, storage
 from calpipe.engine import arrive_labels
 from calpipe.engine.contract import TIME_US, Rule, check_rules
 from calpipe.engine.ordering import duplicated
 from calpipe.errors import InputError
-from calpipe.landing import FILE_COLUMN, part_where, read_parquet_files
 from calpipe.pipeline.classes import frame_n_classes, score_column, stored_n_classes
 from calpipe.pipeline.ids import stored_id_type
-from calpipe.store import EventSource
+from calpipe.storage import EventSource
+from calpipe.storage.landing import FILE_COLUMN, part_where, read_parquet_files
 
 #: What to do with a label whose event calpipe does not know: fail the night, or park it.
 ON_UNKNOWN = ("error", "quarantine")
@@ -116,7 +116,9 @@ class LabelColumns:
         try:
             names = pq.read_schema(path).names
         except (pa.ArrowException, OSError) as exc:
-            raise store.StoreError(f"reading {path}: not a readable Parquet file ({exc})") from exc
+            raise storage.StoreError(
+                f"reading {path}: not a readable Parquet file ({exc})"
+            ) from exc
         missing = [c for c in self.required() if c not in names]
         if missing:
             raise InputError(
@@ -126,7 +128,7 @@ class LabelColumns:
 
 def label_source(text: str, columns: LabelColumns | None = None) -> EventSource:
     """The label feed at ``text``: a landing folder with ``date=`` sub-folders, a Parquet
-    file/glob, or a table (as :meth:`calpipe.store.EventSource.parse`)."""
+    file/glob, or a table (as :meth:`calpipe.storage.EventSource.parse`)."""
     return EventSource.parse(text, columns or LabelColumns())
 
 
@@ -176,15 +178,15 @@ def read_arrivals(
     con, source: EventSource, day: dt.date, part: tuple[int, int] | None = None
 ) -> pl.DataFrame:
     """The labels that arrived on ``day`` (of the streams of ``part``,
-    :func:`calpipe.landing.part_where`) in the contract's names plus ``file`` (the landing file
+    :func:`calpipe.storage.landing.part_where`) in the contract's names plus ``file`` (the landing file
     relative to the folder, or the source), not yet checked. Empty if none."""
     cm: LabelColumns = source.columns
     if source.kind == "landing":
         root = Path(source.location)
         if not root.is_dir():
-            raise store.StoreError(f"labels landing folder {root} does not exist")
+            raise storage.StoreError(f"labels landing folder {root} does not exist")
         sub = root / f"date={day.isoformat()}"
-        files = store.day_files(sub) if sub.is_dir() else []
+        files = storage.day_files(sub) if sub.is_dir() else []
         if not files:
             return pl.DataFrame(schema=_ARRIVAL_SCHEMA)
         for f in files:
@@ -192,7 +194,9 @@ def read_arrivals(
         # each label's file as the file's index, then an Enum of the night's few files relative
         # to the folder (10 MB for 10M labels)
         with source.reading():
-            raw = read_parquet_files(con, files, part_where(cm.stream, part, store.DEFAULT_STREAM))
+            raw = read_parquet_files(
+                con, files, part_where(cm.stream, part, storage.DEFAULT_STREAM)
+            )
         prefix = len(str(root)) + 1
         relative = [str(f)[prefix:] for f in files]
         raw = raw.with_columns(
@@ -205,7 +209,7 @@ def read_arrivals(
         if raw.width == 0:
             return pl.DataFrame(schema=_ARRIVAL_SCHEMA)
         name = pl.lit(source.location, pl.Enum([source.location]))
-        raw = raw.drop(store.DAY_COLUMN).with_columns(name.alias(FILE_COLUMN))
+        raw = raw.drop(storage.DAY_COLUMN).with_columns(name.alias(FILE_COLUMN))
     for c in cm.required():
         if c not in raw.columns:
             raise InputError(
@@ -228,7 +232,7 @@ def read_arrivals(
     if not (lab.is_integer() or lab.is_float() or lab == pl.Boolean):
         raise InputError(cm.label, None, f"labels {source.describe()}: labels must be 0/1 "
                          f"(got {lab})")  # fmt: skip
-    stream = pl.col(cm.stream).cast(pl.String) if cm.stream else pl.lit(store.DEFAULT_STREAM)
+    stream = pl.col(cm.stream).cast(pl.String) if cm.stream else pl.lit(storage.DEFAULT_STREAM)
     return raw.select(
         stream.alias("stream"),
         pl.col(cm.event_id).cast(ids).alias("event_id"),
@@ -360,13 +364,13 @@ def _lookup(con, raw: pl.DataFrame, day: dt.date, k: int) -> pl.DataFrame:
     for start in range(0, max(raw.height, 1), config.LABEL_LOOKUP_ROWS):  # (a query if none)
         con.register("_calpipe_label_keys", keys.slice(start, config.LABEL_LOOKUP_ROWS).to_arrow())
         try:
-            found.append(store.query(con, sql, [day]))
+            found.append(storage.query(con, sql, [day]))
         finally:
             con.unregister("_calpipe_label_keys")
     stored = pl.concat(found) if len(found) > 1 else found[0]
     del keys, found
     if stored.height != raw.height:  # the history's checks keep events and labels unique
-        raise store.StoreError(
+        raise storage.StoreError(
             f"labels of {day}: the lookup of their events found {stored.height} rows for "
             f"{raw.height} labels (the database holds an event or a label twice)"
         )
@@ -489,7 +493,7 @@ def stored_arrivals(con, day: dt.date, n_classes: int = 2) -> Arrivals:
     """The labels stored as arrived on ``day`` (``event_labels``) of a database of
     ``n_classes``-class forecasts: what the stage :func:`calpipe.pipeline.protect_days` learns
     on that night."""
-    rows = store.query(con, "SELECT * FROM event_labels WHERE date = ?", [day])
+    rows = storage.query(con, "SELECT * FROM event_labels WHERE date = ?", [day])
     schema = _label_schema(n_classes)
     return Arrivals(
         day,

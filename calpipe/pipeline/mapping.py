@@ -15,7 +15,7 @@ import datetime as dt
 import numpy as np
 import polars as pl
 
-from calpipe import store
+from calpipe import storage
 from calpipe.calibrators.stacked import Stacked
 from calpipe.engine import state_from_rows
 from calpipe.errors import StateError
@@ -488,7 +488,7 @@ def map_days(con, start: dt.date, end: dt.date, settings: Settings) -> StageResu
     fp = settings.fingerprint_for(stored_n_classes(con) or 2)
     res = StageResult(start, end, {"calibration_map": 0})
     for c0, c1 in day_range(start, end):
-        state = store.read_partitions(con, "calibrator_state", c0, c1)
+        state = storage.read_partitions(con, "calibrator_state", c0, c1)
         other = state.filter(pl.col("config_fingerprint") != fp)
         if other.height:
             r = other.row(0, named=True)
@@ -497,7 +497,7 @@ def map_days(con, start: dt.date, end: dt.date, settings: Settings) -> StageResu
                 f"{r['config_fingerprint']}, the map is asked for {fp}"
             )
         terms = map_rows(state, settings)
-        store.replace_partitions(con, c0, c1, {"calibration_map": terms})
+        storage.replace_partitions(con, c0, c1, {"calibration_map": terms})
         res.rows["calibration_map"] += terms.height
     return res
 

@@ -16,16 +16,16 @@ from collections.abc import Sequence
 import numpy as np
 import polars as pl
 
-from calpipe import config, metrics, store
+from calpipe import config, metrics, storage
 from calpipe.engine.contract import stream_ids
 from calpipe.engine.ordering import sort_by_keys
 from calpipe.kernels.grouping import dense_ids
-from calpipe.landing import part_sql
 from calpipe.pipeline.chain import require_chain
 from calpipe.pipeline.classes import stored_n_classes
 from calpipe.pipeline.labels import Arrivals
 from calpipe.pipeline.settings import StageResult, as_date
 from calpipe.pipeline.transactions import day_range
+from calpipe.storage.landing import part_sql
 
 
 def stream_groups(frame: pl.DataFrame, keys: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -256,14 +256,14 @@ def _arrived(con, start: dt.date, end: dt.date, s: str) -> pl.DataFrame:
     arrived labels (streams split by hash), concatenated in the query's order. Why parts: the
     join of a night's labels with their forecasts must fit DuckDB's buffer pool (the pipeline's
     256 MB): 10M arrived labels failed with "Out of Memory" in one query."""
-    n = store.query(
+    n = storage.query(
         con, "SELECT count(*) AS n FROM event_labels WHERE date BETWEEN $1 AND $2", [start, end]
     )["n"][0]
     k = min(max(1, -(-int(n) // config.ARRIVALS_QUERY_ROWS)), 256)  # (part_sql's most)
     if k == 1:
-        return store.query(con, _ARRIVED_SQL.format(s=s, part_p="", part_l=""), [start, end])
+        return storage.query(con, _ARRIVED_SQL.format(s=s, part_p="", part_l=""), [start, end])
     parts = [
-        store.query(con, _ARRIVED_SQL.format(
+        storage.query(con, _ARRIVED_SQL.format(
             s=s, part_p="AND " + part_sql("p.stream", (i, k)),
             part_l="AND " + part_sql("l.stream", (i, k)),
         ), [start, end])
@@ -412,13 +412,13 @@ def monitor_days(con, start: dt.date, end: dt.date) -> StageResult:
     res = StageResult(start, end, dict.fromkeys(tables, 0))
     day_sql = _day_scores_sql(stored_n_classes(con) or 2)
     for c0, c1 in day_range(start, end):
-        state = store.read_partitions(
+        state = storage.read_partitions(
             con, "calibrator_state", c0, c1,
             columns=["date", "stream", "log10_martingale", "log10_martingale_max"],
         )  # fmt: skip
-        with store.replacing_partitions(con, c0, c1, tables) as writer:
-            for d in store.iter_days(c0, c1):
-                scores = store.query(con, day_sql, [d])
+        with storage.replacing_partitions(con, c0, c1, tables) as writer:
+            for d in storage.iter_days(c0, c1):
+                scores = storage.query(con, day_sql, [d])
                 state_d = state.filter(pl.col("date") == d)
                 writer.insert("calibration_daily", daily_rows(scores, state_d, d))
                 del scores

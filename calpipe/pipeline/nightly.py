@@ -17,10 +17,9 @@ import duckdb
 import numpy as np
 import polars as pl
 
-from calpipe import config, store
+from calpipe import config, storage
 from calpipe.engine.driver import protect_by_day
 from calpipe.errors import CalpipeError, InputError, StateError
-from calpipe.landing import stream_part
 from calpipe.pipeline.chain import (
     Chain,
     chain_first_day,
@@ -74,7 +73,8 @@ from calpipe.pipeline.tables import (
     write_fused,
 )
 from calpipe.pipeline.transactions import write_days
-from calpipe.store import EventSource
+from calpipe.storage import EventSource
+from calpipe.storage.landing import stream_part
 
 
 @dataclass
@@ -105,7 +105,7 @@ def default_range(
     rng = _date_range(con, source, labels)
     if rng is None:
         return None
-    row = store.fetch_one(con, "SELECT max(date) FROM pipeline_days")
+    row = storage.fetch_one(con, "SELECT max(date) FROM pipeline_days")
     start = rng[0] if row is None or row[0] is None else row[0] + dt.timedelta(days=1)
     return (start, rng[1]) if start <= rng[1] else None
 
@@ -143,9 +143,9 @@ def _check_label_feed(con, labels: EventSource | None) -> None:
     recomputing them without it would drop their labels."""
     if labels is not None:
         return
-    row = store.fetch_one(con, "SELECT min(date) FROM pipeline_inputs WHERE kind = ?", [LABELS])
+    row = storage.fetch_one(con, "SELECT min(date) FROM pipeline_inputs WHERE kind = ?", [LABELS])
     if row is not None and row[0] is not None:
-        feed = store.get_meta(con, "labels") or "its label feed"
+        feed = storage.get_meta(con, "labels") or "its label feed"
         raise StateError(
             f"the stored days from {row[0]} on were computed with the label feed {feed}; "
             f"run with it (--labels {feed}): without it they would lose their labels"
@@ -156,7 +156,7 @@ def _replay_range(con, source: EventSource, labels: EventSource | None, end: dt.
     """((first day to recompute, last day), why, the sources' inputs over them) if a stored day
     changed since it ran (:func:`calpipe.pipeline.inputs.replay_start`), else None."""
     first = chain_first_day(con)
-    row = store.fetch_one(con, "SELECT max(date) FROM pipeline_days")
+    row = storage.fetch_one(con, "SELECT max(date) FROM pipeline_days")
     if first is None or row is None or row[0] is None:
         return None
     rng = _date_range(con, source, labels)
@@ -193,7 +193,7 @@ def _night_parts(inputs: pl.DataFrame, d: dt.date) -> int:
     night of at most :data:`calpipe.config.NIGHT_PART_ROWS` scores and as many labels (their
     files' row counts, ``inputs``), else about that many of each a part (at most 256). Streams
     are independent, so the parts one after the other write each stream's one-part rows;
-    memory is that of a part (:func:`calpipe.landing.part_where`)."""
+    memory is that of a part (:func:`calpipe.storage.landing.part_where`)."""
     n = max(_recorded_rows(inputs, d, SCORES) or 0, _recorded_rows(inputs, d, LABELS) or 0)
     return 1 if n <= config.NIGHT_PART_ROWS else min(-(-n // config.NIGHT_PART_ROWS), 256)
 
@@ -263,7 +263,7 @@ class _DayEvents:
 
 
 def _run_day(
-    writer: store.PartitionWriter,
+    writer: storage.PartitionWriter,
     source: EventSource,
     chain: Chain,
     d: dt.date,
@@ -321,7 +321,7 @@ class _PartDone:
 
 
 def _run_part(
-    writer: store.PartitionWriter,
+    writer: storage.PartitionWriter,
     source: EventSource,
     chain: Chain,
     d: dt.date,
@@ -414,7 +414,7 @@ def _span_events(
 
 
 def _run_span(
-    writer: store.PartitionWriter, con, source: EventSource, settings: Settings, chain: Chain,
+    writer: storage.PartitionWriter, con, source: EventSource, settings: Settings, chain: Chain,
     d: dt.date, e: dt.date, first: pl.DataFrame, last: dt.date, inputs: pl.DataFrame,
 ) -> tuple[FusedDays, list[tuple[dt.date, int]]] | None:  # fmt: skip
     """The days [d, e] of :func:`run_range` as one span: one read of their events, one
@@ -444,7 +444,7 @@ def _run_span(
     j_of = {day: j for j, day in enumerate(result.days)}
     n_streams = 0 if chain.state is None else chain.state.height
     day_rows, per_day = [], []
-    for day in store.iter_days(d, e):
+    for day in storage.iter_days(d, e):
         j = j_of.get(day)
         if j is None:  # a day without events: no state row
             n_events = n_active = 0
@@ -546,7 +546,7 @@ def run_range(
     if inputs is None:
         inputs = run_inputs(con, source, labels, start, end)
     if labels is not None:
-        store.set_meta(con, labels=labels.location)
+        storage.set_meta(con, labels=labels.location)
     chain = Chain(
         settings, first, state_before(con, start, settings, first), state_hash_before(con, start),
         stored_n_classes(con),
@@ -567,7 +567,7 @@ def run_range(
             return _DayEvents(None, _recorded_rows(inputs, d, SCORES) or 0, parts=k)
         return read_part(d)
 
-    def night_parts(writer: store.PartitionWriter, d: dt.date, day: _DayEvents):
+    def night_parts(writer: storage.PartitionWriter, d: dt.date, day: _DayEvents):
         if day.parts == 1:
             yield day
             return
@@ -590,7 +590,7 @@ def run_range(
                 f"files hold {want[0]} and {want[1]} (did a file change during the run?)"
             )
 
-    def write(writer: store.PartitionWriter, d: dt.date, day: _DayEvents) -> None:
+    def write(writer: storage.PartitionWriter, d: dt.date, day: _DayEvents) -> None:
         if day.height == 0:
             empty_days.append(d)
         parts = night_parts(writer, d, day)
@@ -598,7 +598,7 @@ def run_range(
         if progress is not None:
             progress.advance(d, day.height)
 
-    def span(writer: store.PartitionWriter, d0: dt.date, d1: dt.date, first: _DayEvents) -> bool:
+    def span(writer: storage.PartitionWriter, d0: dt.date, d1: dt.date, first: _DayEvents) -> bool:
         if labels is not None or not spans or first.parts > 1:
             return False
         done = _run_span(writer, con, source, settings, chain, d0, d1, first.frame, end, inputs)
@@ -612,7 +612,7 @@ def run_range(
                 progress.advance(d, n)
         return True
 
-    def finish(writer: store.PartitionWriter, d0: dt.date, d1: dt.date) -> None:
+    def finish(writer: storage.PartitionWriter, d0: dt.date, d1: dt.date) -> None:
         write_fused(writer, "transaction", FusedSpan(settings, pl.concat(states)))
         states.clear()
 
@@ -639,14 +639,14 @@ def run_range(
     # at a small buffer pool: the checks scan every day of the run, whose blocks DuckDB would
     # otherwise keep cached up to its limit, on top of what the nights needed; checks that need
     # more than that pool run again at the default one (the days are committed already)
-    store.drop_block_cache(con, config.CHECKS_MEMORY_LIMIT)
+    storage.drop_block_cache(con, config.CHECKS_MEMORY_LIMIT)
     try:
         checks = _data_checks(con, start, end)
     except duckdb.OutOfMemoryException:
-        store.drop_block_cache(con)
+        storage.drop_block_cache(con)
         checks = _data_checks(con, start, end)
     finally:
-        store.drop_block_cache(con)
+        storage.drop_block_cache(con)
     for c in checks:
         if not c.passed and not c.warning:
             raise CalpipeError(f"check {c.name} failed: {c.description}")
@@ -669,7 +669,7 @@ def _record_run(con, source: EventSource, settings: Settings, first: dt.date) ->
     """What the chain was run with, in ``calpipe_meta``: the source, its column mapping, the
     method and the first day. ``calpipe ui`` hands them to the code location, so a partition
     materialized there reads the same events the same way and resumes the same chain."""
-    store.set_meta(
+    storage.set_meta(
         con, events=source.location, columns=source.columns.to_json(),
         settings=settings.to_json(), first_day=first.isoformat(),
     )  # fmt: skip

@@ -11,7 +11,7 @@ import datetime as dt
 
 import polars as pl
 
-from calpipe import config, store
+from calpipe import config, storage
 from calpipe.pipeline.classes import stored_n_classes
 from calpipe.pipeline.monitoring import daily_metrics
 
@@ -43,12 +43,12 @@ def _forecasts(con) -> list[str]:
 def day_report(con, start: dt.date, end: dt.date) -> pl.DataFrame:
     """Per stream over [start, end]: events, base vs protected log loss / Brier / ECE, end and
     max log10 martingale, alarm (the markdown table of a materialization)."""
-    scores = store.read_partitions(
+    scores = storage.read_partitions(
         con, "protected_scores", start, end,
         columns=["stream", *_forecasts(con), "label", "log10_martingale"],
     )  # fmt: skip
     stats = daily_metrics(scores, keys=("stream",))
-    last = store.query(  # the state at the end of `end`: each stream's latest row on or before it
+    last = storage.query(  # the state at the end of `end`: each stream's latest row on or before it
         con,
         """SELECT stream, log10_martingale AS log10_S_end FROM calibrator_state WHERE date <= ?
            QUALIFY row_number() OVER (PARTITION BY stream ORDER BY date DESC) = 1""",
@@ -72,7 +72,7 @@ def day_report(con, start: dt.date, end: dt.date) -> pl.DataFrame:
 def trajectory_frame(con, end: dt.date) -> pl.DataFrame:
     """End-of-day log10 martingale per stream up to ``end`` (the trajectory plot): a point per
     day on which the stream's state changed (it holds between them)."""
-    return store.query(
+    return storage.query(
         con,
         "SELECT date, stream, log10_martingale FROM calibrator_state WHERE date <= ? ORDER BY stream, date",
         [end],
@@ -89,7 +89,7 @@ def reliability_frame(
             schema={"stream": pl.String, "base_score": pl.Float64, "protected_score": pl.Float64,
                     "label": pl.Int32}
         )  # fmt: skip
-    return store.read_partitions(
+    return storage.read_partitions(
         con, "protected_scores", end - dt.timedelta(days=days - 1), end,
         columns=["stream", "base_score", "protected_score", "label"],
     )  # fmt: skip
@@ -98,18 +98,18 @@ def reliability_frame(
 def stream_summary(con) -> pl.DataFrame:
     """Whole-history summary per stream (what ``calpipe demo`` prints): events, base vs protected
     log loss / Brier / ECE, final and maximum log10 martingale, first alarm date."""
-    scores = store.query(
+    scores = storage.query(
         con,
         f"SELECT stream, {', '.join(_forecasts(con))}, label, log10_martingale "
         "FROM protected_scores",
     )
     stats = daily_metrics(scores, keys=("stream",))
-    latest = store.query(
+    latest = storage.query(
         con,
         """SELECT stream, log10_martingale AS final_log10_S, log10_martingale_max AS max_log10_S
            FROM calibrator_state QUALIFY row_number() OVER (PARTITION BY stream ORDER BY date DESC) = 1""",
     )
-    alarms = store.query(
+    alarms = storage.query(
         con, "SELECT stream, min(date) AS first_alarm FROM martingale_alarms GROUP BY stream"
     )
     return (
@@ -144,13 +144,13 @@ def stored_days(con, start=None, end=None) -> pl.DataFrame:
     each asset's table holds for it: what ``calpipe ui`` reports to dagster for days computed
     outside it, and the code location for each day of a range run."""
     counts = "\n".join(
-        f"LEFT JOIN (SELECT {store.PARTITION_COLUMN[t]} AS date, count(*) AS {t} FROM {t} "
+        f"LEFT JOIN (SELECT {storage.PARTITION_COLUMN[t]} AS date, count(*) AS {t} FROM {t} "
         f"GROUP BY ALL) USING (date)"
         for t in ASSET_TABLES
     )
     cols = ", ".join(f"coalesce({t}, 0) AS {t}" for t in ASSET_TABLES)
     where = "" if start is None else "WHERE date BETWEEN $1 AND $2"
-    return store.query(
+    return storage.query(
         con,
         f"SELECT date, coalesce(state_hash, '') AS state_hash, method, {cols} "
         f"FROM pipeline_days {counts} {where} ORDER BY date",

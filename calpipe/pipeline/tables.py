@@ -1,7 +1,7 @@
 """The table registry: every table the pipeline writes, and how each of its two paths writes it.
 
 One :class:`OutputTable` per table: its DDL file in ``sql/``, its partition column and sort keys
-(the storage layout, which :mod:`calpipe.store` owns: the store sits below the pipeline and
+(the storage layout, which :mod:`calpipe.storage` owns: the store sits below the pipeline and
 reads no pipeline module), the stage function that computes it (what its dagster asset runs),
 and the fused writer with which ``calpipe run`` computes the same rows from memory
 (:func:`calpipe.pipeline.nightly.run_range` iterates :data:`TABLES`, so it replaces exactly the
@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from calpipe import paths, store
+from calpipe import paths, storage
 from calpipe.calibrators import Calibrator
 from calpipe.engine import ProtectResult
 from calpipe.engine.driver import DaysResult
@@ -256,9 +256,9 @@ class OutputTable:
     sort: bool = True
 
     def __post_init__(self) -> None:
-        if self.name not in store.PARTITION_COLUMN:
+        if self.name not in storage.PARTITION_COLUMN:
             raise ValueError(
-                f"table {self.name!r} has no storage layout: add it to calpipe.store's "
+                f"table {self.name!r} has no storage layout: add it to calpipe.storage's "
                 "PARTITION_COLUMN and SORT_KEYS"
             )
         for what in ("stage", "fused"):
@@ -275,13 +275,13 @@ class OutputTable:
     @property
     def partition_column(self) -> str:
         """The DATE column whose partitions a write replaces (from
-        :data:`calpipe.store.PARTITION_COLUMN`)."""
-        return store.PARTITION_COLUMN[self.name]
+        :data:`calpipe.storage.PARTITION_COLUMN`)."""
+        return storage.PARTITION_COLUMN[self.name]
 
     @property
     def sort_keys(self) -> tuple[str, ...]:
-        """The table's row order (:data:`calpipe.store.SORT_KEYS`)."""
-        return store.SORT_KEYS[self.name]
+        """The table's row order (:data:`calpipe.storage.SORT_KEYS`)."""
+        return storage.SORT_KEYS[self.name]
 
     @property
     def ddl_path(self) -> Path:
@@ -318,7 +318,7 @@ TABLES: dict[str, OutputTable] = {
 }  # fmt: skip
 
 
-def write_fused(writer: store.PartitionWriter, phase: str, context: Any) -> None:
+def write_fused(writer: storage.PartitionWriter, phase: str, context: Any) -> None:
     """Insert the rows of every registered table of ``phase`` computed from ``context``
     (``phase="span"``: of every table with a span writer, from a :class:`FusedDays`)."""
     for t in TABLES.values():

@@ -14,7 +14,7 @@ from typing import Any
 
 import polars as pl
 
-from calpipe import config, store
+from calpipe import config, storage
 
 
 def day_range(start: dt.date, end: dt.date) -> list[tuple[dt.date, dt.date]]:
@@ -45,11 +45,11 @@ def write_days(
     end: dt.date,
     tables: Sequence[str],
     read: Callable[[dt.date], Any],
-    write: Callable[[store.PartitionWriter, dt.date, Any], None],
+    write: Callable[[storage.PartitionWriter, dt.date, Any], None],
     *,
     background: bool = False,
-    finish: Callable[[store.PartitionWriter, dt.date, dt.date], None] | None = None,
-    span: Callable[[store.PartitionWriter, dt.date, dt.date, Any], bool] | None = None,
+    finish: Callable[[storage.PartitionWriter, dt.date, dt.date], None] | None = None,
+    span: Callable[[storage.PartitionWriter, dt.date, dt.date, Any], bool] | None = None,
 ) -> dict[str, int]:
     """Replace the partitions of ``tables`` day by day over [start, end], in transactions of whole
     consecutive days; returns the rows written per table.
@@ -73,9 +73,9 @@ def write_days(
         data = read(d)
         fit = config.TRANSACTION_ROWS // max(data.height, 1)  # days of the first day's size
         e = min(end, d + dt.timedelta(days=min(max(fit, 1), config.CHUNK_DAYS) - 1))
-        with store.replacing_partitions(con, d, e, tables, background=background) as writer:
+        with storage.replacing_partitions(con, d, e, tables, background=background) as writer:
             spanned = span is not None and e > d and span(writer, d, e, data)
-            for day in [] if spanned else store.iter_days(d, e):
+            for day in [] if spanned else storage.iter_days(d, e):
                 if day != d:
                     # the day's reads see the earlier days of this transaction, and the
                     # connection is free once the INSERTs sent so far are done
@@ -90,6 +90,6 @@ def write_days(
                 finish(writer, d, e)
         for table, n in writer.rows.items():
             rows[table] += n
-        store.drop_block_cache(con)  # the days just committed are not read again
+        storage.drop_block_cache(con)  # the days just committed are not read again
         d = e + dt.timedelta(days=1)
     return rows

@@ -12,7 +12,7 @@ import sys
 import polars as pl
 import pytest
 
-from calpipe import generate, pipeline, store
+from calpipe import generate, pipeline, storage
 from calpipe.errors import InputError
 from calpipe.generate import StreamSpec
 
@@ -37,10 +37,10 @@ class Recorder:
 
 def test_run_range_tells_its_progress_every_day_in_order(tmp_path):
     events = generate.generate(n_days=5, streams=STREAMS, seed=1)
-    store.write_landing(events, tmp_path / "landing")
-    con = store.connect(tmp_path / "p.duckdb")
+    storage.write_landing(events, tmp_path / "landing")
+    con = storage.connect(tmp_path / "p.duckdb")
     rec = Recorder()
-    pipeline.run_range(con, store.EventSource.parse(str(tmp_path / "landing")), progress=rec)
+    pipeline.run_range(con, storage.EventSource.parse(str(tmp_path / "landing")), progress=rec)
     days = sorted(events["event_time"].dt.date().unique().to_list())
     per_day = dict(events.group_by(events["event_time"].dt.date()).len().iter_rows())
     assert rec.calls[0] == ("start", 5) and rec.calls[-1] == ("stop",)
@@ -51,11 +51,11 @@ def test_progress_stops_when_the_run_fails(tmp_path):
     events = generate.generate(n_days=3, streams=STREAMS, seed=2)
     day2 = events["event_time"].dt.date() == dt.date(2010, 7, 22)
     bad = events.with_columns(score=pl.when(day2).then(1.5).otherwise(pl.col("score")))
-    store.write_landing(bad, tmp_path / "landing")
-    con = store.connect(tmp_path / "f.duckdb")
+    storage.write_landing(bad, tmp_path / "landing")
+    con = storage.connect(tmp_path / "f.duckdb")
     rec = Recorder()
     with pytest.raises(InputError, match="score"):
-        pipeline.run_range(con, store.EventSource.parse(str(tmp_path / "landing")), progress=rec)
+        pipeline.run_range(con, storage.EventSource.parse(str(tmp_path / "landing")), progress=rec)
     assert rec.calls[0] == ("start", 3) and rec.calls[-1] == ("stop",)
     assert [c[1] for c in rec.calls if c[0] == "advance"] == [dt.date(2010, 7, 21)]
 
@@ -86,7 +86,7 @@ def _on_a_terminal(cmd: list[str], cwd) -> str:
 
 def test_calpipe_run_draws_a_bar_on_a_terminal_and_not_with_no_progress(tmp_path):
     events = generate.generate(n_days=4, streams=STREAMS, seed=3)
-    store.write_landing(events, tmp_path / "landing")
+    storage.write_landing(events, tmp_path / "landing")
     calpipe = [sys.executable, "-m", "calpipe.cli"]
     shown = _on_a_terminal([*calpipe, "run", "--events", "landing", "--db", "a.duckdb"], tmp_path)
     assert "calpipe run" in shown and "days ·" in shown and "events" in shown

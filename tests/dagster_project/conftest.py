@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from calpipe import cli, generate, store
+from calpipe import cli, generate, storage
 from calpipe.generate import StreamSpec
 
 #: Two small streams over four days: what a `calpipe run` outside dagster computed.
@@ -16,7 +16,7 @@ def cli_chain(tmp_path):
     """``(events, database)`` of a 4-day `calpipe run` over a landing folder in ``tmp_path``
     (``tmp_path / "landing"``)."""
     events = generate.generate(n_days=4, streams=CLI_STREAMS, seed=9)
-    store.write_landing(events, tmp_path / "landing")
+    storage.write_landing(events, tmp_path / "landing")
     db = tmp_path / "c.duckdb"
     argv = ["run", "--events", str(tmp_path / "landing"), "--db", str(db), "--no-progress"]
     assert cli.main(argv) == 0

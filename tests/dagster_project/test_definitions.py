@@ -81,7 +81,7 @@ def test_nightly_schedule_runs_yesterday():
 
 def test_calpipe_never_imports_dagster():
     code = (
-        "import sys, calpipe, calpipe.pipeline, calpipe.store, calpipe.plots, calpipe.generate, "
+        "import sys, calpipe, calpipe.pipeline, calpipe.storage, calpipe.plots, calpipe.generate, "
         "calpipe.cli, calpipe.cli.pipeline; "
         "bad = sorted(m for m in sys.modules if m.split('.')[0].startswith('dagster')); "
         "assert not bad, bad"

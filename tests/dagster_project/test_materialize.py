@@ -22,7 +22,7 @@ from dagster._core.storage.tags import (
 from dagster_duckdb import DuckDBResource
 
 import calpipe
-from calpipe import config, generate, store
+from calpipe import config, generate, storage
 from calpipe.dagster_project.definitions import build_definitions
 from calpipe.dagster_project.sensors import build_range_metadata_sensor
 from calpipe.generate import StreamSpec
@@ -41,7 +41,7 @@ STREAMS = (
     StreamSpec("calm", events_per_day=40),
     StreamSpec("drifting", "overconfident", 1, 60, strength=0.2),  # alarms within days
 )
-TABLES = tuple(store.PARTITION_COLUMN)
+TABLES = tuple(storage.PARTITION_COLUMN)
 
 
 def day(i: int) -> str:
@@ -57,7 +57,7 @@ def instance():
 @pytest.fixture
 def setup(tmp_path, instance):
     events = generate.generate(n_days=N_DAYS, streams=STREAMS, seed=11)
-    store.write_landing(events, tmp_path / "landing")
+    storage.write_landing(events, tmp_path / "landing")
     db = tmp_path / "db.duckdb"
     defs = build_definitions(
         db, str(tmp_path / "landing"), START, START + dt.timedelta(days=N_DAYS - 1)
@@ -83,9 +83,9 @@ def setup(tmp_path, instance):
 
 
 def read(db, sql: str) -> pl.DataFrame:
-    con = store.connect(db, read_only=True)
+    con = storage.connect(db, read_only=True)
     try:
-        return store.query(con, sql)
+        return storage.query(con, sql)
     finally:
         con.close()
 
@@ -233,8 +233,8 @@ def test_a_label_feed_materializes_day_by_day_like_calpipe_run(tmp_path, instanc
 
     events = generate.generate(n_days=N_DAYS, streams=STREAMS, seed=11)
     scores, labels, truth = split_feed(events, seed=7)
-    store.write_landing(scores, tmp_path / "scores")
-    store.write_landing(labels, tmp_path / "labels", time_column="label_time")
+    storage.write_landing(scores, tmp_path / "scores")
+    storage.write_landing(labels, tmp_path / "labels", time_column="label_time")
     db = tmp_path / "db.duckdb"
     defs = build_definitions(
         db, str(tmp_path / "scores"), START, START + dt.timedelta(days=N_DAYS - 1),
@@ -247,9 +247,9 @@ def test_a_label_feed_materializes_day_by_day_like_calpipe_run(tmp_path, instanc
         )  # fmt: skip
         assert r.success, failure_messages(r)
     ref = tmp_path / "ref.duckdb"
-    con = store.connect(ref)
+    con = storage.connect(ref)
     try:
-        src = store.EventSource.parse(str(tmp_path / "scores"))
+        src = storage.EventSource.parse(str(tmp_path / "scores"))
         pipeline.run_range(con, src, labels=label_source(str(tmp_path / "labels")))
     finally:
         con.close()
@@ -291,7 +291,7 @@ def test_the_ui_reruns_a_partition_of_a_calpipe_run_with_its_columns_and_method(
     assert cli.main(argv) == 0
     before = read(db, "SELECT * FROM protected_scores ORDER BY stream, event_id")
     _, env = cli_pipeline.ui_command(db.resolve())
-    assert store.ColumnMap.from_json(env["CALPIPE_COLUMNS"]).stream == "segment"
+    assert storage.ColumnMap.from_json(env["CALPIPE_COLUMNS"]).stream == "segment"
     assert '"isotonic"' in env["CALPIPE_SETTINGS"] and env["CALPIPE_EVENTS"] == str(src)
     for k, v in env.items():
         monkeypatch.setenv(k, v)

@@ -11,7 +11,7 @@ from dagster._core.storage.tags import (
     ASSET_PARTITION_RANGE_START_TAG,
 )
 
-from calpipe import generate, store
+from calpipe import generate, storage
 from calpipe.dagster_project.definitions import build_definitions
 from calpipe.generate import StreamSpec
 
@@ -30,7 +30,7 @@ def _tick(defs, instance):
 def test_the_sensor_requests_new_days_then_nothing_then_a_corrected_day_onwards(tmp_path):
     events = generate.generate(n_days=4, streams=STREAMS, seed=3)
     landing = tmp_path / "landing"
-    store.write_landing(
+    storage.write_landing(
         events.filter(events["event_time"].dt.date() < START + dt.timedelta(days=3)), landing
     )
     db = tmp_path / "s.duckdb"
@@ -49,7 +49,7 @@ def test_the_sensor_requests_new_days_then_nothing_then_a_corrected_day_onwards(
         ).success
         assert isinstance(_tick(defs, instance), SkipReason)  # up to date
 
-        store.write_landing(
+        storage.write_landing(
             events.filter(events["event_time"].dt.date() == START + dt.timedelta(days=3)), landing
         )
         req = _tick(defs, instance)  # the next night lands
@@ -64,7 +64,7 @@ def test_the_sensor_requests_new_days_then_nothing_then_a_corrected_day_onwards(
         fixed = events.filter(events["event_time"].dt.date() == START + dt.timedelta(days=1)).head(
             7
         )
-        store.write_landing(fixed, landing)  # a corrected file for day 1: day 1 onwards again
+        storage.write_landing(fixed, landing)  # a corrected file for day 1: day 1 onwards again
         req = _tick(defs, instance)
         assert (
             req.tags[ASSET_PARTITION_RANGE_START_TAG],
@@ -79,9 +79,9 @@ def test_the_sensor_skips_a_tick_while_another_process_writes_the_database(tmp_p
     from tests.test_faults import _hold
 
     events = generate.generate(n_days=2, streams=STREAMS, seed=4)
-    store.write_landing(events, tmp_path / "landing")
+    storage.write_landing(events, tmp_path / "landing")
     db = tmp_path / "busy.duckdb"
-    store.connect(db).close()
+    storage.connect(db).close()
     defs = build_definitions(db, str(tmp_path / "landing"), START, START + dt.timedelta(days=3))
     holder = _hold(db, 60)
     try:

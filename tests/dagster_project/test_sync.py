@@ -7,7 +7,7 @@ import datetime as dt
 
 from dagster import AssetKey, DagsterInstance
 
-from calpipe import cli, pipeline, store
+from calpipe import cli, pipeline, storage
 from calpipe.dagster_project import sync
 
 
@@ -22,7 +22,7 @@ def _latest(instance, asset: str) -> dict[str, dict]:
 
 def test_days_of_a_cli_run_are_reported_once_with_their_own_counts(cli_chain, tmp_path):
     events, db = cli_chain
-    con = store.connect(db, read_only=True)
+    con = storage.connect(db, read_only=True)
     days = pipeline.stored_days(con)
     con.close()
     with DagsterInstance.ephemeral() as instance:
@@ -42,7 +42,7 @@ def test_days_of_a_cli_run_are_reported_once_with_their_own_counts(cli_chain, tm
         # exactly the days whose state changed
         day2 = sorted(per_day)[2]
         fixed = events.filter(events["event_time"].dt.date() == day2).head(10)
-        store.write_landing(fixed, tmp_path / "landing")
+        storage.write_landing(fixed, tmp_path / "landing")
         argv = ["run", "--events", str(tmp_path / "landing"), "--db", str(db), "--no-progress"]
         assert cli.main(argv) == 0
         assert sync.report_stored_days(instance, db) == 2  # day 2 and day 3 (its state follows)

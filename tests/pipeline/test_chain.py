@@ -14,7 +14,7 @@ import polars as pl
 import pytest
 
 import calpipe
-from calpipe import pipeline, store
+from calpipe import pipeline, storage
 from calpipe.errors import StateError
 from calpipe.pipeline import Settings
 
@@ -54,14 +54,14 @@ def idle(tmp_path):
     first = [(f"s{i}", 0, 40) for i in range(N_STREAMS)]
     later = [("s0", d, 25) for d in range(1, 5)] + [("s7", 5, 30)]
     events = _events(first + later)
-    store.write_landing(events, tmp_path / "landing")
-    con = store.connect(tmp_path / "db.duckdb")
-    yield con, store.EventSource.parse(str(tmp_path / "landing")), events
+    storage.write_landing(events, tmp_path / "landing")
+    con = storage.connect(tmp_path / "db.duckdb")
+    yield con, storage.EventSource.parse(str(tmp_path / "landing")), events
     con.close()
 
 
 def _rows_by_day(con, table: str) -> dict[dt.date, int]:
-    counts = store.query(con, f"SELECT date, count(DISTINCT stream) AS n FROM {table} GROUP BY 1")
+    counts = storage.query(con, f"SELECT date, count(DISTINCT stream) AS n FROM {table} GROUP BY 1")
     return dict(zip(counts["date"].to_list(), counts["n"].to_list(), strict=True))
 
 
@@ -75,12 +75,12 @@ def test_idle_days_rewrote_the_state_and_map_of_every_known_stream(idle):
         **{_day(d): 1 for d in range(1, 6)},
     }
     assert _rows_by_day(con, "calibration_map") == _rows_by_day(con, "calibrator_state")
-    days = store.query(con, "SELECT n_streams, n_state_rows FROM pipeline_days ORDER BY date")
+    days = storage.query(con, "SELECT n_streams, n_state_rows FROM pipeline_days ORDER BY date")
     assert days["n_streams"].to_list() == [N_STREAMS] * 6
     assert days["n_state_rows"].to_list() == [N_STREAMS, 1, 1, 1, 1, 1]
     # s7 resumed on day 5 from its day-0 row: the chain equals one protect pass
     one = calpipe.protect(events, method=Settings().method)
-    chain = store.query(con, "SELECT stream, event_id, protected_score FROM protected_scores")
+    chain = storage.query(con, "SELECT stream, event_id, protected_score FROM protected_scores")
     j = one.join(chain, on=["stream", "event_id"], suffix="_c")
     assert j.height == events.height
     assert (j["protected_score"] - j["protected_score_c"]).abs().max() <= TOL
@@ -100,13 +100,13 @@ def test_a_deleted_older_state_row_would_resume_from_an_even_older_one(idle):
     pipeline.run_range(con, source, _day(0), _day(4))
     con.execute("DELETE FROM calibrator_state WHERE date = ? AND stream = 's0'", [_day(3)])
     before = {
-        t: store.query(con, f"SELECT * FROM {t} ORDER BY ALL") for t in store.PARTITION_COLUMN
+        t: storage.query(con, f"SELECT * FROM {t} ORDER BY ALL") for t in storage.PARTITION_COLUMN
     }
     with pytest.raises(StateError, match=rf"calibrator_state of {_day(3)} has 0 rows, but "
                                          r"pipeline_days recorded 1 streams"):  # fmt: skip
         pipeline.run_range(con, source, _day(5), _day(5))
     for t, frame in before.items():
-        assert store.query(con, f"SELECT * FROM {t} ORDER BY ALL").equals(frame), t
+        assert storage.query(con, f"SELECT * FROM {t} ORDER BY ALL").equals(frame), t
     outcome = pipeline.check_state_continuity(con, _day(1), _day(4))
     assert not outcome.passed and f"calibrator_state of {_day(3)} has 0 rows" in outcome.description
 
@@ -134,19 +134,19 @@ def test_a_database_with_a_state_row_for_every_stream_and_day_upgrades_and_conti
         pipeline.state_as_of(con, _day(d)).with_columns(pl.lit(_day(d)).alias("date"))
         for d in range(5)
     ])  # fmt: skip
-    store.replace_partitions(con, _day(0), _day(4), {"calibrator_state": dense})
+    storage.replace_partitions(con, _day(0), _day(4), {"calibrator_state": dense})
     con.execute("ALTER TABLE pipeline_days DROP COLUMN n_state_rows")
     con.execute("UPDATE calpipe_meta SET value = '3' WHERE key = 'schema_version'")
-    path = store.query(con, "SELECT path FROM duckdb_databases() WHERE NOT internal")["path"][0]
+    path = storage.query(con, "SELECT path FROM duckdb_databases() WHERE NOT internal")["path"][0]
     con.close()
-    con = store.connect(path)
+    con = storage.connect(path)
     try:
-        rows = store.query(con, "SELECT n_streams, n_state_rows FROM pipeline_days")
+        rows = storage.query(con, "SELECT n_streams, n_state_rows FROM pipeline_days")
         assert (rows["n_state_rows"] == rows["n_streams"]).all()
         summary = pipeline.run_range(con, source)
         assert summary.days == 1 and all(c.passed or c.warning for c in summary.checks)
         one = calpipe.protect(events, method=Settings().method)
-        got = store.query(con, "SELECT stream, event_id, protected_score FROM protected_scores")
+        got = storage.query(con, "SELECT stream, event_id, protected_score FROM protected_scores")
         j = one.join(got, on=["stream", "event_id"], suffix="_c")
         assert j.height == events.height
         assert (j["protected_score"] - j["protected_score_c"]).abs().max() <= TOL

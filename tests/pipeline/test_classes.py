@@ -15,7 +15,7 @@ import polars as pl
 import pytest
 
 import calpipe
-from calpipe import generate, metrics, pipeline, store
+from calpipe import generate, metrics, pipeline, storage
 from calpipe.errors import InputError, ParameterError
 from calpipe.generate import StreamSpec
 from calpipe.pipeline import Settings
@@ -36,9 +36,9 @@ def events():
 
 def run(tmp_path, events, name="db", **kw):
     root = tmp_path / f"{name}_landing"
-    store.write_landing(events, root)
-    con = store.connect(tmp_path / f"{name}.duckdb")
-    summary = pipeline.run_range(con, store.EventSource.parse(str(root)), **kw)
+    storage.write_landing(events, root)
+    con = storage.connect(tmp_path / f"{name}.duckdb")
+    summary = pipeline.run_range(con, storage.EventSource.parse(str(root)), **kw)
     return con, summary
 
 
@@ -50,11 +50,11 @@ def test_a_k_class_chain_stores_vectors_equal_to_one_pass(tmp_path, events):
     con, summary = run(tmp_path, events, settings=Settings.make("composite-jumper"))
     try:
         assert all(c.passed for c in summary.checks)
-        stored = store.query(con, "SELECT * FROM scored_events ORDER BY stream, event_id")
+        stored = storage.query(con, "SELECT * FROM scored_events ORDER BY stream, event_id")
         assert stored["score"].null_count() == stored.height
         assert stored["scores"].list.len().unique().to_list() == [K]
         one = calpipe.protect(events, scores="scores", method="composite-jumper")
-        got = store.query(con, "SELECT * FROM v_protected_scores").join(
+        got = storage.query(con, "SELECT * FROM v_protected_scores").join(
             one.select("stream", "event_id", pl.col("protected_scores").alias("one")),
             on=["stream", "event_id"],
         )
@@ -62,9 +62,9 @@ def test_a_k_class_chain_stores_vectors_equal_to_one_pass(tmp_path, events):
         assert got["protected_score"].null_count() == got.height
         np.testing.assert_array_equal(vectors(got["protected_scores"]), vectors(got["one"]))
         assert vectors(got["scores"]).shape == (events.height, K)
-        state = store.query(con, "SELECT DISTINCT n_classes FROM calibrator_state")
+        state = storage.query(con, "SELECT DISTINCT n_classes FROM calibrator_state")
         assert state["n_classes"].to_list() == [K]
-        fp = store.query(con, "SELECT DISTINCT config_fingerprint FROM pipeline_days")
+        fp = storage.query(con, "SELECT DISTINCT config_fingerprint FROM pipeline_days")
         assert fp.item() == Settings.make("composite-jumper").fingerprint_for(K)
         # a second run resumes the K-class chain: nothing to do, nothing refused
         assert pipeline.run_range(con, summary_source(tmp_path)).days == 0
@@ -73,14 +73,14 @@ def test_a_k_class_chain_stores_vectors_equal_to_one_pass(tmp_path, events):
 
 
 def summary_source(tmp_path):
-    return store.EventSource.parse(str(tmp_path / "db_landing"))
+    return storage.EventSource.parse(str(tmp_path / "db_landing"))
 
 
 def test_k_class_monitoring_is_the_metrics_k_class_forms(tmp_path, events):
     con, _ = run(tmp_path, events)
     try:
-        daily = store.query(con, "SELECT * FROM calibration_daily ORDER BY date, stream")
-        rows = store.query(
+        daily = storage.query(con, "SELECT * FROM calibration_daily ORDER BY date, stream")
+        rows = storage.query(
             con, "SELECT event_date AS date, * EXCLUDE (event_date) FROM protected_scores"
         )
         for who in ("base", "protected"):
@@ -117,20 +117,20 @@ def test_a_source_of_another_number_of_classes_is_refused_and_nothing_is_written
     con, _ = run(tmp_path, binary, name="bin")
     try:
         before = {
-            t: store.query(con, f"SELECT * FROM {t} ORDER BY ALL")
+            t: storage.query(con, f"SELECT * FROM {t} ORDER BY ALL")
             for t in ("scored_events", "pipeline_days")
         }
         later = events.with_columns(pl.col("event_time") + dt.timedelta(days=2))
         root = tmp_path / "bin_landing"
-        store.write_landing(
+        storage.write_landing(
             later.filter(pl.col("event_time").dt.date() == START + dt.timedelta(days=2)), root
         )
         with pytest.raises(
-            store.StoreError, match=r"4 classes, but this database stores forecasts of 2"
+            storage.StoreError, match=r"4 classes, but this database stores forecasts of 2"
         ):
-            pipeline.run_range(con, store.EventSource.parse(str(root)))
+            pipeline.run_range(con, storage.EventSource.parse(str(root)))
         for t, rows in before.items():
-            assert store.query(con, f"SELECT * FROM {t} ORDER BY ALL").equals(rows), t
+            assert storage.query(con, f"SELECT * FROM {t} ORDER BY ALL").equals(rows), t
     finally:
         con.close()
 
@@ -142,8 +142,8 @@ def test_pairs_of_probabilities_are_stored_binary(tmp_path):
     b, _ = run(tmp_path, pairs, name="b")
     try:
         for t in ("scored_events", "protected_scores", "calibrator_state", "calibration_daily"):
-            x = store.query(a, f"SELECT * FROM {t} ORDER BY ALL")
-            y = store.query(b, f"SELECT * FROM {t} ORDER BY ALL")
+            x = storage.query(a, f"SELECT * FROM {t} ORDER BY ALL")
+            y = storage.query(b, f"SELECT * FROM {t} ORDER BY ALL")
             assert x.equals(y), t
     finally:
         a.close()
@@ -171,7 +171,7 @@ def test_a_label_outside_the_k_classes_names_the_rule(tmp_path, events):
         {"stream": ["a", "a"], "event_id": [first["event_id"], second["event_id"]],
          "label": [K - 1, K], "label_time": [lt, lt]}
     )  # fmt: skip
-    store.write_landing(feed, tmp_path / "labels", time_column="label_time")
+    storage.write_landing(feed, tmp_path / "labels", time_column="label_time")
     with pytest.raises(InputError, match=rf"stream 'a', event {second['event_id']}: label "
                        r"outside the classes 0\.\.3"):  # fmt: skip
         run(tmp_path, d0, labels=label_source(str(tmp_path / "labels")))
@@ -199,7 +199,7 @@ def test_a_k_class_venn_abers_chain_stores_no_bounds(tmp_path, events):
     con, summary = run(tmp_path, events, settings=settings)
     try:
         assert all(c.passed for c in summary.checks)
-        rows = store.query(con, "SELECT protected_scores, p_lower, p_upper FROM protected_scores")
+        rows = storage.query(con, "SELECT protected_scores, p_lower, p_upper FROM protected_scores")
         assert rows.height == events.height
         assert rows["p_lower"].null_count() == rows["p_upper"].null_count() == rows.height
         np.testing.assert_allclose(vectors(rows["protected_scores"]).sum(axis=1), 1.0, atol=1e-12)

@@ -9,7 +9,7 @@ from html.parser import HTMLParser
 
 import pytest
 
-from calpipe import cli, generate, pipeline, store
+from calpipe import cli, generate, pipeline, storage
 from calpipe.errors import StoreError
 from calpipe.generate import StreamSpec
 
@@ -40,11 +40,11 @@ class _Page(HTMLParser):
 def db(tmp_path_factory):
     root = tmp_path_factory.mktemp("report")
     events = generate.generate(n_days=8, streams=STREAMS, seed=4)
-    store.write_landing(events, root / "landing")
+    storage.write_landing(events, root / "landing")
     path = root / "r.duckdb"
-    con = store.connect(path)
+    con = storage.connect(path)
     pipeline.run_range(
-        con, store.EventSource.parse(str(root / "landing")), settings=pipeline.Settings()
+        con, storage.EventSource.parse(str(root / "landing")), settings=pipeline.Settings()
     )
     con.close()
     return path
@@ -61,9 +61,9 @@ def test_report_is_one_self_contained_page_with_every_stream(db, capsys):
     assert "script" not in page.tags
     assert {"summary", "alarms", "s-calm", "s-drifts", "s-quiet"} <= set(page.ids)
     assert text.count("<svg") == 2 * len(STREAMS)  # trajectory + reliability per stream
-    con = store.connect(db, read_only=True)
+    con = storage.connect(db, read_only=True)
     summary = pipeline.stream_summary(con)
-    alarms = store.query(con, "SELECT stream, date FROM martingale_alarms")
+    alarms = storage.query(con, "SELECT stream, date FROM martingale_alarms")
     con.close()
     for row in summary.iter_rows(named=True):  # the summary's numbers, as stored
         assert f"<td>{row['prot_LL']:.4f}</td>" in text and f"<td>{row['events']}</td>" in text
@@ -85,7 +85,7 @@ def test_report_refuses_a_missing_or_empty_database(tmp_path):
     with pytest.raises(StoreError, match="does not exist"):
         pipeline.write_report(tmp_path / "nope.duckdb")
     assert not (tmp_path / "nope.duckdb").exists() and not list(tmp_path.iterdir())
-    store.connect(tmp_path / "empty.duckdb").close()
+    storage.connect(tmp_path / "empty.duckdb").close()
     with pytest.raises(StoreError, match="no day has been run yet"):
         pipeline.write_report(tmp_path / "empty.duckdb")
     assert not (tmp_path / "empty.report.html").exists()

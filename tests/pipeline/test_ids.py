@@ -17,7 +17,7 @@ import polars as pl
 import pytest
 
 import calpipe
-from calpipe import generate, pipeline, store
+from calpipe import generate, pipeline, storage
 from calpipe.generate import StreamSpec
 from calpipe.pipeline import Settings
 from calpipe.pipeline.labels import label_source
@@ -65,10 +65,10 @@ def test_a_chain_over_string_or_uuid_ids_equals_one_pass(tmp_path, kind):
     if kind == "uuid":
         write_uuid_landing(events, tmp_path / "landing")
     else:
-        store.write_landing(events, tmp_path / "landing")
-    source = store.EventSource.parse(str(tmp_path / "landing"))
+        storage.write_landing(events, tmp_path / "landing")
+    source = storage.EventSource.parse(str(tmp_path / "landing"))
     settings = Settings.make(METHOD)
-    fused, staged = store.connect(tmp_path / "f.duckdb"), store.connect(tmp_path / "s.duckdb")
+    fused, staged = storage.connect(tmp_path / "f.duckdb"), storage.connect(tmp_path / "s.duckdb")
     try:
         # night by night, so each night resumes a stored state keyed by a string id
         for i in range(N_DAYS):
@@ -78,15 +78,15 @@ def test_a_chain_over_string_or_uuid_ids_equals_one_pass(tmp_path, kind):
         pipeline.monitor_days(staged, day(0), day(N_DAYS - 1))
         pipeline.alarm_days(staged, day(0), day(N_DAYS - 1))
         pipeline.map_days(staged, day(0), day(N_DAYS - 1), settings)
-        for t in store.PARTITION_COLUMN:
-            a = store.query(fused, f"SELECT * FROM {t} ORDER BY ALL")
-            b = store.query(staged, f"SELECT * FROM {t} ORDER BY ALL")
+        for t in storage.PARTITION_COLUMN:
+            a = storage.query(fused, f"SELECT * FROM {t} ORDER BY ALL")
+            b = storage.query(staged, f"SELECT * FROM {t} ORDER BY ALL")
             if t == "pipeline_inputs":
                 a, b = a.drop("mtime_ns"), b.drop("mtime_ns")
             assert a.equals(b), t
-        chain = store.query(fused, "SELECT * FROM v_protected_scores")
+        chain = storage.query(fused, "SELECT * FROM v_protected_scores")
         assert chain.schema["event_id"] == pl.String
-        state = store.query(fused, "SELECT last_event_id FROM calibrator_state")
+        state = storage.query(fused, "SELECT last_event_id FROM calibrator_state")
         assert state.schema["last_event_id"] == pl.String
     finally:
         fused.close()
@@ -101,16 +101,16 @@ def test_a_chain_over_string_or_uuid_ids_equals_one_pass(tmp_path, kind):
 def test_a_label_feed_with_string_ids(tmp_path):
     events = with_string_ids(generate.generate(n_days=N_DAYS, streams=STREAMS, seed=4), "string")
     scores, labels, truth = split_feed(events, seed=9)
-    store.write_landing(scores, tmp_path / "scores")
-    store.write_landing(labels, tmp_path / "labels", time_column="label_time")
-    con = store.connect(tmp_path / "db.duckdb")
+    storage.write_landing(scores, tmp_path / "scores")
+    storage.write_landing(labels, tmp_path / "labels", time_column="label_time")
+    con = storage.connect(tmp_path / "db.duckdb")
     try:
         pipeline.run_range(
-            con, store.EventSource.parse(str(tmp_path / "scores")),
+            con, storage.EventSource.parse(str(tmp_path / "scores")),
             settings=Settings.make(METHOD), labels=label_source(str(tmp_path / "labels")),
         )  # fmt: skip
-        chain = store.query(con, "SELECT * FROM protected_scores")
-        assert store.query(con, "SELECT count(*) AS n FROM event_labels")["n"][0] == labels.height
+        chain = storage.query(con, "SELECT * FROM protected_scores")
+        assert storage.query(con, "SELECT count(*) AS n FROM event_labels")["n"][0] == labels.height
     finally:
         con.close()
     one = calpipe.protect(truth, method=METHOD, label_time="label_time")
@@ -124,26 +124,28 @@ def test_a_database_keeps_one_id_type(tmp_path):
     nothing is written. An event re-sent with a string id on another day is still found."""
     events = generate.generate(n_days=N_DAYS, streams=STREAMS, seed=5)
     strings = with_string_ids(events, "string")
-    store.write_landing(strings.filter(pl.col("event_time").dt.date() <= day(2)), tmp_path / "s")
-    con = store.connect(tmp_path / "db.duckdb")
+    storage.write_landing(strings.filter(pl.col("event_time").dt.date() <= day(2)), tmp_path / "s")
+    con = storage.connect(tmp_path / "db.duckdb")
     try:
-        pipeline.run_range(con, store.EventSource.parse(str(tmp_path / "s")))
-        n = store.query(con, "SELECT count(*) AS n FROM scored_events")["n"][0]
+        pipeline.run_range(con, storage.EventSource.parse(str(tmp_path / "s")))
+        n = storage.query(con, "SELECT count(*) AS n FROM scored_events")["n"][0]
         # day 3 lands with integer ids
-        store.write_landing(events.filter(pl.col("event_time").dt.date() == day(3)), tmp_path / "s")
-        with pytest.raises(store.StoreError, match=r"BIGINT \(integers\).*VARCHAR \(strings\)"):
-            pipeline.run_range(con, store.EventSource.parse(str(tmp_path / "s")))
-        assert store.query(con, "SELECT count(*) AS n FROM scored_events")["n"][0] == n
+        storage.write_landing(
+            events.filter(pl.col("event_time").dt.date() == day(3)), tmp_path / "s"
+        )
+        with pytest.raises(storage.StoreError, match=r"BIGINT \(integers\).*VARCHAR \(strings\)"):
+            pipeline.run_range(con, storage.EventSource.parse(str(tmp_path / "s")))
+        assert storage.query(con, "SELECT count(*) AS n FROM scored_events")["n"][0] == n
         shutil.rmtree(tmp_path / "s" / f"date={day(3).isoformat()}")
         # a duplicate over the history, with string ids
         d1 = strings.filter(pl.col("event_time").dt.date() == day(1)).head(1)
         resent = d1.with_columns(
             pl.lit(dt.datetime.combine(day(3), dt.time(12))).alias("event_time")
         )
-        store.write_landing(resent, tmp_path / "s")
+        storage.write_landing(resent, tmp_path / "s")
         with pytest.raises(
             calpipe.errors.InputError, match=f"event {d1['event_id'][0]}: duplicate"
         ):
-            pipeline.run_range(con, store.EventSource.parse(str(tmp_path / "s")))
+            pipeline.run_range(con, storage.EventSource.parse(str(tmp_path / "s")))
     finally:
         con.close()

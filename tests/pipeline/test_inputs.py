@@ -13,7 +13,7 @@ import datetime as dt
 import polars as pl
 import pytest
 
-from calpipe import cli, generate, pipeline, store
+from calpipe import cli, generate, pipeline, storage
 from calpipe.errors import InputError
 from calpipe.generate import StreamSpec
 from calpipe.pipeline.inputs import ReplayRequired
@@ -22,7 +22,7 @@ STREAMS = (StreamSpec("a", events_per_day=40), StreamSpec("b", events_per_day=25
 N_DAYS = 10
 START = generate.DEFAULT_START
 #: Tables whose rows depend only on the events (pipeline_inputs also records file times).
-RESULT_TABLES = tuple(t for t in store.PARTITION_COLUMN if t != "pipeline_inputs")
+RESULT_TABLES = tuple(t for t in storage.PARTITION_COLUMN if t != "pipeline_inputs")
 
 
 def day(i: int) -> dt.date:
@@ -34,19 +34,19 @@ def _file(root, i: int):
 
 
 def _tables(con, tables=RESULT_TABLES) -> dict[str, pl.DataFrame]:
-    return {t: store.query(con, f"SELECT * FROM {t} ORDER BY ALL") for t in tables}
+    return {t: storage.query(con, f"SELECT * FROM {t} ORDER BY ALL") for t in tables}
 
 
 def _everything(con) -> dict[str, pl.DataFrame]:
-    return _tables(con, tuple(store.PARTITION_COLUMN))
+    return _tables(con, tuple(storage.PARTITION_COLUMN))
 
 
 @pytest.fixture
 def chain(tmp_path):
     events = generate.generate(n_days=N_DAYS, streams=STREAMS, seed=11)
-    store.write_landing(events, tmp_path / "landing")
-    con = store.connect(tmp_path / "db.duckdb")
-    source = store.EventSource.parse(str(tmp_path / "landing"))
+    storage.write_landing(events, tmp_path / "landing")
+    con = storage.connect(tmp_path / "db.duckdb")
+    source = storage.EventSource.parse(str(tmp_path / "landing"))
     pipeline.run_range(con, source)
     yield con, source, tmp_path
     con.close()
@@ -54,9 +54,9 @@ def chain(tmp_path):
 
 def _reference(tmp_path, name: str) -> dict[str, pl.DataFrame]:
     """The tables of one uninterrupted run on the landing as it is now, in a fresh database."""
-    con = store.connect(tmp_path / f"{name}.duckdb")
+    con = storage.connect(tmp_path / f"{name}.duckdb")
     try:
-        pipeline.run_range(con, store.EventSource.parse(str(tmp_path / "landing")))
+        pipeline.run_range(con, storage.EventSource.parse(str(tmp_path / "landing")))
         return _tables(con)
     finally:
         con.close()
@@ -85,10 +85,10 @@ def test_a_relanded_day_with_its_labels_printed_nothing_to_run(chain):
 
 def test_no_replay_refuses_with_the_exact_command_and_writes_nothing(chain, capsys):
     con, source, tmp = chain
-    db = store.query(con, "SELECT path FROM duckdb_databases() WHERE NOT internal")["path"][0]
+    db = storage.query(con, "SELECT path FROM duckdb_databases() WHERE NOT internal")["path"][0]
     con.close()
     _correct_labels(_file(tmp / "landing", 6))
-    with store.connect(db) as c:
+    with storage.connect(db) as c:
         before = _everything(c)
     argv = ["run", "--events", source.location, "--db", db, "--no-replay"]
     assert cli.main(argv) == 2
@@ -97,10 +97,10 @@ def test_no_replay_refuses_with_the_exact_command_and_writes_nothing(chain, caps
         f"day {day(6)}: scores file 'date={day(6)}/events.parquet' changed after the day ran" in err
     )
     assert f"run --events {source.location} --db {db} --start {day(6)}" in err
-    with store.connect(db) as c:
+    with storage.connect(db) as c:
         after = _everything(c)
     assert all(after[t].equals(before[t]) for t in before)
-    with store.connect(db) as c, pytest.raises(ReplayRequired) as info:
+    with storage.connect(db) as c, pytest.raises(ReplayRequired) as info:
         pipeline.run_range(c, source, replay=False)
     assert info.value.day == day(6)
 
@@ -134,16 +134,16 @@ def test_rerunning_a_day_with_the_same_inputs_leaves_nothing_stale(chain):
 
 def test_a_day_landed_after_the_next_day_was_committed_empty_and_never_processed(tmp_path):
     events = generate.generate(n_days=N_DAYS, streams=STREAMS, seed=11)
-    store.write_landing(events, tmp_path / "landing")
+    storage.write_landing(events, tmp_path / "landing")
     late = _file(tmp_path / "landing", 4)
     held = late.read_bytes()
     late.unlink()  # day 4 lands late
-    source = store.EventSource.parse(str(tmp_path / "landing"))
-    con = store.connect(tmp_path / "db.duckdb")
+    source = storage.EventSource.parse(str(tmp_path / "landing"))
+    con = storage.connect(tmp_path / "db.duckdb")
     try:
         pipeline.run_range(con, source)
         assert (
-            store.fetch_one(con, "SELECT n_events FROM pipeline_days WHERE date = ?", [day(4)])[0]
+            storage.fetch_one(con, "SELECT n_events FROM pipeline_days WHERE date = ?", [day(4)])[0]
             == 0
         )
         late.write_bytes(held)
@@ -164,11 +164,11 @@ def test_a_removed_file_and_a_changed_table_source_are_replayed(chain, tmp_path)
         pipeline.run_range(con, source, replay=False)
     # a table source: one changed score on day 3
     events = generate.generate(n_days=N_DAYS, streams=STREAMS, seed=11)
-    tcon = store.connect(tmp_path / "table.duckdb")
+    tcon = storage.connect(tmp_path / "table.duckdb")
     try:
         tcon.register("ev", events.to_arrow())
         tcon.execute("CREATE TABLE landed AS SELECT * FROM ev")
-        tsource = store.EventSource.parse("landed")
+        tsource = storage.EventSource.parse("landed")
         pipeline.run_range(tcon, tsource)
         assert pipeline.run_range(tcon, tsource).days == 0
         tcon.execute(
@@ -210,13 +210,13 @@ def test_a_duplicate_within_one_transaction_was_not_caught(tmp_path):
     events = generate.generate(n_days=N_DAYS, streams=STREAMS, seed=11)
     d8 = events.filter(pl.col("event_time").dt.date() == day(8)).head(1)
     resent = d8.with_columns(pl.col("event_time") + dt.timedelta(days=1))
-    store.write_landing(pl.concat([events, resent]), tmp_path / "landing")
-    source = store.EventSource.parse(str(tmp_path / "landing"))
-    con = store.connect(tmp_path / "db.duckdb")
+    storage.write_landing(pl.concat([events, resent]), tmp_path / "landing")
+    source = storage.EventSource.parse(str(tmp_path / "landing"))
+    con = storage.connect(tmp_path / "db.duckdb")
     try:  # the whole range is one transaction (TRANSACTION_ROWS is far above 10 small days)
         key = f"stream {d8['stream'][0]!r}, event {d8['event_id'][0]}"
         with pytest.raises(InputError, match=rf"day {day(9)}, {key}: duplicate of .* {day(8)}"):
             pipeline.run_range(con, source)
-        assert store.query(con, "SELECT count(*) AS n FROM scored_events")["n"][0] == 0
+        assert storage.query(con, "SELECT count(*) AS n FROM scored_events")["n"][0] == 0
     finally:
         con.close()

@@ -18,7 +18,7 @@ import polars as pl
 import pytest
 
 import calpipe
-from calpipe import generate, pipeline, store
+from calpipe import generate, pipeline, storage
 from calpipe.errors import InputError, StateError
 from calpipe.generate import StreamSpec
 from calpipe.pipeline import Settings
@@ -65,7 +65,7 @@ def split_feed(events: pl.DataFrame, seed: int, *, frac: float = 0.6, max_delay_
 def write_day(frame: pl.DataFrame, root: Path, d: dt.date, time_column: str) -> None:
     part = frame.filter(pl.col(time_column).dt.date() == d)
     if part.height:
-        store.write_landing(part, root, time_column=time_column)
+        storage.write_landing(part, root, time_column=time_column)
 
 
 def with_classes(events: pl.DataFrame, k: int, seed: int) -> pl.DataFrame:
@@ -99,7 +99,7 @@ def one_pass(truth: pl.DataFrame, method: str) -> calpipe.ProtectResult:
 def assert_chain_equals_one_pass(con, truth: pl.DataFrame, method: str) -> None:
     one = one_pass(truth, method)
     out = _forecast(truth)
-    got = store.query(con, "SELECT * FROM protected_scores").join(
+    got = storage.query(con, "SELECT * FROM protected_scores").join(
         one.scores.select("stream", "event_id", out, "log10_martingale"),
         on=["stream", "event_id"], suffix="_one",
     )  # fmt: skip
@@ -136,10 +136,10 @@ def assert_chain_equals_one_pass(con, truth: pl.DataFrame, method: str) -> None:
 def run_nights(tmp: Path, scores, labels, *, method: str, late: int | None = None, **kw):
     """Night i: day i's scores land (a ``late`` day's two nights later), the labels of arrival
     day i land, ``calpipe run``'s nightly default runs (replaying what changed)."""
-    con = store.connect(tmp / "db.duckdb")
+    con = storage.connect(tmp / "db.duckdb")
     (tmp / "scores").mkdir(exist_ok=True)
     (tmp / "labels").mkdir(exist_ok=True)
-    src = store.EventSource.parse(str(tmp / "scores"))
+    src = storage.EventSource.parse(str(tmp / "scores"))
     lsrc = label_source(str(tmp / "labels"))
     settings = Settings.make(method)
     for i in range(N_DAYS):
@@ -166,9 +166,9 @@ def test_a_nightly_chain_with_late_labels_equals_one_pass(tmp_path, events, meth
     con, *_ = run_nights(tmp_path, scores, labels, method=method)
     try:
         assert_chain_equals_one_pass(con, truth, method)
-        arrived = store.query(con, "SELECT * FROM event_labels")
+        arrived = storage.query(con, "SELECT * FROM event_labels")
         assert arrived.height == labels.height
-        days = store.query(con, "SELECT sum(n_label_arrivals) AS n FROM pipeline_days")
+        days = storage.query(con, "SELECT sum(n_label_arrivals) AS n FROM pipeline_days")
         assert days["n"][0] == labels.height
     finally:
         con.close()
@@ -186,7 +186,7 @@ def test_a_late_scores_day_and_a_corrected_label_file_are_replayed(tmp_path, eve
         tmp_path, scores, labels, method=method, late=2, on_unknown_label="quarantine"
     )
     try:
-        assert store.query(con, "SELECT * FROM quarantined_labels").height == 0
+        assert storage.query(con, "SELECT * FROM quarantined_labels").height == 0
         assert_chain_equals_one_pass(con, truth, method)
         # correct one label of arrival day 4
         d4 = labels.filter(pl.col("label_time").dt.date() == day(4))
@@ -197,7 +197,7 @@ def test_a_late_scores_day_and_a_corrected_label_file_are_replayed(tmp_path, eve
             .otherwise(pl.col("label"))
             .alias("label")
         )
-        store.write_landing(fixed, tmp_path / "labels", time_column="label_time")
+        storage.write_landing(fixed, tmp_path / "labels", time_column="label_time")
         logs: list[str] = []
         summary = pipeline.run_range(con, src, settings=settings, labels=lsrc, log=logs.append)
         assert summary.start == day(4) and summary.end == day(N_DAYS - 1)
@@ -216,11 +216,11 @@ def test_labels_known_at_their_event_and_a_feed_match_the_stages(tmp_path, event
     """The staged path (load_events with the feed, then protect_days: what the dagster assets
     run) writes the fused run's rows."""
     scores, labels, _ = split_feed(with_classes(events, k, seed=9), seed=3)
-    store.write_landing(scores, tmp_path / "scores")
-    store.write_landing(labels, tmp_path / "labels", time_column="label_time")
-    src = store.EventSource.parse(str(tmp_path / "scores"))
+    storage.write_landing(scores, tmp_path / "scores")
+    storage.write_landing(labels, tmp_path / "labels", time_column="label_time")
+    src = storage.EventSource.parse(str(tmp_path / "scores"))
     lsrc = label_source(str(tmp_path / "labels"))
-    fused, staged = store.connect(tmp_path / "f.duckdb"), store.connect(tmp_path / "s.duckdb")
+    fused, staged = storage.connect(tmp_path / "f.duckdb"), storage.connect(tmp_path / "s.duckdb")
     try:
         pipeline.run_range(fused, src, labels=lsrc)
         s = Settings()
@@ -229,13 +229,15 @@ def test_labels_known_at_their_event_and_a_feed_match_the_stages(tmp_path, event
         pipeline.monitor_days(staged, day(0), day(N_DAYS - 1))
         pipeline.alarm_days(staged, day(0), day(N_DAYS - 1))
         pipeline.map_days(staged, day(0), day(N_DAYS - 1), s)
-        for t in store.PARTITION_COLUMN:
-            a = store.query(fused, f"SELECT * FROM {t} ORDER BY ALL")
-            b = store.query(staged, f"SELECT * FROM {t} ORDER BY ALL")
+        for t in storage.PARTITION_COLUMN:
+            a = storage.query(fused, f"SELECT * FROM {t} ORDER BY ALL")
+            b = storage.query(staged, f"SELECT * FROM {t} ORDER BY ALL")
             if t == "pipeline_inputs":
                 a, b = a.drop("mtime_ns"), b.drop("mtime_ns")
             assert a.equals(b), t
-        assert store.query(fused, "SELECT count(*) AS n FROM event_labels")["n"][0] == labels.height
+        assert (
+            storage.query(fused, "SELECT count(*) AS n FROM event_labels")["n"][0] == labels.height
+        )
     finally:
         fused.close()
         staged.close()
@@ -252,8 +254,8 @@ def land_two_nights(tmp: Path, events: pl.DataFrame, *, seed: int, label_days: i
         write_day(scores, tmp / "scores", day(i), "event_time")
     for i in range(label_days):
         write_day(labels, tmp / "labels", day(i), "label_time")
-    con = store.connect(tmp / "db.duckdb")
-    src = store.EventSource.parse(str(tmp / "scores"))
+    con = storage.connect(tmp / "db.duckdb")
+    src = storage.EventSource.parse(str(tmp / "scores"))
     lsrc = label_source(str(tmp / "labels"))
     pipeline.run_range(con, src, end=day(1), labels=lsrc)
     return con, src, lsrc, scores, labels
@@ -268,7 +270,9 @@ def two_days(tmp_path, events):
 
 
 def _snapshot(con) -> dict[str, pl.DataFrame]:
-    return {t: store.query(con, f"SELECT * FROM {t} ORDER BY ALL") for t in store.PARTITION_COLUMN}
+    return {
+        t: storage.query(con, f"SELECT * FROM {t} ORDER BY ALL") for t in storage.PARTITION_COLUMN
+    }
 
 
 def _bad_night(two_days, rows: list[dict]) -> InputError:
@@ -323,7 +327,7 @@ def test_a_label_of_an_event_the_database_holds_twice_is_refused_not_misplaced(t
         schema={"stream": pl.String, "event_id": pl.Int64, "label": pl.Int32,
                 "label_time": pl.Datetime("us")},
     ).write_parquet(folder / "late.parquet")  # fmt: skip
-    with pytest.raises(store.StoreError, match="found 2 rows for 1 labels"):
+    with pytest.raises(storage.StoreError, match="found 2 rows for 1 labels"):
         pipeline.run_range(con, src, labels=lsrc)
     after = _snapshot(con)
     for t in before:
@@ -338,7 +342,7 @@ def test_a_label_of_an_unknown_event_is_quarantined_when_asked(two_days):
         {"stream": ["zz"], "event_id": [7], "label": [1], "label_time": [T2]}
     ).write_parquet(folder / "odd.parquet")
     pipeline.run_range(con, src, labels=lsrc, on_unknown_label="quarantine")
-    q = store.query(con, "SELECT * FROM quarantined_labels")
+    q = storage.query(con, "SELECT * FROM quarantined_labels")
     assert q.select("date", "stream", "event_id", "file").rows() == [
         (day(2), "zz", 7, f"date={day(2).isoformat()}/odd.parquet")
     ]
@@ -416,33 +420,33 @@ def test_calpipe_run_takes_a_label_feed_with_its_own_column_names(tmp_path, even
     from calpipe import cli
 
     scores, labels, _ = split_feed(events, seed=6)
-    store.write_landing(scores.rename({"event_id": "id"}), tmp_path / "scores")
+    storage.write_landing(scores.rename({"event_id": "id"}), tmp_path / "scores")
     feed = labels.rename({"event_id": "id", "label_time": "known_at"})
-    store.write_landing(feed, tmp_path / "labels", time_column="known_at")
+    storage.write_landing(feed, tmp_path / "labels", time_column="known_at")
     db = tmp_path / "cli.duckdb"
     argv = ["run", "--events", str(tmp_path / "scores"), "--labels", str(tmp_path / "labels"),
             "--db", str(db), "--id-col", "id", "--label-time-col", "known_at"]  # fmt: skip
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
     assert f"event_labels: {labels.height} labels arrived" in out
-    store.write_landing(scores, tmp_path / "s2")
-    store.write_landing(labels, tmp_path / "l2", time_column="label_time")
-    ref = store.connect(tmp_path / "ref.duckdb")
-    con = store.connect(db, read_only=True)
+    storage.write_landing(scores, tmp_path / "s2")
+    storage.write_landing(labels, tmp_path / "l2", time_column="label_time")
+    ref = storage.connect(tmp_path / "ref.duckdb")
+    con = storage.connect(db, read_only=True)
     try:
         pipeline.run_range(
             ref,
-            store.EventSource.parse(str(tmp_path / "s2")),
+            storage.EventSource.parse(str(tmp_path / "s2")),
             labels=label_source(str(tmp_path / "l2")),
         )
         for t in ("protected_scores", "calibrator_state", "event_labels"):
-            a = store.query(
+            a = storage.query(
                 con,
                 f"SELECT * EXCLUDE (file) FROM {t} ORDER BY ALL"
                 if t == "event_labels"
                 else f"SELECT * FROM {t} ORDER BY ALL",
             )
-            b = store.query(
+            b = storage.query(
                 ref,
                 f"SELECT * EXCLUDE (file) FROM {t} ORDER BY ALL"
                 if t == "event_labels"
@@ -464,9 +468,9 @@ def test_monitoring_by_arrival_judges_the_forecasts_whose_labels_arrived(tmp_pat
     scores, labels, truth = split_feed(events, seed=8)
     con, *_ = run_nights(tmp_path, scores, labels, method=method)
     try:
-        got = store.query(con, "SELECT * FROM calibration_arrivals ORDER BY date, stream")
+        got = storage.query(con, "SELECT * FROM calibration_arrivals ORDER BY date, stream")
         one = one_pass(truth, method).scores.join(
-            store.query(con, "SELECT stream, event_id, base_score FROM protected_scores"),
+            storage.query(con, "SELECT stream, event_id, base_score FROM protected_scores"),
             on=["stream", "event_id"],
         )
         learnt = one.filter(pl.col("label").is_not_null()).with_columns(
@@ -532,18 +536,18 @@ def test_arrivals_larger_than_duckdb_s_memory_limit_are_read_in_parts(tmp_path, 
     write_day(scores, tmp_path / "scores", day(0), "event_time")
     write_day(night, tmp_path / "scores", day(1), "event_time")
     write_day(labels, tmp_path / "labels", day(1), "label_time")
-    con = store.connect(tmp_path / "db.duckdb")
+    con = storage.connect(tmp_path / "db.duckdb")
     try:
-        pipeline.run_range(con, store.EventSource.parse(str(tmp_path / "scores")),
+        pipeline.run_range(con, storage.EventSource.parse(str(tmp_path / "scores")),
                            settings=Settings.make("jumper"),
                            labels=label_source(str(tmp_path / "labels")))  # fmt: skip
-        stored = store.query(con, "SELECT * EXCLUDE (date) FROM calibration_arrivals "
+        stored = storage.query(con, "SELECT * EXCLUDE (date) FROM calibration_arrivals "
                                   "WHERE date = ? ORDER BY stream", [day(1)])  # fmt: skip
         assert stored["n_labels"].sum() == n
-        state = store.query(con, "SELECT * FROM calibrator_state WHERE date = ?", [day(1)])
+        state = storage.query(con, "SELECT * FROM calibrator_state WHERE date = ?", [day(1)])
         con.execute("SET memory_limit = '24MB'")
         with pytest.raises(Exception, match="Out of Memory"):
-            store.query(con, _ARRIVED_SQL.format(s="", part_p="", part_l=""), [day(1), day(1)])
+            storage.query(con, _ARRIVED_SQL.format(s="", part_p="", part_l=""), [day(1), day(1)])
         monkeypatch.setattr(config, "ARRIVALS_QUERY_ROWS", 40_000)
         parts = _arrival_rows(con, day(1), day(1), state).drop("date")
         assert parts.select(stored.columns).equals(stored)
@@ -578,7 +582,7 @@ def test_a_night_s_labels_are_looked_up_in_slices_that_fit_duckdb_s_pool(tmp_pat
     from calpipe import config
     from calpipe.pipeline.labels import _lookup
 
-    con = store.connect(tmp_path / "db.duckdb")
+    con = storage.connect(tmp_path / "db.duckdb")
     try:
         n, m = 600_000, 150_000
         key = "'s' || (i % 500), i"
@@ -597,7 +601,7 @@ def test_a_night_s_labels_are_looked_up_in_slices_that_fit_duckdb_s_pool(tmp_pat
             "TIMESTAMP '2024-01-01 10:00', 0.5, 1, TIMESTAMP '2024-01-01 11:00', 'f', NULL "
             f"FROM range(0, {n}, 7) t(i)"
         )
-        raw = store.query(
+        raw = storage.query(
             con,
             "SELECT CAST(i AS UINTEGER) AS i, 's' || ((3 * i) % 500) AS stream, 3 * i AS event_id "
             f"FROM range({m}) t(i)",
@@ -624,7 +628,7 @@ def test_labels_in_arrival_order_get_their_own_events_from_the_id_ordered_lookup
     from calpipe import config
     from calpipe.pipeline.labels import _lookup
 
-    con = store.connect(tmp_path / "db.duckdb")
+    con = storage.connect(tmp_path / "db.duckdb")
     try:
         n = 20_000
         con.execute(

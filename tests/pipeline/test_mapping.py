@@ -16,7 +16,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from calpipe import config, generate, paths, pipeline, store
+from calpipe import config, generate, paths, pipeline, storage
 from calpipe.calibrators import METHODS, make_calibrator
 from calpipe.engine import state_from_rows
 from calpipe.errors import InputError
@@ -49,16 +49,16 @@ def _params(method: str) -> dict:
 
 def _chain(tmp_path, settings: Settings):
     events = generate.generate(n_days=4, streams=STREAMS, seed=2)
-    store.write_landing(events, tmp_path / "landing")
-    con = store.connect(tmp_path / "db.duckdb")
-    pipeline.run_range(con, store.EventSource.parse(str(tmp_path / "landing")), settings=settings)
+    storage.write_landing(events, tmp_path / "landing")
+    con = storage.connect(tmp_path / "db.duckdb")
+    pipeline.run_range(con, storage.EventSource.parse(str(tmp_path / "landing")), settings=settings)
     return con, events
 
 
 def _grid(con, events: pl.DataFrame) -> np.ndarray:
     """Scores where a table's value changes, the doubles beside them, the stored scores and an
     even grid of [0, 1]."""
-    x = store.query(con, "SELECT x FROM calibration_map WHERE x IS NOT NULL")["x"].to_numpy()
+    x = storage.query(con, "SELECT x FROM calibration_map WHERE x IS NOT NULL")["x"].to_numpy()
     x = x[np.isfinite(x)]
     near = np.concatenate([x, np.nextafter(x, -1.0), np.nextafter(x, 2.0)])
     p = np.concatenate([near, events["score"].to_numpy(), np.linspace(0.0, 1.0, 101)])
@@ -68,7 +68,7 @@ def _grid(con, events: pl.DataFrame) -> np.ndarray:
 def _check_sql_equals_serving_map(con, events, settings: Settings, as_of: dt.date | None = None):
     """calibrate_score_as_of per score, and calibrate_table_as_of over a table of both streams'
     scores (interleaved, with a stream without a map and a NULL score), equal the serving map."""
-    day = as_of or store.query(con, "SELECT max(date) AS d FROM calibrator_state")["d"][0]
+    day = as_of or storage.query(con, "SELECT max(date) AS d FROM calibrator_state")["d"][0]
     state = pipeline.state_as_of(con, day)
     p = _grid(con, events)
     wants = {}
@@ -106,7 +106,7 @@ def _check_table_form(con, p: np.ndarray, wants: dict, day: dt.date, method: str
     })  # fmt: skip
     con.register("fresh_scores", rows.to_arrow())
     try:
-        got = store.query(con, "SELECT * FROM calibrate_table_as_of('fresh_scores', ?)", [day])
+        got = storage.query(con, "SELECT * FROM calibrate_table_as_of('fresh_scores', ?)", [day])
     finally:
         con.unregister("fresh_scores")
     assert got.columns == ["stream", "score", "tag", "protected_score"]
@@ -125,7 +125,7 @@ def test_every_method_s_sql_map_equals_its_serving_map(tmp_path, method):
     settings = Settings.make(method, **_params(method))
     con, events = _chain(tmp_path, settings)
     try:
-        n_rows = store.query(con, "SELECT count(*) AS n FROM calibration_map")["n"][0]
+        n_rows = storage.query(con, "SELECT count(*) AS n FROM calibration_map")["n"][0]
         if method in NO_SQL_FORM:
             assert not has_sql_map(settings.calibrator())
             assert n_rows == 0
@@ -150,7 +150,7 @@ def test_a_stack_s_sql_map_is_its_top_over_its_base(tmp_path, top, top_params, b
     settings = Settings.make(top, base_method=base, base_params=base_params, **top_params)
     con, events = _chain(tmp_path, settings)
     try:
-        layers = store.query(con, "SELECT DISTINCT layer FROM calibration_map ORDER BY layer")
+        layers = storage.query(con, "SELECT DISTINCT layer FROM calibration_map ORDER BY layer")
         calibeat = {"tops", "hops", "tobs", "hobs", "online-histogram"}
         assert layers["layer"].to_list() == ([0, 1, 2] if {top, base} & calibeat else [0, 1])
         _check_sql_equals_serving_map(con, events, settings)
@@ -164,15 +164,15 @@ def test_a_step_map_as_of_an_earlier_day_and_its_curve(tmp_path):
     settings = Settings.make("venn-abers", window=30, refit_every=7)
     con, events = _chain(tmp_path, settings)
     try:
-        days = store.query(con, "SELECT DISTINCT date FROM calibration_map ORDER BY date")["date"]
+        days = storage.query(con, "SELECT DISTINCT date FROM calibration_map ORDER BY date")["date"]
         _check_sql_equals_serving_map(con, events, settings, as_of=days[1])
-        curve = store.query(con, "SELECT * FROM calibration_curve('a', 20)")
-        direct = store.query(
+        curve = storage.query(con, "SELECT * FROM calibration_curve('a', 20)")
+        direct = storage.query(
             con, "SELECT calibrate_score('a', i / 20) AS p FROM range(0, 21) AS t(i) ORDER BY i"
         )
         assert curve.height == 21
         assert curve["protected_p"].to_list() == direct["p"].to_list()
-        assert store.query(con, "SELECT * FROM calibration_curve('nope', 20)").height == 0
+        assert storage.query(con, "SELECT * FROM calibration_curve('nope', 20)").height == 0
         with pytest.raises(duckdb.InvalidInputException, match=r"n must be >= 1, got 0"):
             con.execute("SELECT * FROM calibration_curve('a', 0)").fetchall()
     finally:
@@ -185,18 +185,18 @@ def test_a_table_drops_the_points_where_a_step_map_does_not_change(tmp_path):
     settings = Settings.make("venn-abers", window=30)
     con, _ = _chain(tmp_path, settings)
     try:
-        day = store.query(con, "SELECT max(date) AS d FROM calibration_map")["d"][0]
+        day = storage.query(con, "SELECT max(date) AS d FROM calibration_map")["d"][0]
         state = pipeline.state_as_of(con, day).sort("stream")
         cal = settings.calibrator()
         fits = cal.map_breakpoints(state_from_rows(cal, state, 2))
-        stored = store.query(
+        stored = storage.query(
             con, "SELECT stream, count(*) AS n FROM calibration_map WHERE date = ? "
                  "GROUP BY stream ORDER BY stream", [day],
         )  # fmt: skip
         assert stored["stream"].to_list() == state["stream"].to_list()
         for (points, _), n in zip(fits, stored["n"], strict=True):
             assert 1 <= n < points.size + 1  # x = -inf and the calibration scores, compressed
-        first = store.query(
+        first = storage.query(
             con,
             "SELECT min(x) AS x FROM calibration_map WHERE family = 'step' GROUP BY stream, date",
         )
@@ -212,10 +212,10 @@ def test_a_calibeating_map_is_its_expert_then_a_bin_table(tmp_path):
     settings = Settings.make("tops", n_bins=7)
     con, events = _chain(tmp_path, settings)
     try:
-        fam = store.query(con, "SELECT layer, family, count(*) AS n FROM calibration_map "
+        fam = storage.query(con, "SELECT layer, family, count(*) AS n FROM calibration_map "
                                "GROUP BY ALL ORDER BY layer")  # fmt: skip
         assert fam["family"].to_list() == ["identity", "bins"]
-        assert store.query(con, "SELECT count(*) AS n FROM calibration_map "
+        assert storage.query(con, "SELECT count(*) AS n FROM calibration_map "
                                 "WHERE family = 'bins' AND y_at IS NULL")["n"][0] > 0  # fmt: skip
         _check_sql_equals_serving_map(con, events, settings)
     finally:
@@ -259,9 +259,9 @@ def _k_chain(tmp_path, settings: Settings):
     from tests.pipeline.test_labels import with_classes
 
     events = with_classes(generate.generate(n_days=4, streams=STREAMS, seed=2), K, seed=5)
-    store.write_landing(events, tmp_path / "landing")
-    con = store.connect(tmp_path / "k.duckdb")
-    pipeline.run_range(con, store.EventSource.parse(str(tmp_path / "landing")), settings=settings)
+    storage.write_landing(events, tmp_path / "landing")
+    con = storage.connect(tmp_path / "k.duckdb")
+    pipeline.run_range(con, storage.EventSource.parse(str(tmp_path / "landing")), settings=settings)
     return con, events
 
 
@@ -281,7 +281,7 @@ def _k_grid(events: pl.DataFrame, seed: int = 0) -> np.ndarray:
 
 def _check_k_sql_equals_serving_map(con, events: pl.DataFrame, settings: Settings) -> None:
     """calibrate_scores on :func:`_k_grid` equals serving_map to 1e-12 for both streams."""
-    day = store.query(con, "SELECT max(date) AS d FROM calibrator_state")["d"][0]
+    day = storage.query(con, "SELECT max(date) AS d FROM calibrator_state")["d"][0]
     state = pipeline.state_as_of(con, day)
     grid = _k_grid(events)
     wants = {}
@@ -324,7 +324,7 @@ def _check_k_table_form(con, grid: np.ndarray, wants: dict, method: str) -> None
     )  # fmt: skip
     con.register("fresh_vectors", rows.to_arrow())
     try:
-        got = store.query(con, "SELECT * FROM calibrate_scores_table('fresh_vectors')")
+        got = storage.query(con, "SELECT * FROM calibrate_scores_table('fresh_vectors')")
     finally:
         con.unregister("fresh_vectors")
     assert got.columns == ["stream", "scores", "tag", "protected_scores"]
@@ -353,11 +353,11 @@ def test_a_k_class_sql_map_equals_its_serving_map(tmp_path, method, params, base
     con, events = _k_chain(tmp_path, settings)
     try:
         assert has_sql_map(settings.calibrator(), K)
-        assert store.query(con, "SELECT count(*) AS n FROM calibration_map")["n"][0] > 0
-        layers = store.query(con, "SELECT DISTINCT layer FROM calibration_map ORDER BY layer")
+        assert storage.query(con, "SELECT count(*) AS n FROM calibration_map")["n"][0] > 0
+        layers = storage.query(con, "SELECT DISTINCT layer FROM calibration_map ORDER BY layer")
         assert layers["layer"].to_list() == ([0, 1] if base else [0])
         # the tables are there (not only the identity rows of streams not fitted yet)
-        families = set(store.query(con, "SELECT DISTINCT family FROM calibration_map")["family"])
+        families = set(storage.query(con, "SELECT DISTINCT family FROM calibration_map")["family"])
         want = K_FAMILY.get(base or method)
         if want == "ovo" and (base_params or params).get("multiclass") == "ovr":
             want = "ovr"
@@ -379,7 +379,7 @@ def test_a_k_class_vector_the_engine_refuses_is_an_error_in_both_forms(tmp_path)
     settings = Settings.make("composite-jumper")
     con, _ = _k_chain(tmp_path, settings)
     try:
-        day = store.query(con, "SELECT max(date) AS d FROM calibrator_state")["d"][0]
+        day = storage.query(con, "SELECT max(date) AS d FROM calibrator_state")["d"][0]
         state = pipeline.state_as_of(con, day)
         refused = [
             ([0.2, 0.8], rf"hold 2 classes, and the forecasts of this database {K}",
@@ -444,13 +444,13 @@ def test_the_brier_compatibility_mode_s_sql_map_equals_its_serving_map(tmp_path,
     events = generate.generate(n_days=4, streams=STREAMS, seed=2)
     if k > 2:
         events = with_classes(events, k, seed=5)
-    store.write_landing(events, tmp_path / "landing")
-    con = store.connect(tmp_path / "b.duckdb")
+    storage.write_landing(events, tmp_path / "landing")
+    con = storage.connect(tmp_path / "b.duckdb")
     try:
         pipeline.run_range(
-            con, store.EventSource.parse(str(tmp_path / "landing")), settings=settings
+            con, storage.EventSource.parse(str(tmp_path / "landing")), settings=settings
         )
-        families = set(store.query(con, "SELECT DISTINCT family FROM calibration_map")["family"])
+        families = set(storage.query(con, "SELECT DISTINCT family FROM calibration_map")["family"])
         assert families == {"brier", "brier_cox"}
         if k == 2:
             _check_sql_equals_serving_map(con, events, settings)
@@ -480,7 +480,7 @@ def test_calibrated_regression_s_map_in_sql(tmp_path, params, family):
     assert has_sql_map(settings.calibrator())
     con, events = _chain(tmp_path, settings)
     try:
-        assert store.query(con, "SELECT DISTINCT family FROM calibration_map")[
+        assert storage.query(con, "SELECT DISTINCT family FROM calibration_map")[
             "family"
         ].to_list() == [family]
         _check_sql_equals_serving_map(con, events, settings)
@@ -528,15 +528,15 @@ def test_composite_experts_over_input_tables_in_sql(tmp_path, inputs):
     con, events = _chain(tmp_path, settings)
     try:
         n_tables = sum(m in windowed for m in inputs)
-        layers = store.query(
+        layers = storage.query(
             con, "SELECT DISTINCT layer FROM calibration_map WHERE layer < 0 ORDER BY layer"
         )["layer"].to_list()
         assert layers == list(range(-n_tables, 0))
-        read = store.query(con, "SELECT DISTINCT in_layer FROM calibration_map WHERE in_layer "
+        read = storage.query(con, "SELECT DISTINCT in_layer FROM calibration_map WHERE in_layer "
                                 "IS NOT NULL ORDER BY in_layer")["in_layer"].to_list()  # fmt: skip
         assert read == layers
         _check_sql_equals_serving_map(con, events, settings)
-        day = store.query(con, "SELECT min(date) AS d FROM calibrator_state")["d"][0]
+        day = storage.query(con, "SELECT min(date) AS d FROM calibrator_state")["d"][0]
         _check_sql_equals_serving_map(con, events, settings, as_of=day)  # (inputs unfitted)
     finally:
         con.close()
@@ -597,7 +597,7 @@ def test_a_stream_given_as_a_number_is_its_text(tmp_path):
             "SELECT calibrate_score(7, 0.3), calibrate_score('7', 0.3), calibrate_score('b', 0.3)"
         ).fetchall()[0]
         assert got[0] is not None and got[0] == got[1]
-        table = store.query(con, """
+        table = storage.query(con, """
             WITH f AS (SELECT * FROM (VALUES (7, 0.3), (8, 0.3), (7, 0.6)) t(stream, score))
             SELECT * FROM calibrate_table('f')""")  # fmt: skip
         want = con.execute("SELECT calibrate_score('7', 0.3), calibrate_score('7', 0.6)").fetchall()
@@ -616,7 +616,7 @@ def test_calibrate_table_from_parquet_to_parquet_with_calpipe_sql(tmp_path, caps
     settings = Settings.make("composite-jumper")
     con, _ = _chain(tmp_path, settings)
     try:
-        day = store.query(con, "SELECT max(date) AS d FROM calibrator_state")["d"][0]
+        day = storage.query(con, "SELECT max(date) AS d FROM calibrator_state")["d"][0]
         state = pipeline.state_as_of(con, day)
     finally:
         con.close()

@@ -14,12 +14,12 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from calpipe import config, generate, pipeline, store
+from calpipe import config, generate, pipeline, storage
 from calpipe.errors import InputError, StateError
-from calpipe.landing import stream_part
 from calpipe.pipeline import Settings, nightly
 from calpipe.pipeline.inputs import run_inputs
 from calpipe.pipeline.labels import LabelColumns, label_source
+from calpipe.storage.landing import stream_part
 from tests.pipeline.test_labels import (
     N_DAYS,
     T2,
@@ -61,8 +61,8 @@ def parts(monkeypatch):
 
 def _tables(con) -> dict[str, pl.DataFrame]:
     out = {}
-    for t in store.PARTITION_COLUMN:
-        frame = store.query(con, f"SELECT * FROM {t} ORDER BY ALL")
+    for t in storage.PARTITION_COLUMN:
+        frame = storage.query(con, f"SELECT * FROM {t} ORDER BY ALL")
         out[t] = frame.drop("mtime_ns") if t == "pipeline_inputs" else frame
     return out
 
@@ -88,7 +88,7 @@ def test_a_night_in_parts_writes_the_rows_of_one_part(tmp_path, events, parts, k
         assert set(parts[n_parted:]) == {1}
         _assert_same_tables(parted, whole)
         assert_chain_equals_one_pass(parted, truth, "composite-jumper")
-        n = store.query(parted, "SELECT count(*) AS n FROM event_labels")["n"][0]
+        n = storage.query(parted, "SELECT count(*) AS n FROM event_labels")["n"][0]
         assert n == labels.height
     finally:
         parted.close()
@@ -105,12 +105,12 @@ def test_table_sources_and_string_ids_in_parts(tmp_path, events, parts):
     dbs = []
     for name, rows in (("parts", 12), ("whole", 10**9)):
         config.NIGHT_PART_ROWS = rows
-        con = store.connect(tmp_path / f"{name}.duckdb")
+        con = storage.connect(tmp_path / f"{name}.duckdb")
         con.register("s", scores.rename({"stream": "model"}).to_arrow())
         con.register("l", labels.rename({"stream": "model"}).to_arrow())
         con.execute("CREATE TABLE landed AS SELECT * FROM s")
         con.execute("CREATE TABLE arrived AS SELECT * FROM l")
-        src = store.EventSource.parse("landed", store.ColumnMap(stream="model"))
+        src = storage.EventSource.parse("landed", storage.ColumnMap(stream="model"))
         lsrc = label_source("arrived", LabelColumns(stream="model"))
         pipeline.run_range(con, src, labels=lsrc, settings=Settings.make("composite-jumper"))
         dbs.append(con)
@@ -217,7 +217,7 @@ def test_a_night_whose_files_have_no_recorded_count_runs_in_parts_unchecked(
         n_before = len(parts)
         pipeline.run_range(con, src, labels=lsrc)
         assert parts[n_before:] and min(parts[n_before:]) > 1, parts  # (sized by the labels)
-        n = store.query(
+        n = storage.query(
             con, "SELECT count(*) AS n FROM scored_events WHERE event_date = ?", [day(2)]
         )
         assert n["n"][0] > 0
@@ -230,12 +230,12 @@ def test_a_float_stream_column_that_duckdb_spells_otherwise_is_refused(tmp_path,
     ``1e-7`` (and splits the state by that name): refused naming the stream, nothing written."""
     names = {f"s{i}": (i + 1) * 1e-7 for i in range(7)}
     scores = events.with_columns(pl.col("stream").replace_strict(names, return_dtype=pl.Float64))
-    store.write_landing(scores, tmp_path / "scores")
-    con = store.connect(tmp_path / "db.duckdb")
+    storage.write_landing(scores, tmp_path / "scores")
+    con = storage.connect(tmp_path / "db.duckdb")
     try:
         before = _tables(con)
         with pytest.raises(StateError, match=r"stream '\de-7' was read as part \d+ of \d+"):
-            pipeline.run_range(con, store.EventSource.parse(str(tmp_path / "scores")))
+            pipeline.run_range(con, storage.EventSource.parse(str(tmp_path / "scores")))
         after = _tables(con)
         for t in before:
             assert after[t].equals(before[t]), t

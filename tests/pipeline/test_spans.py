@@ -17,7 +17,7 @@ import warnings
 import polars as pl
 import pytest
 
-from calpipe import config, generate, pipeline, store
+from calpipe import config, generate, pipeline, storage
 from calpipe.errors import InputError
 from calpipe.generate import StreamSpec
 from calpipe.pipeline import Settings, nightly
@@ -48,7 +48,7 @@ def events() -> pl.DataFrame:
 
 
 def all_tables(con) -> dict[str, pl.DataFrame]:
-    return {t: store.query(con, f"SELECT * FROM {t} ORDER BY ALL") for t in TABLES}
+    return {t: storage.query(con, f"SELECT * FROM {t} ORDER BY ALL") for t in TABLES}
 
 
 @pytest.fixture
@@ -69,11 +69,11 @@ def run_both(tmp_path, events, spy, *, settings=None, ranges=((None, None),), so
     """The tables after run_range over ``ranges`` (one run each, in order) in spans and day by
     day, on two databases."""
     if source is None:
-        store.write_landing(events, tmp_path / "landing")
-        source = store.EventSource.parse(str(tmp_path / "landing"))
+        storage.write_landing(events, tmp_path / "landing")
+        source = storage.EventSource.parse(str(tmp_path / "landing"))
     out = {}
     for spans in (True, False):
-        con = store.connect(tmp_path / f"spans_{spans}.duckdb")
+        con = storage.connect(tmp_path / f"spans_{spans}.duckdb")
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)
@@ -130,7 +130,7 @@ def test_a_file_source_out_of_day_order(tmp_path, events, spy):
     as for a landing folder): each day's rows keep the file's order."""
     shuffled = events.sample(fraction=1.0, shuffle=True, seed=4)
     shuffled.write_parquet(tmp_path / "events.parquet")
-    source = store.EventSource.parse(str(tmp_path / "events.parquet"))
+    source = storage.EventSource.parse(str(tmp_path / "events.parquet"))
     a, b = run_both(tmp_path, events, spy, source=source)
     assert_same(a, b)
 
@@ -140,11 +140,11 @@ def test_spans_fit_the_transaction_budget(tmp_path, events, spy, monkeypatch):
     recorded rows fit TRANSACTION_ROWS too (here: day 1 is far bigger than day 0)."""
     big = pl.concat([events, events.filter(pl.col("event_time").dt.date() == day(1))
                      .with_columns(pl.col("event_id") + 10**6)])  # fmt: skip
-    store.write_landing(big, tmp_path / "landing")
-    source = store.EventSource.parse(str(tmp_path / "landing"))
+    storage.write_landing(big, tmp_path / "landing")
+    source = storage.EventSource.parse(str(tmp_path / "landing"))
     n0 = events.filter(pl.col("event_time").dt.date() == day(0)).height
     monkeypatch.setattr(config, "TRANSACTION_ROWS", 2 * n0)  # two days of day 0's size
-    con = store.connect(tmp_path / "db.duckdb")
+    con = storage.connect(tmp_path / "db.duckdb")
     try:
         pipeline.run_range(con, source, day(0), day(1), Settings())
     finally:
@@ -153,14 +153,14 @@ def test_spans_fit_the_transaction_budget(tmp_path, events, spy, monkeypatch):
 
 
 def _bad_run(tmp_path, events, spans: bool, name: str):
-    store.write_landing(events, tmp_path / f"landing_{name}")
-    source = store.EventSource.parse(str(tmp_path / f"landing_{name}"))
-    con = store.connect(tmp_path / f"{name}_{spans}.duckdb")
+    storage.write_landing(events, tmp_path / f"landing_{name}")
+    source = storage.EventSource.parse(str(tmp_path / f"landing_{name}"))
+    con = storage.connect(tmp_path / f"{name}_{spans}.duckdb")
     try:
         with pytest.raises(InputError) as err:
             pipeline.run_range(con, source, None, None, Settings(), spans=spans)
-        n = store.query(con, "SELECT count(*) AS n FROM scored_events")["n"][0]
-        days = store.query(con, "SELECT count(*) AS n FROM pipeline_days")["n"][0]
+        n = storage.query(con, "SELECT count(*) AS n FROM scored_events")["n"][0]
+        days = storage.query(con, "SELECT count(*) AS n FROM pipeline_days")["n"][0]
     finally:
         con.close()
     return str(err.value), n, days
@@ -202,13 +202,13 @@ def test_a_run_builds_its_calibrator_once(tmp_path, events, monkeypatch):
 
     for module in ("calpipe.pipeline.settings", "calpipe.engine.driver"):
         monkeypatch.setattr(f"{module}.make_calibrator", counting)
-    store.write_landing(events.filter(pl.col("event_time").dt.date() <= day(3)), tmp_path / "l")
-    con = store.connect(tmp_path / "db.duckdb")
+    storage.write_landing(events.filter(pl.col("event_time").dt.date() <= day(3)), tmp_path / "l")
+    con = storage.connect(tmp_path / "db.duckdb")
     try:
         for spans in (True, False):
             built.clear()
             settings = Settings.make("composite-experts")
-            pipeline.run_range(con, store.EventSource.parse(str(tmp_path / "l")), day(0), day(3),
+            pipeline.run_range(con, storage.EventSource.parse(str(tmp_path / "l")), day(0), day(3),
                                settings, first_day=START, spans=spans)  # fmt: skip
             assert built == ["composite-experts"], (spans, built)
     finally:

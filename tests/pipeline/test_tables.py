@@ -14,7 +14,7 @@ from collections import Counter
 import polars as pl
 import pytest
 
-from calpipe import config, generate, pipeline, store
+from calpipe import config, generate, pipeline, storage
 from calpipe.pipeline import tables
 from calpipe.pipeline.labels import label_source
 from tests.test_pipeline import drifting  # noqa: F401  (the fixture)
@@ -28,7 +28,7 @@ NOT_OUTPUTS = {"calpipe_meta"}
 def ddl_tables() -> dict[str, str]:
     """Every ``CREATE TABLE`` of sql/ -> the file that creates it."""
     found = {}
-    for f in store.sql_files():
+    for f in storage.sql_files():
         for name in re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", f.read_text()):
             found[name] = f.name
     return found
@@ -36,18 +36,18 @@ def ddl_tables() -> dict[str, str]:
 
 def test_every_table_of_the_store_and_the_ddl_is_registered():
     registered = set(tables.TABLES)
-    assert registered == set(store.PARTITION_COLUMN), "store tables without a registry entry"
-    assert registered == set(store.SORT_KEYS)
+    assert registered == set(storage.PARTITION_COLUMN), "store tables without a registry entry"
+    assert registered == set(storage.SORT_KEYS)
     assert registered == set(ddl_tables()) - NOT_OUTPUTS, "DDL tables without a registry entry"
 
 
 def test_every_entry_has_its_ddl_layout_stage_and_fused_writer(tmp_path):
-    con = store.connect(tmp_path / "t.duckdb")
+    con = storage.connect(tmp_path / "t.duckdb")
     try:
         for name, t in tables.TABLES.items():
             assert t.name == name
             assert ddl_tables()[name] == t.ddl and t.ddl_path.is_file(), name
-            columns = store.table_columns(con, [name])[name]
+            columns = storage.table_columns(con, [name])[name]
             assert t.partition_column in columns, name
             assert set(t.sort_keys) <= set(columns), name
             assert t.sort_keys[0] == t.partition_column, name
@@ -92,8 +92,8 @@ def landing(request):
     """8 days of streams that cross the alarm level on different days (test_pipeline's
     ``drifting``), in a landing folder."""
     events, tmp = request.getfixturevalue("drifting")
-    store.write_landing(events, tmp / "landing")
-    return store.EventSource.parse(str(tmp / "landing")), tmp
+    storage.write_landing(events, tmp / "landing")
+    return storage.EventSource.parse(str(tmp / "landing")), tmp
 
 
 def _count_writer_calls(monkeypatch, which) -> Counter[str]:
@@ -117,7 +117,7 @@ def test_run_range_replaces_exactly_the_registered_tables_with_their_fused_write
     source, tmp = landing
     calls = _count_writer_calls(monkeypatch, lambda t: "fused")
     replaced: list[list[str]] = []
-    real = store.replacing_partitions
+    real = storage.replacing_partitions
 
     @contextlib.contextmanager
     def spy(con, start, end, names, **kw):
@@ -125,7 +125,7 @@ def test_run_range_replaces_exactly_the_registered_tables_with_their_fused_write
         with real(con, start, end, names, **kw) as writer:
             yield writer
 
-    monkeypatch.setattr(store, "replacing_partitions", spy)
+    monkeypatch.setattr(storage, "replacing_partitions", spy)
     # a label feed: every third label arrives an hour after its event, and one label of an
     # unknown event is parked (event_labels and quarantined_labels get rows)
     events = pl.concat([pl.read_parquet(f) for f in sorted((tmp / "landing").rglob("*.parquet"))])
@@ -142,19 +142,19 @@ def test_run_range_replaces_exactly_the_registered_tables_with_their_fused_write
     unknown = labels.head(1).with_columns(pl.lit(10**12).alias("event_id"))
     keep = events.join(fed_rows.select("stream", "event_id"), on=["stream", "event_id"], how="anti")
     shutil.rmtree(tmp / "landing")
-    store.write_landing(
+    storage.write_landing(
         pl.concat([keep, fed_rows.with_columns(pl.lit(None, pl.Int32).alias("label"))]),
         tmp / "landing",
     )
-    store.write_landing(pl.concat([labels, unknown]), tmp / "labels", time_column="label_time")
+    storage.write_landing(pl.concat([labels, unknown]), tmp / "labels", time_column="label_time")
     feed = label_source(str(tmp / "labels"))
-    con = store.connect(tmp / "db.duckdb")
+    con = storage.connect(tmp / "db.duckdb")
     try:
         pipeline.run_range(con, source, labels=feed, on_unknown_label="quarantine")
         assert replaced and all(names == list(tables.TABLES) for names in replaced)
         assert set(calls) == set(tables.TABLES)
         for name in tables.TABLES:  # every table got rows (the hot stream crosses the alarm)
-            assert store.query(con, f"SELECT count(*) AS n FROM {name}")["n"][0] > 0, name
+            assert storage.query(con, f"SELECT count(*) AS n FROM {name}")["n"][0] > 0, name
     finally:
         con.close()
 
@@ -164,7 +164,7 @@ def test_a_run_without_a_label_feed_writes_every_table_with_its_span_writer(land
     by its span writer, or, at the end of the transaction, by its fused writer."""
     source, tmp = landing
     calls = _count_writer_calls(monkeypatch, lambda t: "span" if t.span is not None else "fused")
-    con = store.connect(tmp / "db.duckdb")
+    con = storage.connect(tmp / "db.duckdb")
     try:
         pipeline.run_range(con, source)
         assert set(calls) == set(tables.TABLES)
@@ -178,7 +178,7 @@ def test_the_alarm_stage_in_chunks_equals_the_fused_rows(landing, monkeypatch):
     does from memory; chunks of two days (a crossing day's state in another chunk) change
     nothing."""
     source, tmp = landing
-    fused, staged = store.connect(tmp / "f.duckdb"), store.connect(tmp / "s.duckdb")
+    fused, staged = storage.connect(tmp / "f.duckdb"), storage.connect(tmp / "s.duckdb")
     try:
         pipeline.run_range(fused, source)
         end = START + dt.timedelta(days=7)
@@ -186,8 +186,8 @@ def test_the_alarm_stage_in_chunks_equals_the_fused_rows(landing, monkeypatch):
         pipeline.protect_days(staged, START, end, pipeline.Settings(), first_day=START)
         monkeypatch.setattr(config, "CHUNK_DAYS", 2)
         pipeline.alarm_days(staged, START, end)
-        want = store.query(fused, "SELECT * FROM martingale_alarms ORDER BY ALL")
-        got = store.query(staged, "SELECT * FROM martingale_alarms ORDER BY ALL")
+        want = storage.query(fused, "SELECT * FROM martingale_alarms ORDER BY ALL")
+        got = storage.query(staged, "SELECT * FROM martingale_alarms ORDER BY ALL")
         assert want.height >= 1 and got.equals(want)
     finally:
         fused.close()

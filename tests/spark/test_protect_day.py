@@ -16,7 +16,7 @@ import polars as pl
 import pytest
 
 import calpipe
-from calpipe import generate, pipeline, store
+from calpipe import generate, pipeline, storage
 from calpipe.cli import main
 from calpipe.generate import StreamSpec
 from tests.pipeline.test_labels import with_classes
@@ -112,7 +112,7 @@ def test_k_classes_and_delayed_labels_equal_one_process(spark, events):
 def test_spark_run_writes_partitions_and_a_rerun_of_a_day_is_idempotent(
     spark, events, tmp_path, capsys
 ):
-    store.write_landing(events, tmp_path / "landing")
+    storage.write_landing(events, tmp_path / "landing")
     out = tmp_path / "out"
     args = ["spark-run", "--events", str(tmp_path / "landing"), "--out", str(out),
             "--method", "composite-jumper", "--n-buckets", "2", "--master", "local[1]"]  # fmt: skip
@@ -135,13 +135,13 @@ def test_spark_run_writes_partitions_and_a_rerun_of_a_day_is_idempotent(
         if f"date={DAYS[1]}" not in str(p):
             assert p.read_bytes() == b, p
     # the per-stream metrics are calpipe run's calibration_daily
-    con = store.connect(tmp_path / "db.duckdb")
+    con = storage.connect(tmp_path / "db.duckdb")
     try:
         pipeline.run_range(
-            con, store.EventSource.parse(str(tmp_path / "landing")),
+            con, storage.EventSource.parse(str(tmp_path / "landing")),
             settings=pipeline.Settings.make("composite-jumper"),
         )  # fmt: skip
-        want = store.query(con, "SELECT * FROM calibration_daily ORDER BY date, stream")
+        want = storage.query(con, "SELECT * FROM calibration_daily ORDER BY date, stream")
     finally:
         con.close()
     got = daily.sort("date", "stream")
@@ -215,7 +215,7 @@ def test_the_dagster_spark_assets_materialize_a_backfill_and_a_day_like_spark_ru
 
     from calpipe.dagster_project.definitions import build_definitions
 
-    store.write_landing(events, tmp_path / "landing")
+    storage.write_landing(events, tmp_path / "landing")
     out = tmp_path / "spark_out"
     defs = build_definitions(
         tmp_path / "db.duckdb", str(tmp_path / "landing"), DAYS[0], DAYS[-1],

@@ -1,11 +1,11 @@
 """The landing folder layout: ``root/date=YYYY-MM-DD/*.parquet``, one folder per day, as an
 upstream job (or the demo) writes it and calpipe reads it (scored events and the label feed:
-:class:`calpipe.store.EventSource`, :func:`calpipe.pipeline.labels.read_arrivals`).
+:class:`calpipe.storage.EventSource`, :func:`calpipe.pipeline.labels.read_arrivals`).
 
 Here: which files of a day folder are read (:func:`day_files`), one read of several files with
 each row's file (:func:`read_parquet_files`), writing a landing folder (:func:`write_landing`),
 and the parts of whole streams a big night is read in (:func:`part_sql`, :func:`part_where`,
-:func:`stream_part`). :mod:`calpipe.store` re-exports the layout's functions.
+:func:`stream_part`). :mod:`calpipe.storage` re-exports the layout's functions.
 """
 
 from __future__ import annotations

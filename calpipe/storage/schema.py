@@ -1,0 +1,157 @@
+"""The SQL layer of a database: connect, install ``sql/`` (tables, views, macros) once per version, meta.
+
+Everything calpipe writes lives in one embedded DuckDB file (docs/ARCHITECTURE.md §5).
+:func:`connect` opens it (waiting for another process that holds it,
+:mod:`calpipe.storage.locks`) and installs the ``sql/`` files when the file's recorded hash or
+:data:`SCHEMA_VERSION` differ (:func:`install_sql`); ``calpipe_meta`` keeps them, and what a
+chain was run with (:func:`get_meta`, :func:`set_meta`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import duckdb
+
+from calpipe import config
+from calpipe.errors import StoreError
+from calpipe.paths import SQL_DIR
+from calpipe.storage.locks import open_waiting
+from calpipe.storage.session import configure_session, db_name, fetch_one, rollback
+
+_META_SQL_HASH = "sql_hash"
+
+
+_META_SCHEMA = "schema_version"
+
+
+#: Version of the tables' layout in ``sql/``; bump it with any change that alters a table, so an
+#: older calpipe refuses a newer database instead of migrating it backwards. 1 = the databases
+#: written before the version was recorded (they upgrade on the next read-write connection);
+#: 3 = calibration_map's term inputs (in_w1, in_w2, in_w0, in_eps); 4 = calibrator_state and
+#: calibration_map hold the rows of the streams that changed that day (pipeline_days.n_state_rows);
+#: 5 = pipeline_inputs and pipeline_days.state_hash (corrected, late and stale days are replayed);
+#: 6 = the label feed (event_labels, quarantined_labels, calibration_arrivals,
+#: pipeline_days.n_label_arrivals); 7 = K-class forecasts (``scores``, ``base_scores``,
+#: ``protected_scores`` lists; the binary columns nullable); 8 = every method's map in
+#: ``calibration_map`` (``layer`` of a stack, step/linear tables: ``x``, ``y_at``, ``y_right``,
+#: ``x_next``, ``y_next``); 9 = K-class maps (``alphas``, ``in_ka``, ``in_kb``); 10 = a K-class
+#: category's forecast and a partition tree (``y_k``, ``kids``: the Venn taxonomies' tables,
+#: ROC-isotonic's tree); 11 = a composite-experts input table (``in_layer``, negative ``layer``).
+SCHEMA_VERSION = 11
+
+
+def sql_files(sql_dir: Path = SQL_DIR) -> list[Path]:
+    """The ``.sql`` files of the SQL layer, in the order they are installed."""
+    files = sorted(sql_dir.glob("*.sql"))
+    if not files:
+        raise StoreError(f"no SQL files in {sql_dir}; is calpipe installed from its repository?")
+    return files
+
+
+def _sql_hash(files: list[Path]) -> str:
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def install_sql(con: duckdb.DuckDBPyConnection, *, force: bool = False) -> bool:
+    """Install the tables, views and macros of ``sql/`` into ``con``'s database.
+
+    Every statement is idempotent (``CREATE TABLE IF NOT EXISTS``, ``CREATE OR REPLACE``,
+    ``ADD COLUMN IF NOT EXISTS``): applying them is the migration from any earlier version. The
+    hash of the SQL files and :data:`SCHEMA_VERSION` are kept in ``calpipe_meta``, so a database
+    that is up to date is left untouched (no write). Refused, with nothing changed: a database
+    written by a newer calpipe (its schema version is higher), and a database that is not
+    calpipe's (it has tables or views but no ``calpipe_meta``). Returns True if anything was
+    (re)installed.
+    """
+    files = sql_files()
+    digest = _sql_hash(files)
+    try:
+        meta = dict(con.execute("SELECT key, value FROM calpipe_meta").fetchall())
+    except duckdb.CatalogException:
+        meta = None
+    if meta is None:
+        others = fetch_one(
+            con,
+            "SELECT (SELECT count(*) FROM duckdb_tables() WHERE NOT internal) + "
+            "(SELECT count(*) FROM duckdb_views() WHERE NOT internal)",
+        )[0]
+        if others:
+            raise StoreError(
+                f"{db_name(con)} is not a calpipe database: it has {others} tables/views of its "
+                "own and no calpipe_meta; calpipe installs its schema only into a new file or "
+                "its own databases (nothing was changed)"
+            )
+    else:
+        version = int(meta.get(_META_SCHEMA, 1))
+        if version > SCHEMA_VERSION:
+            raise StoreError(
+                f"{db_name(con)} was written by a newer calpipe (schema version {version}; "
+                f"this calpipe knows {SCHEMA_VERSION}): upgrade calpipe (nothing was changed)"
+            )
+        if not force and version == SCHEMA_VERSION and meta.get(_META_SQL_HASH) == digest:
+            return False
+    con.begin()
+    try:
+        for f in files:
+            con.execute(f.read_text())
+        _set_meta(con, _META_SQL_HASH, digest)
+        _set_meta(con, _META_SCHEMA, str(SCHEMA_VERSION))
+        con.commit()
+    except BaseException:
+        rollback(con)
+        raise
+    return True
+
+
+def connect(
+    path: str | Path, *, read_only: bool = False, lock_wait: float | None = None
+) -> duckdb.DuckDBPyConnection:
+    """Open (creating if needed) a calpipe DuckDB file and install the SQL layer.
+
+    ``path`` is made absolute; its folder is created. A read-only connection does not install
+    anything (the file must have been opened read-write by calpipe before). A read-write
+    connection's DuckDB memory limit is :data:`calpipe.config.DUCKDB_MEMORY_LIMIT` (``SET
+    memory_limit`` changes it). When another process holds the file's lock (a writer, or a
+    read-only connection when this one writes), the connection is retried with backoff for
+    ``lock_wait`` seconds (default :data:`calpipe.config.LOCK_WAIT_SECONDS`), then refused with
+    a :class:`StoreError` naming that process.
+    """
+    p = Path(path).expanduser().resolve()
+    if read_only and not p.exists():
+        raise StoreError(f"database {p} does not exist")
+    if not read_only:
+        p.parent.mkdir(parents=True, exist_ok=True)
+    con = open_waiting(p, read_only, config.LOCK_WAIT_SECONDS if lock_wait is None else lock_wait)
+    configure_session(con)
+    if not read_only:
+        install_sql(con)
+    return con
+
+
+def _set_meta(con: duckdb.DuckDBPyConnection, key: str, value: str) -> None:
+    con.execute("DELETE FROM calpipe_meta WHERE key = ?", [key])
+    con.execute("INSERT INTO calpipe_meta VALUES (?, ?)", [key, value])
+
+
+def get_meta(con: duckdb.DuckDBPyConnection, key: str) -> str | None:
+    """A value of ``calpipe_meta`` (None if unset)."""
+    row = fetch_one(con, "SELECT value FROM calpipe_meta WHERE key = ?", [key])
+    return None if row is None else row[0]
+
+
+def set_meta(con: duckdb.DuckDBPyConnection, **values: str) -> None:
+    """Set values of ``calpipe_meta``, key = value, all in one transaction of their own."""
+    con.begin()
+    try:
+        for key, value in values.items():
+            _set_meta(con, key, value)
+        con.commit()
+    except BaseException:
+        rollback(con)
+        raise
