@@ -282,10 +282,6 @@ DEFAULT_RRIR_MAX_CANDIDATES: int = 512
 
 
 # --- The store and the nightly run's memory (storage.py, pipeline/; BENCHMARKS.md items 5-6) ---
-#: A partition writer sends a table's buffered rows to DuckDB once it holds this many: small
-#: days (the demo's) are inserted a chunk at a time (a few INSERTs, not one per day and table),
-#: while a big day is inserted at once and freed, so memory stays bounded by about a day.
-WRITE_FLUSH_ROWS: int = 500_000
 
 #: The nightly run protects a day in batches of whole streams of about this many events (streams
 #: are independent): memory is then bounded by a batch plus the day's events, not by the day's
@@ -298,22 +294,6 @@ PROTECT_BATCH_ROWS: int = 2_000_000
 #: night: a protect batch of events and as many labels.
 NIGHT_PART_ROWS: int = PROTECT_BATCH_ROWS
 
-#: DuckDB buffer pool of a read-write calpipe connection. DuckDB caches every block it writes up
-#: to its memory_limit (default 80 % of RAM), so a backfill's memory would grow with the history
-#: written; the pipeline never reads those blocks back, and its own queries (checks, alarm joins)
-#: stay within this or spill to disk.
-DUCKDB_MEMORY_LIMIT: str = "256MB"
-#: DuckDB buffer pool while ``calpipe run`` checks the days it wrote: the checks scan the run's
-#: days, and DuckDB keeps the blocks it reads cached up to its limit: a 60-night run's checks
-#: cached ~200 MB and raised its peak from 642 to 698 MiB (in one process, BENCHMARKS §12). A
-#: quarter of the pool bounds that cache; checks that need more run again at the full pool.
-CHECKS_MEMORY_LIMIT: str = "64MB"
-#: How long a connection waits for a DuckDB file locked by another process before it gives up
-#: (a notebook's query or a dagster step usually lets go within seconds; a nightly job should
-#: not fail on one), retrying after 0.1 s, 0.2 s, ... at most 2 s apart.
-LOCK_WAIT_SECONDS: float = 10.0
-LOCK_RETRY_FIRST_SECONDS: float = 0.1
-LOCK_RETRY_MAX_SECONDS: float = 2.0
 #: calibration_arrivals reads a night's arrived labels joined to their forecasts in parts of
 #: about this many labels: the join needs ~100 bytes a label of DuckDB's buffer pool (600k
 #: labels failed at 32 MB, passed at 64 MB), so parts of 1M stay well inside 256 MB.
@@ -330,10 +310,6 @@ LABEL_LOOKUP_ROWS: int = 500_000
 #: day's peak instead of +75 % for a 30-day one) and 1M-event days commit one by one.
 TRANSACTION_ROWS: int = 100_000
 
-#: INSERTs a background partition writer may have queued: 2 lets DuckDB write a batch's events
-#: and the previous batch's protected rows while the engine runs (10M-event day: -5 % time),
-#: and bounds the frames held for it to two batches.
-WRITE_MAX_PENDING: int = 2
 
 #: Longest stream name the pipeline stores (UTF-8 bytes): a stream key is repeated in every
 #: row of every table and grouped on by the checks; a 1 MB name committed its day and then ran
@@ -391,43 +367,13 @@ LEGEND_ROWS: int = 12
 
 
 # --- The command line and the UI (cli/, dagster_project/) ---
-#: Port of ``calpipe ui``: dagster's own default, so the address people know from its docs works.
-UI_PORT: int = 3000
 
 #: The landing sensor's tick (dagster): every 5 minutes. Each tick stats the landing files (and
 #: hashes changed ones); a night's files rarely need a faster reaction than that.
 LANDING_SENSOR_SECONDS: int = 300
 
-#: How long a client of ``calpipe ui`` waits for it to answer (calpipe.cli.ui_client): dagster
-#: dev starts a webserver, a code server and a daemon, which once took over 2 minutes on a
-#: loaded 2-core CI machine.
-UI_START_SECONDS: float = 360.0
-
-#: Rows ``calpipe sql`` prints by default (``--max-rows``): a screenful; ``--csv`` prints all.
-SQL_PRINT_MAX_ROWS: int = 50
-
-#: ``calpipe report``: streams with a section of their own (alarmed first; the summary lists all):
-#: each section holds two SVG plots, so 10k streams would make a page no browser opens.
-REPORT_MAX_STREAMS: int = 50
-#: ``calpipe report``: days of daily metrics per stream (the reliability window's month).
-REPORT_DAILY_DAYS: int = 30
 
 #: Plots are embedded in the metadata only when a run covers at most this many days: dagster
 #: copies a range run's metadata onto every partition, and a 900-day backfill would store 900
 #: copies of each PNG in the event log. Longer runs get the file paths only.
 EMBED_PLOTS_MAX_DAYS: int = 1
-
-#: calpipe.spark: buckets (cogroup groups, one engine call each) per core of the Spark session,
-#: so that buckets of unequal size still keep every core busy to the end of the stage.
-SPARK_BUCKETS_PER_CORE: int = 4
-#: calpipe.spark: the most events a bucket should hold when the day's size is known (a bucket is
-#: loaded whole into a Python worker: ~0.5 KB per event with the engine's working set, so 2M
-#: events stay near 1 GB, the size of the pipeline's own batches, PROTECT_BATCH_ROWS).
-SPARK_MAX_BUCKET_ROWS: int = 2_000_000
-#: calpipe.spark.session: the JVM heap of a local session (driver and executors in one JVM),
-#: where the shuffle of a multi-million-event night is buffered; Spark's 1 GB default runs out.
-SPARK_LOCAL_DRIVER_MEMORY: str = "4g"
-#: calpipe.spark: state or metrics rows per Arrow IPC slice of the cogroup's combined output
-#: (0.7-6 KB a state row, the default method's the largest: slices of at most ~60 MB, far below
-#: a Spark binary value's 2 GB limit).
-SPARK_ROWS_PER_BLOB: int = 10_000

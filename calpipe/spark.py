@@ -17,7 +17,7 @@ The knob that matters is the bucket count (``n_buckets``): a cogroup group is lo
 Python worker (the bucket's events as Arrow, then as polars, plus the engine's working set,
 ~0.5 KB per event), so ``events / n_buckets`` must fit an executor's Python memory; more buckets
 than cores keep every core busy when buckets differ in size. The default is
-:data:`calpipe.config.SPARK_BUCKETS_PER_CORE` buckets per core of the session
+:data:`calpipe.SPARK_BUCKETS_PER_CORE` buckets per core of the session
 (``defaultParallelism``), at least ``events / SPARK_MAX_BUCKET_ROWS`` when the day's row count is
 given.
 
@@ -44,6 +44,24 @@ import pyarrow as pa
 from calpipe import config
 from calpipe.engine import protect_with_state
 from calpipe.errors import CalpipeError, InputError, ParameterError
+
+#: calpipe.spark: buckets (cogroup groups, one engine call each) per core of the Spark session,
+#: so that buckets of unequal size still keep every core busy to the end of the stage.
+SPARK_BUCKETS_PER_CORE: int = 4
+
+#: calpipe.spark: the most events a bucket should hold when the day's size is known (a bucket is
+#: loaded whole into a Python worker: ~0.5 KB per event with the engine's working set, so 2M
+#: events stay near 1 GB, the size of the pipeline's own batches, PROTECT_BATCH_ROWS).
+SPARK_MAX_BUCKET_ROWS: int = 2_000_000
+
+#: calpipe.spark.session: the JVM heap of a local session (driver and executors in one JVM),
+#: where the shuffle of a multi-million-event night is buffered; Spark's 1 GB default runs out.
+SPARK_LOCAL_DRIVER_MEMORY: str = "4g"
+
+#: calpipe.spark: state or metrics rows per Arrow IPC slice of the cogroup's combined output
+#: (0.7-6 KB a state row, the default method's the largest: slices of at most ~60 MB, far below
+#: a Spark binary value's 2 GB limit).
+SPARK_ROWS_PER_BLOB: int = 10_000
 
 #: Column of the bucket of a row's stream keys (dropped from every output).
 _BUCKET = "__calpipe_bucket"
@@ -90,10 +108,10 @@ def session(master: str = "local[*]", app: str = "calpipe", **conf: str):
         # an empty task costing milliseconds of scheduling at every night's cogroup)
         cores = (os.cpu_count() or 1) if local[1] == "*" else int(local[1])
         builder = builder.config(
-            "spark.sql.shuffle.partitions", str(config.SPARK_BUCKETS_PER_CORE * cores)
+            "spark.sql.shuffle.partitions", str(SPARK_BUCKETS_PER_CORE * cores)
         )
     if local and "spark.driver.memory" not in conf:  # the local session's executors are the driver
-        builder = builder.config("spark.driver.memory", config.SPARK_LOCAL_DRIVER_MEMORY)
+        builder = builder.config("spark.driver.memory", SPARK_LOCAL_DRIVER_MEMORY)
     for k, v in executor_env().items():
         builder = builder.config(k, v)
     for k, v in conf.items():
@@ -194,13 +212,13 @@ class _Bucket:
 
 
 def _pack(kind: int, rows: pl.DataFrame) -> list[tuple[int, bytes]]:
-    """``rows`` as Arrow IPC streams of at most :data:`calpipe.config.SPARK_ROWS_PER_BLOB` rows
+    """``rows`` as Arrow IPC streams of at most :data:`calpipe.SPARK_ROWS_PER_BLOB` rows
     each (a Spark binary value stays far below its 2 GB limit however many streams a bucket
     holds)."""
     out = []
-    for start in range(0, rows.height, config.SPARK_ROWS_PER_BLOB):
+    for start in range(0, rows.height, SPARK_ROWS_PER_BLOB):
         sink = pa.BufferOutputStream()
-        part = rows.slice(start, config.SPARK_ROWS_PER_BLOB).to_arrow()
+        part = rows.slice(start, SPARK_ROWS_PER_BLOB).to_arrow()
         with pa.ipc.new_stream(sink, part.schema) as writer:
             writer.write_table(part)
         out.append((kind, sink.getvalue().to_pybytes()))
@@ -265,13 +283,13 @@ class SparkDay:
 
 
 def default_buckets(spark, n_events: int | None = None) -> int:
-    """The default bucket count: :data:`calpipe.config.SPARK_BUCKETS_PER_CORE` per core of the
+    """The default bucket count: :data:`calpipe.SPARK_BUCKETS_PER_CORE` per core of the
     session, and at least enough for buckets of at most :data:`calpipe.config.
     SPARK_MAX_BUCKET_ROWS` events when the day's size is known."""
     cores = max(1, int(spark.sparkContext.defaultParallelism))
-    n = config.SPARK_BUCKETS_PER_CORE * cores
+    n = SPARK_BUCKETS_PER_CORE * cores
     if n_events:
-        n = max(n, -(-n_events // config.SPARK_MAX_BUCKET_ROWS))
+        n = max(n, -(-n_events // SPARK_MAX_BUCKET_ROWS))
     return n
 
 

@@ -15,10 +15,14 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import sys
 from pathlib import Path
 
 from calpipe import paths, pipeline, storage
-from calpipe.cli.ui_client import RunningUI, wait_for
+
+# the UI driver is a test helper of the repository (tests/ui_client.py), not of the package
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.ui_client import RunningUI, wait_for
 
 SHOTS = ("lineage", "partition", "plot")
 

@@ -230,12 +230,12 @@ def _hold(db, seconds: float, *, read_only: bool = False) -> subprocess.Popen:
 
 
 def test_a_lock_held_by_another_process_is_a_clear_error(landing, capsys, monkeypatch):
-    from calpipe import cli, config
+    from calpipe import cli
 
     tmp, _ = landing
     db = tmp / "locked.duckdb"
     storage.connect(db).close()
-    monkeypatch.setattr(config, "LOCK_WAIT_SECONDS", 0.5)
+    monkeypatch.setattr(storage.locks, "LOCK_WAIT_SECONDS", 0.5)
     holder = _hold(db, 120, read_only=True)  # a notebook's read-only connection blocks writers
     try:
         t0 = time.monotonic()

@@ -1179,11 +1179,10 @@ def test_composite_experts_over_a_temperature_input_has_no_sql_map(tmp_path):
 
 
 def test_checks_that_outgrow_their_small_pool_run_again_at_the_default_one(small, monkeypatch):
-    """calpipe run checks its days at config.CHECKS_MEMORY_LIMIT (their scans cached 240 MB of
+    """calpipe run checks its days at storage.session.CHECKS_MEMORY_LIMIT (their scans cached 240 MB of
     a 60-night run at the default pool); a check that needs more memory than that is run again
     at the default pool (the days are committed already), and the connection keeps the default
     pool afterwards."""
-    from calpipe import config
     from calpipe.pipeline import nightly
 
     con, source, _, _ = small
@@ -1196,7 +1195,7 @@ def test_checks_that_outgrow_their_small_pool_run_again_at_the_default_one(small
         return real(con, start, end)
 
     monkeypatch.setattr(nightly, "check_probabilities", probabilities_at)
-    monkeypatch.setattr(config, "CHECKS_MEMORY_LIMIT", "1MB")  # too small for the checks
+    monkeypatch.setattr(storage.session, "CHECKS_MEMORY_LIMIT", "1MB")  # too small for the checks
     s = pipeline.run_range(con, source)
     assert all(c.passed or c.warning for c in s.checks)
     assert len(limits) == 2 and limits[0] != default and limits[1] == default  # the retry

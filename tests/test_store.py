@@ -14,8 +14,9 @@ import numpy as np
 import polars as pl
 import pytest
 
-from calpipe import config, storage
+from calpipe import storage
 from calpipe.errors import InputError
+from calpipe.storage.session import DUCKDB_MEMORY_LIMIT
 
 D1, D2, D3 = dt.date(2024, 3, 1), dt.date(2024, 3, 2), dt.date(2024, 3, 3)
 
@@ -184,7 +185,7 @@ def protected_of(day: dt.date, n: int, *, score: float = 0.5) -> pl.DataFrame:
 
 @pytest.mark.parametrize("background", [False, True])
 def test_streamed_replace_writes_every_insert_in_one_transaction(con, monkeypatch, background):
-    monkeypatch.setattr(config, "WRITE_FLUSH_ROWS", 4)  # some inserts buffered, some sent
+    monkeypatch.setattr(storage.writer, "WRITE_FLUSH_ROWS", 4)  # some inserts buffered, some sent
     storage.replace_partitions(con, D1, D3, {"scored_events": events_of(D2, 9)})
     parts = [events_of(D1, 3), events_of(D2, 5, stream="a"), events_of(D3, 2)]
     with storage.replacing_partitions(con, D1, D3, ["scored_events"], background=background) as w:
@@ -321,7 +322,7 @@ def test_an_old_calibration_daily_gains_the_smooth_ece_and_corp_columns(tmp_path
 
 def test_connect_limits_duckdb_memory_and_the_cache_can_be_dropped(con):
     limit = storage.fetch_one(con, "SELECT current_setting('memory_limit')")[0]
-    con.execute(f"SET memory_limit = '{config.DUCKDB_MEMORY_LIMIT}'")
+    con.execute(f"SET memory_limit = '{DUCKDB_MEMORY_LIMIT}'")
     assert storage.fetch_one(con, "SELECT current_setting('memory_limit')")[0] == limit
     rng = np.random.default_rng(0)
     rows = events_of(D1, 300_000).with_columns(pl.Series("score", rng.random(300_000)))

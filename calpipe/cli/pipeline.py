@@ -22,9 +22,16 @@ import polars as pl
 from calpipe import config, paths, pipeline, storage
 from calpipe.cli import progress, ui_guard
 from calpipe.cli.options import add_method_options, method_params
-from calpipe.cli.ui_client import free_port
+from calpipe.pipeline.html_report import REPORT_MAX_STREAMS
 from calpipe.pipeline.inputs import ReplayRequired
 from calpipe.pipeline.labels import LabelColumns, label_source
+from calpipe.storage.locks import LOCK_WAIT_SECONDS
+
+#: Port of ``calpipe ui``: dagster's own default, so the address people know from its docs works.
+UI_PORT: int = 3000
+
+#: Rows ``calpipe sql`` prints by default (``--max-rows``): a screenful; ``--csv`` prints all.
+SQL_PRINT_MAX_ROWS: int = 50
 
 
 def dagster_home(db: Path) -> Path:
@@ -48,7 +55,7 @@ concurrency:
 
 #: The UI listens on the loopback interface only: it can launch jobs, so it must not be exposed.
 UI_HOST = "127.0.0.1"
-UI_PORT = config.UI_PORT
+UI_PORT = UI_PORT
 
 EXAMPLE_QUERIES = (
     "SELECT stream, alarm_date, round(log10_martingale_at_alarm, 2) AS log10_S FROM v_alarms",
@@ -75,7 +82,7 @@ def _prog() -> str:
         return "calpipe"
 
 
-def _print_frame(df: pl.DataFrame, max_rows: int = config.SQL_PRINT_MAX_ROWS) -> None:
+def _print_frame(df: pl.DataFrame, max_rows: int = SQL_PRINT_MAX_ROWS) -> None:
     with pl.Config(
         tbl_rows=max_rows, tbl_cols=30, float_precision=4, tbl_width_chars=250,
         tbl_hide_dataframe_shape=True, tbl_hide_column_data_types=True,
@@ -283,7 +290,7 @@ def ui_command(
 
 def _cmd_ui(args: argparse.Namespace) -> int:
     db = Path(args.db).expanduser().resolve()
-    inner = free_port(UI_HOST)
+    inner = ui_guard.free_port(UI_HOST)
     cmd, env = ui_command(db, events=args.events, port=inner)
     if not db.exists():
         src = env.get("CALPIPE_EVENTS", "the landing folder beside it")
@@ -336,7 +343,7 @@ def _cmd_sql(args: argparse.Namespace) -> int:
         raise storage.StoreError(f"database {args.db} does not exist")
     con = storage.connect(args.db, read_only=not args.write, lock_wait=args.lock_wait)
     # A user's query gets DuckDB's default memory limit, not the small buffer pool the pipeline's
-    # writes use (config.DUCKDB_MEMORY_LIMIT): analytical queries should not spill needlessly.
+    # writes use (storage.session.DUCKDB_MEMORY_LIMIT): analytical queries should not spill needlessly.
     con.execute("RESET memory_limit")
     try:
         rel = con.sql(args.query)
@@ -379,7 +386,7 @@ def _lock_wait_option(parser) -> None:
     parser.add_argument(
         "--lock-wait", type=float, default=None, metavar="SECONDS",
         help="how long to wait for a database another process holds (default "
-             f"{config.LOCK_WAIT_SECONDS:g} s, retrying with backoff; 0: fail at once)",
+             f"{LOCK_WAIT_SECONDS:g} s, retrying with backoff; 0: fail at once)",
     )  # fmt: skip
 
 
@@ -435,7 +442,7 @@ def register(sub) -> None:
     s.add_argument("query", help='e.g. "SELECT * FROM v_alarms"')
     s.add_argument("--db", default=default_db, help=f"DuckDB file (default: {default_db})")
     _lock_wait_option(s)
-    s.add_argument("--max-rows", type=int, default=config.SQL_PRINT_MAX_ROWS)
+    s.add_argument("--max-rows", type=int, default=SQL_PRINT_MAX_ROWS)
     s.add_argument("--csv", action="store_true", help="print CSV instead of a table")
     s.add_argument("--write", action="store_true",
                    help="open read-write (default: read-only; the database must exist)")  # fmt: skip
@@ -445,6 +452,6 @@ def register(sub) -> None:
     rp.add_argument("--db", default=default_db, help=f"DuckDB file (default: {default_db})")
     rp.add_argument("--out", help="HTML file (default: <db name>.report.html beside the database)")
     _lock_wait_option(rp)
-    rp.add_argument("--max-streams", type=int, default=config.REPORT_MAX_STREAMS,
+    rp.add_argument("--max-streams", type=int, default=REPORT_MAX_STREAMS,
                     help="streams with a section of plots and daily metrics (alarmed first)")  # fmt: skip
     rp.set_defaults(func=_cmd_report)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import socket
 from urllib.parse import parse_qs
 
 _MUTATION = re.compile(rb"\bmutation\b", re.IGNORECASE)
@@ -156,3 +157,10 @@ def serve(port: int, upstream_port: int) -> None:
 
     uvicorn.run(Guard(proxy_app(upstream_port), port), host="127.0.0.1", port=port,
                 log_level="warning", ws="websockets")  # fmt: skip
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` now (the OS picks it)."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])

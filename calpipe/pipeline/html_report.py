@@ -4,11 +4,11 @@ What a person would rather look at than query: the run (database, days, method),
 per stream (:func:`calpipe.pipeline.reports.stream_summary`), every alarm, and per stream its
 test martingale trajectory, a reliability diagram of the last
 :data:`~calpipe.config.RELIABILITY_WINDOW_DAYS` days (binary forecasts), and its daily metrics of
-the last :data:`~calpipe.config.REPORT_DAILY_DAYS` days (``calibration_daily``). Plots are inline
+the last :data:`~calpipe.REPORT_DAILY_DAYS` days (``calibration_daily``). Plots are inline
 SVG, styles inline: the page loads nothing from anywhere, so it can be mailed or archived.
 
 Streams are shown alarmed first (by first alarm), then by maximum log10 S, at most
-:data:`~calpipe.config.REPORT_MAX_STREAMS` of them (the page says how many it left out).
+:data:`~calpipe.REPORT_MAX_STREAMS` of them (the page says how many it left out).
 """
 
 from __future__ import annotations
@@ -27,6 +27,13 @@ from calpipe.errors import StoreError
 from calpipe.pipeline.chain import chain_first_day
 from calpipe.pipeline.classes import stored_n_classes
 from calpipe.pipeline.reports import reliability_frame, stream_summary
+
+#: ``calpipe report``: streams with a section of their own (alarmed first; the summary lists all):
+#: each section holds two SVG plots, so 10k streams would make a page no browser opens.
+REPORT_MAX_STREAMS: int = 50
+
+#: ``calpipe report``: days of daily metrics per stream (the reliability window's month).
+REPORT_DAILY_DAYS: int = 30
 
 _STYLE = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2em auto;max-width:1100px;
@@ -85,8 +92,8 @@ def html_report(
     con,
     *,
     title: str,
-    max_streams: int = config.REPORT_MAX_STREAMS,
-    daily_days: int = config.REPORT_DAILY_DAYS,
+    max_streams: int = REPORT_MAX_STREAMS,
+    daily_days: int = REPORT_DAILY_DAYS,
 ) -> str:
     """The report page of the database behind ``con`` (read only), as one HTML string."""
     last = storage.query(con, "SELECT max(date) AS d FROM pipeline_days").item()

@@ -331,7 +331,7 @@ def _run_part(
     """A part of whole streams of day ``d`` (the whole day but on the biggest nights): its
     events and checked labels, taken from ``part`` (the events are freed after the part's last
     batch), and its streams' state of the day before ``before``. The labels first
-    (phase ``night``: a night of at least :data:`calpipe.config.WRITE_FLUSH_ROWS` labels is
+    (phase ``night``: a night of at least :data:`calpipe.storage.writer.WRITE_FLUSH_ROWS` labels is
     sent to DuckDB at once, which writes it while the engine runs), then one batch of streams at
     a time (:func:`_stream_batches`), write its events, run the engine (which validates the
     data contract), and write the rows of every registered table of the batch from memory
@@ -639,7 +639,7 @@ def run_range(
     # at a small buffer pool: the checks scan every day of the run, whose blocks DuckDB would
     # otherwise keep cached up to its limit, on top of what the nights needed; checks that need
     # more than that pool run again at the default one (the days are committed already)
-    storage.drop_block_cache(con, config.CHECKS_MEMORY_LIMIT)
+    storage.drop_block_cache(con, storage.session.CHECKS_MEMORY_LIMIT)
     try:
         checks = _data_checks(con, start, end)
     except duckdb.OutOfMemoryException:

@@ -69,7 +69,7 @@ from calpipe.pipeline.settings import Settings, StageResult
 #: When the fused run calls a table's fused writer, and with what: ``night`` with the night's
 #: checked :class:`~calpipe.pipeline.labels.Arrivals` when the day starts (so that DuckDB
 #: writes a night's labels while the engine runs, when there are at least
-#: :data:`calpipe.config.WRITE_FLUSH_ROWS` of them: 10M labels were a 2.3 s INSERT after the
+#: :data:`calpipe.storage.writer.WRITE_FLUSH_ROWS` of them: 10M labels were a 2.3 s INSERT after the
 #: day's last batch), ``events`` with a
 #: :class:`FusedBatch` as read (before the engine runs, so that DuckDB writes the events while
 #: the engine protects them), ``batch`` with a :class:`FusedBatch` after the engine ran,

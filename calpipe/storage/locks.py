@@ -10,8 +10,14 @@ from pathlib import Path
 
 import duckdb
 
-from calpipe import config
 from calpipe.errors import StoreError
+
+#: How long a connection waits for a DuckDB file locked by another process before it gives up
+#: (a notebook's query or a dagster step usually lets go within seconds; a nightly job should
+#: not fail on one), retrying after 0.1 s, 0.2 s, ... at most 2 s apart.
+LOCK_WAIT_SECONDS: float = 10.0
+LOCK_RETRY_FIRST_SECONDS: float = 0.1
+LOCK_RETRY_MAX_SECONDS: float = 2.0
 
 #: DuckDB's words for a file locked by another process, and where it names that process.
 _LOCKED = "Conflicting lock is held in"
@@ -23,7 +29,7 @@ def open_waiting(p: Path, read_only: bool, wait: float) -> duckdb.DuckDBPyConnec
     lock (a notebook's read-only connection blocks a nightly run, and a run blocks ``calpipe
     sql``: both usually let go within seconds)."""
     deadline = time.monotonic() + max(0.0, wait)
-    delay = config.LOCK_RETRY_FIRST_SECONDS
+    delay = LOCK_RETRY_FIRST_SECONDS
     while True:
         try:
             return duckdb.connect(str(p), read_only=read_only)
@@ -31,7 +37,7 @@ def open_waiting(p: Path, read_only: bool, wait: float) -> duckdb.DuckDBPyConnec
             locked = _LOCKED in str(exc)
             if locked and time.monotonic() + delay <= deadline:
                 time.sleep(delay)
-                delay = min(2 * delay, config.LOCK_RETRY_MAX_SECONDS)
+                delay = min(2 * delay, LOCK_RETRY_MAX_SECONDS)
                 continue
             how = "reading" if read_only else "writing"
             if not locked:

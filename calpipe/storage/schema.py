@@ -14,9 +14,9 @@ from pathlib import Path
 
 import duckdb
 
-from calpipe import config
 from calpipe.errors import StoreError
 from calpipe.paths import SQL_DIR
+from calpipe.storage import locks
 from calpipe.storage.locks import open_waiting
 from calpipe.storage.session import configure_session, db_name, fetch_one, rollback
 
@@ -116,10 +116,10 @@ def connect(
 
     ``path`` is made absolute; its folder is created. A read-only connection does not install
     anything (the file must have been opened read-write by calpipe before). A read-write
-    connection's DuckDB memory limit is :data:`calpipe.config.DUCKDB_MEMORY_LIMIT` (``SET
+    connection's DuckDB memory limit is :data:`calpipe.storage.session.DUCKDB_MEMORY_LIMIT` (``SET
     memory_limit`` changes it). When another process holds the file's lock (a writer, or a
     read-only connection when this one writes), the connection is retried with backoff for
-    ``lock_wait`` seconds (default :data:`calpipe.config.LOCK_WAIT_SECONDS`), then refused with
+    ``lock_wait`` seconds (default :data:`calpipe.storage.locks.LOCK_WAIT_SECONDS`), then refused with
     a :class:`StoreError` naming that process.
     """
     p = Path(path).expanduser().resolve()
@@ -127,7 +127,7 @@ def connect(
         raise StoreError(f"database {p} does not exist")
     if not read_only:
         p.parent.mkdir(parents=True, exist_ok=True)
-    con = open_waiting(p, read_only, config.LOCK_WAIT_SECONDS if lock_wait is None else lock_wait)
+    con = open_waiting(p, read_only, locks.LOCK_WAIT_SECONDS if lock_wait is None else lock_wait)
     configure_session(con)
     if not read_only:
         install_sql(con)

@@ -12,7 +12,17 @@ from contextlib import suppress
 import duckdb
 import polars as pl
 
-from calpipe import config
+#: DuckDB buffer pool of a read-write calpipe connection. DuckDB caches every block it writes up
+#: to its memory_limit (default 80 % of RAM), so a backfill's memory would grow with the history
+#: written; the pipeline never reads those blocks back, and its own queries (checks, alarm joins)
+#: stay within this or spill to disk.
+DUCKDB_MEMORY_LIMIT: str = "256MB"
+
+#: DuckDB buffer pool while ``calpipe run`` checks the days it wrote: the checks scan the run's
+#: days, and DuckDB keeps the blocks it reads cached up to its limit: a 60-night run's checks
+#: cached ~200 MB and raised its peak from 642 to 698 MiB (in one process, BENCHMARKS §12). A
+#: quarter of the pool bounds that cache; checks that need more run again at the full pool.
+CHECKS_MEMORY_LIMIT: str = "64MB"
 
 
 def db_name(con: duckdb.DuckDBPyConnection) -> str:
@@ -28,17 +38,17 @@ def configure_session(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnecti
     * time zone UTC: DuckDB otherwise takes the process's, and a day that mixed naive and
       time-zone-aware files (read as TIMESTAMPTZ) stored the naive times shifted by the
       process's offset; naive times mean UTC everywhere in calpipe;
-    * memory limit :data:`calpipe.config.DUCKDB_MEMORY_LIMIT`: the pipeline never reads back
+    * memory limit :data:`calpipe.DUCKDB_MEMORY_LIMIT`: the pipeline never reads back
       the blocks it writes, so DuckDB must not cache a backfill.
     """
     con.execute("SET TimeZone = 'UTC'")
-    con.execute(f"SET memory_limit = '{config.DUCKDB_MEMORY_LIMIT}'")
+    con.execute(f"SET memory_limit = '{DUCKDB_MEMORY_LIMIT}'")
     return con
 
 
 def drop_block_cache(con: duckdb.DuckDBPyConnection, limit: str | None = None) -> None:
     """Evict the blocks DuckDB keeps cached, e.g. the partitions just committed, and set the
-    memory limit to ``limit`` (default :data:`calpipe.config.DUCKDB_MEMORY_LIMIT`).
+    memory limit to ``limit`` (default :data:`calpipe.DUCKDB_MEMORY_LIMIT`).
 
     DuckDB caches the blocks it writes up to its memory limit; a backfill never reads them back,
     so after each commit the pipeline drops them (by lowering the limit for a moment) and its
@@ -50,7 +60,7 @@ def drop_block_cache(con: duckdb.DuckDBPyConnection, limit: str | None = None) -
     except duckdb.OutOfMemoryException:
         pass  # some blocks are pinned: the unpinned ones were evicted on the way
     finally:
-        con.execute(f"SET memory_limit = '{limit or config.DUCKDB_MEMORY_LIMIT}'")
+        con.execute(f"SET memory_limit = '{limit or DUCKDB_MEMORY_LIMIT}'")
 
 
 def rollback(con: duckdb.DuckDBPyConnection) -> None:

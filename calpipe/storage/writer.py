@@ -18,24 +18,33 @@ import duckdb
 import polars as pl
 import polars.selectors as cs
 
-from calpipe import config
 from calpipe.errors import StoreError
 from calpipe.storage.session import rollback
 from calpipe.storage.tables import PARTITION_COLUMN, SORT_KEYS, check_table, table_columns
+
+#: A partition writer sends a table's buffered rows to DuckDB once it holds this many: small
+#: days (the demo's) are inserted a chunk at a time (a few INSERTs, not one per day and table),
+#: while a big day is inserted at once and freed, so memory stays bounded by about a day.
+WRITE_FLUSH_ROWS: int = 500_000
+
+#: INSERTs a background partition writer may have queued: 2 lets DuckDB write a batch's events
+#: and the previous batch's protected rows while the engine runs (10M-event day: -5 % time),
+#: and bounds the frames held for it to two batches.
+WRITE_MAX_PENDING: int = 2
 
 
 class PartitionWriter:
     """Inserts rows into the partitions that :func:`replacing_partitions` is replacing.
 
     Only valid inside its ``with`` block (the open transaction). Rows are buffered per table and
-    sent to DuckDB once a table holds :data:`calpipe.config.WRITE_FLUSH_ROWS` rows, and at the
+    sent to DuckDB once a table holds :data:`calpipe.WRITE_FLUSH_ROWS` rows, and at the
     end of the block: a long range of small days costs a few INSERTs, and a big day is sent at
     once, so a caller writing one day at a time keeps about one day in memory (DuckDB writes the
     transaction's full row groups to the database file; it keeps ~11 bytes a row until the
     commit).
 
     With ``background=True`` the INSERTs run in a worker thread (DuckDB releases the GIL), one at
-    a time and in order, at most :data:`calpipe.config.WRITE_MAX_PENDING` queued, while the
+    a time and in order, at most :data:`calpipe.WRITE_MAX_PENDING` queued, while the
     caller computes the next rows: writing a batch overlaps with protecting the next one. The
     caller must then call :meth:`wait` before using the connection itself.
     """
@@ -79,7 +88,7 @@ class PartitionWriter:
         self._buffer[table].append(frame)
         self._sort[table] |= sort
         self.rows[table] += frame.height
-        if sum(f.height for f in self._buffer[table]) >= config.WRITE_FLUSH_ROWS:
+        if sum(f.height for f in self._buffer[table]) >= WRITE_FLUSH_ROWS:
             self.flush(table)
 
     def flush(self, table: str | None = None) -> None:
@@ -93,7 +102,7 @@ class PartitionWriter:
                 self._send(t, frames)
                 continue
             # at most MAX_PENDING INSERTs queued: the frames they hold stay in memory
-            while len(self._pending) >= config.WRITE_MAX_PENDING:
+            while len(self._pending) >= WRITE_MAX_PENDING:
                 self._pending.pop(0).result()
             self._pending.append(self._pool.submit(self._send, t, frames))
 

@@ -18,8 +18,7 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route, WebSocketRoute
 from starlette.testclient import TestClient
 
-from calpipe.cli.ui_client import free_port
-from calpipe.cli.ui_guard import Guard, refusal
+from calpipe.cli.ui_guard import Guard, free_port, refusal
 
 PORT = 3999
 BASE = f"http://127.0.0.1:{PORT}"

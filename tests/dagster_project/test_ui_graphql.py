@@ -13,7 +13,7 @@ import json
 import pytest
 
 from calpipe import pipeline
-from calpipe.cli.ui_client import RunningUI, wait_for
+from tests.ui_client import RunningUI, wait_for
 
 pytestmark = pytest.mark.slow
 

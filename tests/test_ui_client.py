@@ -1,4 +1,4 @@
-"""calpipe/cli/ui_client.py: a ``calpipe ui`` that cannot start says why at once.
+"""tests/ui_client.py: a ``calpipe ui`` that cannot start says why at once.
 
 Before, :meth:`RunningUI.wait_ready` polled a UI that had already exited for
 ``config.UI_START_SECONDS`` (6 minutes) and then said only that it timed out; the README's
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from calpipe.cli.ui_client import RunningUI
+from tests.ui_client import RunningUI
 
 
 def test_a_ui_that_exits_is_reported_at_once_with_its_log(tmp_path):

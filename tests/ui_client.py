@@ -3,7 +3,7 @@
 :class:`RunningUI` starts ``calpipe ui`` on a database in a process group of its own, waits for
 it, counts materialized partitions, materializes a partition, and stops everything as Ctrl-C
 does. ``docs/screenshots.py`` and ``tests/dagster_project/test_ui_graphql.py`` drive the UI with
-it.
+it. A test and screenshot driver: it lives with the tests, not in the runtime package.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,20 +19,17 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from calpipe import config
+from calpipe.cli.ui_guard import free_port
 from calpipe.pipeline import ASSET_TABLES
+
+#: How long a client of ``calpipe ui`` waits for it to answer: dagster dev starts a webserver, a code server and a daemon, which once took over 2 minutes on a
+#: loaded 2-core CI machine.
+UI_START_SECONDS: float = 360.0
 
 #: The code location ``calpipe ui`` serves, and the job dagster builds for ad-hoc asset runs.
 LOCATION = "calpipe.dagster_project.definitions"
 ASSET_JOB = "__ASSET_JOB"
 _FINAL = ("SUCCESS", "FAILURE", "CANCELED")
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on ``host`` now (the OS picks it)."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_for(what: str, fn, timeout: float):
@@ -90,7 +86,7 @@ class RunningUI:
             raise RuntimeError(out["errors"])
         return out["data"]
 
-    def wait_ready(self, timeout: float = config.UI_START_SECONDS) -> None:
+    def wait_ready(self, timeout: float = UI_START_SECONDS) -> None:
         """Wait until the UI answers GraphQL. RuntimeError with its log as soon as ``calpipe
         ui`` has exited (it never will answer), TimeoutError with its log's tail after
         ``timeout``: a UI that did not start says why, not only that it did not."""
