@@ -626,8 +626,8 @@ class _Metrics:
     def rows(self, scores: pl.DataFrame) -> pl.DataFrame:
         """The metrics of ``scores`` (:func:`protect_with_state`'s rows), one row per stream."""
         from calpipe.calibrators import make_calibrator
-        from calpipe.pipeline.chain import base_score_column
-        from calpipe.pipeline.monitoring import daily_metrics as metrics
+        from calpipe.night.chain import base_score_column
+        from calpipe.night.monitoring import daily_metrics as metrics
 
         kw = {
             k: v

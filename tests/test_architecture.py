@@ -46,9 +46,10 @@ LAYERS = {
     "calpipe.river": 3,  # river's online protocol over the calibrators and the per-event kernel
     "calpipe": 3,  # the package root: the public facade over the engine and calibrators
     "calpipe.storage": 4,  # the DuckDB file: schema, session, tables, writer, sources, landing, locks
-    "calpipe.pipeline": 4,
-    "calpipe.cli": 5,
-    "calpipe.spark": 5,  # the nightly step on Spark: over the pipeline's functions, like the cli
+    "calpipe.night": 4,  # a night's rows, pure and in memory (beside storage, never over it)
+    "calpipe.pipeline": 5,  # reads inputs from storage, computes with the night, writes rows
+    "calpipe.cli": 6,
+    "calpipe.spark": 6,  # the nightly step on Spark: over the pipeline's functions, like the cli
 }
 
 
@@ -262,3 +263,17 @@ def test_the_private_name_check_sees_each_kind(tmp_path):
     ]
     # a private module inside its own package is allowed
     assert private_uses(src, "calpipe.calibrators.m")[-1].startswith("line 4")
+
+
+def test_the_night_is_pure():
+    """calpipe.night computes rows in memory: it never imports DuckDB, the storage or the
+    pipeline (which reads and writes around it)."""
+    mods = _modules()
+    bad = [
+        f"{name} line {line}: {m}"
+        for name, path in mods.items()
+        if name.startswith("calpipe.night")
+        for m, line in _imports(name, path, mods).items()
+        if m.split(".")[0] == "duckdb" or m.startswith(("calpipe.storage", "calpipe.pipeline"))
+    ]
+    assert not bad, bad

@@ -524,7 +524,7 @@ def test_deleted_state_rows_restarted_their_streams_from_scratch(small):
 
 
 def test_outputs_that_are_no_probability_are_refused_before_the_commit():
-    from calpipe.pipeline.chain import check_outputs
+    from calpipe.night.chain import check_outputs
 
     ok = pl.DataFrame({"stream": ["a"], "event_id": [1], "protected_score": [0.3],
                        "log10_martingale": [0.1]})  # fmt: skip

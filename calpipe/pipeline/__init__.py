@@ -63,6 +63,8 @@ Example
 from __future__ import annotations
 
 from calpipe.config import ECE_BINS, RELIABILITY_WINDOW_DAYS
+from calpipe.night.monitoring import daily_metrics
+from calpipe.night.settings import Settings
 from calpipe.pipeline.alarms import alarm_days
 from calpipe.pipeline.chain import chain_first_day, protect_days, state_as_of, state_before
 from calpipe.pipeline.checks import (
@@ -89,7 +91,7 @@ from calpipe.pipeline.demo_job import (
 from calpipe.pipeline.events import load_events, read_source_days
 from calpipe.pipeline.html_report import html_report, write_report
 from calpipe.pipeline.mapping import map_days, map_terms, map_weights, serving_map
-from calpipe.pipeline.monitoring import daily_metrics, monitor_days
+from calpipe.pipeline.monitoring import monitor_days
 from calpipe.pipeline.nightly import RunSummary, default_range, pending_range, run_range
 from calpipe.pipeline.reports import (
     ASSET_TABLES,
@@ -100,7 +102,7 @@ from calpipe.pipeline.reports import (
     stream_summary,
     trajectory_frame,
 )
-from calpipe.pipeline.settings import Settings, StageResult
+from calpipe.pipeline.settings import StageResult
 from calpipe.pipeline.tables import TABLES, OutputTable, table_schemas
 from calpipe.pipeline.transactions import day_range
 

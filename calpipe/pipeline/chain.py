@@ -12,21 +12,17 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
-import numpy as np
 import polars as pl
 
 from calpipe import storage
-from calpipe.calibrators import Calibrator
-from calpipe.engine import protect_with_state
 from calpipe.errors import StateError
-from calpipe.pipeline.classes import score_column, stored_n_classes
-from calpipe.pipeline.events import REPLAY_ORDER, STREAM_KEYS, protect_columns
-from calpipe.pipeline.inputs import chain_hash, state_digest
-from calpipe.pipeline.labels import Arrivals, attach_labels, learn_late, stored_arrivals
-from calpipe.pipeline.settings import Settings, StageResult, as_date
+from calpipe.night.chain import Chain
+from calpipe.night.events import protect_columns
+from calpipe.night.settings import Settings, as_date
+from calpipe.pipeline.classes import stored_n_classes
+from calpipe.pipeline.labels import stored_arrivals
+from calpipe.pipeline.settings import StageResult
 from calpipe.pipeline.transactions import write_days
 
 
@@ -158,21 +154,6 @@ def _state_rows_missing(con, first_day: dt.date, last: dt.date) -> tuple | None:
     )
 
 
-def base_score_column(cal: Calibrator, scores: pl.DataFrame) -> pl.Series:
-    """``base_score`` (``base_scores`` for K classes): the forecast the martingale bets against
-    (the clipped base, or a stack's base-method forecast), so that base loss - protected loss =
-    ln 10 * log10 S."""
-    if "scores" in scores.columns:
-        col = "base_method_scores" if "base_method_scores" in scores.columns else "scores"
-        vec = scores[col]
-        k = int(vec.list.len().max()) if vec.len() else 3
-        x = vec.list.to_array(k).to_numpy() if vec.len() else np.zeros((0, k))
-        seen = cal.martingale_base(np.ascontiguousarray(x, dtype=np.float64))
-        return pl.Series("base_scores", seen).cast(pl.List(pl.Float64))
-    col = "base_method_score" if "base_method_score" in scores.columns else "score"
-    return pl.Series("base_score", cal.martingale_base(scores[col].to_numpy()))
-
-
 def _day_events_sql(n_classes: int) -> str:
     """A day's scored events in their stored order (the source's: deterministic, so the day's
     protected_scores rows, written in the same order, are too). No ORDER BY: calpipe.protect
@@ -180,185 +161,6 @@ def _day_events_sql(n_classes: int) -> str:
     where a SQL sort by (stream, event_time, event_id) would cost more than the protection."""
     cols = ", ".join(protect_columns(n_classes))
     return f"SELECT {cols} FROM scored_events WHERE event_date = ?"
-
-
-#: Interval outputs of the Venn methods, stored when the method produces them.
-_INTERVAL_COLUMNS = ("p_lower", "p_upper")
-
-
-def protected_rows(cal: Calibrator, scores: pl.DataFrame, day: dt.date | None) -> pl.DataFrame:
-    """The ``protected_scores`` rows of one day (``day=None``: of the days of the rows' own
-    ``event_date``): the event key and the engine's outputs only (``v_protected_scores`` joins
-    the inputs, method and fingerprint back). K classes: ``base_scores``/``protected_scores``
-    vectors in place of the binary columns."""
-    out = "protected_scores" if "scores" in scores.columns else "protected_score"
-    return scores.select(
-        pl.lit(day, pl.Date).alias("event_date") if day is not None else "event_date",
-        "stream",
-        "event_id",
-        base_score_column(cal, scores),
-        pl.col("label").cast(pl.Int32),
-        pl.col(out).cast(pl.List(pl.Float64)) if out == "protected_scores" else out,
-        "log10_martingale",
-        # the intervals of a binary forecast (multiclass Venn-ABERS gives none: NULL)
-        *[c for c in _INTERVAL_COLUMNS if c in scores.columns and out == "protected_score"],
-    )
-
-
-def state_rows(state: pl.DataFrame, day: dt.date, active: pl.Series) -> pl.DataFrame:
-    """The ``calibrator_state`` rows of ``day``: the end-of-day state of the streams whose state
-    changed that day (``active``: the streams with events or with labels of earlier events
-    arriving, :func:`changed_streams`), keyed by the day.
-
-    A stream without events keeps its state, so its latest row (of an earlier day) stays its
-    state: the state at the end of day d is each stream's latest row on or before d
-    (:data:`_STATE_AS_OF_SQL`). Idle streams cost no rows, so history grows with the events,
-    not with the days times the streams ever seen."""
-    return state.filter(pl.col("stream").is_in(active.implode())).with_columns(
-        pl.lit(day, pl.Date).alias("date")
-    )
-
-
-def changed_streams(streams: pl.Series, arrivals: Arrivals | None) -> pl.Series:
-    """The streams whose state a night changes: those with events (``streams``: of the night's
-    events, repeated or not), and those with labels of earlier events arriving (their pending
-    updates grow)."""
-    if arrivals is not None and arrivals.late.height:
-        streams = pl.concat([streams, arrivals.streams()])
-    return streams.unique()
-
-
-def check_outputs(scores: pl.DataFrame, day: dt.date) -> None:
-    """StateError naming the day, stream and event of the first protected score that is not a
-    probability or martingale that is not finite: checked before the day is committed (the
-    post-commit check ``probabilities_valid`` would find it only once it was stored)."""
-    name = "protected_scores" if "protected_scores" in scores.columns else "protected_score"
-    m = pl.col("log10_martingale")
-    if name == "protected_score":
-        p = pl.col(name)
-        invalid = p.is_null() | p.is_nan() | (p < 0) | (p > 1)
-    else:  # every class's probability in [0, 1] (the vectors sum to 1 by construction)
-        p = pl.col(name).list.eval(pl.element().is_nan() | (pl.element() < 0) | (pl.element() > 1))
-        invalid = pl.col(name).is_null() | p.list.any()
-    bad = scores.filter(invalid | ~m.is_finite())
-    if bad.height:
-        r = bad.row(0, named=True)
-        raise StateError(
-            f"day {day}, stream {r['stream']!r}, event {r['event_id']}: {name} "
-            f"{r[name]} / log10_martingale {r['log10_martingale']} is not a finite "
-            f"probability ({bad.height} such events); nothing of the day is written"
-        )
-
-
-@dataclass
-class _Day:
-    """One day of a chain: the engine's output (input columns + outputs, in the input's row
-    order), its ``protected_scores`` rows, the state rows at the end of the day, the
-    ``pipeline_days`` row, and the state before the day (None on the chain's first day)."""
-
-    scores: pl.DataFrame
-    protected: pl.DataFrame
-    state: pl.DataFrame
-    day_row: dict[str, Any]
-    before: pl.DataFrame | None
-
-
-class Chain:
-    """A chain run day after day: the settings, and the state carried in memory (one small row
-    per stream) from one day to the next."""
-
-    def __init__(
-        self,
-        settings: Settings,
-        first_day: dt.date,
-        state: pl.DataFrame | None,
-        state_hash,
-        n_classes: int | None = None,
-    ):
-        self.settings, self.first_day, self.state = settings, first_day, state
-        self.state_hash = state_hash  # of the state carried (pipeline/inputs.py's hash chain)
-        self.cfg = settings.to_json()
-        self.id_type = None  # the database's event id type once a day of this run checked it
-        self.use_classes(n_classes or 2)
-
-    def use_classes(self, n_classes: int) -> None:
-        """Run forecasts of ``n_classes`` classes (the database's, :mod:`~calpipe.pipeline.
-        classes`: set by the first events of a new database). ParameterError if the method
-        does not take that many classes."""
-        self.n_classes = n_classes
-        self.cal = self.settings.calibrator(n_classes)
-        self.fp = self.cal.fingerprint(n_classes)
-
-    def protect(
-        self,
-        events: pl.DataFrame,
-        state: pl.DataFrame | None,
-        arrivals: Arrivals | None = None,
-        late: pl.DataFrame | None = None,
-    ):
-        """One :func:`calpipe.protect_with_state` call over the streams of ``events`` (columns
-        :data:`_PROTECT_INPUT`) from ``state``, learning the night's label ``arrivals``: those of
-        the events go to their rows (:func:`~calpipe.pipeline.labels.attach_labels`), ``late``
-        (the arrivals of ``state``'s streams for earlier events) to the state's pending updates
-        (:func:`~calpipe.pipeline.labels.learn_late`). Raises InputError for events that break
-        the data contract (validated there)."""
-        events = attach_labels(events, arrivals)
-        if late is not None and late.height and not self.cal.supports_label_time:
-            raise StateError(
-                f"method {self.cal.name!r} does not take delayed labels: the label feed needs a "
-                "method that does (`calpipe methods`)"
-            )
-        col = score_column(self.n_classes)
-        return protect_with_state(
-            events, **{col: col}, label="label", by=STREAM_KEYS, order_by=REPLAY_ORDER,
-            label_time="label_time" if "label_time" in events.columns else None,
-            method=self.cal, state=learn_late(state, late),
-        )  # fmt: skip
-
-    def day_row(
-        self,
-        day: dt.date,
-        n_events: int,
-        n_active: int,
-        rows: pl.DataFrame,
-        n_arrivals: int = 0,
-        n_streams: int | None = None,
-        digest: bytes | None = None,
-    ) -> dict[str, Any]:
-        """The ``pipeline_days`` row of ``day`` (call once per day, in order); ``rows``: its
-        ``calibrator_state`` rows (:func:`state_rows`), which extend the state's hash chain
-        (``digest``: their :func:`~calpipe.pipeline.inputs.state_digest`, if known);
-        ``n_streams``: the streams in the state at the end of the day (default: in the state
-        carried, when it is the day's)."""
-        if n_streams is None:
-            n_streams = 0 if self.state is None else self.state.height
-        digest = state_digest(rows) if digest is None else digest
-        prev, self.state_hash = self.state_hash, chain_hash(self.state_hash, digest)
-        return {
-            "date": day, "first_day": self.first_day, "method": self.cal.name,
-            "config_fingerprint": self.fp, "config_json": self.cfg, "n_events": n_events,
-            "n_streams": n_streams,
-            "n_active_streams": n_active, "n_state_rows": rows.height,
-            "state_hash": self.state_hash, "prev_state_hash": prev,
-            "n_label_arrivals": n_arrivals,
-        }  # fmt: skip
-
-    def step(self, events: pl.DataFrame, day: dt.date, arrivals: Arrivals | None = None) -> _Day:
-        """Run ``day``'s events (columns :data:`_PROTECT_INPUT`) from the carried state, with
-        the night's label ``arrivals``: one :meth:`protect` call over all streams."""
-        late = None if arrivals is None else arrivals.late
-        r = self.protect(events, self.state, arrivals, late)
-        check_outputs(r.scores, day)  # before anything of the day is written
-        before, self.state = self.state, r.state
-        rows = state_rows(r.state, day, changed_streams(events["stream"], arrivals))
-        n_arrivals = 0 if arrivals is None else arrivals.rows.height
-        return _Day(
-            r.scores,
-            protected_rows(self.cal, r.scores, day),
-            rows,
-            self.day_row(day, events.height, events["stream"].n_unique(), rows, n_arrivals),
-            before,
-        )
 
 
 def protect_days(

@@ -16,10 +16,10 @@ import polars as pl
 
 from calpipe import generate, paths, storage
 from calpipe.errors import StateError
+from calpipe.night.settings import Settings
 from calpipe.pipeline.chain import chain_first_day
 from calpipe.pipeline.nightly import DayProgress, RunSummary, run_range
 from calpipe.pipeline.reports import stream_summary
-from calpipe.pipeline.settings import Settings
 from calpipe.storage import EventSource
 
 #: The bank demo: stream name, the base score column, and the shipped file (docs/ARCHITECTURE.md §3 columns).

@@ -1,7 +1,7 @@
 """Stage ``scored_events``: read a source's events of a day, check the data contract, store them.
 
-Owns the stored event schema (:data:`_EVENT_SCHEMA`), the columns and replay keys the engine
-reads (:data:`_PROTECT_INPUT`, :data:`STREAM_KEYS`, :data:`REPLAY_ORDER`), and how a bad source row is named
+Owns the stored event schema (:data:`EVENT_SCHEMA`), the columns and replay keys the engine
+reads (:data:`PROTECT_INPUT`, :data:`STREAM_KEYS`, :data:`REPLAY_ORDER`), and how a bad source row is named
 in an error (day, stream, event). :func:`stored_events` is the table's rows in both paths: the
 stage (:func:`load_events`) and the fused run (``calpipe/pipeline/tables.py``).
 """
@@ -12,47 +12,27 @@ import datetime as dt
 
 import polars as pl
 
-from calpipe import config, storage
-from calpipe.engine.contract import Rule, check_rules, replay_order, resolve_columns, validate_frame
+from calpipe import storage
+from calpipe.engine.contract import replay_order, resolve_columns, validate_frame
 from calpipe.errors import InputError
-from calpipe.pipeline.classes import ensure_n_classes, frame_n_classes, score_column, split_scores
+from calpipe.night.arrivals import Arrivals, label_rows, quarantine_rows
+from calpipe.night.classes import frame_n_classes, split_scores
+from calpipe.night.events import (
+    EVENT_SCHEMA,
+    REPLAY_ORDER,
+    STREAM_KEYS,
+    check_stream_names,
+    source_error,
+    stored_events,
+)
+from calpipe.night.settings import as_date
+from calpipe.pipeline.classes import ensure_n_classes
 from calpipe.pipeline.ids import ensure_id_type
 from calpipe.pipeline.inputs import day_inputs, run_inputs
-from calpipe.pipeline.labels import Arrivals, label_rows, night_arrivals, quarantine_rows
-from calpipe.pipeline.settings import StageResult, as_date
+from calpipe.pipeline.labels import night_arrivals
+from calpipe.pipeline.settings import StageResult
 from calpipe.pipeline.transactions import write_days
 from calpipe.storage import EventSource
-
-#: Streams and replay order of the stored events (the data contract's default names).
-STREAM_KEYS = ("stream",)
-REPLAY_ORDER = ("event_time", "event_id")
-
-_EVENT_SCHEMA = {
-    "event_date": pl.Date,
-    "stream": pl.String,
-    "event_id": pl.Int64,
-    "event_time": pl.Datetime("us"),
-    "score": pl.Float64,
-    "label": pl.Int32,
-}
-
-#: The columns calpipe.protect reads, in both paths (stored events, or fresh from the source),
-#: binary; :func:`protect_columns` for K classes.
-_PROTECT_INPUT = ("stream", "event_id", "event_time", "score", "label")
-
-
-def protect_columns(n_classes: int) -> tuple[str, ...]:
-    """:data:`_PROTECT_INPUT` with the forecast column of K classes (``score`` or ``scores``)."""
-    col = score_column(n_classes)
-    return tuple(col if c == "score" else c for c in _PROTECT_INPUT)
-
-
-def event_schema(multiclass: bool) -> dict[str, pl.DataType]:
-    """The stored types of a night's events (K classes: ``scores`` in place of ``score``)."""
-    if not multiclass:
-        return _EVENT_SCHEMA
-    return {("scores" if c == "score" else c): (pl.List(pl.Float64) if c == "score" else t)
-            for c, t in _EVENT_SCHEMA.items()}  # fmt: skip
 
 
 def read_source(
@@ -63,14 +43,16 @@ def read_source(
     checked to lie on its day, but not yet validated nor cast to the stored types."""
     raw = source.read_range(con, start, end, part)
     if raw.height == 0:
-        return pl.DataFrame(schema=_EVENT_SCHEMA)
+        return pl.DataFrame(schema=EVENT_SCHEMA)
     days = raw[storage.DAY_COLUMN]
     norm = storage.normalize_events(raw.drop(storage.DAY_COLUMN), source.columns)
     del raw
     try:
         norm, _ = split_scores(norm)
     except InputError as exc:
-        raise source_error(exc, source, norm.with_columns(days.alias("event_date"))) from None
+        raise source_error(
+            exc, source.describe(), norm.with_columns(days.alias("event_date"))
+        ) from None
     chunk = norm.with_columns(days.alias("event_date"))
     bad = chunk.filter(pl.col("event_time").cast(pl.Date) != pl.col("event_date"))
     if bad.height:
@@ -81,19 +63,6 @@ def read_source(
             f"{r['stream']!r} has event_time {r['event_time']}, outside its day",
         )  # fmt: skip
     return chunk
-
-
-def source_error(exc: InputError, source: EventSource, chunk: pl.DataFrame) -> InputError:
-    """``exc`` (raised on ``chunk``'s rows) restated with the source, day, stream and event."""
-    if exc.row is None:
-        return InputError(exc.column, None, f"{source.describe()}: {exc.rule}")
-    r = chunk.row(exc.row, named=True)
-    name = r["stream"] if len(r["stream"]) <= 60 else r["stream"][:60] + "..."
-    return InputError(
-        exc.column, None,
-        f"{source.describe()}, day {r['event_date']}, stream {name!r}, event "
-        f"{r['event_id']}: {exc.rule}",
-    )  # fmt: skip
 
 
 #: The first stored event with the key (stream, event_id) of one of the day's events (registered
@@ -133,27 +102,6 @@ def check_history_duplicates(
         )  # fmt: skip
 
 
-def check_stream_names(chunk: pl.DataFrame, source: EventSource) -> None:
-    """InputError (day, stream cut short, event) for a stream name longer than
-    :data:`calpipe.config.MAX_STREAM_NAME_BYTES`: both pipeline paths call it before anything of
-    the day is written."""
-    long = pl.col("stream").str.len_bytes()
-    rule = Rule("stream", f"stream name longer than {config.MAX_STREAM_NAME_BYTES} bytes",
-                long > config.MAX_STREAM_NAME_BYTES, long)  # fmt: skip
-    try:
-        check_rules(chunk, [rule])
-    except InputError as exc:
-        raise source_error(exc, source, chunk) from None
-
-
-def stored_events(chunk: pl.DataFrame) -> pl.DataFrame:
-    """``scored_events`` rows: the contract's columns cast to the stored types (string ids stay
-    strings: :func:`ensure_id_type` made the database's id columns VARCHAR)."""
-    ids = pl.Int64 if chunk.schema["event_id"].is_integer() else pl.String
-    types = {**event_schema("scores" in chunk.columns), "event_id": ids}
-    return chunk.select([pl.col(c).cast(t) for c, t in types.items()])
-
-
 def read_source_days(con, source: EventSource, start: dt.date, end: dt.date) -> pl.DataFrame:
     """Validated scored events of [start, end] from ``source`` (the rows ``load_events`` stores).
 
@@ -172,7 +120,7 @@ def read_source_days(con, source: EventSource, start: dt.date, end: dt.date) -> 
             label="label", label_time=None,
             by=STREAM_KEYS, order_by=REPLAY_ORDER,
         )  # fmt: skip
-        check_stream_names(chunk, source)
+        check_stream_names(chunk, source.describe())
         try:
             validate_frame(chunk, cols, check_duplicates=False)
             # "(stream, event_id) unique" as calpipe.protect checks it: in an event log (time
@@ -180,7 +128,7 @@ def read_source_days(con, source: EventSource, start: dt.date, end: dt.date) -> 
             # costs ~250 bytes a row
             replay_order(chunk, cols)
         except InputError as exc:
-            raise source_error(exc, source, chunk) from None
+            raise source_error(exc, source.describe(), chunk) from None
     return stored_events(chunk)
 
 

@@ -30,7 +30,6 @@ import hashlib
 import os
 from pathlib import Path
 
-import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -205,46 +204,3 @@ def replay_start(
             (d, f"it ran from a state of {d - dt.timedelta(days=1)} that was recomputed since")
         )
     return min(found) if found else None
-
-
-_DIGEST_NUMBERS = ("n_events", "n_labelled", "log10_martingale", "log10_martingale_max")
-_DIGEST_LISTS = ("weights", "pending_label_time", "pending_scores", "pending_labels")
-
-
-def state_digest(rows: pl.DataFrame) -> bytes:
-    """SHA-256 of a day's ``calibrator_state`` rows (sorted by stream): the stream names, the
-    counters, the martingale and every state and pending value, from their bytes (stable across
-    library versions, unlike a frame's row hashes)."""
-    return state_digests(rows.sort("stream"), np.array([0, rows.height]))[0]
-
-
-def state_digests(rows: pl.DataFrame, bounds: np.ndarray) -> list[bytes]:
-    """:func:`state_digest` of the slices ``rows[bounds[j]:bounds[j + 1]]`` (each sorted by
-    stream already): the digests of a span's days from its state rows (sorted by day, then
-    stream), converted once, not a frame per day."""
-    streams = rows["stream"].to_list()
-    numbers = [rows[c].to_numpy() for c in _DIGEST_NUMBERS]
-    lists = []
-    for c in _DIGEST_LISTS:
-        col = rows[c]
-        values = col.explode().drop_nulls().to_physical().cast(pl.Float64).to_numpy()
-        kept = col.list.drop_nulls().list.len().fill_null(0).to_numpy().astype(np.int64)
-        starts = np.concatenate([[0], np.cumsum(kept)])
-        lists.append((col.list.len().to_numpy().astype("int64"), values, starts))
-    out = []
-    for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
-        h = hashlib.sha256()
-        h.update("\0".join(streams[a:b]).encode())
-        for x in numbers:
-            h.update(x[a:b].tobytes())
-        for lengths, values, starts in lists:
-            h.update(lengths[a:b].tobytes())
-            h.update(values[starts[a] : starts[b]].tobytes())
-        out.append(h.digest())
-    return out
-
-
-def chain_hash(prev: str | None, digest: bytes) -> str:
-    """``state_hash`` of a day: the previous day's ``state_hash`` (None on the chain's first day)
-    and the day's :func:`state_digest`."""
-    return hashlib.sha256((prev or "").encode() + digest).hexdigest()

@@ -29,18 +29,24 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 
 from calpipe import config, storage
-from calpipe.engine import arrive_labels
-from calpipe.engine.contract import TIME_US, Rule, check_rules
+from calpipe.engine.contract import Rule
 from calpipe.engine.ordering import duplicated
 from calpipe.errors import InputError
-from calpipe.pipeline.classes import frame_n_classes, score_column, stored_n_classes
+from calpipe.night.arrivals import (
+    QUARANTINE_SCHEMA,
+    Arrivals,
+    check_label_rules,
+    label_schema,
+    with_events,
+)
+from calpipe.night.classes import frame_n_classes, score_column
+from calpipe.pipeline.classes import stored_n_classes
 from calpipe.pipeline.ids import stored_id_type
 from calpipe.storage import EventSource
 from calpipe.storage.landing import FILE_COLUMN, part_where, read_parquet_files
@@ -54,38 +60,6 @@ _ARRIVAL_SCHEMA = {
     "label": pl.Int32,
     "label_time": pl.Datetime("us"),
     "file": pl.String,
-}
-
-#: ``event_labels`` rows (the table's columns, in its order).
-_LABEL_SCHEMA = {
-    "date": pl.Date,
-    "stream": pl.String,
-    "event_id": pl.Int64,
-    "event_date": pl.Date,
-    "event_time": pl.Datetime("us"),
-    "score": pl.Float64,
-    "label": pl.Int32,
-    "label_time": pl.Datetime("us"),
-    "file": pl.String,
-}
-
-
-def _label_schema(n_classes: int) -> dict[str, pl.DataType]:
-    """:data:`_LABEL_SCHEMA` for forecasts of K classes (the event's ``scores`` vector)."""
-    if n_classes == 2:
-        return _LABEL_SCHEMA
-    return {("scores" if c == "score" else c): (pl.List(pl.Float64) if c == "score" else t)
-            for c, t in _LABEL_SCHEMA.items()}  # fmt: skip
-
-
-_QUARANTINE_SCHEMA = {
-    "date": pl.Date,
-    "stream": pl.String,
-    "event_id": pl.Int64,
-    "label": pl.Int32,
-    "label_time": pl.Datetime("us"),
-    "file": pl.String,
-    "reason": pl.String,
 }
 
 
@@ -130,48 +104,6 @@ def label_source(text: str, columns: LabelColumns | None = None) -> EventSource:
     """The label feed at ``text``: a landing folder with ``date=`` sub-folders, a Parquet
     file/glob, or a table (as :meth:`calpipe.storage.EventSource.parse`)."""
     return EventSource.parse(text, columns or LabelColumns())
-
-
-@dataclass
-class Arrivals:
-    """The labels that arrived on one night, checked: ``rows`` (``event_labels`` rows) and the
-    labels of unknown events parked by ``on_unknown="quarantine"`` (``quarantined``)."""
-
-    day: dt.date
-    rows: pl.DataFrame
-    quarantined: pl.DataFrame
-    #: the forecasts made at the events of ``rows``, row for row (``__base``, ``__prot``: the
-    #: base and protected score, or K-class vectors, of ``protected_scores``); null for the
-    #: night's own events (forecast tonight). None when not looked up (stored arrivals).
-    forecasts: pl.DataFrame | None = None
-
-    @classmethod
-    def empty(cls, day: dt.date, n_classes: int = 2) -> Arrivals:
-        return cls(
-            day,
-            pl.DataFrame(schema=_label_schema(n_classes)),
-            pl.DataFrame(schema=_QUARANTINE_SCHEMA),
-        )
-
-    # cached: a night reads them several times, and each is a copy of up to every label (none
-    # when every label is of one kind: the usual nights of a feed of labels of earlier days)
-    @cached_property
-    def same_day(self) -> pl.DataFrame:
-        """Labels of the night's own events (they go to their rows)."""
-        return self._part(pl.col("event_date") == self.day)
-
-    @cached_property
-    def late(self) -> pl.DataFrame:
-        """Labels of events of earlier days (they go to their streams' pending updates)."""
-        return self._part(pl.col("event_date") < self.day)
-
-    def _part(self, which: pl.Expr) -> pl.DataFrame:
-        mask = self.rows.select(which.alias("m"))["m"]
-        return self.rows if mask.all() else self.rows.filter(mask)
-
-    def streams(self) -> pl.Series:
-        """Streams whose state the labels change (for the night's ``calibrator_state`` rows)."""
-        return self.late["stream"].unique()
 
 
 def read_arrivals(
@@ -288,11 +220,11 @@ def check_arrivals(
     k = frame_n_classes(events) if events.height else (stored_n_classes(con) or 2)
     if raw.height == 0:
         return Arrivals.empty(day, k)
-    score, schema = score_column(k), _label_schema(k)
+    score, schema = score_column(k), label_schema(k)
     raw = raw.with_row_index("i")
     y = pl.col("__y")
     classes = [float(c) for c in range(k)]
-    _check(raw, source, day, [
+    check_label_rules(raw, source.describe(), day, [
         *[Rule(c, f"null {c}", pl.col(c).is_null()) for c in ("stream", "event_id", "label_time")],
         Rule("label", "null label", y.is_null(), y),
         Rule("label", f"label outside the classes 0..{k - 1} (labels are integers 0..{k - 1})",
@@ -305,9 +237,9 @@ def check_arrivals(
     ])  # fmt: skip
     if score not in events.columns:  # a night without events, in the binary form
         events = events.rename({"score": score}).cast({score: schema[score]})
-    j = _with_events(raw, _lookup(con, raw, day, k), events, day, score, schema[score])
+    j = with_events(raw, _lookup(con, raw, day, k), events, day, score, schema[score])
     unknown = pl.col("event_date").is_null()
-    quarantined = pl.DataFrame(schema=_QUARANTINE_SCHEMA)
+    quarantined = pl.DataFrame(schema=QUARANTINE_SCHEMA)
     if on_unknown == "quarantine":
         quarantined = j.filter(unknown).select(
             pl.lit(day, pl.Date).alias("date"), "stream", "event_id", "label", "label_time",
@@ -317,7 +249,7 @@ def check_arrivals(
         )  # fmt: skip
         j = j.filter(~unknown)
     lab, row, prev = pl.col("label"), pl.col("row_label"), pl.col("prev_label")
-    _check(j, source, day, [
+    check_label_rules(j, source.describe(), day, [
         Rule("event_id", f"label of an unknown event (no scored event with this stream and "
              f"event_id up to {day}; --on-unknown-label quarantine parks such labels)", unknown),
         Rule("label_time", "label earlier than its event", pl.col("label_time") <
@@ -387,91 +319,6 @@ def _lookup(con, raw: pl.DataFrame, day: dt.date, k: int) -> pl.DataFrame:
     return pl.DataFrame(placed)
 
 
-def _with_events(
-    raw: pl.DataFrame,
-    stored: pl.DataFrame,
-    events: pl.DataFrame,
-    day: dt.date,
-    score: str,
-    score_type: pl.DataType,
-) -> pl.DataFrame:
-    """The night's labels ``raw`` (with their row ``i``) beside what :data:`_LOOKUP_SQL` found
-    (``stored``, :func:`_lookup`: in the labels' order) or, for a label of none of the stored
-    events, the night's own ``events``; in the labels' order (the checks report the first bad
-    label of the files). Only the labels the lookup did not find are joined with the night's
-    events (none on a night whose labels are all of earlier days)."""
-    j = pl.concat([raw, stored], how="horizontal").with_columns(
-        pl.col("__y").cast(pl.Int32).alias("label")
-    )
-    missing = j["event_date"].is_null()
-    if events.height == 0 or not missing.any():
-        return j
-    own = events.select(
-        "stream", "event_id",
-        pl.lit(day, pl.Date).alias("event_date"),
-        pl.col("event_time").cast(pl.Datetime("us")),
-        pl.col(score).cast(score_type),
-        pl.col("label").cast(pl.Int32).alias("row_label"),
-    )  # fmt: skip
-    filled = (
-        j.filter(missing)
-        .drop("event_date", "event_time", score, "row_label")
-        .join(own, on=["stream", "event_id"], how="left", maintain_order="left")
-        .select(j.columns)
-    )
-    if filled.height == j.height:
-        return filled
-    return pl.concat([j.filter(~missing), filled]).sort("i")
-
-
-def _check(frame: pl.DataFrame, source: EventSource, day: dt.date, rules: list[Rule]) -> None:
-    """InputError of the first broken rule, restated with the file, stream and event."""
-    try:
-        check_rules(frame, rules)
-    except InputError as exc:
-        r = frame.row(exc.row, named=True)
-        name = (
-            r["stream"]
-            if r["stream"] is None or len(r["stream"]) <= 60
-            else r["stream"][:60] + "..."
-        )
-        raise InputError(
-            exc.column, None,
-            f"labels {source.describe()}, day {day}, file {r['file']}, stream {name!r}, event "
-            f"{r['event_id']}: {exc.rule}",
-        ) from None  # fmt: skip
-
-
-def attach_labels(events: pl.DataFrame, arrivals: Arrivals | None) -> pl.DataFrame:
-    """The night's events with the labels that arrived for them: ``label`` filled in and a
-    ``label_time`` column (null for a label of the scores row: known at its event). ``events``
-    unchanged when no label of the night is for them (the engine's faster path)."""
-    same = None if arrivals is None else arrivals.same_day
-    if same is None or same.height == 0:
-        return events
-    fed = same.select(
-        "stream", "event_id", pl.col("label").alias("__fed"), pl.col("label_time").cast(TIME_US)
-    )
-    out = events.join(fed, on=["stream", "event_id"], how="left", maintain_order="left")
-    return out.with_columns(pl.coalesce("label", "__fed").cast(events.schema["label"])).drop(
-        "__fed"
-    )
-
-
-def learn_late(state: pl.DataFrame | None, late: pl.DataFrame | None) -> pl.DataFrame | None:
-    """``state`` with ``late`` (:attr:`Arrivals.late` rows of its streams) pending in their
-    streams (:func:`calpipe.engine.arrive_labels`): the night's engine call applies each at its
-    ``label_time``."""
-    if state is None or late is None or late.height == 0:
-        return state
-    score = "scores" if "scores" in late.columns else "score"
-    return arrive_labels(
-        state,
-        late.select("stream", "event_time", "event_id", score, "label", "label_time"),
-        score=score,
-    )
-
-
 def night_arrivals(
     con,
     labels: EventSource | None,
@@ -494,19 +341,9 @@ def stored_arrivals(con, day: dt.date, n_classes: int = 2) -> Arrivals:
     ``n_classes``-class forecasts: what the stage :func:`calpipe.pipeline.protect_days` learns
     on that night."""
     rows = storage.query(con, "SELECT * FROM event_labels WHERE date = ?", [day])
-    schema = _label_schema(n_classes)
+    schema = label_schema(n_classes)
     return Arrivals(
         day,
         rows.select(list(schema)).cast({**schema, "event_id": rows.schema["event_id"]}),
-        pl.DataFrame(schema=_QUARANTINE_SCHEMA),
+        pl.DataFrame(schema=QUARANTINE_SCHEMA),
     )
-
-
-def label_rows(arrivals: Arrivals) -> pl.DataFrame:
-    """``event_labels`` rows of a night."""
-    return arrivals.rows
-
-
-def quarantine_rows(arrivals: Arrivals) -> pl.DataFrame:
-    """``quarantined_labels`` rows of a night."""
-    return arrivals.quarantined

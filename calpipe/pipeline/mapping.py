@@ -20,9 +20,10 @@ from calpipe.calibrators.stacked import Stacked
 from calpipe.engine import state_from_rows
 from calpipe.errors import StateError
 from calpipe.kernels import mixture
+from calpipe.night.settings import Settings, as_date
 from calpipe.pipeline.chain import require_chain
 from calpipe.pipeline.classes import stored_n_classes
-from calpipe.pipeline.settings import Settings, StageResult, as_date
+from calpipe.pipeline.settings import StageResult
 from calpipe.pipeline.transactions import day_range
 from calpipe.serving import apply_serving_map
 

@@ -20,15 +20,20 @@ import polars as pl
 from calpipe import config, storage
 from calpipe.engine.driver import protect_by_day
 from calpipe.errors import CalpipeError, InputError, StateError
-from calpipe.pipeline.chain import (
-    Chain,
-    chain_first_day,
-    changed_streams,
-    check_outputs,
-    state_before,
-    state_hash_before,
-    state_rows,
+from calpipe.night.arrivals import Arrivals
+from calpipe.night.chain import Chain, changed_streams, check_outputs, state_digests, state_rows
+from calpipe.night.classes import frame_n_classes, score_column
+from calpipe.night.events import (
+    REPLAY_ORDER,
+    STREAM_KEYS,
+    check_stream_names,
+    event_schema,
+    protect_columns,
+    source_error,
 )
+from calpipe.night.monitoring import labelled_rows, night_arrival_rows
+from calpipe.night.settings import Settings, as_date
+from calpipe.pipeline.chain import chain_first_day, state_before, state_hash_before
 from calpipe.pipeline.checks import (
     CheckOutcome,
     check_alarms,
@@ -36,34 +41,11 @@ from calpipe.pipeline.checks import (
     check_row_counts,
     check_state_continuity,
 )
-from calpipe.pipeline.classes import (
-    ensure_n_classes,
-    frame_n_classes,
-    score_column,
-    stored_n_classes,
-)
-from calpipe.pipeline.events import (
-    REPLAY_ORDER,
-    STREAM_KEYS,
-    check_history_duplicates,
-    check_stream_names,
-    event_schema,
-    protect_columns,
-    read_source,
-    source_error,
-)
+from calpipe.pipeline.classes import ensure_n_classes, stored_n_classes
+from calpipe.pipeline.events import check_history_duplicates, read_source
 from calpipe.pipeline.ids import ensure_id_type
-from calpipe.pipeline.inputs import (
-    LABELS,
-    SCORES,
-    ReplayRequired,
-    replay_start,
-    run_inputs,
-    state_digests,
-)
-from calpipe.pipeline.labels import Arrivals, night_arrivals
-from calpipe.pipeline.monitoring import labelled_rows, night_arrival_rows
-from calpipe.pipeline.settings import Settings, as_date
+from calpipe.pipeline.inputs import LABELS, SCORES, ReplayRequired, replay_start, run_inputs
+from calpipe.pipeline.labels import night_arrivals
 from calpipe.pipeline.tables import (
     TABLES,
     FusedBatch,
@@ -343,7 +325,7 @@ def _run_part(
     # than streams interleaved in time (each stream keeps its rows in the source's order)
     chunk, arrivals = part.take()
     arrivals = arrivals or Arrivals.empty(d)
-    check_stream_names(chunk, source)
+    check_stream_names(chunk, source.describe())
     stored = event_schema(chain.n_classes != 2)
     early = dict(chunk.schema) == {**stored, "event_id": chunk.schema["event_id"]} and (
         chunk.schema["event_id"] in (pl.Int64, pl.String)
@@ -367,7 +349,7 @@ def _run_part(
         try:
             batch.result = chain.protect(events.select(protect_input), state, arrivals, late_i)
         except InputError as exc:
-            raise source_error(exc, source, events) from None
+            raise source_error(exc, source.describe(), events) from None
         check_outputs(batch.result.scores, d)  # before the day's transaction commits
         if not early:
             write_fused(writer, "events", batch)
@@ -409,7 +391,7 @@ def _span_events(
         chunk = pl.concat([first, more])
     if not chunk["event_date"].is_sorted():  # a table source: the days' rows in day order
         chunk = chunk.sort("event_date", maintain_order=True)
-    check_stream_names(chunk, source)
+    check_stream_names(chunk, source.describe())
     return chunk
 
 

@@ -12,8 +12,8 @@ import datetime as dt
 import polars as pl
 
 from calpipe import config, storage
+from calpipe.night.monitoring import daily_metrics
 from calpipe.pipeline.classes import stored_n_classes
-from calpipe.pipeline.monitoring import daily_metrics
 
 
 def markdown_table(df: pl.DataFrame, *, float_digits: int = 4) -> str:

@@ -51,20 +51,19 @@ from calpipe import paths, storage
 from calpipe.calibrators import Calibrator
 from calpipe.engine import ProtectResult
 from calpipe.engine.driver import DaysResult
-from calpipe.pipeline.alarms import alarm_days, first_crossings
-from calpipe.pipeline.chain import protect_days, protected_rows
-from calpipe.pipeline.events import load_events, stored_events
+from calpipe.night.alarms import first_crossings
+from calpipe.night.arrivals import Arrivals, label_rows, quarantine_rows
+from calpipe.night.chain import protected_rows
+from calpipe.night.events import stored_events
+from calpipe.night.monitoring import arrival_metrics, arrived_in_rows, daily_rows, stream_groups
+from calpipe.night.settings import Settings
+from calpipe.pipeline.alarms import alarm_days
+from calpipe.pipeline.chain import protect_days
+from calpipe.pipeline.events import load_events
 from calpipe.pipeline.inputs import day_inputs
-from calpipe.pipeline.labels import Arrivals, label_rows, quarantine_rows
 from calpipe.pipeline.mapping import map_days, map_rows
-from calpipe.pipeline.monitoring import (
-    arrival_metrics,
-    arrived_in_rows,
-    daily_rows,
-    monitor_days,
-    stream_groups,
-)
-from calpipe.pipeline.settings import Settings, StageResult
+from calpipe.pipeline.monitoring import monitor_days
+from calpipe.pipeline.settings import StageResult
 
 #: When the fused run calls a table's fused writer, and with what: ``night`` with the night's
 #: checked :class:`~calpipe.pipeline.labels.Arrivals` when the day starts (so that DuckDB

@@ -559,8 +559,8 @@ def test_arrivals_of_earlier_events_without_their_forecasts_are_refused_not_drop
     """The night's arrival rows take the forecasts of late labels from their lookup
     (Arrivals.forecasts); arrivals without them (as read back from event_labels) would lose
     those labels from calibration_arrivals, so they are an error, not a silent drop."""
-    from calpipe.pipeline.labels import Arrivals
-    from calpipe.pipeline.monitoring import _arrived_in_night
+    from calpipe.night.arrivals import Arrivals
+    from calpipe.night.monitoring import _arrived_in_night
 
     late = Arrivals.empty(day(2)).rows.vstack(pl.DataFrame([{
         "date": day(2), "stream": "a", "event_id": 1, "event_date": day(1),

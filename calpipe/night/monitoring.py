@@ -1,0 +1,321 @@
+"""Rows of ``calibration_daily`` and ``calibration_arrivals``: forecast quality, base vs protected.
+
+:func:`daily_rows` (:func:`daily_metrics` of a day's protected rows plus the end-of-day
+martingale and the alarm flag) and :func:`arrival_metrics` / :func:`night_arrival_rows` (the
+forecasts whose labels arrived that night). The metrics themselves are defined in
+:mod:`calpipe.metrics`; rows are grouped by stream with the grouping kernel
+(:func:`stream_groups`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+
+import numpy as np
+import polars as pl
+
+from calpipe import config, metrics
+from calpipe.engine.contract import stream_ids
+from calpipe.engine.ordering import sort_by_keys
+from calpipe.kernels.grouping import dense_ids
+from calpipe.night.arrivals import Arrivals
+
+#: The CORP columns of :func:`_corp_columns` (binary forecasts only: null for K classes).
+_CORP_COLUMNS = (
+    *[f"{who}_{name}_{part}" for name in ("log_loss", "brier") for who in ("base", "protected")
+      for part in ("mcb", "dsc")],
+    "log_loss_unc",
+    "brier_unc",
+)  # fmt: skip
+
+#: The metrics of ``calibration_arrivals`` (those of ``calibration_daily`` over labelled rows).
+_ARRIVAL_METRICS = tuple(
+    f"{who}_{m}"
+    for m in ("log_loss", "brier", "ece", "smooth_ece")
+    for who in ("base", "protected")
+)
+
+
+def stream_groups(frame: pl.DataFrame, keys: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, first): a dense group id per row for its ``keys`` and the first row of each group,
+    numbered in order of first appearance (:func:`calpipe.kernels.grouping.dense_ids`).
+
+    A single string key without nulls (the stream) is numbered from polars' categorical codes,
+    one exact code per distinct string, so no collision check is needed: at the fused run's
+    batch size this costs about the time of :func:`calpipe.engine.contract.stream_ids` (which hashes the
+    keys and then compares every row's key with its group's first) and ~50 MB less memory per
+    2M rows. Other keys go through :func:`calpipe.engine.contract.stream_ids`."""
+    key = frame[keys[0]] if len(keys) == 1 else None
+    if key is None or key.dtype != pl.String or key.null_count():
+        return stream_ids(frame, keys)
+    return dense_ids(key.cast(pl.Categorical).to_physical().to_numpy())
+
+
+def _corp_columns(
+    base: np.ndarray, prot: np.ndarray, y: np.ndarray, ids: np.ndarray, n_groups: int
+) -> dict[str, np.ndarray]:
+    """The CORP decomposition (:func:`calpipe.metrics.grouped_corp`) of the log loss and the
+    Brier score of base and protected: ``{base,protected}_{log_loss,brier}_{mcb,dsc}`` and the
+    uncertainty ``{log_loss,brier}_unc`` (the labels' alone, the same for both forecasts)."""
+    out: dict[str, np.ndarray] = {}
+    for who, p in (("base", base), ("protected", prot)):
+        d = metrics.grouped_corp(p, y, ids, n_groups)
+        for score, name in (("log", "log_loss"), ("brier", "brier")):
+            out[f"{who}_{name}_mcb"] = d[f"{score}_miscalibration"]
+            out[f"{who}_{name}_dsc"] = d[f"{score}_discrimination"]
+            out[f"{name}_unc"] = d[f"{score}_uncertainty"]
+    return out
+
+
+def _vectors(col: pl.Series) -> np.ndarray:
+    """(n, K) float array of a column of K-class probability vectors."""
+    if col.len() == 0:
+        return np.zeros((0, 3))
+    k = int(col.list.len().max())
+    return np.ascontiguousarray(col.list.to_array(k).to_numpy(), dtype=np.float64)
+
+
+def daily_metrics(
+    scores: pl.DataFrame,
+    keys: Sequence[str] = ("event_date", "stream"),
+    *,
+    groups: tuple[np.ndarray, np.ndarray] | None = None,
+    corp: bool = True,
+) -> pl.DataFrame:
+    """Forecast quality of base vs protected per group (``keys``) of protected rows.
+
+    Counts, mean natural log loss, Brier, ECE (:data:`calpipe.config.ECE_BINS` equal-width
+    bins), smooth ECE and the CORP decomposition of log loss and Brier (miscalibration ``_mcb``,
+    discrimination ``_dsc``, uncertainty ``_unc``: loss = mcb - dsc + unc) over the labelled events, mean base / protected score over all events, mean label over
+    labelled ones, and the within-group maximum of the running log10 martingale. The base is
+    ``base_score``, the score as the engine used it (clipped in log-loss mode), so that base
+    minus protected cumulative log loss is the log test martingale.
+
+    K classes (``base_scores``/``protected_scores`` vectors): log loss of the label's
+    probability, the multiclass Brier score (sum over classes), ECE and smooth ECE of the top
+    label (:func:`calpipe.metrics.top_label`); the CORP decomposition and the means are binary
+    and null.
+
+    The metrics are :mod:`calpipe.metrics`' grouped numpy forms (every group at once, as
+    per-group sums in row order: the same rows in the same order give the same bits). Groups
+    without labelled events get nulls. ``groups``: the caller's ``(ids, first)`` of the rows'
+    groups, dense ids numbered in order of first appearance that split the rows as ``keys`` do
+    (:func:`stream_groups` of ``scores`` by ``keys``, or by ``stream`` alone for rows of one
+    date). ``corp=False`` leaves the CORP columns out (their
+    isotonic fits are a third of the cost; the arrival monitoring does not report them).
+
+    >>> s = pl.DataFrame({"stream": ["a", "a", "b"], "base_score": [0.2, 0.7, 0.5],
+    ...                   "protected_score": [0.3, 0.6, 0.5], "label": [0, 1, None],
+    ...                   "log10_martingale": [0.01, 0.05, 0.0]})
+    >>> m = daily_metrics(s, keys=["stream"])
+    >>> m.select("stream", "n_events", "n_labelled", pl.col("base_brier").round(3)).rows()
+    [('a', 2, 2, 0.065), ('b', 1, 0, None)]
+    """
+    keys = list(keys)
+    ids, first = stream_groups(scores, keys) if groups is None else groups
+    n_groups = first.shape[0]
+    multiclass = "base_scores" in scores.columns
+    if multiclass:
+        base, prot = _vectors(scores["base_scores"]), _vectors(scores["protected_scores"])
+    else:
+        base = scores["base_score"].cast(pl.Float64).to_numpy()
+        prot = scores["protected_score"].cast(pl.Float64).to_numpy()
+    y_all = scores["label"].cast(pl.Float64).to_numpy()  # null -> NaN
+    labelled = ~np.isnan(y_all)
+    # the labelled rows, once: every loss and the ECE are means over them (the grouped forms
+    # take labelled rows as they are, without a copy); all of them (the arrival monitoring's
+    # rows) without a copy either: four copies of 10M rows were 320 MB of a night's peak
+    if labelled.all():
+        ids_l, y, base_l, prot_l = ids, y_all, base, prot
+    else:
+        ids_l, y = ids[labelled], y_all[labelled]
+        base_l, prot_l = base[labelled], prot[labelled]
+    del y_all
+    if multiclass:  # ECE of the top label (smooth ECE reduces to it itself); CORP is binary
+        base_ece = metrics.grouped_ece(*metrics.top_label(base_l, y), ids_l, n_groups)
+        prot_ece = metrics.grouped_ece(*metrics.top_label(prot_l, y), ids_l, n_groups)
+        corp = dict.fromkeys(_CORP_COLUMNS if corp else (), np.full(n_groups, np.nan))
+        no_mean = np.full(n_groups, np.nan)
+        means = {"mean_score": no_mean, "mean_protected": no_mean, "mean_label": no_mean}
+    else:
+        base_ece = metrics.grouped_ece(base_l, y, ids_l, n_groups)
+        prot_ece = metrics.grouped_ece(prot_l, y, ids_l, n_groups)
+        corp = _corp_columns(base_l, prot_l, y, ids_l, n_groups) if corp else {}
+        means = {
+            "mean_score": metrics.grouped_mean(base, ids, n_groups),
+            "mean_protected": metrics.grouped_mean(prot, ids, n_groups),
+            "mean_label": metrics.grouped_mean(y, ids_l, n_groups),
+        }
+    peak = metrics.grouped_max(
+        scores["log10_martingale"].cast(pl.Float64).to_numpy(), ids, n_groups
+    )
+    n_lab = np.bincount(ids_l, minlength=n_groups)
+    values = {
+        "n_events": np.bincount(ids, minlength=n_groups).astype(np.int64),
+        "n_labelled": n_lab.astype(np.int64),
+        "base_log_loss": metrics.grouped_log_loss(base_l, y, ids_l, n_groups),
+        "protected_log_loss": metrics.grouped_log_loss(prot_l, y, ids_l, n_groups),
+        "base_brier": metrics.grouped_brier(base_l, y, ids_l, n_groups),
+        "protected_brier": metrics.grouped_brier(prot_l, y, ids_l, n_groups),
+        "base_ece": base_ece,
+        "protected_ece": prot_ece,
+        "base_smooth_ece": metrics.grouped_smooth_ece(base_l, y, ids_l, n_groups),
+        "protected_smooth_ece": metrics.grouped_smooth_ece(prot_l, y, ids_l, n_groups),
+        **corp,
+        **means,
+        "log10_martingale_max": peak,
+    }
+    # no labelled event: 0 / 0 -> null, as the polars means of an empty selection
+    over_labelled = [
+        c
+        for c in values
+        if c.endswith(("_log_loss", "_brier", "_ece", "_mcb", "_dsc", "_unc")) or c == "mean_label"
+    ]
+    out = pl.DataFrame(values).with_columns(
+        pl.when(pl.col("n_labelled") > 0).then(pl.col(c)).alias(c) for c in over_labelled
+    )
+    if multiclass:  # the binary-only columns: null, not NaN
+        out = out.with_columns(pl.col(c).fill_nan(None) for c in (*corp, *means))
+    keyed = scores.select(keys)[first.tolist()]
+    return pl.concat([keyed, out], how="horizontal").sort(keys)
+
+
+def daily_rows(
+    scores: pl.DataFrame,
+    state: pl.DataFrame,
+    day: dt.date | None,
+    groups: tuple[np.ndarray, np.ndarray] | None = None,
+) -> pl.DataFrame:
+    """``calibration_daily`` rows of ``day``: :func:`daily_metrics` of the day's protected rows
+    (``scores``) per stream, with the end-of-day martingale and its maximum to date from the
+    day's ``state`` rows, and the alarm flag. ``groups``: ``stream_groups(scores, ["stream"])``.
+
+    ``day=None``: the rows of several days at once, per (``event_date``, stream) of ``scores``,
+    with each day's ``state`` rows (their ``date``): the same rows as day by day (a span of the
+    fused run, :func:`calpipe.engine.driver.protect_by_day`)."""
+    thr = config.ALARM_LOG10_THRESHOLD
+    end_of_day = state.select(
+        *(["date"] if day is None else []),
+        "stream",
+        "log10_martingale",
+        pl.col("log10_martingale_max").alias("log10_martingale_max_to_date"),
+    )
+    if day is None:
+        metrics_ = daily_metrics(scores, keys=("event_date", "stream"), groups=groups).rename(
+            {"event_date": "date"}
+        )
+        on = ["date", "stream"]
+    else:
+        metrics_ = daily_metrics(scores, keys=("stream",), groups=groups).select(
+            pl.lit(day, pl.Date).alias("date"), pl.all()
+        )
+        on = ["stream"]
+    return metrics_.join(end_of_day, on=on, how="left").with_columns(
+        (pl.col("log10_martingale_max") >= thr).alias("alarm")
+    )
+
+
+def arrived_in_rows(protected: pl.DataFrame) -> pl.DataFrame:
+    """:data:`_ARRIVED_SQL`'s rows of nights without a label feed, from their ``protected_scores``
+    rows in memory: each labelled event, learnt on its own night with delay 0, in the query's
+    order (a span of the fused run: no query of the rows just written)."""
+    s = "s" if "base_scores" in protected.columns else ""
+    columns = ["stream", "event_id", f"base_score{s}", f"protected_score{s}", "label"]
+    rows = protected.filter(pl.col("label").is_not_null())
+    return rows.select(
+        pl.col("event_date").alias("date"), *columns, pl.lit(0.0).alias("delay_s")
+    ).sort("date", "stream", "event_id")
+
+
+def labelled_rows(protected: pl.DataFrame) -> pl.DataFrame:
+    """The labelled rows of a batch's ``protected_scores`` rows, in the columns
+    :func:`_arrived_in_night` reads (the fused run keeps them for the night's arrivals)."""
+    s = "s" if "base_scores" in protected.columns else ""
+    return protected.filter(pl.col("label").is_not_null()).select(
+        "stream", "event_id", f"base_score{s}", f"protected_score{s}", "label"
+    )
+
+
+def _arrived_in_night(labelled: pl.DataFrame, arrivals: Arrivals) -> pl.DataFrame:
+    """:data:`_ARRIVED_SQL`'s rows of one night of the fused run, from memory: the night's
+    labelled ``protected_scores`` rows (``labelled``, :func:`labelled_rows`: the labels of the
+    scores rows, delay 0, and those the feed brought for the night's own events) and the feed's
+    labels of earlier events with the forecasts looked up by their checks
+    (:attr:`~calpipe.pipeline.labels.Arrivals.forecasts`); the same rows in the query's order,
+    with the delay computed as the query does (seconds as the difference of two doubles)."""
+    day = arrivals.day
+    s = "s" if "base_scores" in labelled.columns else ""
+    fc = [f"base_score{s}", f"protected_score{s}"]
+    rows = arrivals.rows
+    # the query's delay, bit for bit: numpy divides as DuckDB does (polars multiplies by 1e-6)
+    t = [
+        rows[c].cast(pl.Datetime("us")).to_physical().to_numpy()
+        for c in ("label_time", "event_time")
+    ]
+    rows = rows.with_columns(pl.Series("delay_s", t[0] / 1e6 - t[1] / 1e6, pl.Float64))
+    delay = pl.col("delay_s")
+    same = rows.filter(pl.col("event_date") == day).select("stream", "event_id", delay)
+    own = labelled.with_columns(pl.lit(None, pl.Float64).alias("delay_s"))
+    if same.height:  # (an empty night's labels may not have the stored event id type)
+        own = labelled.join(same, on=["stream", "event_id"], how="left", maintain_order="left")
+    parts = [own.with_columns(pl.col("delay_s").fill_null(0.0))]
+    if arrivals.forecasts is not None and rows.height:
+        forecasts = [pl.col("__base").alias(fc[0]), pl.col("__prot").alias(fc[1])]
+        earlier = pl.concat([rows, arrivals.forecasts], how="horizontal").select(
+            "stream", "event_id", *forecasts, "label", delay, "event_date"
+        )  # (the columns read, before a filter copies them)
+        if not earlier["event_date"].lt(day).all():
+            earlier = earlier.filter(pl.col("event_date") < day)
+        parts.append(earlier.drop("event_date"))
+    elif rows.filter(pl.col("event_date") < day).height:
+        raise ValueError("arrivals of earlier events without their forecasts (Arrivals.forecasts)")
+    columns = ["stream", "event_id", *fc, "label", "delay_s"]
+    parts = [p.select(columns).cast({"label": pl.Int32, "delay_s": pl.Float64}) for p in parts]
+    # (an empty part, of a day without events, may not have the stored event id type)
+    arrived = sort_by_keys(
+        pl.concat([p for p in parts if p.height] or parts[:1]), ["stream", "event_id"]
+    )
+    return arrived.select(pl.lit(day, pl.Date).alias("date"), *columns)
+
+
+def arrival_metrics(arrived: pl.DataFrame, state: pl.DataFrame) -> pl.DataFrame:
+    """:func:`_arrival_rows` of the arrived forecasts ``arrived`` (:data:`_ARRIVED_SQL`'s
+    rows)."""
+    if arrived.height == 0:
+        return pl.DataFrame(schema={"date": pl.Date, "stream": pl.String})
+    keys = ("date", "stream")
+    # one night (the fused run's): its streams are its groups (polars' categorical codes, not a
+    # hash of every row's two keys); the same groups in the same order
+    one_night = arrived["date"].n_unique() == 1
+    ids, first = stream_groups(arrived, ["stream"] if one_night else list(keys))
+    stats = daily_metrics(
+        arrived.with_columns(pl.lit(0.0).alias("log10_martingale")), keys, corp=False,
+        groups=(ids, first),
+    )  # fmt: skip
+    # the delays by the same groups (a polars group_by of 10M rows by (date, stream) took 420 MB)
+    delay, n = arrived["delay_s"].cast(pl.Float64).to_numpy(), first.shape[0]
+    delays = arrived.select(keys)[first.tolist()].with_columns(
+        pl.Series("mean_delay_s", metrics.grouped_mean(delay, ids, n)),
+        pl.Series("max_delay_s", metrics.grouped_max(delay, ids, n)),
+    )
+    end_of_night = state.select(*keys, "log10_martingale", "log10_martingale_max")
+    return (
+        stats.select(*keys, pl.col("n_labelled").alias("n_labels"), *_ARRIVAL_METRICS)
+        .join(delays, on=keys, how="left")
+        .join(end_of_night, on=keys, how="left")
+        .with_columns(
+            (pl.col("log10_martingale_max") >= config.ALARM_LOG10_THRESHOLD).alias("alarm")
+        )
+        .sort(keys)
+    )
+
+
+def night_arrival_rows(
+    labelled: pl.DataFrame, arrivals: Arrivals, state: pl.DataFrame
+) -> pl.DataFrame:
+    """The ``calibration_arrivals`` rows of one night of the fused run, or of one part of its
+    streams (the rows are per stream): :func:`arrival_metrics` of the forecasts the night's
+    labels judge (:func:`_arrived_in_night`), with the night's ``calibrator_state`` rows
+    ``state``."""
+    return arrival_metrics(_arrived_in_night(labelled, arrivals), state)
