@@ -78,7 +78,7 @@ def protect(
     label_time: str | None = None,
     by: str | Sequence[str] | None = None,
     order_by: str | Sequence[str] = ("event_time", "event_id"),
-    method: str = config.DEFAULT_METHOD,
+    method: str | Calibrator = config.DEFAULT_METHOD,
     base_method: str | None = None,
     base_params: dict | None = None,
     **params,
@@ -131,9 +131,10 @@ def protect(
         Stream keys; default ``stream`` if the frame has it, else one stream. ``()`` = one stream.
     order_by : str or sequence of str
         Replay order within a stream; the last column is the event id, unique per stream.
-    method : str
+    method : str or Calibrator
         ``composite-experts`` (default), ``composite-jumper``, ``ops``, ... any method of
-        :data:`calpipe.calibrators.METHODS` (``calpipe methods`` lists them with parameters).
+        :data:`calpipe.calibrators.METHODS` (``calpipe methods`` lists them with parameters), or
+        a calibrator object built with :func:`calpipe.make_calibrator` (no parameters then).
     base_method, base_params : str, dict, optional
         Stacking: run ``base_method`` (with ``base_params``) first and give its forecasts to
         ``method`` as the base probabilities (e.g. protect Venn-ABERS with the Composite Jumper).
