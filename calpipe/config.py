@@ -368,12 +368,4 @@ LEGEND_ROWS: int = 12
 
 # --- The command line and the UI (cli/, dagster_project/) ---
 
-#: The landing sensor's tick (dagster): every 5 minutes. Each tick stats the landing files (and
-#: hashes changed ones); a night's files rarely need a faster reaction than that.
-LANDING_SENSOR_SECONDS: int = 300
 
-
-#: Plots are embedded in the metadata only when a run covers at most this many days: dagster
-#: copies a range run's metadata onto every partition, and a 900-day backfill would store 900
-#: copies of each PNG in the event log. Longer runs get the file paths only.
-EMBED_PLOTS_MAX_DAYS: int = 1

@@ -225,7 +225,7 @@ class EventSource:
         """The source's rows of [start, end] with the source's column names plus
         :data:`DAY_COLUMN`, the day each row was read for (a landing file's folder date; the
         event's date for a file or table); with ``part = (i, k)``, those of the streams of part
-        i of k (:func:`calpipe.landing.part_where`). One query for the range. An empty frame
+        i of k (:func:`calpipe.storage.landing.part_where`). One query for the range. An empty frame
         (no columns) if there is nothing."""
         where = part_where(self.columns.stream, part, DEFAULT_STREAM)
         with self.reading():

@@ -7,6 +7,8 @@ import pytest
 from calpipe import cli, generate, storage
 from calpipe.generate import StreamSpec
 
+from .location import forget, load_fresh
+
 #: Two small streams over four days: what a `calpipe run` outside dagster computed.
 CLI_STREAMS = (StreamSpec("a", events_per_day=30), StreamSpec("b", events_per_day=20))
 
@@ -21,3 +23,11 @@ def cli_chain(tmp_path):
     argv = ["run", "--events", str(tmp_path / "landing"), "--db", str(db), "--no-progress"]
     assert cli.main(argv) == 0
     return events, db
+
+
+@pytest.fixture
+def load_location():
+    """:func:`tests.dagster_project.location.load_fresh`: the location under the test's
+    environment (monkeypatch it first); its modules are forgotten after the test."""
+    yield load_fresh
+    forget()

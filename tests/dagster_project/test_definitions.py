@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import datetime as dt
 import os
 import subprocess
@@ -14,6 +15,8 @@ from dagster import AssetKey, BackfillPolicy, build_schedule_context
 from calpipe import paths, pipeline
 from calpipe.dagster_project import definitions
 from calpipe.errors import ParameterError
+
+from .location import DEFS, location
 
 #: dagster's own notices (backfill_policy is "beta"; its schedule helper calls a deprecated API).
 pytestmark = [
@@ -53,13 +56,13 @@ def test_module_definitions_load_with_the_demo_defaults():
     assert Path(db).is_absolute() and Path(db) == paths.DEFAULT_DB
 
 
-def test_definitions_from_the_environment(monkeypatch, tmp_path):
+def test_definitions_from_the_environment(monkeypatch, tmp_path, load_location):
     monkeypatch.setenv("CALPIPE_DB", str(tmp_path / "x.duckdb"))
     monkeypatch.setenv("CALPIPE_EVENTS", "raw_events")
     monkeypatch.setenv("CALPIPE_START_DATE", "2024-01-01")
     monkeypatch.setenv("CALPIPE_END_DATE", "none")
     monkeypatch.setenv("CALPIPE_SETTINGS", pipeline.Settings.make(pi=0.3).to_json())
-    defs = definitions.defs_from_env()
+    defs = load_location()
     assert defs.resources["duckdb"].database == str(tmp_path / "x.duckdb")
     assert defs.resources["calpipe"].settings().kwargs == {"pi": 0.3}
     assert defs.resources["calpipe"].source().kind == "table"
@@ -68,7 +71,7 @@ def test_definitions_from_the_environment(monkeypatch, tmp_path):
 
 
 def test_nightly_schedule_runs_yesterday():
-    defs = definitions.build_definitions("/tmp/unused.duckdb", "raw", dt.date(2024, 1, 1))
+    defs = location("/tmp/unused.duckdb", "raw", dt.date(2024, 1, 1))
     sched = defs.resolve_schedule_def("nightly_schedule")
     assert sched.cron_schedule == "30 1 * * *"
     ctx = build_schedule_context(
@@ -105,10 +108,10 @@ def test_dg_check_defs(tmp_path):
     [("{not json", "CALPIPE_SETTINGS: not valid JSON"), ("[1, 2]", "CALPIPE_SETTINGS: expected"),
      ('{"method": "nope"}', "unknown method 'nope'")],
 )  # fmt: skip
-def test_a_malformed_calpipe_settings_was_a_traceback(monkeypatch, value, match):
+def test_a_malformed_calpipe_settings_was_a_traceback(monkeypatch, load_location, value, match):
     monkeypatch.setenv("CALPIPE_SETTINGS", value)
     with pytest.raises(ParameterError, match=match):
-        definitions.defs_from_env()
+        load_location()
 
 
 def test_every_asset_carries_its_table_s_column_schema():
@@ -125,3 +128,44 @@ def test_every_asset_carries_its_table_s_column_schema():
         for c in graph.get(AssetKey("protected_scores")).metadata["dagster/column_schema"].columns
     }
     assert {"protected_score", "protected_scores", "log10_martingale", "event_date"} <= cols
+
+
+def test_no_private_dagster_module_is_imported():
+    """The location and its tests use dagster's public API only: a private module changes
+    without notice (the range run's tag names came from ``dagster._core.storage.tags``)."""
+    root = Path(__file__).resolve().parents[2]
+    bad = []
+    for path in sorted(
+        [*(root / "dagster_project").rglob("*.py"), *(root / "tests").rglob("*.py")]
+    ):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            else:
+                continue
+            bad += [
+                f"{path.relative_to(root)}:{node.lineno} imports {name}"
+                for name in names
+                if name.split(".")[0].startswith("dagster")
+                and any(part.startswith("_") for part in name.split(".")[1:])
+            ]
+    assert not bad, "\n".join(bad)
+
+
+def test_every_definition_is_a_module_level_name_of_the_defs_folder(load_location):
+    """``definitions.py`` loads ``defs/`` through ``dg.toml`` as ``calpipe.dagster_project.defs``
+    (one copy of each module, whoever loads the location), and each asset, sensor, schedule and
+    job is defined at module level in one of its modules (no factory builds them)."""
+    defs = load_location()
+    defs_modules = [m for name, m in sys.modules.items() if name.startswith(DEFS + ".")]
+    assert {m.__name__ for m in defs_modules} >= {f"{DEFS}.assets.chain", f"{DEFS}.sensors"}
+    assert "dagster_project" not in sys.modules  # the folder's other name: never imported
+    where = {id(v): f"{m.__name__}.{k}" for m in defs_modules for k, v in vars(m).items()}
+    found = {where.get(id(d)) for d in [*defs.assets, *defs.sensors, *defs.schedules, *defs.jobs]}
+    assert found == {f"{DEFS}.{name}" for name in (
+        "assets.events.scored_events", "assets.chain.protect", "assets.monitoring.calibration_daily",
+        "assets.alarms.martingale_alarms", "assets.mapping.calibration_map", "schedules.nightly",
+        "schedules.nightly_schedule", "sensors.landing_sensor", "sensors.range_metadata_sensor",
+    )}  # fmt: skip

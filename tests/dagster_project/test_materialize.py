@@ -15,17 +15,15 @@ from dagster import (
     build_run_status_sensor_context,
     materialize,
 )
-from dagster._core.storage.tags import (
-    ASSET_PARTITION_RANGE_END_TAG,
-    ASSET_PARTITION_RANGE_START_TAG,
-)
 from dagster_duckdb import DuckDBResource
 
 import calpipe
 from calpipe import config, generate, storage
-from calpipe.dagster_project.definitions import build_definitions
-from calpipe.dagster_project.sensors import build_range_metadata_sensor
+from calpipe.dagster_project.defs.partitions import RANGE_END_TAG, RANGE_START_TAG
+from calpipe.dagster_project.defs.sensors import range_metadata_sensor
 from calpipe.generate import StreamSpec
+
+from .location import location
 
 #: dagster's own notices (backfill_policy is "beta"; its schedule helper calls a deprecated API).
 pytestmark = [
@@ -59,21 +57,14 @@ def setup(tmp_path, instance):
     events = generate.generate(n_days=N_DAYS, streams=STREAMS, seed=11)
     storage.write_landing(events, tmp_path / "landing")
     db = tmp_path / "db.duckdb"
-    defs = build_definitions(
-        db, str(tmp_path / "landing"), START, START + dt.timedelta(days=N_DAYS - 1)
-    )
+    defs = location(db, str(tmp_path / "landing"), START, START + dt.timedelta(days=N_DAYS - 1))
     assets = list(defs.assets)
 
     def run(first: str, last: str | None = None):
         kw = (
             {"partition_key": first}
             if last is None
-            else {
-                "tags": {
-                    ASSET_PARTITION_RANGE_START_TAG: first,
-                    ASSET_PARTITION_RANGE_END_TAG: last,
-                }
-            }
+            else {"tags": {RANGE_START_TAG: first, RANGE_END_TAG: last}}
         )
         return materialize(
             assets, resources=defs.resources, instance=instance, raise_on_error=False, **kw
@@ -236,7 +227,7 @@ def test_a_label_feed_materializes_day_by_day_like_calpipe_run(tmp_path, instanc
     storage.write_landing(scores, tmp_path / "scores")
     storage.write_landing(labels, tmp_path / "labels", time_column="label_time")
     db = tmp_path / "db.duckdb"
-    defs = build_definitions(
+    defs = location(
         db, str(tmp_path / "scores"), START, START + dt.timedelta(days=N_DAYS - 1),
         labels=str(tmp_path / "labels"),
     )  # fmt: skip
@@ -270,14 +261,13 @@ def test_a_label_feed_materializes_day_by_day_like_calpipe_run(tmp_path, instanc
 
 
 def test_the_ui_reruns_a_partition_of_a_calpipe_run_with_its_columns_and_method(
-    tmp_path, instance, capsys, monkeypatch
+    tmp_path, instance, capsys, monkeypatch, load_location
 ):
     """`calpipe run` records its source, column map and method; `calpipe ui` hands them to the
     code location, which re-materializes a day of that chain identically (it used to fail:
     StateError, "computed by 'isotonic' ... this run is 'composite-experts'")."""
     from calpipe import cli
     from calpipe.cli import pipeline as cli_pipeline
-    from calpipe.dagster_project import definitions
 
     events = generate.generate(n_days=4, streams=STREAMS, seed=5).rename(
         {"stream": "segment", "event_time": "ts", "score": "p", "label": "y"}
@@ -295,7 +285,7 @@ def test_the_ui_reruns_a_partition_of_a_calpipe_run_with_its_columns_and_method(
     assert '"isotonic"' in env["CALPIPE_SETTINGS"] and env["CALPIPE_EVENTS"] == str(src)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    defs = definitions.defs_from_env()
+    defs = load_location()
     res = materialize(list(defs.assets), resources=defs.resources, instance=instance,
                       partition_key=day(3), raise_on_error=False)  # fmt: skip
     assert res.success
@@ -321,7 +311,7 @@ def test_after_a_range_run_each_partition_has_its_own_metadata(setup, instance):
     assert run(day(0)).success
     r = run(day(1), day(3))
     assert r.success, failure_messages(r)
-    sensor = build_range_metadata_sensor()
+    sensor = range_metadata_sensor
     context = build_run_status_sensor_context(
         sensor_name=sensor.name, dagster_instance=instance, dagster_run=r.dagster_run,
         dagster_event=r.get_run_success_event(), resources={"duckdb": DuckDBResource(database=str(db))},

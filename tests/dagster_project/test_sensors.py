@@ -6,14 +6,12 @@ import datetime as dt
 
 import pytest
 from dagster import DagsterInstance, RunRequest, SkipReason, build_sensor_context, materialize
-from dagster._core.storage.tags import (
-    ASSET_PARTITION_RANGE_END_TAG,
-    ASSET_PARTITION_RANGE_START_TAG,
-)
 
 from calpipe import generate, storage
-from calpipe.dagster_project.definitions import build_definitions
+from calpipe.dagster_project.defs.partitions import RANGE_END_TAG, RANGE_START_TAG
 from calpipe.generate import StreamSpec
+
+from .location import location
 
 pytestmark = pytest.mark.filterwarnings("ignore::dagster.BetaWarning")
 
@@ -34,14 +32,14 @@ def test_the_sensor_requests_new_days_then_nothing_then_a_corrected_day_onwards(
         events.filter(events["event_time"].dt.date() < START + dt.timedelta(days=3)), landing
     )
     db = tmp_path / "s.duckdb"
-    defs = build_definitions(db, str(landing), START, START + dt.timedelta(days=5))
     day = [(START + dt.timedelta(days=i)).isoformat() for i in range(4)]
+    defs = location(db, str(landing), START, START + dt.timedelta(days=5))
     with DagsterInstance.ephemeral() as instance:
         req = _tick(defs, instance)  # an empty database: every landed day
         assert isinstance(req, RunRequest)
         assert (
-            req.tags[ASSET_PARTITION_RANGE_START_TAG],
-            req.tags[ASSET_PARTITION_RANGE_END_TAG],
+            req.tags[RANGE_START_TAG],
+            req.tags[RANGE_END_TAG],
         ) == (day[0], day[2])
         assert req.run_key == f"{day[0]}..{day[2]}: new days landed"
         assert materialize(
@@ -54,8 +52,8 @@ def test_the_sensor_requests_new_days_then_nothing_then_a_corrected_day_onwards(
         )
         req = _tick(defs, instance)  # the next night lands
         assert (
-            req.tags[ASSET_PARTITION_RANGE_START_TAG],
-            req.tags[ASSET_PARTITION_RANGE_END_TAG],
+            req.tags[RANGE_START_TAG],
+            req.tags[RANGE_END_TAG],
         ) == (day[3], day[3])
         assert materialize(
             list(defs.assets), resources=defs.resources, instance=instance, tags=req.tags
@@ -67,8 +65,8 @@ def test_the_sensor_requests_new_days_then_nothing_then_a_corrected_day_onwards(
         storage.write_landing(fixed, landing)  # a corrected file for day 1: day 1 onwards again
         req = _tick(defs, instance)
         assert (
-            req.tags[ASSET_PARTITION_RANGE_START_TAG],
-            req.tags[ASSET_PARTITION_RANGE_END_TAG],
+            req.tags[RANGE_START_TAG],
+            req.tags[RANGE_END_TAG],
         ) == (day[1], day[3])
         assert "changed" in req.run_key or "differ" in req.run_key, req.run_key
 
@@ -82,7 +80,7 @@ def test_the_sensor_skips_a_tick_while_another_process_writes_the_database(tmp_p
     storage.write_landing(events, tmp_path / "landing")
     db = tmp_path / "busy.duckdb"
     storage.connect(db).close()
-    defs = build_definitions(db, str(tmp_path / "landing"), START, START + dt.timedelta(days=3))
+    defs = location(db, str(tmp_path / "landing"), START, START + dt.timedelta(days=3))
     holder = _hold(db, 60)
     try:
         with DagsterInstance.ephemeral() as instance:

@@ -208,23 +208,19 @@ def test_the_dagster_spark_assets_materialize_a_backfill_and_a_day_like_spark_ru
     """The code location's Spark assets (PySparkResource) write what ``calpipe spark-run``
     writes: a single-run backfill of the three days, then one partition re-materialized."""
     from dagster import DagsterInstance, materialize
-    from dagster._core.storage.tags import (
-        ASSET_PARTITION_RANGE_END_TAG,
-        ASSET_PARTITION_RANGE_START_TAG,
-    )
 
-    from calpipe.dagster_project.definitions import build_definitions
+    from calpipe.dagster_project.defs.partitions import RANGE_END_TAG, RANGE_START_TAG
+    from tests.dagster_project.location import location
 
     storage.write_landing(events, tmp_path / "landing")
     out = tmp_path / "spark_out"
-    defs = build_definitions(
+    defs = location(
         tmp_path / "db.duckdb", str(tmp_path / "landing"), DAYS[0], DAYS[-1],
         pipeline.Settings.make("composite-jumper"), spark_out=str(out), spark_master="local[1]",
     )  # fmt: skip
     spark_assets = [a for a in defs.assets if "spark_scores" in {k.path[-1] for k in a.keys}]
     with DagsterInstance.ephemeral() as inst:
-        tags = {ASSET_PARTITION_RANGE_START_TAG: DAYS[0].isoformat(),
-                ASSET_PARTITION_RANGE_END_TAG: DAYS[-1].isoformat()}  # fmt: skip
+        tags = {RANGE_START_TAG: DAYS[0].isoformat(), RANGE_END_TAG: DAYS[-1].isoformat()}
         r = materialize(spark_assets, resources=defs.resources, instance=inst, tags=tags)
         assert r.success
         scores = pl.read_parquet(out / "scores" / "**" / "*.parquet", hive_partitioning=True)

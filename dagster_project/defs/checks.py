@@ -1,0 +1,51 @@
+"""Asset checks: their specs, and the conversion of calpipe's check outcomes into results.
+
+The checks run inside the assets right after their write (so a single-run backfill checks its
+whole range at once): probabilities valid and rows in = rows out on ``protected_scores``, state
+continuity on ``calibrator_state`` (both on the ``protect`` multi-asset, ``assets/chain.py``),
+and the martingale alarm (a warning) on ``martingale_alarms`` (``assets/alarms.py``). Each spec
+is partitioned like its asset: the UI shows each day's result on that day (a range run's result
+on each day of its range).
+"""
+
+from __future__ import annotations
+
+from dagster import AssetCheckResult, AssetCheckSeverity, AssetCheckSpec, MetadataValue
+
+from calpipe.pipeline import CheckOutcome, markdown_table
+
+from .partitions import daily
+
+#: The checks of ``protected_scores`` and ``calibrator_state``.
+PROTECT_CHECKS = (
+    AssetCheckSpec("probabilities_valid", asset="protected_scores", partitions_def=daily,
+                   description="every protected score is a finite probability in [0, 1]"),
+    AssetCheckSpec("rows_in_equal_rows_out", asset="protected_scores", partitions_def=daily,
+                   description="one protected row per scored event, per day and stream"),
+    AssetCheckSpec("state_continuity", asset="calibrator_state", partitions_def=daily,
+                   description="no gap in the chain of daily states; counts follow the events"),
+)  # fmt: skip
+
+#: The martingale alarm check of ``martingale_alarms``.
+ALARM_CHECKS = (
+    AssetCheckSpec("no_martingale_alarm", asset="martingale_alarms", partitions_def=daily,
+                   description="warns for the streams whose test martingale first reached 100 "
+                   "on the run's days (earlier alarms are counted in its metadata)"),
+)  # fmt: skip
+
+
+def to_result(outcome: CheckOutcome, asset_key: str) -> AssetCheckResult:
+    """A dagster check result from a calpipe :class:`~calpipe.pipeline.CheckOutcome`."""
+    metadata = {"summary": MetadataValue.text(outcome.description)}
+    metadata.update({k: MetadataValue.int(int(v)) if float(v).is_integer()
+                     else MetadataValue.float(float(v)) for k, v in outcome.values.items()})  # fmt: skip
+    if outcome.details is not None and outcome.details.height:
+        metadata["details"] = MetadataValue.md(markdown_table(outcome.details.head(20)))
+    return AssetCheckResult(
+        check_name=outcome.name,
+        asset_key=asset_key,
+        passed=outcome.passed,
+        severity=AssetCheckSeverity.WARN if outcome.warning else AssetCheckSeverity.ERROR,
+        description=outcome.description,
+        metadata=metadata,
+    )
