@@ -200,7 +200,7 @@ def test_a_run_builds_its_calibrator_once(tmp_path, events, monkeypatch):
         built.append(a[0] if a else kw.get("method"))
         return make(*a, **kw)
 
-    for module in ("calpipe.pipeline.settings", "calpipe.engine.driver"):
+    for module in ("calpipe.night.settings", "calpipe.engine.driver"):
         monkeypatch.setattr(f"{module}.make_calibrator", counting)
     storage.write_landing(events.filter(pl.col("event_time").dt.date() <= day(3)), tmp_path / "l")
     con = storage.connect(tmp_path / "db.duckdb")
