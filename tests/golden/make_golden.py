@@ -63,7 +63,7 @@ INPUTS = GOLDEN / "inputs"
 SCENARIOS = ("demo", "labels12", "k4", "spark")
 
 #: Each DuckDB table's and view's (sort keys, day column): the tables' are
-#: ``calpipe.store.SORT_KEYS`` and ``PARTITION_COLUMN`` as of the golden data (copied, so the
+#: ``calpipe.storage.SORT_KEYS`` and ``PARTITION_COLUMN`` as of the golden data (copied, so the
 #: comparison does not depend on where a redesign moves them; :func:`check_keys` compares them
 #: while the old code is there). A table not listed is sorted by its rows' bytes, as one day.
 DB_KEYS: dict[str, tuple[tuple[str, ...], str | None]] = {
@@ -158,11 +158,11 @@ def capture_db(db: Path, ctx: Context) -> dict[str, Captured]:
 
 
 def check_keys() -> None:
-    """:data:`DB_KEYS` of the tables is the store's layout (while ``calpipe.store`` has it)."""
-    from calpipe import store
+    """:data:`DB_KEYS` of the tables is the storage's layout (``calpipe.storage``)."""
+    from calpipe import storage
 
-    sort_keys = getattr(store, "SORT_KEYS", None)
-    partition = getattr(store, "PARTITION_COLUMN", None)
+    sort_keys = getattr(storage, "SORT_KEYS", None)
+    partition = getattr(storage, "PARTITION_COLUMN", None)
     if sort_keys is None or partition is None:
         return
     for table, keys in sort_keys.items():
