@@ -277,3 +277,15 @@ def test_the_night_is_pure():
         if m.split(".")[0] == "duckdb" or m.startswith(("calpipe.storage", "calpipe.pipeline"))
     ]
     assert not bad, bad
+
+
+def test_every_package_is_in_the_wheel():
+    """pyproject.toml lists the packages the wheel ships: a new package of calpipe/ must be
+    there (engine/, storage/ and night/ were missing from it when they were made)."""
+    import tomllib
+
+    listed = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    on_disk = {".".join(p.parent.relative_to(ROOT).parts) for p in PACKAGE.rglob("__init__.py")}
+    assert not on_disk - listed, sorted(on_disk - listed)
