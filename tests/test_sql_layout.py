@@ -1,5 +1,5 @@
-"""The layout of ``sql/`` (issue #32): the tables, numbered migrations, the views and the macros,
-installed in the order of :data:`calpipe.storage.SQL_LAYOUT`.
+"""The layout of ``sql/`` (issue #32): the tables, numbered migrations, the views and the macros
+split by concern, installed in the order of :data:`calpipe.storage.SQL_LAYOUT`.
 
 A database the layout makes must equal one made by the three single files it was split from
 (``001_tables.sql`` with its 46 ``ALTER TABLE`` inline, ``002_views.sql``, ``003_macros.sql``):
@@ -118,11 +118,12 @@ def _older_database(layout: str) -> duckdb.DuckDBPyConnection:
 def test_the_install_order_is_tables_migrations_views_macros():
     files = [f.relative_to(paths.SQL_DIR).as_posix() for f in storage.sql_files()]
     migrations = sorted(f.name for f in (paths.SQL_DIR / "migrations").glob("*.sql"))
+    macros = sorted(f.name for f in (paths.SQL_DIR / "macros").glob("*.sql"))
     assert files == [
         "001_tables.sql",
         *(f"migrations/{m}" for m in migrations),
         "002_views.sql",
-        "003_macros.sql",
+        *(f"macros/{m}" for m in macros),
     ]
     # every .sql file of sql/ is installed, once
     on_disk = sorted(f.relative_to(paths.SQL_DIR).as_posix() for f in paths.SQL_DIR.rglob("*.sql"))

@@ -49,12 +49,13 @@ SCHEMA_VERSION = 11
 #: ``tables`` creates each table with the columns it had when it came; ``migrations`` are the
 #: later changes of the tables' layout, one file a change (``NNN_[vVERSION_]what.sql``), each
 #: idempotent (``IF NOT EXISTS``), applied to a new database as to an old one; the ``views``
-#: read the columns the migrations add; the ``macros`` come last.
+#: read the columns the migrations add; the ``macros`` come last, split by concern, each file
+#: using only the macros of the files before it.
 SQL_LAYOUT: dict[str, str] = {
     "tables": "001_tables.sql",
     "migrations": "migrations/*.sql",
     "views": "002_views.sql",
-    "macros": "003_macros.sql",
+    "macros": "macros/*.sql",
 }
 
 #: The parts that make the tables' layout (``calpipe.pipeline.tables.table_schemas``).
