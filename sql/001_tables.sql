@@ -1,5 +1,8 @@
--- calpipe tables (docs/ARCHITECTURE.md §3, §5). Installed by calpipe.store.connect(); every statement is
--- idempotent. No primary keys: uniqueness is validated by calpipe before a write, and DuckDB's
+-- calpipe tables (docs/ARCHITECTURE.md §3, §5). Installed by calpipe.storage.connect() (the
+-- order of sql/'s files: calpipe.storage.schema.SQL_LAYOUT); every statement is idempotent.
+-- A table is created here with the columns it had when it came; each later change of its layout
+-- is a numbered file of sql/migrations/, applied after this file on every install, to a new
+-- database as to an old one (the comment after each table names its migrations). No primary keys: uniqueness is validated by calpipe before a write, and DuckDB's
 -- constraint checks would only slow the DELETE + INSERT of a partition replace down.
 -- Every table is partitioned by a DATE column (event_date or date); calpipe replaces partitions
 -- in one transaction (BEGIN; DELETE ...; INSERT ...; COMMIT).
@@ -15,9 +18,7 @@ CREATE TABLE IF NOT EXISTS scored_events (
     scores            DOUBLE[]             -- K classes: the base probabilities (score NULL)
 );
 -- A database stores binary forecasts (score) or K-class ones (scores), set by its first events
--- (calpipe/pipeline/classes.py). Databases from before K classes were stored gain the column.
-ALTER TABLE scored_events ADD COLUMN IF NOT EXISTS scores DOUBLE[];
-ALTER TABLE scored_events ALTER score DROP NOT NULL;
+-- (calpipe/pipeline/classes.py). Migrations: 008 (scores, score nullable).
 
 -- Protected scores: the outputs of the engine per scored event, keyed like scored_events by
 -- (event_date, stream, event_id). The event's other inputs (event_time, score) and the day's
@@ -39,20 +40,8 @@ CREATE TABLE IF NOT EXISTS protected_scores (
     base_scores        DOUBLE[],            -- K classes: base_score and protected_score as
     protected_scores   DOUBLE[]             -- vectors (the binary columns NULL)
 );
--- Databases created before the Venn methods existed gain the interval columns.
-ALTER TABLE protected_scores ADD COLUMN IF NOT EXISTS p_lower DOUBLE;
-ALTER TABLE protected_scores ADD COLUMN IF NOT EXISTS p_upper DOUBLE;
--- Databases from before K-class forecasts were stored gain the vectors.
-ALTER TABLE protected_scores ADD COLUMN IF NOT EXISTS base_scores DOUBLE[];
-ALTER TABLE protected_scores ADD COLUMN IF NOT EXISTS protected_scores DOUBLE[];
-ALTER TABLE protected_scores ALTER base_score DROP NOT NULL;
-ALTER TABLE protected_scores ALTER protected_score DROP NOT NULL;
--- Databases created before protected_scores held only the outputs lose the copied inputs (the
--- view v_protected_scores still shows them, from scored_events and pipeline_days).
-ALTER TABLE protected_scores DROP COLUMN IF EXISTS event_time;
-ALTER TABLE protected_scores DROP COLUMN IF EXISTS score;
-ALTER TABLE protected_scores DROP COLUMN IF EXISTS method;
-ALTER TABLE protected_scores DROP COLUMN IF EXISTS config_fingerprint;
+-- Migrations: 001 (p_lower, p_upper), 002 (the copied inputs dropped), 008 (base_scores,
+-- protected_scores; base_score and protected_score nullable).
 
 -- Calibrator state at the END of `date` of the streams whose state changed that day (those with
 -- events). A stream's state at the end of day d is its latest row on or before d (idle streams
@@ -88,16 +77,8 @@ CREATE TABLE IF NOT EXISTS pipeline_days (
     n_active_streams   INTEGER NOT NULL,  -- streams with events that day
     n_state_rows       INTEGER NOT NULL   -- calibrator_state rows of the day (changed streams)
 );
--- A hash chain of the state (calpipe/pipeline/inputs.py): state_hash = SHA-256 of the previous
--- day's state_hash and the day's calibrator_state rows; prev_state_hash = the state_hash the day
--- started from. Day d is stale if its prev_state_hash is not d - 1's state_hash any more (NULL:
--- computed before calpipe recorded it).
-ALTER TABLE pipeline_days ADD COLUMN IF NOT EXISTS state_hash VARCHAR;
-ALTER TABLE pipeline_days ADD COLUMN IF NOT EXISTS prev_state_hash VARCHAR;
--- Databases from before the state was stored sparsely (schema version < 4) hold a row for every
--- stream on every day: their days' state row counts are their stream counts.
-ALTER TABLE pipeline_days ADD COLUMN IF NOT EXISTS n_state_rows INTEGER;
-UPDATE pipeline_days SET n_state_rows = n_streams WHERE n_state_rows IS NULL;
+-- Migrations: 005 (state_hash, prev_state_hash: the hash chain of the state), 006 (n_state_rows
+-- of an older database), 007 (n_label_arrivals).
 
 -- What each day was computed from (calpipe/pipeline/inputs.py): one row per landing file of the
 -- day (path relative to the landing folder, size, modification time, SHA-256 of its bytes, rows
@@ -131,8 +112,7 @@ CREATE TABLE IF NOT EXISTS event_labels (
     file          VARCHAR   NOT NULL,  -- the landing file (relative path), or the table
     scores        DOUBLE[]             -- K classes: the event's base scores (score NULL)
 );
-ALTER TABLE event_labels ADD COLUMN IF NOT EXISTS scores DOUBLE[];
-ALTER TABLE event_labels ALTER score DROP NOT NULL;
+-- Migrations: 008 (scores, score nullable).
 
 -- Labels of the feed for events calpipe does not know, parked by `--on-unknown-label quarantine`
 -- instead of failing the night (a later landing of their events replays them).
@@ -170,10 +150,6 @@ CREATE TABLE IF NOT EXISTS calibration_arrivals (
     alarm                 BOOLEAN  -- log10_martingale_max >= 2
 );
 
--- Labels that arrived on each day (the feed's rows of the day, event_labels).
-ALTER TABLE pipeline_days ADD COLUMN IF NOT EXISTS n_label_arrivals BIGINT;
-UPDATE pipeline_days SET n_label_arrivals = 0 WHERE n_label_arrivals IS NULL;
-
 -- Monitoring per stream and day (streams with events that day).
 CREATE TABLE IF NOT EXISTS calibration_daily (
     date                         DATE    NOT NULL,
@@ -209,22 +185,7 @@ CREATE TABLE IF NOT EXISTS calibration_daily (
     log10_martingale_max_to_date DOUBLE  NOT NULL,  -- maximum since the stream began
     alarm                        BOOLEAN NOT NULL   -- log10_martingale_max >= 2 (S >= 100) that day
 );
-
--- Databases created before the smooth ECE and CORP columns gain them, NULL on the days written
--- before: re-materialize those calibration_daily partitions in dagster (the stage reads the
--- stored scores) or re-run `calpipe run --start .. --end ..` over them to fill them.
-ALTER TABLE calibration_daily ADD COLUMN IF NOT EXISTS base_smooth_ece DOUBLE;
-ALTER TABLE calibration_daily ADD COLUMN IF NOT EXISTS protected_smooth_ece DOUBLE;
-ALTER TABLE calibration_daily ADD COLUMN IF NOT EXISTS base_log_loss_mcb DOUBLE;
-ALTER TABLE calibration_daily ADD COLUMN IF NOT EXISTS base_log_loss_dsc DOUBLE;
-ALTER TABLE calibration_daily ADD COLUMN IF NOT EXISTS protected_log_loss_mcb DOUBLE;
-ALTER TABLE calibration_daily ADD COLUMN IF NOT EXISTS protected_log_loss_dsc DOUBLE;
-ALTER TABLE calibration_daily ADD COLUMN IF NOT EXISTS log_loss_unc DOUBLE;
-ALTER TABLE calibration_daily ADD COLUMN IF NOT EXISTS base_brier_mcb DOUBLE;
-ALTER TABLE calibration_daily ADD COLUMN IF NOT EXISTS base_brier_dsc DOUBLE;
-ALTER TABLE calibration_daily ADD COLUMN IF NOT EXISTS protected_brier_mcb DOUBLE;
-ALTER TABLE calibration_daily ADD COLUMN IF NOT EXISTS protected_brier_dsc DOUBLE;
-ALTER TABLE calibration_daily ADD COLUMN IF NOT EXISTS brier_unc DOUBLE;
+-- Migrations: 003 (the smooth ECE and CORP columns of an older database).
 
 -- First crossing of log10 S >= threshold per stream: the row sits in the partition of its date.
 CREATE TABLE IF NOT EXISTS martingale_alarms (
@@ -274,38 +235,9 @@ CREATE TABLE IF NOT EXISTS calibration_map (
     x_next             DOUBLE,
     y_next             DOUBLE
 );
--- schema version 3: the input columns (a database of version <= 2 gains them)
-ALTER TABLE calibration_map ADD COLUMN IF NOT EXISTS in_w1 DOUBLE;
-ALTER TABLE calibration_map ADD COLUMN IF NOT EXISTS in_w2 DOUBLE;
-ALTER TABLE calibration_map ADD COLUMN IF NOT EXISTS in_w0 DOUBLE;
-ALTER TABLE calibration_map ADD COLUMN IF NOT EXISTS in_eps DOUBLE;
--- schema version 8: every method's map (layers of a stack, step and linear tables)
-ALTER TABLE calibration_map ADD COLUMN IF NOT EXISTS layer INTEGER DEFAULT 0;
-ALTER TABLE calibration_map ADD COLUMN IF NOT EXISTS x DOUBLE;
-ALTER TABLE calibration_map ADD COLUMN IF NOT EXISTS y_at DOUBLE;
-ALTER TABLE calibration_map ADD COLUMN IF NOT EXISTS y_right DOUBLE;
-ALTER TABLE calibration_map ADD COLUMN IF NOT EXISTS x_next DOUBLE;
-ALTER TABLE calibration_map ADD COLUMN IF NOT EXISTS y_next DOUBLE;
--- schema version 9: K-class maps (calibrate_scores): a Cox term's class shifts alpha (family cox:
--- f_c(q) = q_c^b e^{alphas[c]} / sum_j q_j^b e^{alphas[j]}) and a term's vector scaling input
--- q = softmax(in_ka[c] ln c_c(p) + in_kb[c]), c = p floored at in_eps and renormalised (NULL: p)
-ALTER TABLE calibration_map ADD COLUMN IF NOT EXISTS alphas DOUBLE[];
-ALTER TABLE calibration_map ADD COLUMN IF NOT EXISTS in_ka DOUBLE[];
-ALTER TABLE calibration_map ADD COLUMN IF NOT EXISTS in_kb DOUBLE[];
--- schema version 10: a K-class category's forecast (family kcat: the Venn taxonomy of the
--- predicted class x confidence bin, term = the category, whose bins are the family kedge rows'
--- x); the map of p is the y_k of p's category
-ALTER TABLE calibration_map ADD COLUMN IF NOT EXISTS y_k DOUBLE[];
--- and a K-class partition tree (ROC-isotonic): family ksplit, node term, its thresholds gamma in
--- y_k and its children's node ids in kids (p goes to child argmax_c (p_c - gamma_c)); family
--- kleaf, node term, its forecast in y_k
-ALTER TABLE calibration_map ADD COLUMN IF NOT EXISTS kids DOUBLE[];
-
--- schema version 11: a composite-experts input whose map is a table of its own (isotonic,
--- ROC-isotonic, histogram, Venn, Venn-ABERS): its rows are layer -(j + 1) (the j-th such input,
--- from 0), evaluated at the clipped score (clip = the method's); a term reading one has
--- in_layer = that layer: q = the table's value, then clipped to [clip, 1 - clip]
-ALTER TABLE calibration_map ADD COLUMN IF NOT EXISTS in_layer INTEGER;
+-- Migrations: 004 (the input columns of an older database), 009 (layer, x, y_at, y_right,
+-- x_next, y_next of an older database), 010 (alphas, in_ka, in_kb), 011 (y_k), 012 (kids),
+-- 013 (in_layer).
 
 -- Key-value facts about this database (SQL layer version, the chain's configuration).
 CREATE TABLE IF NOT EXISTS calpipe_meta (

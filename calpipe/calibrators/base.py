@@ -59,7 +59,7 @@ class RunOutput:
 @dataclass
 class MapTerms:
     """A serving map as a weighted sum of terms, the form the SQL macros evaluate
-    (``sql/003_macros.sql``): for a score p, clipped to [clip, 1 - clip],
+    (``sql/macros/05_binary_layer.sql``): for a score p, clipped to [clip, 1 - clip],
 
         p' = sum_t weight[s, t] * f_t(clip(q_t(p)))
 

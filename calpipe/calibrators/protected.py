@@ -326,7 +326,7 @@ class ProtectedCalibrator(Calibrator[BatchState]):
         is linear in the calibrating functions: p' = P p + sum_t W_t f_t(p) on the clipped p,
         with W_t = sum_J of the jump-mixed active weights
         (:func:`calpipe.kernels.mixture.serving_weights`). This is the form the SQL macros of
-        ``sql/003_macros.sql`` evaluate. The Brier compatibility mode has no such form.
+        ``sql/macros/`` evaluate. The Brier compatibility mode has no such form.
         """
         if self.loss != "log":
             raise ParameterError(

@@ -3,7 +3,7 @@
 Owns the map's SQL form (:func:`has_sql_map`, :func:`map_terms`: per stream and layer, the
 weighted terms of a mixture, a logistic or temperature map as one term, or a step/linear table
 tabulated from the calibrator's own serving map at its breakpoints; the ``calibrate_score``
-macros of ``sql/003_macros.sql`` evaluate them), the table's rows (:func:`map_rows`, written by
+macros of ``sql/macros/`` evaluate them), the table's rows (:func:`map_rows`, written by
 the stage :func:`map_days` and by the fused run) and :func:`serving_map`, the map applied to
 fresh scores in polars for every method.
 """

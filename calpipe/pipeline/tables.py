@@ -329,14 +329,16 @@ def write_fused(writer: storage.PartitionWriter, phase: str, context: Any) -> No
 
 @functools.cache
 def table_schemas() -> dict[str, tuple[tuple[str, str], ...]]:
-    """Each calpipe table's columns as ``(name, DuckDB type)``, in order, from the DDL
-    (``sql/001_tables.sql``) run in an in-memory database: what the code location shows as
-    column schemas, at its load (the DDL alone takes ~40 ms; the whole SQL layer ~0.6 s)."""
+    """Each calpipe table's columns as ``(name, DuckDB type)``, in order, from the tables' layout
+    (``sql/001_tables.sql`` and ``sql/migrations/``: :data:`calpipe.storage.TABLE_PARTS`) run in
+    an in-memory database: what the code location shows as column schemas, at its load (the
+    tables alone take ~40 ms; the whole SQL layer ~0.6 s)."""
     import duckdb
 
     con = duckdb.connect()
     try:
-        con.execute((paths.SQL_DIR / "001_tables.sql").read_text())
+        for f in storage.sql_files(parts=storage.TABLE_PARTS):
+            con.execute(f.read_text())
         rows = con.execute(
             "SELECT table_name, column_name, data_type FROM duckdb_columns() "
             "WHERE NOT internal ORDER BY table_name, column_index"

@@ -8,7 +8,7 @@ and a re-run writes identical rows. One concern a module:
 ==================  =============================================================================
 module              what it holds
 ==================  =============================================================================
-``schema``          :func:`connect` (and install ``sql/``), :data:`SCHEMA_VERSION`, ``calpipe_meta``
+``schema``          :func:`connect`, ``sql/`` (:data:`SQL_LAYOUT`), :data:`SCHEMA_VERSION`, ``calpipe_meta``
 ``session``         a connection's settings, :func:`query`, :func:`fetch_one`, :func:`rollback`
 ``tables``          each table's partition column and sort keys, :func:`read_partitions`
 ``writer``          :class:`PartitionWriter`, :func:`replacing_partitions`, :func:`replace_partitions`
@@ -47,6 +47,8 @@ from calpipe.storage.landing import (
 from calpipe.storage.locks import open_waiting
 from calpipe.storage.schema import (
     SCHEMA_VERSION,
+    SQL_LAYOUT,
+    TABLE_PARTS,
     connect,
     get_meta,
     install_sql,
@@ -81,6 +83,8 @@ __all__ = [
     "PARTITION_COLUMN",
     "SCHEMA_VERSION",
     "SORT_KEYS",
+    "SQL_LAYOUT",
+    "TABLE_PARTS",
     "ColumnMap",
     "EventSource",
     "PartitionWriter",

@@ -1,15 +1,18 @@
-"""The SQL layer of a database: connect, install ``sql/`` (tables, views, macros) once per version, meta.
+"""The SQL layer of a database: connect, install ``sql/`` (tables, migrations, views, macros) once
+per version, meta.
 
 Everything calpipe writes lives in one embedded DuckDB file (docs/ARCHITECTURE.md §5).
 :func:`connect` opens it (waiting for another process that holds it,
-:mod:`calpipe.storage.locks`) and installs the ``sql/`` files when the file's recorded hash or
-:data:`SCHEMA_VERSION` differ (:func:`install_sql`); ``calpipe_meta`` keeps them, and what a
-chain was run with (:func:`get_meta`, :func:`set_meta`).
+:mod:`calpipe.storage.locks`) and installs the ``sql/`` files, in the order of
+:data:`SQL_LAYOUT`, when the file's recorded hash or :data:`SCHEMA_VERSION` differ
+(:func:`install_sql`); ``calpipe_meta`` keeps them, and what a chain was run with
+(:func:`get_meta`, :func:`set_meta`).
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from pathlib import Path
 
 import duckdb
@@ -41,19 +44,50 @@ _META_SCHEMA = "schema_version"
 #: ROC-isotonic's tree); 11 = a composite-experts input table (``in_layer``, negative ``layer``).
 SCHEMA_VERSION = 11
 
+#: The parts of ``sql/`` in the order they are installed (the one place the order is stated):
+#: part -> its files, a path or a glob relative to ``sql/`` (a glob's files in name order).
+#: ``tables`` creates each table with the columns it had when it came; ``migrations`` are the
+#: later changes of the tables' layout, one file a change (``NNN_[vVERSION_]what.sql``), each
+#: idempotent (``IF NOT EXISTS``), applied to a new database as to an old one; the ``views``
+#: read the columns the migrations add; the ``macros`` come last, split by concern, each file
+#: using only the macros of the files before it.
+SQL_LAYOUT: dict[str, str] = {
+    "tables": "001_tables.sql",
+    "migrations": "migrations/*.sql",
+    "views": "002_views.sql",
+    "macros": "macros/*.sql",
+}
 
-def sql_files(sql_dir: Path = SQL_DIR) -> list[Path]:
-    """The ``.sql`` files of the SQL layer, in the order they are installed."""
-    files = sorted(sql_dir.glob("*.sql"))
-    if not files:
-        raise StoreError(f"no SQL files in {sql_dir}; is calpipe installed from its repository?")
+#: The parts that make the tables' layout (``calpipe.pipeline.tables.table_schemas``).
+TABLE_PARTS = ("tables", "migrations")
+
+
+def sql_files(sql_dir: Path = SQL_DIR, *, parts: Iterable[str] | None = None) -> list[Path]:
+    """The ``.sql`` files of the SQL layer, in the order they are installed (:data:`SQL_LAYOUT`);
+    ``parts``: only those parts' files (e.g. :data:`TABLE_PARTS`), still in that order."""
+    wanted = list(SQL_LAYOUT) if parts is None else list(parts)
+    unknown = set(wanted) - set(SQL_LAYOUT)
+    if unknown:
+        raise ValueError(
+            f"unknown sql/ parts {sorted(unknown)}; expected some of {list(SQL_LAYOUT)}"
+        )
+    files = []
+    for part, pattern in SQL_LAYOUT.items():
+        if part not in wanted:
+            continue
+        found = sorted(sql_dir.glob(pattern))
+        if not found:
+            raise StoreError(
+                f"no SQL files {pattern} in {sql_dir}; is calpipe installed from its repository?"
+            )
+        files += found
     return files
 
 
-def _sql_hash(files: list[Path]) -> str:
+def _sql_hash(files: list[Path], sql_dir: Path = SQL_DIR) -> str:
     h = hashlib.sha256()
     for f in files:
-        h.update(f.name.encode())
+        h.update(f.relative_to(sql_dir).as_posix().encode())
         h.update(f.read_bytes())
     return h.hexdigest()[:16]
 
@@ -61,8 +95,9 @@ def _sql_hash(files: list[Path]) -> str:
 def install_sql(con: duckdb.DuckDBPyConnection, *, force: bool = False) -> bool:
     """Install the tables, views and macros of ``sql/`` into ``con``'s database.
 
-    Every statement is idempotent (``CREATE TABLE IF NOT EXISTS``, ``CREATE OR REPLACE``,
-    ``ADD COLUMN IF NOT EXISTS``): applying them is the migration from any earlier version. The
+    The files run in the order of :data:`SQL_LAYOUT`, in one transaction. Every statement is
+    idempotent (``CREATE TABLE IF NOT EXISTS``, ``CREATE OR REPLACE``, the migrations' ``ADD
+    COLUMN IF NOT EXISTS``): applying them is the migration from any earlier version. The
     hash of the SQL files and :data:`SCHEMA_VERSION` are kept in ``calpipe_meta``, so a database
     that is up to date is left untouched (no write). Refused, with nothing changed: a database
     written by a newer calpipe (its schema version is higher), and a database that is not

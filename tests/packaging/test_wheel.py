@@ -106,6 +106,12 @@ def test_the_wheel_runs_the_demo_and_sql_from_a_fresh_venv(tmp_path):
     )
     assert top.stdout.strip() == "None"  # no generic top-level package
 
+    # every file of sql/ (tables, views, migrations/, macros/) is in the package, in its place
+    shipped = site / "calpipe" / "_sql"
+    assert sorted(f.relative_to(shipped).as_posix() for f in shipped.rglob("*.sql")) == sorted(
+        f.relative_to(ROOT / "sql").as_posix() for f in (ROOT / "sql").rglob("*.sql")
+    )
+
     calpipe = str(venv / "bin" / "calpipe")
     demo = _run([calpipe, "demo"], cwd=work, env=env).stdout
     db = home / ".local" / "share" / "calpipe" / "demo.duckdb"

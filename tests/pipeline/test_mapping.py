@@ -495,17 +495,17 @@ def test_calibrated_regression_over_a_category_column_has_no_map_of_the_score_al
 
 
 def test_the_sql_fixed_point_s_constants_are_the_config_s():
-    """sql/003_macros.sql spells the scan's cells, the bisection's tolerance and its halvings
-    out, and the K-class vectors' sum tolerance (a macro has no parameters from Python): they
-    must be calpipe.config's."""
-    text = (paths.SQL_DIR / "003_macros.sql").read_text()
+    """sql/macros/ spells the scan's cells, the bisection's tolerance and its halvings out
+    (03_calibrated_regression.sql), and the K-class vectors' sum tolerance (06_k_class.sql; a
+    macro has no parameters from Python): they must be calpipe.config's."""
+    text = (paths.SQL_DIR / "macros" / "03_calibrated_regression.sql").read_text()
     body = text[text.index("CREATE OR REPLACE MACRO calpipe_calreg_half") :]
-    body = body[: body.index("-- Equal-width bin")]
     assert f"<= {config.CALREG_BISECTION_TOL!r}" in body
     assert f"range({config.CALREG_BISECTION_MAX_ITER})" in body
     grid = config.CALREG_ROOT_GRID
     assert f"range(1, {grid + 1})" in body and f"/ {float(grid)!r}" in body
     # and the K-class vectors' sum tolerance (calpipe_kscores)
+    text = (paths.SQL_DIR / "macros" / "06_k_class.sql").read_text()
     kscores = text[text.index("CREATE OR REPLACE MACRO calpipe_kscores") :]
     kscores = kscores[: kscores.index("-- The test score of the K-class sub-problem")]
     assert f"abs(list_sum(kp) - 1) > {config.SCORES_SUM_TOL!r}" in kscores

@@ -1,0 +1,106 @@
+-- Serving-map macros 05 (sql/macros/, installed in name order: calpipe.storage.schema.SQL_LAYOUT),
+-- the binary map of one stream: one layer's value at a score (calpipe_layer_value, the one home
+-- of both forms' evaluation; calpipe_layer) and the scalar forms calibrate_score_as_of,
+-- calibrate_score and calibration_curve. Uses 01 to 04.
+
+-- `value` on the map rows `m` of the families `families`, NULL on the others (which the
+-- aggregates skip). Why: an aggregate computes its argument on every row of the group, whatever
+-- branch of calpipe_layer_value is taken, and CASE computes a branch only for its own rows (the
+-- calibrated-regression scan, 64 steps of list lambdas, on every term of a Jumper's map made a
+-- score cost milliseconds).
+CREATE OR REPLACE MACRO calpipe_rows_of(m, families, value) AS
+    CASE WHEN list_contains(families, m.family) THEN value END;
+
+-- The value at p of one layer of a map, an aggregate over the layer's rows `m` (a row of
+-- calibration_map as a struct): the Brier compatibility mode's forecast, a step/linear table
+-- (the piece with the largest x <= p), a bin table (family bins: the value of p's bin, p where
+-- NULL) or a weighted sum of terms; a term with an input table (in_layer -(j + 1)) reads its
+-- value ins[j + 1] (the input tables' values at the clipped score) for q. One home for both
+-- forms: calpipe_layer (one score) and calpipe_points_layer (a table of scores).
+CREATE OR REPLACE MACRO calpipe_layer_value(m, p, ins) AS
+    CASE WHEN bool_or(m.family IN ('brier', 'brier_cox'))
+         THEN calpipe_brier_binary(
+             sum(calpipe_rows_of(m, ['brier', 'brier_cox'], m.weight * exp(-calpipe_brier_loss(
+                 0, calpipe_brier_f(m.family, m.b, m.alphas, [1.0 - p, p]))))),
+             sum(calpipe_rows_of(m, ['brier', 'brier_cox'], m.weight * exp(-calpipe_brier_loss(
+                 1, calpipe_brier_f(m.family, m.b, m.alphas, [1.0 - p, p]))))))
+         WHEN bool_or(m.family = 'calreg')
+         THEN max(calpipe_rows_of(m, ['calreg'], calpipe_calreg_y(m.a,
+                                                                 calpipe_calreg_c(m.y_k, m.b, p))))
+         WHEN bool_or(m.family = 'calreg_fp')
+         THEN max(calpipe_rows_of(m, ['calreg_fp'], calpipe_calreg_fp_row(m.a, m.b, m.y_k, p)))
+         WHEN bool_or(m.family IN ('step', 'linear'))
+         THEN arg_max(calpipe_piece(m.family, m.x, m.y_at, m.y_right, m.x_next, m.y_next, p),
+                      m.x) FILTER (WHERE m.x <= p)
+         WHEN bool_or(m.family = 'bins')
+         THEN max(coalesce(m.y_at, p)) FILTER (WHERE m.term = calpipe_bin(p, m.a))
+         -- (the families of calpipe_term)
+         ELSE sum(calpipe_rows_of(m, ['identity', 'quadratic', 'cubic', 'cox', 'temperature'],
+             m.weight * CASE
+             WHEN m.in_layer IS NULL
+             THEN calpipe_map_term(m.family, m.a, m.b, m.clip, m.in_w1, m.in_w2, m.in_w0,
+                                   m.in_eps, p)
+             ELSE calpipe_term(m.family, m.a, m.b, calpipe_clip(ins[-m.in_layer], m.clip))
+             END))
+    END;
+
+-- One layer of stream `s`'s map of day `d` evaluated at p: `v` (NULL: the layer has no rows) and
+-- its row count `n` (calpipe_layer_value).
+CREATE OR REPLACE MACRO calpipe_layer(s, d, lay, p, ins) AS TABLE
+    SELECT calpipe_layer_value(m, p, ins) AS v, count(*) AS n
+    FROM calibration_map m
+    WHERE m.stream = CAST(s AS VARCHAR) AND m.date = d AND coalesce(m.layer, 0) = lay;
+
+-- Calibrated probability of `score` under stream `s`'s map in force at the end of day `as_of`
+-- (its latest map on or before; NULL: no map yet, or a NULL or NaN score), for every method
+-- with a SQL form (calpipe.pipeline.mapping.has_sql_map): layer 0 at the score; layer 1 (a
+-- stack's top, a calibeating table), where there is one, at layer 0's value; layer 2 (the top
+-- of a stack with a calibeating layer) at layer 1's. A composite-experts input whose map is a
+-- table of its own (layer -1, -2, ...) is evaluated first, at the clipped score, for the terms
+-- that read it.
+CREATE OR REPLACE MACRO calibrate_score_as_of(s, score, as_of) AS (
+    WITH d AS (
+        SELECT max(date) AS d FROM calibration_map
+        WHERE stream = CAST(s AS VARCHAR) AND date <= CAST(as_of AS DATE)
+    ),
+    in_tables AS (
+        SELECT DISTINCT m.layer, m.clip FROM d, calibration_map m
+        WHERE m.stream = CAST(s AS VARCHAR) AND m.date = d.d AND m.layer < 0
+    ),
+    -- (a scalar subquery: one row, NULL without input tables, also per row of an outer query)
+    ins AS (
+        SELECT (SELECT list(l.v ORDER BY it.layer DESC)
+                FROM d, in_tables it,
+                     calpipe_layer(s, d.d, it.layer,
+                                   calpipe_clip(calpipe_score(score, calpipe_where_score(s)),
+                                                it.clip),
+                                   NULL) AS l) AS v
+    ),
+    l0 AS (
+        SELECT l.v
+        FROM d, ins,
+             calpipe_layer(s, d.d, 0, calpipe_score(score, calpipe_where_score(s)), ins.v) AS l
+    ),
+    l1 AS (SELECT l.v, l.n FROM d, l0, calpipe_layer(s, d.d, 1, l0.v, NULL) AS l),
+    l2 AS (SELECT l.v, l.n FROM d, l1, calpipe_layer(s, d.d, 2, l1.v, NULL) AS l)
+    SELECT coalesce(calpipe_require_binary('calibrate_score'),
+                    CASE WHEN calpipe_score(score, calpipe_where_score(s)) IS NULL THEN NULL
+                         WHEN l2.n > 0 THEN l2.v WHEN l1.n > 0 THEN l1.v ELSE l0.v END)
+    FROM l0, l1, l2
+);
+
+-- The same under the latest map of stream `s`.
+--   SELECT calibrate_score('bank-telemarketing', 0.3);
+CREATE OR REPLACE MACRO calibrate_score(s, score) AS
+    calibrate_score_as_of(s, score, DATE '9999-12-31');
+
+-- The latest map of stream `s` tabulated on n + 1 equally spaced points of [0, 1] (for plots).
+--   SELECT * FROM calibration_curve('bank-telemarketing', 10);
+CREATE OR REPLACE MACRO calibration_curve(s, n) AS TABLE
+    SELECT g.i / n AS p, calibrate_score(s, g.i / n) AS protected_p
+    -- (n = 0 gave one point, 0 / 0)
+    FROM range(0, CASE WHEN n >= 1 THEN n + 1
+                       ELSE error(concat('calibration_curve: n must be >= 1, got ', n)) END)
+         AS g(i)
+    WHERE EXISTS (SELECT 1 FROM calibration_map WHERE stream = CAST(s AS VARCHAR))
+    ORDER BY g.i;

@@ -1,0 +1,324 @@
+-- Serving-map macros 07 (sql/macros/, installed in name order: calpipe.storage.schema.SQL_LAYOUT),
+-- the set forms, which calibrate every row of a table at once: calibrate_table_as_of and
+-- calibrate_table (binary: each layer by calpipe_layer_value, 05), calibrate_scores_table_as_of
+-- and calibrate_scores_table (K-class: each layer's families as in 06), and the map rows in
+-- force they read. Uses 01 to 06.
+
+-- Where a set form's score is (the table's row r, from 1, and its stream), for calpipe_score's
+-- and calpipe_kscores' errors; `form` names the macro.
+CREATE OR REPLACE MACRO calpipe_where_row(form, r, s) AS
+    concat(form, ': row ', r, ' (stream ''', s, ''')');
+
+-- The map rows in force at the end of day `as_of` (each stream's latest day on or before it,
+-- layer NULL read as 0) of the streams of the relation named `rows` (its `stream` column, a
+-- number compared as its text), for the set forms: only the table's streams, as a long
+-- history's calibration_map holds every stream's days.
+CREATE OR REPLACE MACRO calpipe_maps_in_force(rows, as_of) AS TABLE
+    WITH calpipe_latest AS (
+        SELECT stream, max(date) AS d FROM calibration_map
+        WHERE date <= CAST(as_of AS DATE)
+          AND stream IN (SELECT CAST(stream AS VARCHAR) FROM query_table(rows))
+        GROUP BY stream
+    )
+    SELECT m.* REPLACE (coalesce(m.layer, 0) AS layer)
+    FROM calibration_map m JOIN calpipe_latest l ON m.stream = l.stream AND m.date = l.d;
+
+-- The set form (calibrate_table): one layer of the maps in force evaluated at every point of
+-- the relation named `points` (r, stream, layer, q, ins: a point's key, its stream, the layer,
+-- the value to evaluate it at, the input tables' values) under the map rows of the relation
+-- named `maps` (calibration_map's rows in force, layer NULL read as 0): (r, layer, v), one row
+-- per point whose stream has rows in that layer. A point joins every row of a term or bin
+-- layer, but only its own piece of a step/linear table (an ASOF join on x <= q, the piece that
+-- calpipe_layer_value's arg_max picks): a table of thousands of pieces is not evaluated
+-- thousands of times per score.
+CREATE OR REPLACE MACRO calpipe_points_layer(points, maps) AS TABLE
+    WITH calpipe_candidates AS (
+        SELECT pt.r, pt.layer, pt.q, pt.ins, m
+        FROM query_table(points) pt
+        JOIN (SELECT * FROM query_table(maps) WHERE family NOT IN ('step', 'linear')) m
+          ON m.stream = pt.stream AND m.layer = pt.layer
+        UNION ALL
+        SELECT pt.r, pt.layer, pt.q, pt.ins, m
+        FROM query_table(points) pt
+        ASOF JOIN (SELECT * FROM query_table(maps) WHERE family IN ('step', 'linear')) m
+          ON m.stream = pt.stream AND m.layer = pt.layer AND m.x <= pt.q
+    )
+    SELECT r, layer, calpipe_layer_value(m, q, ins) AS v
+    FROM calpipe_candidates GROUP BY r, layer;
+
+-- Calibrated probabilities of a whole table: every row of the table, view or CTE named `tbl`
+-- (columns `stream` and `score`, a binary base probability), in its order and with all its
+-- columns, plus `protected_score` under its stream's map in force at the end of day `as_of`
+-- (NULL: no map yet, or a NULL or NaN score). Equal row by row to calibrate_score_as_of (the
+-- same layers, the same calpipe_layer_value), but set-based: the scores are joined with the
+-- maps' rows once, where calibrate_score evaluates each score's map on its own (20x to 190x
+-- the scores per second on the demo database, BENCHMARKS.md §15). Binary maps (K classes:
+-- calibrate_scores_table).
+--   SELECT * FROM calibrate_table_as_of('fresh_scores', DATE '2010-11-01');
+CREATE OR REPLACE MACRO calibrate_table_as_of(tbl, as_of) AS TABLE
+    -- (materialized: every reference reads the same row numbers, which pair each row with its
+    -- value; the numbers follow the table's scan order, which the result keeps)
+    WITH calpipe_rows AS MATERIALIZED (
+        SELECT row_number() OVER () AS calpipe_row, * FROM query_table(tbl)
+    ),
+    calpipe_maps AS (SELECT * FROM calpipe_maps_in_force('calpipe_rows', as_of)),
+    calpipe_tops AS (SELECT stream, max(layer) AS top FROM calpipe_maps GROUP BY stream),
+    -- every row's score checked, also of a stream without a map (as calibrate_score)
+    calpipe_checked AS (
+        SELECT e.calpipe_row AS r, CAST(e.stream AS VARCHAR) AS stream,
+               calpipe_score(e.score,
+                             calpipe_where_row('calibrate_table', e.calpipe_row, e.stream)) AS p
+        FROM calpipe_rows e
+    ),
+    calpipe_points AS (
+        SELECT c.r, c.stream, c.p
+        FROM calpipe_checked c SEMI JOIN calpipe_tops t ON t.stream = c.stream
+        WHERE c.p IS NOT NULL AND calpipe_require_binary('calibrate_table') IS NULL
+    ),
+    -- a composite-experts input whose map is a table (layer -1, -2, ...), at the clipped score
+    calpipe_in_points AS (
+        SELECT pt.r, pt.stream, it.layer, calpipe_clip(pt.p, it.clip) AS q,
+               CAST(NULL AS DOUBLE[]) AS ins
+        FROM calpipe_points pt
+        JOIN (SELECT DISTINCT stream, layer, clip FROM calpipe_maps WHERE layer < 0) it
+          ON it.stream = pt.stream
+    ),
+    calpipe_ins AS (
+        SELECT r, list(v ORDER BY layer DESC) AS ins
+        FROM calpipe_points_layer('calpipe_in_points', 'calpipe_maps') GROUP BY r
+    ),
+    calpipe_p0 AS (
+        SELECT pt.r, pt.stream, 0 AS layer, pt.p AS q, i.ins
+        FROM calpipe_points pt LEFT JOIN calpipe_ins i ON i.r = pt.r
+    ),
+    calpipe_v0 AS (SELECT r, v FROM calpipe_points_layer('calpipe_p0', 'calpipe_maps')),
+    -- a stack's top or a calibeating table at layer 0's value; a third layer at layer 1's
+    calpipe_p1 AS (
+        SELECT pt.r, pt.stream, 1 AS layer, v.v AS q, CAST(NULL AS DOUBLE[]) AS ins
+        FROM calpipe_points pt JOIN calpipe_tops t ON t.stream = pt.stream AND t.top >= 1
+        LEFT JOIN calpipe_v0 v ON v.r = pt.r
+    ),
+    calpipe_v1 AS (SELECT r, v FROM calpipe_points_layer('calpipe_p1', 'calpipe_maps')),
+    calpipe_p2 AS (
+        SELECT pt.r, pt.stream, 2 AS layer, v.v AS q, CAST(NULL AS DOUBLE[]) AS ins
+        FROM calpipe_points pt JOIN calpipe_tops t ON t.stream = pt.stream AND t.top >= 2
+        LEFT JOIN calpipe_v1 v ON v.r = pt.r
+    ),
+    calpipe_v2 AS (SELECT r, v FROM calpipe_points_layer('calpipe_p2', 'calpipe_maps')),
+    calpipe_out AS (
+        SELECT e.*,
+               CASE WHEN c.p IS NULL THEN NULL
+                    WHEN t.top >= 2 THEN v2.v WHEN t.top >= 1 THEN v1.v ELSE v0.v END
+                   AS calpipe_value
+        FROM calpipe_rows e
+        JOIN calpipe_checked c ON c.r = e.calpipe_row
+        LEFT JOIN calpipe_tops t ON t.stream = c.stream
+        LEFT JOIN calpipe_v0 v0 ON v0.r = e.calpipe_row
+        LEFT JOIN calpipe_v1 v1 ON v1.r = e.calpipe_row
+        LEFT JOIN calpipe_v2 v2 ON v2.r = e.calpipe_row
+    )
+    -- (the table's own protected_score, e.g. of an earlier run, is replaced: kept, it came out
+    -- beside the new one as DuckDB's protected_score_1, the stale one under the expected name)
+    SELECT COLUMNS(lambda col_name: lower(col_name) NOT IN ('calpipe_row', 'calpipe_value',
+                                                           'protected_score')),
+           calpipe_value AS protected_score
+    FROM calpipe_out ORDER BY calpipe_row;
+
+-- The same under each stream's latest map.
+--   SELECT * FROM calibrate_table('fresh_scores');
+CREATE OR REPLACE MACRO calibrate_table(tbl) AS TABLE
+    SELECT * FROM calibrate_table_as_of(tbl, DATE '9999-12-31');
+
+-- The K-class set form (calibrate_scores_table): one layer of the maps in force evaluated at every
+-- point of the relation named `points` (r, stream, layer, q: a point's key, its stream, the
+-- layer, the score vector to evaluate it at) under the map rows of the relation named `maps`
+-- (calibration_map's rows in force, layer NULL read as 0): (r, layer, v), v the layer's vector,
+-- one row per point whose stream has rows in that layer. Each family as calpipe_klayer
+-- evaluates it for one score (the same macros): the terms' sum class by class, the coupled step
+-- tables of the sub-problems (each sub-problem's piece by an ASOF join), the table of
+-- categories, the partition tree (a recursive walk of every point at once), the Brier mode.
+CREATE OR REPLACE MACRO calpipe_kpoints_layer(points, maps) AS TABLE
+    WITH RECURSIVE kq_pt AS (SELECT r, stream, layer, q FROM query_table(points)),
+    kq_m AS (SELECT * FROM query_table(maps)),
+    -- terms: sum over the terms of weight * f(kclip(q)) (or of the term's input map), by class
+    kq_terms AS (
+        SELECT pt.r, pt.layer, m.weight,
+               calpipe_kterm(m.family, m.a, m.b, m.alphas,
+                             CASE WHEN m.in_ka IS NULL THEN calpipe_kclip(pt.q, m.clip)
+                                  ELSE calpipe_kclip(calpipe_kinput(calpipe_kclip(pt.q, m.clip),
+                                                                    m.in_ka, m.in_kb, m.in_eps),
+                                                     m.clip)
+                             END) AS f
+        FROM kq_pt pt JOIN kq_m m ON m.stream = pt.stream AND m.layer = pt.layer
+        WHERE m.family NOT IN ('ovr', 'ovr_base', 'ovo', 'kcat', 'kedge', 'ksplit', 'kleaf',
+                               'brier', 'brier_cox')
+    ),
+    kq_term_c AS (
+        SELECT t.r, t.layer, u.i, sum(t.weight * u.v) AS v
+        FROM kq_terms t, unnest(t.f) WITH ORDINALITY AS u(v, i)
+        GROUP BY t.r, t.layer, u.i
+    ),
+    kq_term_v AS (
+        SELECT r, layer, list(v ORDER BY i) AS v FROM kq_term_c GROUP BY r, layer
+    ),
+    -- step tables of the sub-problems: each (point, sub-problem) at its score, its piece
+    kq_subs AS (
+        SELECT DISTINCT stream, layer, family, a, b FROM kq_m
+        WHERE family IN ('ovr', 'ovr_base', 'ovo')
+    ),
+    kq_sub_pts AS (
+        SELECT pt.r, pt.layer, pt.stream, s.family, s.a, s.b, len(pt.q) AS k,
+               calpipe_subscore(pt.q, s.a, s.b) AS sc
+        FROM kq_pt pt JOIN kq_subs s ON s.stream = pt.stream AND s.layer = pt.layer
+    ),
+    kq_sub_v AS (
+        SELECT sp.r, sp.layer, sp.family, sp.a AS i, sp.b AS j, sp.k,
+               CASE WHEN m.x = sp.sc THEN m.y_at ELSE m.y_right END AS v
+        FROM kq_sub_pts sp
+        ASOF JOIN (SELECT * FROM kq_m WHERE family IN ('ovr', 'ovr_base', 'ovo')) m
+          ON m.stream = sp.stream AND m.layer = sp.layer AND m.family = sp.family
+         AND m.a = sp.a AND m.b = sp.b AND m.x <= sp.sc
+    ),
+    kq_sub_u AS (
+        SELECT r, layer, family, j AS cls, v AS u FROM kq_sub_v WHERE family <> 'ovo'
+        UNION ALL
+        SELECT r, layer, family, cls, 1.0 / (sum(t) - (any_value(k) - 2)) AS u
+        FROM (SELECT r, layer, family, k, i AS cls, 1.0 / (1.0 - v) AS t FROM kq_sub_v
+              WHERE family = 'ovo'
+              UNION ALL
+              SELECT r, layer, family, k, j AS cls, 1.0 / v AS t FROM kq_sub_v
+              WHERE family = 'ovo')
+        GROUP BY r, layer, family, cls
+    ),
+    kq_sub_tot AS (
+        SELECT u.r, u.layer, any_value(u.family) AS family, sum(u.u) AS tot,
+               list(u.u ORDER BY u.cls) AS raw
+        FROM kq_sub_u u GROUP BY u.r, u.layer
+    ),
+    kq_tables_v AS (
+        SELECT st.r, st.layer,
+               CASE WHEN st.family = 'ovr_base' AND st.tot <= 0 THEN pt.q
+                    ELSE list_transform(st.raw, lambda kq_x: kq_x / st.tot) END AS v
+        FROM kq_sub_tot st JOIN kq_pt pt ON pt.r = st.r AND pt.layer = st.layer
+    ),
+    -- the table of categories: argmax class x (edges + 1) + edges at or below the max
+    kq_cat_k AS (
+        SELECT pt.r, pt.layer, any_value(pt.stream) AS stream,
+               (any_value(list_position(pt.q, list_max(pt.q))) - 1)
+                   * (count(*) FILTER (WHERE m.family = 'kedge') + 1)
+                   + count(*) FILTER (WHERE m.family = 'kedge' AND m.x <= list_max(pt.q)) AS k
+        FROM kq_pt pt JOIN kq_m m ON m.stream = pt.stream AND m.layer = pt.layer
+        WHERE m.family IN ('kcat', 'kedge')
+        GROUP BY pt.r, pt.layer
+    ),
+    kq_cats_v AS (
+        SELECT ck.r, ck.layer, m.y_k AS v
+        FROM kq_cat_k ck
+        LEFT JOIN kq_m m ON m.stream = ck.stream AND m.layer = ck.layer AND m.family = 'kcat'
+                        AND m.term = ck.k
+    ),
+    -- the partition tree: every point from the root to its leaf
+    kq_nodes AS (
+        SELECT stream, layer, term, family, y_k, kids FROM kq_m
+        WHERE family IN ('ksplit', 'kleaf')
+    ),
+    kq_walk(r, layer, stream, q, node) AS (
+        SELECT pt.r, pt.layer, pt.stream, pt.q, 0 FROM kq_pt pt
+        SEMI JOIN (SELECT DISTINCT stream, layer FROM kq_nodes) n
+          ON n.stream = pt.stream AND n.layer = pt.layer
+        UNION ALL
+        SELECT w.r, w.layer, w.stream, w.q, calpipe_tree_child(w.q, n.y_k, n.kids)
+        FROM kq_walk w JOIN kq_nodes n
+          ON n.stream = w.stream AND n.layer = w.layer AND n.term = w.node
+        WHERE n.family = 'ksplit'
+    ),
+    kq_tree_v AS (
+        SELECT w.r, w.layer, n.y_k AS v
+        FROM kq_walk w JOIN kq_nodes n
+          ON n.stream = w.stream AND n.layer = w.layer AND n.term = w.node
+        WHERE n.family = 'kleaf'
+    ),
+    -- the Brier mode: a_c = sum over the terms of weight * e^{-Brier(c, f(q))}, merged
+    kq_brier_f AS (
+        SELECT pt.r, pt.layer, m.weight, calpipe_brier_f(m.family, m.b, m.alphas, pt.q) AS f
+        FROM kq_pt pt JOIN kq_m m ON m.stream = pt.stream AND m.layer = pt.layer
+        WHERE m.family IN ('brier', 'brier_cox')
+    ),
+    kq_brier_e AS (
+        SELECT bf.r, bf.layer, bf.weight,
+               list_transform(range(len(bf.f)), lambda kq_c: exp(-calpipe_brier_loss(kq_c, bf.f)))
+                   AS e
+        FROM kq_brier_f bf
+    ),
+    kq_brier_a AS (
+        SELECT be.r, be.layer, u.i, sum(be.weight * u.v) AS a
+        FROM kq_brier_e be, unnest(be.e) WITH ORDINALITY AS u(v, i)
+        GROUP BY be.r, be.layer, u.i
+    ),
+    kq_brier_v AS (
+        SELECT r, layer, calpipe_brier_merge(list(a ORDER BY i)) AS v
+        FROM kq_brier_a GROUP BY r, layer
+    ),
+    kq_all AS (
+        SELECT r, layer, v, 0 AS kind FROM kq_tables_v
+        UNION ALL SELECT r, layer, v, 1 FROM kq_cats_v
+        UNION ALL SELECT r, layer, v, 2 FROM kq_tree_v
+        UNION ALL SELECT r, layer, v, 3 FROM kq_brier_v
+        UNION ALL SELECT r, layer, v, 4 FROM kq_term_v
+    )
+    -- calpipe_klayer's coalesce: the first kind with a value
+    SELECT r, layer, arg_min(v, kind) FILTER (WHERE v IS NOT NULL) AS v
+    FROM kq_all GROUP BY r, layer;
+
+-- Calibrated class probabilities of a whole table: every row of the table, view or CTE named
+-- `tbl` (columns `stream` and `scores`, a K-class base probability vector), in its order and
+-- with all its columns, plus `protected_scores` under its stream's map in force at the end of
+-- day `as_of` (NULL: no map yet, or a NULL vector or one with a NULL or NaN inside; a vector the
+-- engine refuses is an error naming its row). Equal row by row to calibrate_scores_as_of (layer
+-- 0 at the vector, layer 1, a stack's top, at layer 0's), but set-based (calpipe_kpoints_layer).
+--   SELECT * FROM calibrate_scores_table_as_of('fresh_scores', DATE '2010-11-01');
+CREATE OR REPLACE MACRO calibrate_scores_table_as_of(tbl, as_of) AS TABLE
+    WITH calpipe_rows AS MATERIALIZED (
+        SELECT row_number() OVER () AS calpipe_row, * FROM query_table(tbl)
+    ),
+    calpipe_k AS (SELECT max(n_classes) AS n FROM calibrator_state),
+    calpipe_maps AS (SELECT * FROM calpipe_maps_in_force('calpipe_rows', as_of)),
+    calpipe_tops AS (SELECT stream, max(layer) AS top FROM calpipe_maps GROUP BY stream),
+    calpipe_checked AS (
+        SELECT e.calpipe_row AS r, CAST(e.stream AS VARCHAR) AS stream,
+               calpipe_kscores(e.scores, k.n, calpipe_where_row('calibrate_scores_table',
+                                                                e.calpipe_row, e.stream)) AS q
+        FROM calpipe_rows e, calpipe_k k
+    ),
+    calpipe_p0 AS (
+        SELECT c.r, c.stream, 0 AS layer, c.q
+        FROM calpipe_checked c SEMI JOIN calpipe_tops t ON t.stream = c.stream
+        WHERE c.q IS NOT NULL
+    ),
+    calpipe_v0 AS (SELECT r, v FROM calpipe_kpoints_layer('calpipe_p0', 'calpipe_maps')),
+    calpipe_p1 AS (
+        SELECT pt.r, pt.stream, 1 AS layer, v.v AS q
+        FROM calpipe_p0 pt JOIN calpipe_tops t ON t.stream = pt.stream AND t.top >= 1
+        LEFT JOIN calpipe_v0 v ON v.r = pt.r
+    ),
+    calpipe_v1 AS (SELECT r, v FROM calpipe_kpoints_layer('calpipe_p1', 'calpipe_maps')),
+    calpipe_out AS (
+        SELECT e.*,
+               CASE WHEN c.q IS NULL THEN NULL WHEN t.top >= 1 THEN v1.v ELSE v0.v END
+                   AS calpipe_value
+        FROM calpipe_rows e
+        JOIN calpipe_checked c ON c.r = e.calpipe_row
+        LEFT JOIN calpipe_tops t ON t.stream = c.stream
+        LEFT JOIN calpipe_v0 v0 ON v0.r = e.calpipe_row
+        LEFT JOIN calpipe_v1 v1 ON v1.r = e.calpipe_row
+    )
+    -- (the table's own protected_scores is replaced, as calibrate_table's protected_score)
+    SELECT COLUMNS(lambda col_name: lower(col_name) NOT IN ('calpipe_row', 'calpipe_value',
+                                                           'protected_scores')),
+           calpipe_value AS protected_scores
+    FROM calpipe_out ORDER BY calpipe_row;
+
+-- The same under each stream's latest map.
+--   SELECT * FROM calibrate_scores_table('fresh_scores');
+CREATE OR REPLACE MACRO calibrate_scores_table(tbl) AS TABLE
+    SELECT * FROM calibrate_scores_table_as_of(tbl, DATE '9999-12-31');
