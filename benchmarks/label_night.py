@@ -30,13 +30,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
 from benchmarks.cli import emit, size_parser
-from benchmarks.pipeline import peak_rss_mib, warm_up
+from benchmarks.pipeline import clock, peak_rss_mib, store_floor, warm_up
 from benchmarks.quality import cpu_model
 
 #: (night scores = night labels, chain nights, chain scores per night)
@@ -140,13 +139,13 @@ def child(spec: dict) -> dict:
 
     kind, root = spec["kind"], Path(spec["root"])
     if kind == "duckdb_load":
-        t0, c0 = time.perf_counter(), time.process_time()
+        stop = clock()
         con = duckdb.connect(str(root / "load.duckdb"))
         for name in ("night", "night_labels"):
             files = [str(f) for f in sorted((root / name).glob("date=*/*.parquet"))]
             con.execute(f"CREATE TABLE {name} AS SELECT * FROM read_parquet({files!r})")
         con.close()
-        return {"seconds": time.perf_counter() - t0, "cpu": time.process_time() - c0}
+        return stop()
     if kind == "floor":
         return _floor(root)
     if kind == "arrow_size":
@@ -171,58 +170,36 @@ def child(spec: dict) -> dict:
     end = None
     if kind == "history":  # the chain but its last night (not measured)
         end = DAY0 + dt.timedelta(days=spec["nights"] - 2)
-    t0, c0 = time.perf_counter(), time.process_time()
+    stop = clock()
     con = storage.connect(root / db)
     s = pipeline.run_range(con, storage.EventSource.parse(str(root / events)),
                            end=end, settings=pipeline.Settings.make(method),
                            labels=label_source(str(root / labels)))  # fmt: skip
     con.close()
-    return {"seconds": time.perf_counter() - t0, "cpu": time.process_time() - c0,
-            "peak_mib": peak_rss_mib(), "days": s.days}  # fmt: skip
+    return {**stop(), "peak_mib": peak_rss_mib(), "days": s.days}
 
 
-#: The rows the night must store, written by DuckDB alone from the night's files (no engine: the
-#: protected columns are arithmetic on the score). ``{ev}``, ``{lb}``: the files' lists.
-_FLOOR_SQL = (
-    """INSERT INTO scored_events (event_date, stream, event_id, event_time, score, label)
-    SELECT DATE '{day}', stream, event_id, event_time, score, label FROM read_parquet({ev})""",
-    """INSERT INTO protected_scores (event_date, stream, event_id, base_score, label,
-        protected_score, log10_martingale, p_lower, p_upper)
-    SELECT DATE '{day}', stream, event_id, score, label, 0.99 * score, 0.1 * score, 0.9 * score,
-        1.1 * score
-    FROM read_parquet({ev})""",
-    # the label lookup: each label's event (its date, time and base score) from the history
-    """INSERT INTO event_labels (date, stream, event_id, event_date, event_time, score, label,
-        label_time, file)
+#: The label night's floor adds its label lookup to the store floor (``pipeline.STORE_SQL``):
+#: each label's event (its date, time and base score) from the history. ``{lb}``: the labels'
+#: files.
+_LOOKUP_SQL = """INSERT INTO event_labels (date, stream, event_id, event_date, event_time, score,
+        label, label_time, file)
     SELECT DATE '{day}', k.stream, k.event_id, e.event_date, e.event_time, e.score, k.label,
         k.label_time, 'date={day}/part-0.parquet'
     FROM read_parquet({lb}) k JOIN scored_events e
-      ON e.stream = k.stream AND e.event_id = k.event_id AND e.event_date < DATE '{day}'""",
-)
+      ON e.stream = k.stream AND e.event_id = k.event_id AND e.event_date < DATE '{day}'"""
 
 
 def _floor(root: Path) -> dict:
-    """Seconds DuckDB alone takes to store the night's three 10M-row tables (``scored_events``,
+    """The night's floor: DuckDB alone storing its three 10M-row tables (``scored_events``,
     ``protected_scores``, ``event_labels`` with the label lookup's join) in one transaction on
-    a copy of the history, as the night does, and close (a checkpoint, as the load's close):
-    what the night cannot do without, before it reads a row into memory, runs the engine,
-    checks anything or monitors. The streams' few state and monitoring rows are left out."""
-    import duckdb
-
+    a copy of the history, as the night does, and closing (:func:`benchmarks.pipeline.store_floor`)."""
     db = root / "floor.duckdb"
     shutil.copy(root / f"history-{TARGET_METHOD}.duckdb", db)
     files = {n: [str(f) for f in sorted((root / n).glob("date=*/*.parquet"))]
              for n in ("night", "night_labels")}  # fmt: skip
     day = (DAY0 + dt.timedelta(days=1)).isoformat()
-    t0, c0 = time.perf_counter(), time.process_time()
-    con = duckdb.connect(str(db))
-    con.execute("SET TimeZone = 'UTC'")
-    con.execute("BEGIN")
-    for sql in _FLOOR_SQL:
-        con.execute(sql.format(day=day, ev=files["night"], lb=files["night_labels"]))
-    con.execute("COMMIT")
-    con.close()
-    return {"seconds": time.perf_counter() - t0, "cpu": time.process_time() - c0}
+    return store_floor(db, day, files["night"], (_LOOKUP_SQL,), lb=files["night_labels"])
 
 
 def _run_child(spec: dict) -> dict:
