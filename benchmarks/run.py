@@ -13,8 +13,9 @@ Measurements (the numbering of BENCHMARKS.md):
    functions of the default grid on the same scores;
 3. ``calpipe.protect`` end to end on a polars frame (time-ordered input, and presorted input);
 4. versus the reference package ``protected-classification`` 0.1.5 (identical outputs, speed);
-5. nightly ``calpipe run`` vs DuckDB loading the same Parquet file, 6. memory of a nightly run and
-   of a 30-day backfill (both from :mod:`benchmarks.pipeline`);
+5. nightly ``calpipe run`` vs DuckDB loading the same Parquet file and vs the store floor (DuckDB
+   alone storing the night's tables), 6. memory of a nightly run and of a 30-day backfill (both
+   from :mod:`benchmarks.pipeline`);
 7. scaling in events and in streams;
 8. start-up: first ``protect`` call of a fresh process, numba cache cold vs warm;
 9. every method of the default's mixture; 13. the river and scikit-learn APIs
@@ -590,8 +591,11 @@ def main(argv=None) -> None:
     if only & {"5", "6"}:  # child processes of their own (benchmarks/pipeline.py)
         from benchmarks import pipeline as bench_pipeline
 
-        text = "### 5-6. Nightly pipeline: `calpipe run` vs the DuckDB load, memory\n\n"
-        text += bench_pipeline.markdown(bench_pipeline.measure(args.size)) + "\n"
+        text = (
+            "### 5-6. Nightly pipeline: `calpipe run` vs the DuckDB load and the store floor, "
+            "memory\n\n"
+        )
+        text += bench_pipeline.markdown(*bench_pipeline.measure(args.size)) + "\n"
         print(text, flush=True)
         parts.append(text)
     if "va" in only:  # Venn-ABERS against the venn-abers package
