@@ -2,7 +2,7 @@
 
 A table is compared as its columns (names and types, in order) and its rows in a canonical
 order: sorted by the table's sort keys (:data:`calpipe.storage.SORT_KEYS`; no calpipe table defines
-a physical row order, ``store.read_partitions`` reads them in this one), ties broken by the
+a physical row order, ``storage.read_partitions`` reads them in this one), ties broken by the
 row's canonical bytes. Each row is the concatenation of its fields, each field
 self-delimiting and independent of the library that read it:
 

@@ -13,18 +13,17 @@ import os
 
 import numpy as np
 import polars as pl
+import pyspark  # noqa: F401  (no importorskip: pyspark is part of the stack; CI fails without it)
 import pytest
 
 import calpipe
 from calpipe import generate, pipeline, storage
+from calpipe import spark as cs
 from calpipe.cli import main
 from calpipe.generate import StreamSpec
 from tests.pipeline.test_labels import with_classes
 
-pytest.importorskip("pyspark")
 pytestmark = [pytest.mark.spark, pytest.mark.filterwarnings("ignore::FutureWarning")]
-
-from calpipe import spark as cs  # noqa: E402
 
 STREAMS = (
     StreamSpec("a", events_per_day=30),
