@@ -59,7 +59,7 @@ import pytest
 from calpipe import config, generate, storage
 from calpipe.cli import main
 from calpipe.generate import StreamSpec
-from calpipe.pipeline.monitoring import daily_metrics
+from calpipe.night.monitoring import daily_metrics
 from tests.pipeline.test_labels import split_feed, write_day
 from tests.spark.cluster import HOST, Cluster, Watch
 
