@@ -364,8 +364,3 @@ PLOT_DPI: int = 100
 #: plot; the rest are counted in the last entry), in columns of this many rows, beside the axes.
 MAX_LEGEND_ENTRIES: int = 24
 LEGEND_ROWS: int = 12
-
-
-# --- The command line and the UI (cli/, dagster_project/) ---
-
-
