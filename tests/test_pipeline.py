@@ -1018,7 +1018,7 @@ def test_cli_run_from_csv_equals_the_same_events_from_parquet(tmp_path, capsys):
     con.close()
 
 
-@pytest.mark.parametrize("module", ["store", "pipeline", "generate", "plots"])
+@pytest.mark.parametrize("module", ["storage", "pipeline", "generate", "plots"])
 def test_docstring_examples_run(module):
     import doctest
     import importlib

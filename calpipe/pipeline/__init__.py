@@ -48,7 +48,7 @@ The modules, one concern each (every public name is re-exported here):
 
 Example
 -------
->>> import tempfile, calpipe.generate as gen, calpipe.storage as store
+>>> import tempfile, calpipe.generate as gen, calpipe.storage as storage
 >>> from pathlib import Path
 >>> tmp = Path(tempfile.mkdtemp())
 >>> events = gen.generate(n_days=3, seed=7)
