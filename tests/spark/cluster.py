@@ -108,27 +108,36 @@ def _environ(pid: int) -> dict[str, str]:
     return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
 
 
-def listening(pids: list[int]) -> set[tuple[str, int]]:
-    """The TCP (v4 and v6) addresses on which the processes ``pids`` listen (their sockets in
-    LISTEN state, from /proc), as ``(address, port)``; IPv4-mapped IPv6 shown as IPv4."""
-    inodes: set[str] = set()
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            for fd in os.scandir(f"/proc/{pid}/fd"):
-                with contextlib.suppress(OSError):
-                    target = os.readlink(fd.path)
-                    if target.startswith("socket:["):
-                        inodes.add(target[8:-1])
-    out = set()
+def _sockets(pid: int) -> set[str]:
+    """The inodes of the sockets process ``pid`` holds open."""
+    inodes = set()
+    with contextlib.suppress(OSError):
+        for fd in os.scandir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                target = os.readlink(fd.path)
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+    return inodes
+
+
+def _listen_table() -> dict[str, tuple[str, int]]:
+    """Every TCP socket (v4 and v6) in LISTEN state: inode -> (address, port), IPv4-mapped IPv6
+    shown as IPv4."""
+    out = {}
     for table, v6 in (("/proc/net/tcp", False), ("/proc/net/tcp6", True)):
         with contextlib.suppress(OSError):
             for line in Path(table).read_text().splitlines()[1:]:
                 f = line.split()
-                if f[3] != "0A" or f[9] not in inodes:  # 0A: LISTEN
-                    continue
-                addr, port = f[1].split(":")
-                out.add((_address(addr, v6), int(port, 16)))
+                if f[3] == "0A":  # LISTEN
+                    addr, port = f[1].split(":")
+                    out[f[9]] = (_address(addr, v6), int(port, 16))
     return out
+
+
+def listening(pids: list[int]) -> set[tuple[str, int]]:
+    """The TCP addresses on which the processes ``pids`` listen, as ``(address, port)``."""
+    table = _listen_table()
+    return {table[i] for pid in pids for i in _sockets(pid) if i in table}
 
 
 def _address(hexaddr: str, v6: bool) -> str:
@@ -144,7 +153,7 @@ def _address(hexaddr: str, v6: bool) -> str:
 
 @dataclass
 class Watch:
-    """What :meth:`Cluster.watch` saw, sampled a few times a second: ``listening``, every TCP
+    """What :meth:`Cluster.watch` saw, sampled twice a second: ``listening``, every TCP
     address a process of the cluster listened on (with the process's command line), and
     ``python``, every Python process of the cluster (pyspark's daemons and workers) with its
     interpreter and ``NUMBA_CACHE_DIR``."""
@@ -154,6 +163,7 @@ class Watch:
     commands: dict[int, str] = field(default_factory=dict)
 
     def sample(self, pids: list[int]) -> None:
+        table = _listen_table()
         for pid in pids:
             if pid not in self.commands:
                 self.commands[pid] = _cmdline(pid)
@@ -161,8 +171,9 @@ class Watch:
                 argv0 = self.commands[pid].split(" ", 1)[0]
                 if "python" in Path(argv0).name:
                     self.python[pid] = (argv0, _environ(pid).get("NUMBA_CACHE_DIR"))
-            for addr in listening([pid]):
-                self.listening.setdefault(addr, self.commands[pid])
+            for inode in _sockets(pid):
+                if inode in table:
+                    self.listening.setdefault(table[inode], self.commands[pid])
 
     def executors(self) -> list[str]:
         """The command lines of the executor JVMs seen."""
@@ -205,8 +216,9 @@ class Cluster:
         }  # fmt: skip
 
     @contextlib.contextmanager
-    def watch(self, every: float = 0.2) -> Iterator[Watch]:
-        """Record what the cluster's processes do while the block runs (:class:`Watch`)."""
+    def watch(self, every: float = 0.5) -> Iterator[Watch]:
+        """Record what the cluster's processes do while the block runs (:class:`Watch`), every
+        ``every`` seconds (a sample reads /proc: a few tens of ms on this sandbox)."""
         w = Watch()
         stop = threading.Event()
 
