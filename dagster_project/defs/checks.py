@@ -1,11 +1,11 @@
 """Asset checks: their specs, and the conversion of calpipe's check outcomes into results.
 
-The checks run inside the assets right after their write (so a single-run backfill checks its
-whole range at once): probabilities valid and rows in = rows out on ``protected_scores``, state
-continuity on ``calibrator_state`` (both on the ``protect`` multi-asset, ``assets/chain.py``),
-and the martingale alarm (a warning) on ``martingale_alarms`` (``assets/alarms.py``). Each spec
-is partitioned like its asset: the UI shows each day's result on that day (a range run's result
-on each day of its range).
+The checks are :func:`calpipe.pipeline.run_range`'s data checks, run once the night's days are
+committed (so a single-run backfill checks its whole range at once) and reported by the ``night``
+multi-asset (``assets/night.py``): probabilities valid and rows in = rows out on
+``protected_scores``, state continuity on ``calibrator_state``, and the martingale alarm (a
+warning) on ``martingale_alarms``. Each spec is partitioned like its asset: the UI shows each
+day's result on that day (a range run's result on each day of its range).
 """
 
 from __future__ import annotations
@@ -16,22 +16,27 @@ from calpipe.pipeline import CheckOutcome, markdown_table
 
 from .partitions import daily
 
-#: The checks of ``protected_scores`` and ``calibrator_state``.
-PROTECT_CHECKS = (
+#: Every check, each on its asset (the names are :class:`calpipe.pipeline.CheckOutcome`'s).
+CHECKS = (
     AssetCheckSpec("probabilities_valid", asset="protected_scores", partitions_def=daily,
                    description="every protected score is a finite probability in [0, 1]"),
     AssetCheckSpec("rows_in_equal_rows_out", asset="protected_scores", partitions_def=daily,
                    description="one protected row per scored event, per day and stream"),
     AssetCheckSpec("state_continuity", asset="calibrator_state", partitions_def=daily,
                    description="no gap in the chain of daily states; counts follow the events"),
-)  # fmt: skip
-
-#: The martingale alarm check of ``martingale_alarms``.
-ALARM_CHECKS = (
     AssetCheckSpec("no_martingale_alarm", asset="martingale_alarms", partitions_def=daily,
                    description="warns for the streams whose test martingale first reached 100 "
                    "on the run's days (earlier alarms are counted in its metadata)"),
 )  # fmt: skip
+
+
+def check_asset(name: str) -> str:
+    """The asset whose check is named ``name``; KeyError for a data check of the pipeline that
+    has no spec in :data:`CHECKS` (a new check needs one, or dagster would refuse its result)."""
+    assets = {c.name: c.asset_key.to_user_string() for c in CHECKS}
+    if name not in assets:
+        raise KeyError(f"the data check {name!r} has no AssetCheckSpec in CHECKS")
+    return assets[name]
 
 
 def to_result(outcome: CheckOutcome, asset_key: str) -> AssetCheckResult:

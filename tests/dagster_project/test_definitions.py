@@ -160,12 +160,11 @@ def test_every_definition_is_a_module_level_name_of_the_defs_folder(load_locatio
     job is defined at module level in one of its modules (no factory builds them)."""
     defs = load_location()
     defs_modules = [m for name, m in sys.modules.items() if name.startswith(DEFS + ".")]
-    assert {m.__name__ for m in defs_modules} >= {f"{DEFS}.assets.chain", f"{DEFS}.sensors"}
+    assert {m.__name__ for m in defs_modules} >= {f"{DEFS}.assets.night", f"{DEFS}.sensors"}
     assert "dagster_project" not in sys.modules  # the folder's other name: never imported
     where = {id(v): f"{m.__name__}.{k}" for m in defs_modules for k, v in vars(m).items()}
     found = {where.get(id(d)) for d in [*defs.assets, *defs.sensors, *defs.schedules, *defs.jobs]}
     assert found == {f"{DEFS}.{name}" for name in (
-        "assets.events.scored_events", "assets.chain.protect", "assets.monitoring.calibration_daily",
-        "assets.alarms.martingale_alarms", "assets.mapping.calibration_map", "schedules.nightly",
+        "assets.night.night", "schedules.nightly",
         "schedules.nightly_schedule", "sensors.landing_sensor", "sensors.range_metadata_sensor",
     )}  # fmt: skip
