@@ -294,10 +294,6 @@ PROTECT_BATCH_ROWS: int = 2_000_000
 #: night: a protect batch of events and as many labels.
 NIGHT_PART_ROWS: int = PROTECT_BATCH_ROWS
 
-#: calibration_arrivals reads a night's arrived labels joined to their forecasts in parts of
-#: about this many labels: the join needs ~100 bytes a label of DuckDB's buffer pool (600k
-#: labels failed at 32 MB, passed at 64 MB), so parts of 1M stay well inside 256 MB.
-ARRIVALS_QUERY_ROWS: int = 1_000_000
 #: A night's labels are looked up (their events, earlier labels, forecasts) this many at a time:
 #: against a long history DuckDB builds the joins' hash tables on the labels' keys, which it
 #: cannot spill (against 10M stored events: 2.1M labels failed at 384 MB, 1M ran at 256 MB and
@@ -320,13 +316,13 @@ MAX_STREAM_NAME_BYTES: int = 1024
 #: at disk speed with a small buffer.
 HASH_BLOCK_BYTES: int = 1 << 20
 
-#: At most this many days per transaction when a stage runs over a range (fewer for big days,
-#: see TRANSACTION_ROWS); a month keeps a backfill's commits few while a chunk's small tables
+#: At most this many days per transaction of a run over a range (fewer for big days, see
+#: TRANSACTION_ROWS); a month keeps a backfill's commits few while a transaction's small tables
 #: (state, monitoring, map: streams x days rows) stay small in memory.
 CHUNK_DAYS: int = 31
 
 
-# --- Monitoring and plots (metrics.py, pipeline/monitoring.py, plots.py) ---
+# --- Monitoring and plots (metrics.py, night/monitoring.py, plots.py) ---
 #: Equal-width bins on [0, 1] of the ECE, the reliability tables and the reliability diagrams:
 #: the usual 10 (Naeini et al. 2015; the monitoring tables' documented ECE), coarse enough that a
 #: day of a small stream still has several labelled events per occupied bin.

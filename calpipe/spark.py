@@ -533,7 +533,7 @@ def run_days(
     """Run the days [start, end] in order (a backfill, or one night): day d's events
     (``read_events(d)``, a Spark DataFrame) from the state of d - 1 under ``out``, writing
     ``out/scores``, ``out/state`` and ``out/daily`` (per-stream metrics of the day,
-    :func:`calpipe.pipeline.monitoring.daily_metrics`) as Parquet partitioned by ``date``, each
+    :func:`calpipe.night.monitoring.daily_metrics`) as Parquet partitioned by ``date``, each
     day's partition replaced by a dynamic partition overwrite, so re-running a day rewrites
     exactly its partitions. ``first_day`` (default ``start``) starts from no state; a later
     ``start`` needs the state of ``start - 1``. ``table_format="delta"`` writes Delta tables
@@ -569,7 +569,7 @@ def run_days(
 
 def daily_metrics(scores, *, by: str | Sequence[str] = "stream", **params):
     """Per-stream forecast quality of a day's ``scores`` (:func:`protect_day`'s output), as
-    ``calibration_daily`` computes it (:func:`calpipe.pipeline.monitoring.daily_metrics`: base
+    ``calibration_daily`` computes it (:func:`calpipe.night.monitoring.daily_metrics`: base
     vs protected log loss, Brier, ECE, smooth ECE, CORP, the day's maximum log10 martingale),
     one row per stream; ``params``: the method and its parameters (the martingale's base is the
     method's clipped base or a stack's base-method forecast)."""

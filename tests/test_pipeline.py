@@ -342,20 +342,17 @@ def snapshot(con) -> dict[str, pl.DataFrame]:
     return {t: table(con, t) for t in ALL_TABLES}
 
 
-def stages(con, source, a, b, settings=None, first_day=START):
-    settings = settings or Settings()
-    pipeline.load_events(con, source, a, b)
-    pipeline.protect_days(con, a, b, settings, first_day=first_day)
-    pipeline.monitor_days(con, a, b)
-    pipeline.alarm_days(con, a, b)
-    pipeline.map_days(con, a, b, settings)
+def run_days(con, source, a, b, settings=None, first_day=START):
+    """Days [a, b] as a dagster partition range runs them: explicit days, no replay."""
+    return pipeline.run_range(con, source, a, b, settings or Settings(), first_day=first_day)
 
 
 def test_days_without_events_are_reported(small):
     con, source, _, tmp = small
     (tmp / "landing" / f"date={day(3).isoformat()}" / "events.parquet").unlink()
-    res = pipeline.load_events(con, source, day(0), day(7))
-    assert res.notes == [day(3).isoformat()]
+    res = pipeline.run_range(con, source, day(0), day(7))
+    assert res.empty_days == [day(3)]
+    assert res.rows["pipeline_days"] == 8 and res.rows["scored_events"] == res.events
 
 
 def test_run_range_defaults_to_the_source_and_then_to_nothing(small):
@@ -373,10 +370,10 @@ def test_rerunning_a_day_replaces_its_rows_and_state_exactly(small):
     con, source, _, _ = small
     pipeline.run_range(con, source)
     before = snapshot(con)
-    stages(con, source, day(4), day(4))  # reads the state of day 3, not day 4's own
+    run_days(con, source, day(4), day(4))  # reads the state of day 3, not day 4's own
     for t in ALL_TABLES:
         assert snapshot(con)[t].equals(before[t]), t
-    stages(con, source, day(2), day(6))  # a range re-run too
+    run_days(con, source, day(2), day(6))  # a range re-run too
     for t in ALL_TABLES:
         assert snapshot(con)[t].equals(before[t]), t
 
@@ -394,37 +391,35 @@ def test_state_is_keyed_by_day(small):
 
 def test_a_day_without_the_previous_state_fails_clearly(small):
     con, source, _, _ = small
-    pipeline.load_events(con, source, day(0), day(7))
-    pipeline.protect_days(con, day(0), day(0), Settings(), first_day=day(0))
+    run_days(con, source, day(0), day(0), first_day=day(0))
     before = snapshot(con)
     with pytest.raises(
         StateError, match=r"day 2010-07-23 has no calibrator state.*first missing day: 2010-07-22"
     ):
-        pipeline.protect_days(con, day(3), day(3), Settings(), first_day=day(0))
+        run_days(con, source, day(3), day(3), first_day=day(0))
     with pytest.raises(StateError, match="before the chain's first day"):
-        pipeline.protect_days(con, day(0), day(0), Settings(), first_day=day(1))
+        run_days(con, source, day(0), day(0), first_day=day(1))
     with pytest.raises(
         StateError, match=r"cannot start a chain on 2010-07-23.*starts on 2010-07-21"
     ):
-        pipeline.protect_days(con, day(2), day(2), Settings(), first_day=day(2))
-    with pytest.raises(StateError, match="have not been materialized"):
-        pipeline.monitor_days(con, day(3), day(3))
+        run_days(con, source, day(2), day(2), first_day=day(2))
     for t in ALL_TABLES:
         assert table(con, t).equals(before[t]), t
 
 
 def test_another_configuration_is_a_state_error(small):
     con, source, _, _ = small
-    stages(con, source, day(0), day(1))
+    run_days(con, source, day(0), day(1))
+    before = snapshot(con)
     with pytest.raises(StateError, match="config fingerprint"):
-        pipeline.protect_days(con, day(2), day(2), Settings.make(pi=0.25), first_day=day(0))
-    with pytest.raises(StateError, match="config fingerprint"):
-        pipeline.map_days(con, day(1), day(1), Settings.make(pi=0.25))
+        run_days(con, source, day(2), day(2), Settings.make(pi=0.25), first_day=day(0))
+    for t in ALL_TABLES:
+        assert table(con, t).equals(before[t]), t
 
 
 def test_bad_events_fail_the_partition_and_write_nothing(small):
     con, source, _events, tmp = small
-    stages(con, source, day(0), day(3))
+    run_days(con, source, day(0), day(3))
     before = snapshot(con)
     target = tmp / "landing" / f"date={day(2).isoformat()}" / "events.parquet"
     good = pl.read_parquet(target)
@@ -439,7 +434,7 @@ def test_bad_events_fail_the_partition_and_write_nothing(small):
         InputError,
         match=rf"day {day(2)}, stream '\w+', event {good['event_id'][3]}: score outside \[0, 1\]",
     ):
-        pipeline.load_events(con, source, day(2), day(2))
+        run_days(con, source, day(2), day(2))
     with pytest.raises(InputError):
         pipeline.run_range(con, source, day(1), day(3))
     for t in ALL_TABLES:
@@ -453,7 +448,7 @@ def test_events_outside_their_landing_day_are_refused(small):
         target
     )
     with pytest.raises(InputError, match="outside its day"):
-        pipeline.load_events(con, source, day(1), day(1))
+        run_days(con, source, day(0), day(1))
     assert table(con, "scored_events").height == 0
 
 
@@ -541,7 +536,7 @@ def test_duplicate_events_across_a_day_are_refused(small):
     ev = pl.read_parquet(target)
     pl.concat([ev, ev.head(1)]).write_parquet(target)
     with pytest.raises(InputError, match="duplicate"):
-        pipeline.load_events(con, source, day(1), day(1))
+        run_days(con, source, day(0), day(1))
 
 
 def test_chunked_backfill_equals_single_days(small, monkeypatch):
@@ -552,7 +547,7 @@ def test_chunked_backfill_equals_single_days(small, monkeypatch):
     con2 = storage.connect(tmp / "db2.duckdb")
     try:
         for i in range(8):
-            stages(con2, source, day(i), day(i))
+            run_days(con2, source, day(i), day(i))
         for t in ALL_TABLES:
             assert table(con2, t).equals(chunked[t]), t
     finally:
@@ -560,7 +555,7 @@ def test_chunked_backfill_equals_single_days(small, monkeypatch):
 
 
 # ----------------------------------------------------------------------------------------------
-# The nightly run (run_range: one pass per day from memory) writes exactly the stages' rows
+# The nightly run writes the same rows whatever its batches, transactions and spans
 # ----------------------------------------------------------------------------------------------
 DRIFTING = (
     StreamSpec("calm", events_per_day=40),
@@ -588,20 +583,24 @@ def drifting(tmp_path):
         (60, 200, pl.Int64),  # another label type: events cast after the engine validated them
     ],
 )
-def test_nightly_run_writes_exactly_the_rows_of_the_stages(
+def test_nightly_run_writes_the_same_rows_in_batches_transactions_and_spans(
     drifting, monkeypatch, batch_rows, transaction_rows, label_dtype
 ):
+    """Batches of streams, transactions of several days and spans of days (one engine pass)
+    write exactly the rows of one batch a day, a transaction a day, no span: each day run
+    on its own (a dagster partition)."""
     events, tmp = drifting
     storage.write_landing(events.with_columns(pl.col("label").cast(label_dtype)), tmp / "landing")
     source = storage.EventSource.parse(str(tmp / "landing"))
-    monkeypatch.setattr(config, "PROTECT_BATCH_ROWS", batch_rows)
-    monkeypatch.setattr(config, "TRANSACTION_ROWS", transaction_rows)
-    monkeypatch.setattr(config, "CHUNK_DAYS", 5)
     fused, staged = storage.connect(tmp / "fused.duckdb"), storage.connect(tmp / "staged.duckdb")
     try:
+        for i in range(8):  # the reference: each day on its own, one batch
+            pipeline.run_range(staged, source, day(i), day(i), first_day=day(0), spans=False)
+        monkeypatch.setattr(config, "PROTECT_BATCH_ROWS", batch_rows)
+        monkeypatch.setattr(config, "TRANSACTION_ROWS", transaction_rows)
+        monkeypatch.setattr(config, "CHUNK_DAYS", 5)
         summary = pipeline.run_range(fused, source)
         assert (summary.days, summary.events) == (8, events.height)
-        stages(staged, source, day(0), day(7))
         for t in ALL_TABLES:
             assert table(fused, t).equals(table(staged, t)), t
         # the alarms are there (the test could not pass with empty tables) and are the first
@@ -1092,8 +1091,6 @@ def test_a_megabyte_stream_name_committed_its_day_then_broke_the_checks(small):
     assert "(value: 1000000)" in msg and len(msg) < 600  # the name is cut, not printed whole
     after = snapshot(con)
     assert all(after[t].equals(before[t]) for t in before)
-    with pytest.raises(InputError, match="stream name longer than 1024 bytes"):
-        pipeline.load_events(con, source, day(2), day(2))  # the dagster assets' path
     assert table(con, "scored_events").height == 0
 
 

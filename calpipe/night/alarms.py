@@ -28,15 +28,15 @@ def first_crossings(
     first event in replay order (event_time, then event_id) with log10 S >= threshold.
 
     ``scores`` holds the day's protected rows with ``stream``, ``event_time``, ``event_id`` and
-    ``log10_martingale`` (the engine's output in the fused run, or the stored candidate rows in
-    :func:`alarm_days`; rows below the threshold may be left out, they are never chosen).
+    ``log10_martingale`` (the engine's output; rows below the threshold may be left out, they
+    are never chosen).
     Per-stream minima of event_time, then of event_id among the ties, instead of a sort.
     ``groups``: ``stream_groups(scores, ["stream"])``, if known.
 
     ``day=None``: the rows of several consecutive days at once (``scores`` with their
     ``event_date``, ``before`` the state before the first): a stream's maximum before a day is
     below the threshold until its first day with a row at it, so its crossing is on that day.
-    The same rows as day by day (a span of the fused run)."""
+    The same rows as day by day (a span of the nightly run)."""
     thr = config.ALARM_LOG10_THRESHOLD
     hit = scores["log10_martingale"].to_numpy() >= thr
     if before is not None and before.height:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -114,19 +113,6 @@ def check_outputs(scores: pl.DataFrame, day: dt.date) -> None:
         )
 
 
-@dataclass
-class _Day:
-    """One day of a chain: the engine's output (input columns + outputs, in the input's row
-    order), its ``protected_scores`` rows, the state rows at the end of the day, the
-    ``pipeline_days`` row, and the state before the day (None on the chain's first day)."""
-
-    scores: pl.DataFrame
-    protected: pl.DataFrame
-    state: pl.DataFrame
-    day_row: dict[str, Any]
-    before: pl.DataFrame | None
-
-
 class Chain:
     """A chain run day after day: the settings, and the state carried in memory (one small row
     per stream) from one day to the next."""
@@ -206,23 +192,6 @@ class Chain:
             "state_hash": self.state_hash, "prev_state_hash": prev,
             "n_label_arrivals": n_arrivals,
         }  # fmt: skip
-
-    def step(self, events: pl.DataFrame, day: dt.date, arrivals: Arrivals | None = None) -> _Day:
-        """Run ``day``'s events (columns :data:`PROTECT_INPUT`) from the carried state, with
-        the night's label ``arrivals``: one :meth:`protect` call over all streams."""
-        late = None if arrivals is None else arrivals.late
-        r = self.protect(events, self.state, arrivals, late)
-        check_outputs(r.scores, day)  # before anything of the day is written
-        before, self.state = self.state, r.state
-        rows = state_rows(r.state, day, changed_streams(events["stream"], arrivals))
-        n_arrivals = 0 if arrivals is None else arrivals.rows.height
-        return _Day(
-            r.scores,
-            protected_rows(self.cal, r.scores, day),
-            rows,
-            self.day_row(day, events.height, events["stream"].n_unique(), rows, n_arrivals),
-            before,
-        )
 
 
 def state_digest(rows: pl.DataFrame) -> bytes:

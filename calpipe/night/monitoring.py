@@ -5,6 +5,15 @@ martingale and the alarm flag) and :func:`arrival_metrics` / :func:`night_arriva
 forecasts whose labels arrived that night). The metrics themselves are defined in
 :mod:`calpipe.metrics`; rows are grouped by stream with the grouping kernel
 (:func:`stream_groups`).
+
+**The arrived forecasts of a night** (what ``calibration_arrivals`` judges): one row per label
+learnt that night, with columns ``date`` (the night), ``stream``, ``event_id``, the base and
+protected forecasts made at the event (``base_score``/``protected_score``, or their K-class
+vectors), ``label`` and ``delay_s`` (label time minus event time in seconds, the difference of
+the two times as doubles; 0 for a label known with its event). They are the labels of the
+night's own scored events that came with them, and the labels the feed brought that night for
+any event (its forecast looked up when the label was checked), sorted by (date, stream,
+event_id).
 """
 
 from __future__ import annotations
@@ -42,7 +51,7 @@ def stream_groups(frame: pl.DataFrame, keys: Sequence[str]) -> tuple[np.ndarray,
     numbered in order of first appearance (:func:`calpipe.kernels.grouping.dense_ids`).
 
     A single string key without nulls (the stream) is numbered from polars' categorical codes,
-    one exact code per distinct string, so no collision check is needed: at the fused run's
+    one exact code per distinct string, so no collision check is needed: at the nightly run's
     batch size this costs about the time of :func:`calpipe.engine.contract.stream_ids` (which hashes the
     keys and then compares every row's key with its group's first) and ~50 MB less memory per
     2M rows. Other keys go through :func:`calpipe.engine.contract.stream_ids`."""
@@ -217,9 +226,9 @@ def daily_rows(
 
 
 def arrived_in_rows(protected: pl.DataFrame) -> pl.DataFrame:
-    """:data:`_ARRIVED_SQL`'s rows of nights without a label feed, from their ``protected_scores``
-    rows in memory: each labelled event, learnt on its own night with delay 0, in the query's
-    order (a span of the fused run: no query of the rows just written)."""
+    """The arrived forecasts (module docstring) of nights without a label feed, from their
+    ``protected_scores`` rows in memory: each labelled event, learnt on its own night with
+    delay 0 (a span of the nightly run: no query of the rows just written)."""
     s = "s" if "base_scores" in protected.columns else ""
     columns = ["stream", "event_id", f"base_score{s}", f"protected_score{s}", "label"]
     rows = protected.filter(pl.col("label").is_not_null())
@@ -230,7 +239,7 @@ def arrived_in_rows(protected: pl.DataFrame) -> pl.DataFrame:
 
 def labelled_rows(protected: pl.DataFrame) -> pl.DataFrame:
     """The labelled rows of a batch's ``protected_scores`` rows, in the columns
-    :func:`_arrived_in_night` reads (the fused run keeps them for the night's arrivals)."""
+    :func:`_arrived_in_night` reads (the nightly run keeps them for the night's arrivals)."""
     s = "s" if "base_scores" in protected.columns else ""
     return protected.filter(pl.col("label").is_not_null()).select(
         "stream", "event_id", f"base_score{s}", f"protected_score{s}", "label"
@@ -238,17 +247,19 @@ def labelled_rows(protected: pl.DataFrame) -> pl.DataFrame:
 
 
 def _arrived_in_night(labelled: pl.DataFrame, arrivals: Arrivals) -> pl.DataFrame:
-    """:data:`_ARRIVED_SQL`'s rows of one night of the fused run, from memory: the night's
+    """The arrived forecasts (module docstring) of one night, from memory: the night's
     labelled ``protected_scores`` rows (``labelled``, :func:`labelled_rows`: the labels of the
     scores rows, delay 0, and those the feed brought for the night's own events) and the feed's
     labels of earlier events with the forecasts looked up by their checks
-    (:attr:`~calpipe.pipeline.labels.Arrivals.forecasts`); the same rows in the query's order,
-    with the delay computed as the query does (seconds as the difference of two doubles)."""
+    (:attr:`~calpipe.night.arrivals.Arrivals.forecasts`), with the delay in seconds as the
+    difference of two doubles (as DuckDB's ``epoch_us(t) / 1e6`` gives it, which the stored
+    rows of earlier versions were computed with: the golden tables hold them)."""
     day = arrivals.day
     s = "s" if "base_scores" in labelled.columns else ""
     fc = [f"base_score{s}", f"protected_score{s}"]
     rows = arrivals.rows
-    # the query's delay, bit for bit: numpy divides as DuckDB does (polars multiplies by 1e-6)
+    # the delay as DuckDB's epoch_us(t) / 1e6 gives it, bit for bit: numpy divides as DuckDB
+    # does (polars multiplies by 1e-6)
     t = [
         rows[c].cast(pl.Datetime("us")).to_physical().to_numpy()
         for c in ("label_time", "event_time")
@@ -280,12 +291,15 @@ def _arrived_in_night(labelled: pl.DataFrame, arrivals: Arrivals) -> pl.DataFram
 
 
 def arrival_metrics(arrived: pl.DataFrame, state: pl.DataFrame) -> pl.DataFrame:
-    """:func:`_arrival_rows` of the arrived forecasts ``arrived`` (:data:`_ARRIVED_SQL`'s
-    rows)."""
+    """``calibration_arrivals`` rows of the arrived forecasts ``arrived`` (module docstring):
+    per night and stream, how many labels, base vs protected log loss, Brier, ECE and smooth
+    ECE (:func:`daily_metrics`), the mean and largest label delay, and the stream's martingale
+    at the end of the night (``state``: the nights' ``calibrator_state`` rows; every stream
+    that learnt a label on a night has one)."""
     if arrived.height == 0:
         return pl.DataFrame(schema={"date": pl.Date, "stream": pl.String})
     keys = ("date", "stream")
-    # one night (the fused run's): its streams are its groups (polars' categorical codes, not a
+    # one night (the nightly run's): its streams are its groups (polars' categorical codes, not a
     # hash of every row's two keys); the same groups in the same order
     one_night = arrived["date"].n_unique() == 1
     ids, first = stream_groups(arrived, ["stream"] if one_night else list(keys))
@@ -314,7 +328,7 @@ def arrival_metrics(arrived: pl.DataFrame, state: pl.DataFrame) -> pl.DataFrame:
 def night_arrival_rows(
     labelled: pl.DataFrame, arrivals: Arrivals, state: pl.DataFrame
 ) -> pl.DataFrame:
-    """The ``calibration_arrivals`` rows of one night of the fused run, or of one part of its
+    """The ``calibration_arrivals`` rows of one night of the nightly run, or of one part of its
     streams (the rows are per stream): :func:`arrival_metrics` of the forecasts the night's
     labels judge (:func:`_arrived_in_night`), with the night's ``calibrator_state`` rows
     ``state``."""

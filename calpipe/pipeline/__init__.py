@@ -1,50 +1,47 @@
-"""The nightly job: the functions that the dagster assets and the ``calpipe`` CLI both call.
+"""The nightly job: read a night's inputs, compute every table's rows, write them.
 
-A day ``d`` flows through five stages, each one function that reads its inputs from the DuckDB
-file and replaces its output partitions in one transaction (:mod:`calpipe.storage`):
+:func:`run_range` is the nightly job: ``calpipe run`` calls it, and so does the dagster
+``night`` asset for a partition or a range of them (one computation, many runners). Over days
+``[start, end]`` it reads each day's events from the source once (and the label feed's
+arrivals), protects them from the state at the end of the day before (carried in memory from
+day to day: :class:`calpipe.night.chain.Chain`, the calibrator built once per run), and writes
+the rows of every table of the registry (:data:`TABLES`: one function of :mod:`calpipe.night`
+per table) in transactions of whole days (:mod:`calpipe.storage`); then it runs the data checks.
+The tables a night writes:
 
-=====================  ===========================================  ================================
-stage                  writes                                       reads
-=====================  ===========================================  ================================
-:func:`load_events`    ``scored_events``, ``event_labels``,         the event source, the label
-                       ``quarantined_labels``, ``pipeline_inputs``  feed (labels of day d)
-:func:`protect_days`   ``protected_scores``, ``calibrator_state``,  ``scored_events`` and
-                       ``pipeline_days``                            ``event_labels`` of d, the
-                                                                    state of d - 1
-:func:`monitor_days`   ``calibration_daily``,                       protected scores, state,
-                       ``calibration_arrivals``                     labels arrived
-:func:`alarm_days`     ``martingale_alarms``                        protected scores (event times
-                                                                    from scored events), state
-:func:`map_days`       ``calibration_map``                          the state rows of d
-=====================  ===========================================  ================================
-
-Every stage takes a range of days ``[start, end]`` (a single dagster partition is a range of one
-day; a backfill is a longer one). :func:`protect_days` runs the days in order, one
-:func:`calpipe.protect_with_state` call per day over all streams, carrying the state in memory;
-the stages that write event-sized tables hold one day at a time and commit whole days, as many
-as fit in :data:`calpipe.config.TRANSACTION_ROWS` events (at most
-:data:`calpipe.config.CHUNK_DAYS`); the other stages are vectorized over chunks of
-:data:`calpipe.config.CHUNK_DAYS` days. :func:`run_range` (the CLI's ``calpipe run``) writes
-the same rows as the five stages, each day once from memory, and :func:`demo` is
-``calpipe demo``. The table registry (:data:`TABLES`) lists every table with its stage and the
-fused writer ``calpipe run`` uses.
+=========================  ===================================================================
+table                      rows
+=========================  ===================================================================
+``scored_events``          the day's events, validated against the data contract
+``event_labels``,          the labels the feed brought that night, and those of unknown
+``quarantined_labels``     events (parked, not dropped)
+``protected_scores``       each event's base and protected probability and log10 martingale
+``calibrator_state``       the state of the streams whose state changed that day
+``pipeline_days``          the day: counts, method, configuration, the state's hash chain
+``calibration_daily``      per stream: base vs protected log loss, Brier, ECE, martingale
+``calibration_arrivals``   per stream: the forecasts judged by the labels learnt that night
+``martingale_alarms``      the first crossing of the alarm level per stream
+``calibration_map``        the serving map of every stream at the end of the day
+``pipeline_inputs``        the files (or table) each day was computed from
+=========================  ===================================================================
 
 The state of day d is keyed by d and stored for the streams whose state changed that day (those
-with events): the state at the end of day d is each stream's latest row on or before d
+with events or labels): the state at the end of day d is each stream's latest row on or before d
 (:func:`state_as_of`). Re-running day d reads the state at the end of d - 1 and replaces day d's
 rows and state exactly. Running day d when d - 1 has no state (and d is not the chain's first
 day) is a :class:`calpipe.errors.StateError`.
 
 The modules, one concern each (every public name is re-exported here):
 
-* ``settings``: :class:`Settings` (the chain's calibrator) and :class:`StageResult`;
-* ``transactions``: transactions of whole days (:func:`day_range`, :func:`~calpipe.pipeline.transactions.write_days`);
-* ``events``, ``chain``, ``monitoring``, ``alarms``, ``mapping``: the five stages, each with
-  the function that computes its table's rows from memory, shared with the fused run;
-* ``inputs``: what each day was computed from and which days to replay; ``labels``: the label
-  feed (labels that land after their events); ``ids``: the event id type a database stores;
-* ``tables``: the table registry; ``nightly``: :func:`run_range`; ``checks``: the data checks;
-  ``reports``: metadata tables and plot frames; ``demo_job``: ``calpipe demo``.
+* ``nightly``: :func:`run_range`, what it runs next (:func:`default_range`,
+  :func:`pending_range`), its parts and spans; ``tables``: the table registry;
+  ``transactions``: transactions of whole days (:func:`~calpipe.pipeline.transactions.write_days`);
+* ``events``: reading a source's events; ``labels``: reading and checking the label feed;
+  ``chain``: the stored chain (where a run resumes, :func:`state_before`); ``inputs``: what
+  each day was computed from and which days to replay; ``classes``, ``ids``: the number of
+  classes and the event id type a database stores;
+* ``mapping``: the serving map's rows and :func:`serving_map`; ``checks``: the data checks;
+  ``reports``: metadata tables and plot frames; ``html_report``; ``demo_job``: ``calpipe demo``.
 
 Example
 -------
@@ -65,8 +62,7 @@ from __future__ import annotations
 from calpipe.config import ECE_BINS, RELIABILITY_WINDOW_DAYS
 from calpipe.night.monitoring import daily_metrics
 from calpipe.night.settings import Settings
-from calpipe.pipeline.alarms import alarm_days
-from calpipe.pipeline.chain import chain_first_day, protect_days, state_as_of, state_before
+from calpipe.pipeline.chain import chain_first_day, state_as_of, state_before
 from calpipe.pipeline.checks import (
     CheckOutcome,
     check_alarms,
@@ -88,10 +84,8 @@ from calpipe.pipeline.demo_job import (
     demo,
     demo_events,
 )
-from calpipe.pipeline.events import load_events, read_source_days
 from calpipe.pipeline.html_report import html_report, write_report
-from calpipe.pipeline.mapping import map_days, map_terms, map_weights, serving_map
-from calpipe.pipeline.monitoring import monitor_days
+from calpipe.pipeline.mapping import map_terms, map_weights, serving_map
 from calpipe.pipeline.nightly import RunSummary, default_range, pending_range, run_range
 from calpipe.pipeline.reports import (
     ASSET_TABLES,
@@ -102,9 +96,7 @@ from calpipe.pipeline.reports import (
     stream_summary,
     trajectory_frame,
 )
-from calpipe.pipeline.settings import StageResult
 from calpipe.pipeline.tables import TABLES, OutputTable, table_schemas
-from calpipe.pipeline.transactions import day_range
 
 __all__ = [
     "ASSET_TABLES",
@@ -123,8 +115,6 @@ __all__ = [
     "OutputTable",
     "RunSummary",
     "Settings",
-    "StageResult",
-    "alarm_days",
     "bank_events",
     "chain_first_day",
     "check_alarms",
@@ -132,21 +122,15 @@ __all__ = [
     "check_row_counts",
     "check_state_continuity",
     "daily_metrics",
-    "day_range",
     "day_report",
     "default_range",
     "demo",
     "demo_events",
     "html_report",
-    "load_events",
-    "map_days",
     "map_terms",
     "map_weights",
     "markdown_table",
-    "monitor_days",
     "pending_range",
-    "protect_days",
-    "read_source_days",
     "reliability_frame",
     "run_range",
     "serving_map",

@@ -1,29 +1,22 @@
-"""Stage ``protected_scores`` + ``calibrator_state`` + ``pipeline_days``: the chain of days.
+"""The stored chain of days: where a run resumes it, and the rules it must obey.
 
-Owns the chain's rules (the first day, the state of day d - 1 that day d starts from, and the
-:class:`calpipe.errors.StateError` when it is missing or was computed under another
-configuration), :class:`Chain` (the state carried in memory from day to day, one
-:func:`calpipe.protect_with_state` call per day or batch of streams), and the rows of the three
-tables (:func:`protected_rows`, :func:`state_rows`, :meth:`Chain.day_row`), which the stage
-(:func:`protect_days`) and the fused run (``calpipe/pipeline/tables.py``) both write.
+Reads the database only: the chain's first day, the state at the end of day d - 1 that day d
+starts from (:func:`state_before`, with the :class:`calpipe.errors.StateError` when it is
+missing, was computed under another configuration or was altered outside calpipe), its hash,
+and the state as of any day (:func:`state_as_of`). The chain itself, carried in memory from
+day to day, is :class:`calpipe.night.chain.Chain`.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable
 
 import polars as pl
 
 from calpipe import storage
 from calpipe.errors import StateError
-from calpipe.night.chain import Chain
-from calpipe.night.events import protect_columns
 from calpipe.night.settings import Settings, as_date
 from calpipe.pipeline.classes import stored_n_classes
-from calpipe.pipeline.labels import stored_arrivals
-from calpipe.pipeline.settings import StageResult
-from calpipe.pipeline.transactions import write_days
 
 
 def chain_first_day(con) -> dt.date | None:
@@ -152,66 +145,3 @@ def _state_rows_missing(con, first_day: dt.date, last: dt.date) -> tuple | None:
            ORDER BY d.date LIMIT 1""",
         [first_day, last],
     )
-
-
-def _day_events_sql(n_classes: int) -> str:
-    """A day's scored events in their stored order (the source's: deterministic, so the day's
-    protected_scores rows, written in the same order, are too). No ORDER BY: calpipe.protect
-    groups the streams by hashing and finds an event log already in time order without a sort,
-    where a SQL sort by (stream, event_time, event_id) would cost more than the protection."""
-    cols = ", ".join(protect_columns(n_classes))
-    return f"SELECT {cols} FROM scored_events WHERE event_date = ?"
-
-
-def protect_days(
-    con,
-    start: dt.date,
-    end: dt.date,
-    settings: Settings,
-    *,
-    first_day: dt.date | None = None,
-    on_day: Callable[[dt.date], None] | None = None,
-) -> StageResult:
-    """Stage ``protected_scores`` + ``calibrator_state``: run the days [start, end] in order.
-
-    Day d starts from the state of d - 1 (read from the database for the first day of the range,
-    then carried in memory), runs one :func:`calpipe.protect_with_state` over all streams of the
-    day, and produces the day's protected rows, its state rows (keyed by d, one per stream seen
-    so far) and its ``pipeline_days`` row. Days are read and written one at a time, in
-    transactions of whole days (:func:`write_days`): only one day's events and the small state
-    frame are held in memory. ``first_day`` is the chain's first day (default: the one stored,
-    else ``start``).
-    """
-    start, end = as_date(start), as_date(end)
-    if first_day is None:
-        first_day = chain_first_day(con) or start
-    first_day = as_date(first_day)
-    k = stored_n_classes(con) or 2
-    chain = Chain(
-        settings, first_day, state_before(con, start, settings, first_day),
-        state_hash_before(con, start), k,
-    )  # fmt: skip
-
-    def write(writer: storage.PartitionWriter, d: dt.date, events: pl.DataFrame) -> None:
-        day = chain.step(events, d, stored_arrivals(con, d, k))
-        # in the input's order (the engine keeps it): no sort of the day's rows
-        writer.insert("protected_scores", day.protected, sort=False)
-        writer.insert("calibrator_state", day.state)
-        writer.insert("pipeline_days", pl.DataFrame([day.day_row]))
-        if on_day is not None:
-            on_day(d)
-
-    tables = ["protected_scores", "calibrator_state", "pipeline_days"]
-    rows = write_days(
-        con, start, end, tables, lambda d: storage.query(con, _day_events_sql(k), [d]), write
-    )
-    return StageResult(start, end, {t: rows[t] for t in tables[:2]})
-
-
-def require_chain(con, start: dt.date, end: dt.date, what: str) -> None:
-    missing = _first_missing_day(con, start, end)
-    if missing is not None:
-        raise StateError(
-            f"cannot compute {what} for {missing}: protected_scores/calibrator_state of {missing} "
-            "have not been materialized"
-        )

@@ -8,8 +8,7 @@ Neither may go unnoticed, so the pipeline records
   path relative to the folder, size, modification time, SHA-256 of its bytes, and rows from the
   Parquet footer); for a Parquet glob or a table, one row per day (its row count and an
   order-independent hash of its rows, computed by DuckDB). They are written with the day's other
-  tables, in its transaction, by both paths (the stage :func:`calpipe.pipeline.load_events` and
-  the fused run);
+  tables, in its transaction (:func:`calpipe.pipeline.run_range`);
 * per day, a hash chain of the state (``pipeline_days.state_hash``: the SHA-256 of the previous
   day's ``state_hash`` and of the day's ``calibrator_state`` rows, :func:`state_digest`) and the
   ``prev_state_hash`` the day started from. Day d is **stale** when its ``prev_state_hash`` is not

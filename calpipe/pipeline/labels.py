@@ -177,7 +177,7 @@ def read_arrivals(
 #: For the night's labels (registered as ``_calpipe_label_keys``, with their row ``i``): the
 #: event stored on a day before $1 (the night), a label that arrived on a night before it, and
 #: the forecast made at the event (``protected_scores``: the night's arrival monitoring judges
-#: it, :func:`calpipe.pipeline.monitoring._arrived_in_night`). The days from $1 on are being
+#: it, :func:`calpipe.night.monitoring.night_arrival_rows`). The days from $1 on are being
 #: replaced by this run (each checked as it is read). At most one row per label: an event and
 #: its label are unique over the history.
 _LOOKUP_SQL = """
@@ -334,16 +334,3 @@ def night_arrivals(
         return Arrivals.empty(day)
     raw = read_arrivals(con, labels, day, part)
     return check_arrivals(con, raw, day, events, labels, on_unknown=on_unknown)
-
-
-def stored_arrivals(con, day: dt.date, n_classes: int = 2) -> Arrivals:
-    """The labels stored as arrived on ``day`` (``event_labels``) of a database of
-    ``n_classes``-class forecasts: what the stage :func:`calpipe.pipeline.protect_days` learns
-    on that night."""
-    rows = storage.query(con, "SELECT * FROM event_labels WHERE date = ?", [day])
-    schema = label_schema(n_classes)
-    return Arrivals(
-        day,
-        rows.select(list(schema)).cast({**schema, "event_id": rows.schema["event_id"]}),
-        pl.DataFrame(schema=QUARANTINE_SCHEMA),
-    )

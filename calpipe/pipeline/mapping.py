@@ -1,30 +1,22 @@
-"""Stage ``calibration_map`` and the serving map: each stream's map p -> p' at the end of a day.
+"""The serving map: each stream's map p -> p' at the end of a day (``calibration_map``).
 
 Owns the map's SQL form (:func:`has_sql_map`, :func:`map_terms`: per stream and layer, the
 weighted terms of a mixture, a logistic or temperature map as one term, or a step/linear table
 tabulated from the calibrator's own serving map at its breakpoints; the ``calibrate_score``
 macros of ``sql/macros/`` evaluate them), the table's rows (:func:`map_rows`, written by
-the stage :func:`map_days` and by the fused run) and :func:`serving_map`, the map applied to
+:func:`calpipe.pipeline.run_range` for each transaction's state rows) and :func:`serving_map`, the map applied to
 fresh scores in polars for every method.
 """
 
 from __future__ import annotations
 
-import datetime as dt
-
 import numpy as np
 import polars as pl
 
-from calpipe import storage
 from calpipe.calibrators.stacked import Stacked
 from calpipe.engine import state_from_rows
-from calpipe.errors import StateError
 from calpipe.kernels import mixture
-from calpipe.night.settings import Settings, as_date
-from calpipe.pipeline.chain import require_chain
-from calpipe.pipeline.classes import stored_n_classes
-from calpipe.pipeline.settings import StageResult
-from calpipe.pipeline.transactions import day_range
+from calpipe.night.settings import Settings
 from calpipe.serving import apply_serving_map
 
 
@@ -476,31 +468,6 @@ def map_rows(state: pl.DataFrame, settings: Settings) -> pl.DataFrame:
     if state.height and has_sql_map(settings.calibrator(), k):
         return map_terms(state, settings)
     return pl.DataFrame(schema={"date": pl.Date, "stream": pl.String, "term": pl.Int32})
-
-
-def map_days(con, start: dt.date, end: dt.date, settings: Settings) -> StageResult:
-    """Stage ``calibration_map``: the serving map of every stream at the end of each day.
-
-    Rows for the binary methods with a SQL form (:func:`has_sql_map`, evaluated by the
-    ``calibrate_score`` macros); for the others the partitions are left empty (use
-    :func:`serving_map`)."""
-    start, end = as_date(start), as_date(end)
-    require_chain(con, start, end, "calibration_map")
-    fp = settings.fingerprint_for(stored_n_classes(con) or 2)
-    res = StageResult(start, end, {"calibration_map": 0})
-    for c0, c1 in day_range(start, end):
-        state = storage.read_partitions(con, "calibrator_state", c0, c1)
-        other = state.filter(pl.col("config_fingerprint") != fp)
-        if other.height:
-            r = other.row(0, named=True)
-            raise StateError(
-                f"calibrator_state of {r['date']} was written with config fingerprint "
-                f"{r['config_fingerprint']}, the map is asked for {fp}"
-            )
-        terms = map_rows(state, settings)
-        storage.replace_partitions(con, c0, c1, {"calibration_map": terms})
-        res.rows["calibration_map"] += terms.height
-    return res
 
 
 def serving_map(

@@ -1,9 +1,9 @@
 """The nightly run without a daemon (``calpipe run``): every table of a day in one pass from memory.
 
 :func:`run_range` reads a day from the source once, protects it in batches of whole streams, and
-writes the rows of every table of the registry (``calpipe/pipeline/tables.py``) with its fused
+writes the rows of every table of the registry (``calpipe/pipeline/tables.py``) with its
 writer, in transactions of whole days (``calpipe/pipeline/transactions.py``); then it runs the
-data checks. It writes exactly the rows the stages write one after the other (tested).
+data checks. The dagster ``night`` asset runs it too, over its partitions.
 """
 
 from __future__ import annotations
@@ -475,8 +475,8 @@ def run_range(
     spans: bool = True,
     raise_on_failed_check: bool = True,
 ) -> RunSummary:
-    """The nightly job without a daemon (``calpipe run``): the five stages over [start, end], then
-    the data checks. Defaults: see :func:`default_range`; the chain's first day is the one stored,
+    """The nightly job (``calpipe run``, the dagster ``night`` asset): every table of the days
+    [start, end], then the data checks. Defaults: see :func:`default_range`; the chain's first day is the one stored,
     else ``start``. Raises on the first failed (non-warning) check.
 
     Without ``start``, stored days whose inputs changed since they ran (a corrected or late
@@ -485,11 +485,8 @@ def run_range(
     through the source's last day; with ``replay=False`` that is a
     :class:`~calpipe.pipeline.inputs.ReplayRequired` error naming the day and the reason.
 
-    Writes the same rows as the stages of the table registry (:data:`TABLES`:
-    :func:`load_events`, :func:`protect_days`, :func:`monitor_days`, :func:`alarm_days` and
-    :func:`map_days`, what the dagster assets run) one after the other, with the same functions
-    on the same rows, each stream's rows in the same order, but one day at a time from memory
-    (:func:`_run_day`), every table of a day in one transaction (:func:`write_days`):
+    Writes the rows of every table of the registry (:data:`TABLES`), one day at a time from
+    memory (:func:`_run_day`), every table of a day in one transaction (:func:`write_days`):
     a day is read from the source once, validated once and never read back; memory is bounded
     by a batch of streams plus the day's events (a night of more than
     :data:`calpipe.config.NIGHT_PART_ROWS` scores or labels is read, checked and protected in
@@ -609,7 +606,7 @@ def run_range(
         write_fused(writer, "transaction", FusedSpan(settings, pl.concat(states)))
         states.clear()
 
-    # every registered table, each written by its fused writer: none is replaced without rows
+    # every registered table, each written by its writer: none is replaced without rows
     if progress is not None:
         progress.start((end - start).days + 1)
     try:

@@ -1,7 +1,7 @@
 """Reports: the materialization metadata's tables and plot frames, and the demo's summary.
 
 Read-only queries over the stored tables: per-stream quality of a range (:func:`day_report`,
-metrics from :func:`calpipe.pipeline.monitoring.daily_metrics`), the frames the plots of
+metrics from :func:`calpipe.night.monitoring.daily_metrics`), the frames the plots of
 :mod:`calpipe.plots` draw, the whole-history :func:`stream_summary`, and :func:`markdown_table`.
 """
 

@@ -1,37 +1,36 @@
-"""The table registry: every table the pipeline writes, and how each of its two paths writes it.
+"""The table registry: every table the nightly run writes, and the function of its rows.
 
 One :class:`OutputTable` per table: its DDL file in ``sql/``, its partition column and sort keys
 (the storage layout, which :mod:`calpipe.storage` owns: the store sits below the pipeline and
-reads no pipeline module), the stage function that computes it (what its dagster asset runs),
-and the fused writer with which ``calpipe run`` computes the same rows from memory
-(:func:`calpipe.pipeline.nightly.run_range` iterates :data:`TABLES`, so it replaces exactly the
-registered tables). Adding a table is one entry here (and its DDL and layout);
-``tests/pipeline/test_tables.py`` fails if a table of the store or of the DDL has no entry, or
-an entry lacks a stage or a fused writer.
+reads no pipeline module), and the writer with which :func:`calpipe.pipeline.run_range` (behind
+``calpipe run`` and the dagster ``night`` asset alike) computes its rows from memory; it
+iterates :data:`TABLES`, so it replaces exactly the registered tables. Adding a table is one
+entry here (and its DDL and layout); ``tests/pipeline/test_tables.py`` fails if a table of the
+store or of the DDL has no entry.
 
-Both paths compute a table's rows with one function, from the same rows in the same order:
-the stage after reading its inputs from DuckDB, the fused writer from what the fused run holds in
-memory (the night's :class:`~calpipe.pipeline.labels.Arrivals`, :class:`FusedBatch`,
-:class:`FusedDay`, :class:`FusedSpan`); so the two paths write
-identical tables (tested). A transaction of small days may run as one span
-(:func:`calpipe.engine.driver.protect_by_day`): then each table's ``span`` writer computes the rows
-of all its days at once from a :class:`FusedDays`, with the same functions (tested equal too).
+Each table's rows come from one function of :mod:`calpipe.night` (third column), called on
+what the run holds in memory at the table's phase (the night's
+:class:`~calpipe.night.arrivals.Arrivals`, :class:`FusedBatch`, :class:`FusedDay`,
+:class:`FusedSpan`). A transaction of small days may run as one span
+(:func:`calpipe.engine.driver.protect_by_day`): then each table's ``span`` writer calls the same
+function on the rows of all its days at once, a :class:`FusedDays` (tested equal to the days
+one by one).
 
-======================  ==========================  ===========================  =============
-table                   stage                       rows (both paths)            fused phase
-======================  ==========================  ===========================  =============
-``scored_events``       ``load_events``             ``stored_events``           events
-``protected_scores``    ``protect_days``            ``protected_rows``          batch
-``calibrator_state``    ``protect_days``            ``state_rows``              day
-``pipeline_days``       ``protect_days``            ``Chain.day_row``           day
-``calibration_daily``   ``monitor_days``            ``daily_rows``              batch
-``calibration_arrivals``  ``monitor_days``          ``arrival_metrics``         day
-``martingale_alarms``   ``alarm_days``              ``first_crossings``         batch
-``calibration_map``     ``map_days``                ``map_rows``                transaction
-``pipeline_inputs``     ``load_events``             ``day_inputs``               day
-``event_labels``        ``load_events``             ``label_rows``              night
-``quarantined_labels``  ``load_events``             ``quarantine_rows``         night
-======================  ==========================  ===========================  =============
+======================  ===========================  =============
+table                   rows                         phase
+======================  ===========================  =============
+``scored_events``       ``stored_events``            events
+``protected_scores``    ``protected_rows``           batch
+``calibrator_state``    ``state_rows``               day
+``pipeline_days``       ``Chain.day_row``            day
+``calibration_daily``   ``daily_rows``               batch
+``calibration_arrivals``  ``arrival_metrics``        day
+``martingale_alarms``   ``first_crossings``          batch
+``calibration_map``     ``map_rows``                 transaction
+``pipeline_inputs``     ``day_inputs``               day
+``event_labels``        ``label_rows``               night
+``quarantined_labels``  ``quarantine_rows``          night
+======================  ===========================  =============
 """
 
 from __future__ import annotations
@@ -57,15 +56,10 @@ from calpipe.night.chain import protected_rows
 from calpipe.night.events import stored_events
 from calpipe.night.monitoring import arrival_metrics, arrived_in_rows, daily_rows, stream_groups
 from calpipe.night.settings import Settings
-from calpipe.pipeline.alarms import alarm_days
-from calpipe.pipeline.chain import protect_days
-from calpipe.pipeline.events import load_events
 from calpipe.pipeline.inputs import day_inputs
-from calpipe.pipeline.mapping import map_days, map_rows
-from calpipe.pipeline.monitoring import monitor_days
-from calpipe.pipeline.settings import StageResult
+from calpipe.pipeline.mapping import map_rows
 
-#: When the fused run calls a table's fused writer, and with what: ``night`` with the night's
+#: When the nightly run calls a table.s writer, and with what: ``night`` with the night's
 #: checked :class:`~calpipe.pipeline.labels.Arrivals` when the day starts (so that DuckDB
 #: writes a night's labels while the engine runs, when there are at least
 #: :data:`calpipe.storage.writer.WRITE_FLUSH_ROWS` of them: 10M labels were a 2.3 s INSERT after the
@@ -81,7 +75,7 @@ PHASES = ("night", "events", "batch", "day", "transaction")
 
 @dataclass
 class FusedBatch:
-    """A batch of whole streams of one day in the fused run, as its fused writers see it.
+    """A batch of whole streams of one day in the nightly run, as its writers see it.
 
     ``events``: the batch's events as read from the source (the data contract's names and
     ``event_date``); ``before``: the state of day - 1 of the batch's streams (None on the chain's
@@ -107,7 +101,7 @@ class FusedBatch:
 
 @dataclass
 class FusedDay:
-    """A day of the fused run after all its batches: its ``calibrator_state`` rows (the state of
+    """A day of the nightly run after all its batches: its ``calibrator_state`` rows (the state of
     the streams that changed, keyed by the day), its ``pipeline_days`` row, the run's
     ``pipeline_inputs`` rows (this day's are written) and the forecasts whose labels arrived
     that night, as ``calibration_arrivals`` rows (the labels themselves were written when the
@@ -118,14 +112,14 @@ class FusedDay:
     day_row: dict[str, Any]
     inputs: pl.DataFrame
     #: the ``calibration_arrivals`` rows of the forecasts whose labels the night learnt, computed
-    #: part by part of the night's streams (:func:`~calpipe.pipeline.monitoring.
+    #: part by part of the night's streams (:func:`~calpipe.night.monitoring.
     #: night_arrival_rows`: the forecasts of a part are freed with it)
     arrival_rows: pl.DataFrame
 
 
 @dataclass
 class FusedSpan:
-    """The days of one transaction of the fused run: their ``calibrator_state`` rows."""
+    """The days of one transaction of the nightly run: their ``calibrator_state`` rows."""
 
     settings: Settings
     states: pl.DataFrame
@@ -238,9 +232,8 @@ def _span_arrivals(s: FusedDays) -> pl.DataFrame:
 class OutputTable:
     """A table the pipeline writes (see the module's table).
 
-    ``stage`` is the stage function that writes it (several tables may share one); ``fused``
-    computes its rows in the fused run from the context of its ``phase`` (:data:`PHASES`);
-    ``sort``: whether the fused run inserts its rows in the table's sort keys' order (False for
+    ``fused`` computes its rows from the context of its ``phase`` (:data:`PHASES`);
+    ``sort``: whether the nightly run inserts its rows in the table's sort keys' order (False for
     the event-sized tables, whose rows come in a deterministic order that a sort of millions of
     rows would only slow down); ``span``: its rows of a transaction run as one span, from a
     :class:`FusedDays` (every table but those of phase ``transaction``, which are written at the
@@ -248,7 +241,6 @@ class OutputTable:
 
     name: str
     ddl: str
-    stage: Callable[..., StageResult]
     fused: Callable[[Any], pl.DataFrame]
     phase: str
     span: Callable[[FusedDays], pl.DataFrame] | None = None
@@ -260,9 +252,8 @@ class OutputTable:
                 f"table {self.name!r} has no storage layout: add it to calpipe.storage's "
                 "PARTITION_COLUMN and SORT_KEYS"
             )
-        for what in ("stage", "fused"):
-            if not callable(getattr(self, what)):
-                raise TypeError(f"table {self.name!r}: the registry needs its {what} writer")
+        if not callable(self.fused):
+            raise TypeError(f"table {self.name!r}: the registry needs its rows' writer")
         if self.phase not in PHASES:
             raise ValueError(f"table {self.name!r}: phase {self.phase!r} not in {PHASES}")
         if (self.span is None) != (self.phase == "transaction"):
@@ -288,30 +279,30 @@ class OutputTable:
         return paths.SQL_DIR / self.ddl
 
 
-#: Every table the pipeline writes, in the order the fused run computes them within a phase.
+#: Every table the pipeline writes, in the order the nightly run computes them within a phase.
 TABLES: dict[str, OutputTable] = {
     t.name: t
     for t in (
-        OutputTable("scored_events", "001_tables.sql", load_events, _fused_events, "events",
+        OutputTable("scored_events", "001_tables.sql", _fused_events, "events",
                     _span_events, sort=False),
-        OutputTable("protected_scores", "001_tables.sql", protect_days, _fused_protected, "batch",
+        OutputTable("protected_scores", "001_tables.sql", _fused_protected, "batch",
                     _span_protected, sort=False),
-        OutputTable("calibrator_state", "001_tables.sql", protect_days, _fused_state, "day",
+        OutputTable("calibrator_state", "001_tables.sql", _fused_state, "day",
                     _span_state),
-        OutputTable("pipeline_days", "001_tables.sql", protect_days, _fused_day_row, "day",
+        OutputTable("pipeline_days", "001_tables.sql", _fused_day_row, "day",
                     _span_day_rows),
-        OutputTable("calibration_daily", "001_tables.sql", monitor_days, _fused_daily, "batch",
+        OutputTable("calibration_daily", "001_tables.sql", _fused_daily, "batch",
                     _span_daily),
-        OutputTable("calibration_arrivals", "001_tables.sql", monitor_days, _fused_arrivals,
+        OutputTable("calibration_arrivals", "001_tables.sql", _fused_arrivals,
                     "day", _span_arrivals),
-        OutputTable("martingale_alarms", "001_tables.sql", alarm_days, _fused_alarms, "batch",
+        OutputTable("martingale_alarms", "001_tables.sql", _fused_alarms, "batch",
                     _span_alarms),
-        OutputTable("calibration_map", "001_tables.sql", map_days, _fused_map, "transaction"),
-        OutputTable("pipeline_inputs", "001_tables.sql", load_events, _fused_inputs, "day",
+        OutputTable("calibration_map", "001_tables.sql", _fused_map, "transaction"),
+        OutputTable("pipeline_inputs", "001_tables.sql", _fused_inputs, "day",
                     _span_inputs),
-        OutputTable("event_labels", "001_tables.sql", load_events, _fused_labels, "night",
+        OutputTable("event_labels", "001_tables.sql", _fused_labels, "night",
                     _span_no_labels, sort=False),  # in the label files' order
-        OutputTable("quarantined_labels", "001_tables.sql", load_events, _fused_quarantine,
+        OutputTable("quarantined_labels", "001_tables.sql", _fused_quarantine,
                     "night", _span_no_labels),
     )
 }  # fmt: skip

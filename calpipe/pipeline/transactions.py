@@ -1,7 +1,6 @@
-"""Transactions of whole days: how every stage and ``calpipe run`` replace partitions.
+"""Transactions of whole days: how the nightly run replaces partitions.
 
-:func:`day_range` cuts a range into chunks of at most :data:`calpipe.config.CHUNK_DAYS` days (the
-stages vectorized over a chunk); :func:`write_days` replaces the partitions of a range day by day
+:func:`write_days` replaces the partitions of a range day by day
 in transactions of whole consecutive days, sized by :data:`calpipe.config.TRANSACTION_ROWS`
 events, so that a crash leaves whole days and memory is bounded by a day, not by the range.
 """
@@ -15,20 +14,6 @@ from typing import Any
 import polars as pl
 
 from calpipe import config, storage
-
-
-def day_range(start: dt.date, end: dt.date) -> list[tuple[dt.date, dt.date]]:
-    """[start, end] cut into consecutive chunks of at most :data:`calpipe.config.CHUNK_DAYS`
-    days."""
-    if end < start:
-        raise ValueError(f"empty range {start}..{end}")
-    out, d = [], start
-    while d <= end:
-        e = min(end, d + dt.timedelta(days=config.CHUNK_DAYS - 1))
-        out.append((d, e))
-        d = e + dt.timedelta(days=1)
-    return out
-
 
 _NO_DAY = pl.DataFrame()
 

@@ -198,7 +198,7 @@ def test_an_event_resent_on_another_day_was_stored_twice(chain):
     ):
         pipeline.run_range(con, source)
     with pytest.raises(InputError, match=rf"day {day(9)}, {key}: duplicate"):
-        pipeline.load_events(con, source, day(9), day(9))
+        pipeline.run_range(con, source, day(9), day(9))
     after = _everything(con)
     assert all(after[t].equals(before[t]) for t in before)
 

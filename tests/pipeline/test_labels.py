@@ -24,6 +24,8 @@ from calpipe.generate import StreamSpec
 from calpipe.pipeline import Settings
 from calpipe.pipeline.labels import label_source
 
+from .stored import ARRIVED_SQL, assert_derived_tables_match
+
 STREAMS = (
     StreamSpec("a", events_per_day=40),
     StreamSpec("b", events_per_day=25, drift="shift", drift_day=3, strength=1.5),
@@ -212,35 +214,26 @@ def test_a_late_scores_day_and_a_corrected_label_file_are_replayed(tmp_path, eve
 
 
 @pytest.mark.parametrize("k", [2, 4])
-def test_labels_known_at_their_event_and_a_feed_match_the_stages(tmp_path, events, k):
-    """The staged path (load_events with the feed, then protect_days: what the dagster assets
-    run) writes the fused run's rows."""
+def test_labels_known_at_their_event_and_a_feed_give_the_tables_of_the_stored_rows(
+    tmp_path, events, k
+):
+    """With labels in the scores rows and a feed, the monitoring, alarms and maps the run
+    computed from memory equal their recomputation from the stored rows
+    (``tests/pipeline/stored.py``: the arrived forecasts joined in SQL)."""
     scores, labels, _ = split_feed(with_classes(events, k, seed=9), seed=3)
     storage.write_landing(scores, tmp_path / "scores")
     storage.write_landing(labels, tmp_path / "labels", time_column="label_time")
     src = storage.EventSource.parse(str(tmp_path / "scores"))
     lsrc = label_source(str(tmp_path / "labels"))
-    fused, staged = storage.connect(tmp_path / "f.duckdb"), storage.connect(tmp_path / "s.duckdb")
+    con = storage.connect(tmp_path / "f.duckdb")
     try:
-        pipeline.run_range(fused, src, labels=lsrc)
-        s = Settings()
-        pipeline.load_events(staged, src, day(0), day(N_DAYS - 1), lsrc)
-        pipeline.protect_days(staged, day(0), day(N_DAYS - 1), s)
-        pipeline.monitor_days(staged, day(0), day(N_DAYS - 1))
-        pipeline.alarm_days(staged, day(0), day(N_DAYS - 1))
-        pipeline.map_days(staged, day(0), day(N_DAYS - 1), s)
-        for t in storage.PARTITION_COLUMN:
-            a = storage.query(fused, f"SELECT * FROM {t} ORDER BY ALL")
-            b = storage.query(staged, f"SELECT * FROM {t} ORDER BY ALL")
-            if t == "pipeline_inputs":
-                a, b = a.drop("mtime_ns"), b.drop("mtime_ns")
-            assert a.equals(b), t
-        assert (
-            storage.query(fused, "SELECT count(*) AS n FROM event_labels")["n"][0] == labels.height
-        )
+        pipeline.run_range(con, src, labels=lsrc)
+        assert_derived_tables_match(con)
+        arrived = storage.query(con, "SELECT sum(n_labels) AS n FROM calibration_arrivals")
+        labelled = scores["label"].is_not_null().sum()
+        assert arrived["n"][0] == labels.height + labelled > labels.height > 0
     finally:
-        fused.close()
-        staged.close()
+        con.close()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -505,14 +498,14 @@ def test_monitoring_by_arrival_judges_the_forecasts_whose_labels_arrived(tmp_pat
         con.close()
 
 
-def test_arrivals_larger_than_duckdb_s_memory_limit_are_read_in_parts(tmp_path, monkeypatch):
+def test_arrivals_larger_than_duckdb_s_memory_limit_are_judged_in_memory(tmp_path, monkeypatch):
     """Regression: a night's arrived labels were joined to their forecasts in one DuckDB query,
     whose hash join must fit the connection's buffer pool: 10M labels failed with "Out of
-    Memory" at the pipeline's 256 MB (BENCHMARKS.md, label feed). Here 300,000 labels at a
-    24 MB limit: the one query fails; in parts of 40,000 labels (by stream hash) it passes and
-    gives exactly the rows the run stored."""
+    Memory" at the pipeline's 256 MB (BENCHMARKS.md, label feed). The run judges them in memory
+    (their forecasts looked up with the labels' checks, in slices of LABEL_LOOKUP_ROWS sized
+    for the pool): here 300,000 labels, whose one join fails at a 24 MB pool, at which the
+    whole run passes, equal to the join's rows."""
     from calpipe import config
-    from calpipe.pipeline.monitoring import _ARRIVED_SQL, _arrival_rows
 
     n = 300_000
     rng = np.random.default_rng(5)
@@ -536,21 +529,24 @@ def test_arrivals_larger_than_duckdb_s_memory_limit_are_read_in_parts(tmp_path, 
     write_day(scores, tmp_path / "scores", day(0), "event_time")
     write_day(night, tmp_path / "scores", day(1), "event_time")
     write_day(labels, tmp_path / "labels", day(1), "label_time")
+    monkeypatch.setattr(storage.session, "DUCKDB_MEMORY_LIMIT", "24MB")
+    monkeypatch.setattr(config, "LABEL_LOOKUP_ROWS", 20_000)  # 500k a slice at 128 MB
     con = storage.connect(tmp_path / "db.duckdb")
     try:
+        assert storage.query(con, "SELECT current_setting('memory_limit') AS m")["m"][0] in (
+            "24.0 MB",
+            "22.8 MiB",
+        )
+        settings = Settings.make("jumper")
         pipeline.run_range(con, storage.EventSource.parse(str(tmp_path / "scores")),
-                           settings=Settings.make("jumper"),
-                           labels=label_source(str(tmp_path / "labels")))  # fmt: skip
-        stored = storage.query(con, "SELECT * EXCLUDE (date) FROM calibration_arrivals "
-                                  "WHERE date = ? ORDER BY stream", [day(1)])  # fmt: skip
+                           settings=settings, labels=label_source(str(tmp_path / "labels")))  # fmt: skip
+        stored = storage.query(con, "SELECT * FROM calibration_arrivals WHERE date = ?", [day(1)])
         assert stored["n_labels"].sum() == n
-        state = storage.query(con, "SELECT * FROM calibrator_state WHERE date = ?", [day(1)])
         con.execute("SET memory_limit = '24MB'")
         with pytest.raises(Exception, match="Out of Memory"):
-            storage.query(con, _ARRIVED_SQL.format(s="", part_p="", part_l=""), [day(1), day(1)])
-        monkeypatch.setattr(config, "ARRIVALS_QUERY_ROWS", 40_000)
-        parts = _arrival_rows(con, day(1), day(1), state).drop("date")
-        assert parts.select(stored.columns).equals(stored)
+            storage.query(con, ARRIVED_SQL.format(s=""), [day(1), day(1)])
+        con.execute("RESET memory_limit")
+        assert_derived_tables_match(con, settings)
     finally:
         con.close()
 

@@ -1,12 +1,11 @@
 """The table registry (calpipe/pipeline/tables.py): every table of the store and of the DDL has
-an entry with a stage and a fused writer, and ``calpipe run`` writes exactly the registered
-tables, each with its fused writer."""
+an entry with its rows' writer, and ``calpipe run`` writes exactly the registered tables, each
+with its writer."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import datetime as dt
 import re
 import shutil
 from collections import Counter
@@ -18,6 +17,8 @@ from calpipe import config, generate, pipeline, storage
 from calpipe.pipeline import tables
 from calpipe.pipeline.labels import label_source
 from tests.test_pipeline import drifting  # noqa: F401  (the fixture)
+
+from .stored import assert_derived_tables_match
 
 START = generate.DEFAULT_START
 
@@ -41,7 +42,7 @@ def test_every_table_of_the_store_and_the_ddl_is_registered():
     assert registered == set(ddl_tables()) - NOT_OUTPUTS, "DDL tables without a registry entry"
 
 
-def test_every_entry_has_its_ddl_layout_stage_and_fused_writer(tmp_path):
+def test_every_entry_has_its_ddl_layout_and_writer(tmp_path):
     con = storage.connect(tmp_path / "t.duckdb")
     try:
         for name, t in tables.TABLES.items():
@@ -51,9 +52,7 @@ def test_every_entry_has_its_ddl_layout_stage_and_fused_writer(tmp_path):
             assert t.partition_column in columns, name
             assert set(t.sort_keys) <= set(columns), name
             assert t.sort_keys[0] == t.partition_column, name
-            assert callable(t.stage) and callable(t.fused), name
-            # the stage is a public function of calpipe.pipeline (what a dagster asset calls)
-            assert getattr(pipeline, t.stage.__name__) is t.stage, name
+            assert callable(t.fused), name
             assert t.phase in tables.PHASES
             # a span writes every table but those written at the end of the transaction
             assert (t.span is None) == (t.phase == "transaction"), name
@@ -61,11 +60,10 @@ def test_every_entry_has_its_ddl_layout_stage_and_fused_writer(tmp_path):
         con.close()
 
 
-@pytest.mark.parametrize("missing", ["stage", "fused"])
-def test_an_entry_without_a_writer_is_refused(missing):
+def test_an_entry_without_a_writer_is_refused():
     t = tables.TABLES["calibration_daily"]
-    with pytest.raises(TypeError, match=f"needs its {missing} writer"):
-        dataclasses.replace(t, **{missing: None})
+    with pytest.raises(TypeError, match="needs its rows' writer"):
+        dataclasses.replace(t, fused=None)
 
 
 def test_a_span_writer_is_needed_before_the_transaction_phase_and_only_there():
@@ -173,22 +171,17 @@ def test_a_run_without_a_label_feed_writes_every_table_with_its_span_writer(land
         con.close()
 
 
-def test_the_alarm_stage_in_chunks_equals_the_fused_rows(landing, monkeypatch):
-    """alarm_days computes each day with first_crossings from the stored rows, as the fused run
-    does from memory; chunks of two days (a crossing day's state in another chunk) change
-    nothing."""
+def test_the_derived_tables_equal_their_recomputation_from_the_stored_rows(landing, monkeypatch):
+    """Transactions of two days (a crossing day's state in another transaction) and batches of
+    a few streams: the alarms, monitoring and maps the run computed from memory equal their
+    recomputation from the stored rows (``tests/pipeline/stored.py``)."""
     source, tmp = landing
-    fused, staged = storage.connect(tmp / "f.duckdb"), storage.connect(tmp / "s.duckdb")
+    con = storage.connect(tmp / "f.duckdb")
     try:
-        pipeline.run_range(fused, source)
-        end = START + dt.timedelta(days=7)
-        pipeline.load_events(staged, source, START, end)
-        pipeline.protect_days(staged, START, end, pipeline.Settings(), first_day=START)
         monkeypatch.setattr(config, "CHUNK_DAYS", 2)
-        pipeline.alarm_days(staged, START, end)
-        want = storage.query(fused, "SELECT * FROM martingale_alarms ORDER BY ALL")
-        got = storage.query(staged, "SELECT * FROM martingale_alarms ORDER BY ALL")
-        assert want.height >= 1 and got.equals(want)
+        monkeypatch.setattr(config, "PROTECT_BATCH_ROWS", 50)
+        pipeline.run_range(con, source)
+        assert storage.query(con, "SELECT count(*) AS n FROM martingale_alarms")["n"][0] >= 1
+        assert_derived_tables_match(con)
     finally:
-        fused.close()
-        staged.close()
+        con.close()
