@@ -281,45 +281,11 @@ DEFAULT_RRIR_MIN_REGION_SIZE: int = 1
 DEFAULT_RRIR_MAX_CANDIDATES: int = 512
 
 
-# --- The store and the nightly run's memory (storage.py, pipeline/; BENCHMARKS.md items 5-6) ---
-
-#: The nightly run protects a day in batches of whole streams of about this many events (streams
-#: are independent): memory is then bounded by a batch plus the day's events, not by the day's
-#: working set, and the engine's per-row costs stay those of a cache-friendly 2M-event frame.
-PROTECT_BATCH_ROWS: int = 2_000_000
-
-#: The nightly run reads, checks and protects a night of more scores or more labels than this
-#: in parts of whole streams of about this many of each (each part's rows chosen by DuckDB as it
-#: reads the files: calpipe.storage.landing.part_where), so memory is bounded by a part, not by the
-#: night: a protect batch of events and as many labels.
-NIGHT_PART_ROWS: int = PROTECT_BATCH_ROWS
-
-#: A night's labels are looked up (their events, earlier labels, forecasts) this many at a time:
-#: against a long history DuckDB builds the joins' hash tables on the labels' keys, which it
-#: cannot spill (against 10M stored events: 2.1M labels failed at 384 MB, 1M ran at 256 MB and
-#: 500k at 128 MB, each at ~0.35 us a label; measured).
-LABEL_LOOKUP_ROWS: int = 500_000
-
-#: A pipeline transaction spans whole days up to about this many events (at least one day):
-#: measured, a transaction's peak RSS grows ~350 bytes per event it holds (DuckDB's uncommitted
-#: rows and the small tables' buffers), so 20k-event days share 5-day transactions (+24 % over a
-#: day's peak instead of +75 % for a 30-day one) and 1M-event days commit one by one.
-TRANSACTION_ROWS: int = 100_000
-
-
+# --- The stored data (night/events.py; the nightly run's sizes are its own: pipeline/) ---
 #: Longest stream name the pipeline stores (UTF-8 bytes): a stream key is repeated in every
 #: row of every table and grouped on by the checks; a 1 MB name committed its day and then ran
 #: the post-commit checks out of DuckDB memory.
 MAX_STREAM_NAME_BYTES: int = 1024
-
-#: Block size of the SHA-256 of a landing file (pipeline/inputs.py): 1 MiB reads keep the hash
-#: at disk speed with a small buffer.
-HASH_BLOCK_BYTES: int = 1 << 20
-
-#: At most this many days per transaction of a run over a range (fewer for big days, see
-#: TRANSACTION_ROWS); a month keeps a backfill's commits few while a transaction's small tables
-#: (state, monitoring, map: streams x days rows) stay small in memory.
-CHUNK_DAYS: int = 31
 
 
 # --- Monitoring and plots (metrics.py, night/monitoring.py, plots.py) ---

@@ -390,7 +390,7 @@ def _bucket_column(spark, by: tuple[str, ...], n: int):
     of the numbers 0..n-1 collide: with 8 buckets in 8 partitions, four partitions held two
     buckets each and four none, so half the tasks did all the work."""
     F, _ = _pyspark()
-    labels = _spread_labels(spark, n)
+    labels = bucket_labels(spark, n)
     index = F.pmod(F.xxhash64(*by), F.lit(n))
     # long, as the labels were hashed (Spark hashes an int and a long of one value differently)
     labels_col = F.array(*[F.lit(v).cast("long") for v in labels])
@@ -398,7 +398,7 @@ def _bucket_column(spark, by: tuple[str, ...], n: int):
 
 
 @functools.lru_cache(maxsize=64)
-def _spread_labels(spark, n: int) -> tuple[int, ...]:
+def bucket_labels(spark, n: int) -> tuple[int, ...]:
     """``n`` longs, the i-th the first number whose Spark hash partition among ``n``
     (``pmod(hash(v), n)``, as ``repartition(n, col)`` computes it) is i: one small Spark job,
     once per session and bucket count (a backfill's nights reuse it)."""

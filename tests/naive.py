@@ -324,7 +324,7 @@ def _brier(onehot: Sequence[float], q: Sequence[float]) -> float:
     return float(sum((float(o) - float(v)) ** 2 for o, v in zip(onehot, q, strict=True)))
 
 
-def _log_mean(x: Sequence[float]) -> float:
+def log_mean(x: Sequence[float]) -> float:
     """The package's ``log_mean``: m + log10(mean(exp(ln 10 (x - m)))), m = max(x)."""
     m = max(x)
     return m + math.log10(sum(math.exp(math.log(10.0) * (v - m)) for v in x) / len(x))
@@ -410,7 +410,7 @@ def brier_compat(
             active = act / capital
             capital_m = cap_m
         out_sj[n] = log_sj
-        out_cj[n] = _log_mean([0.0, _log_mean(list(log_sj))])
+        out_cj[n] = log_mean([0.0, log_mean(list(log_sj))])
     p_prime = np.clip(p_prime, 0.0, 1.0)
     p_prime = p_prime / p_prime.sum(axis=1, keepdims=True)
     return p_prime, out_cj, out_sj

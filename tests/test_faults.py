@@ -18,8 +18,9 @@ import numpy as np
 import polars as pl
 import pytest
 
-from calpipe import config, generate, pipeline, storage
+from calpipe import generate, pipeline, storage
 from calpipe.generate import StreamSpec
+from calpipe.pipeline import transactions
 
 STREAMS = tuple(StreamSpec(f"s{i}", events_per_day=60) for i in range(20))
 N_DAYS = 12
@@ -30,8 +31,9 @@ ALL_TABLES = tuple(storage.PARTITION_COLUMN)
 RUN_CHILD = textwrap.dedent(
     """
     import sys
-    from calpipe import config, pipeline, storage
-    config.TRANSACTION_ROWS = 2_000
+    from calpipe import pipeline, storage
+    from calpipe.pipeline import transactions
+    transactions.TRANSACTION_ROWS = 2_000
     con = storage.connect(sys.argv[1])
     print("STARTED", flush=True)
     pipeline.run_range(con, storage.EventSource.parse(sys.argv[2]))
@@ -126,7 +128,7 @@ def test_a_full_disk_keeps_a_consistent_prefix_and_says_so(landing, monkeypatch)
         return real(self, table, frame, **kw)
 
     monkeypatch.setattr(storage.PartitionWriter, "insert", insert)
-    monkeypatch.setattr(config, "TRANSACTION_ROWS", 2_000)
+    monkeypatch.setattr(transactions, "TRANSACTION_ROWS", 2_000)
     con = storage.connect(db)
     try:
         with pytest.raises(OSError, match="No space left on device"):
@@ -170,7 +172,7 @@ def test_a_real_full_disk_is_the_disks_error_and_resuming_after_freeing_space_co
     if not _mount_tmpfs(disk, "3m"):
         pytest.skip("mounting a tmpfs is not permitted here (the injected ENOSPC test stands in)")
     try:
-        monkeypatch.setattr(config, "TRANSACTION_ROWS", 2_000)
+        monkeypatch.setattr(transactions, "TRANSACTION_ROWS", 2_000)
         db = disk / "full.duckdb"
         assert cli.main(["run", "--events", str(tmp / "landing"), "--db", str(db)]) == 2
         assert "No space left on device" in capsys.readouterr().err
@@ -216,7 +218,7 @@ def test_a_read_only_database_file_is_a_clear_error_and_stays_as_it_was(landing,
     assert all(after[t].equals(before[t]) for t in ALL_TABLES)
 
 
-def _hold(db, seconds: float, *, read_only: bool = False) -> subprocess.Popen:
+def hold_database(db, seconds: float, *, read_only: bool = False) -> subprocess.Popen:
     """Another process holding ``db`` (as a notebook would) for ``seconds``."""
     holder = subprocess.Popen(
         [sys.executable, "-c", "import duckdb, sys, time; "
@@ -236,7 +238,9 @@ def test_a_lock_held_by_another_process_is_a_clear_error(landing, capsys, monkey
     db = tmp / "locked.duckdb"
     storage.connect(db).close()
     monkeypatch.setattr(storage.locks, "LOCK_WAIT_SECONDS", 0.5)
-    holder = _hold(db, 120, read_only=True)  # a notebook's read-only connection blocks writers
+    holder = hold_database(
+        db, 120, read_only=True
+    )  # a notebook's read-only connection blocks writers
     try:
         t0 = time.monotonic()
         assert cli.main(["run", "--events", str(tmp / "landing"), "--db", str(db)]) == 2
@@ -259,13 +263,13 @@ def test_a_lock_let_go_within_the_wait_is_waited_for(landing, capsys):
     tmp, _ = landing
     db = tmp / "waited.duckdb"
     storage.connect(db).close()
-    holder = _hold(db, 1.0)
+    holder = hold_database(db, 1.0)
     try:
         assert cli.main(["run", "--events", str(tmp / "landing"), "--db", str(db)]) == 0
     finally:
         holder.wait()
     assert _tables(db)["pipeline_days"].height > 0
-    holder = _hold(db, 1.0)
+    holder = hold_database(db, 1.0)
     try:
         capsys.readouterr()
         assert cli.main(["sql", "SELECT count(*) AS n FROM pipeline_days", "--db", str(db)]) == 0
@@ -273,7 +277,7 @@ def test_a_lock_let_go_within_the_wait_is_waited_for(landing, capsys):
     finally:
         holder.wait()
     # --lock-wait 0 fails at once instead, naming the holder
-    holder = _hold(db, 30)
+    holder = hold_database(db, 30)
     try:
         t0 = time.monotonic()
         query = ["sql", "SELECT 1", "--db", str(db), "--lock-wait", "0"]
@@ -312,9 +316,9 @@ def test_ctrl_c_ends_calpipe_run_with_one_line_and_the_run_resumes(landing):
     code = textwrap.dedent(
         """
         import sys
-        from calpipe import config
         from calpipe.cli import main
-        config.TRANSACTION_ROWS = 2_000  # a commit every ~2 days: the interrupt lands mid-run
+        from calpipe.pipeline import transactions
+        transactions.TRANSACTION_ROWS = 2_000  # a commit every ~2 days: the interrupt lands mid-run
         sys.exit(main(["run", "--events", sys.argv[2], "--db", sys.argv[1]]))
         """
     )

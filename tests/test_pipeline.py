@@ -20,7 +20,7 @@ from calpipe import cli, config, generate, metrics, pipeline, storage
 from calpipe.cli import pipeline as cli_pipeline
 from calpipe.errors import InputError, ParameterError, StateError
 from calpipe.generate import StreamSpec
-from calpipe.pipeline import Settings, transactions
+from calpipe.pipeline import Settings, nightly, transactions
 from calpipe.storage import StoreError
 
 START = generate.DEFAULT_START
@@ -541,7 +541,7 @@ def test_duplicate_events_across_a_day_are_refused(small):
 
 def test_chunked_backfill_equals_single_days(small, monkeypatch):
     con, source, _, tmp = small
-    monkeypatch.setattr(config, "CHUNK_DAYS", 3)  # 8 days = 3 transactions
+    monkeypatch.setattr(transactions, "CHUNK_DAYS", 3)  # 8 days = 3 transactions
     pipeline.run_range(con, source)
     chunked = snapshot(con)
     con2 = storage.connect(tmp / "db2.duckdb")
@@ -596,9 +596,9 @@ def test_nightly_run_writes_the_same_rows_in_batches_transactions_and_spans(
     try:
         for i in range(8):  # the reference: each day on its own, one batch
             pipeline.run_range(staged, source, day(i), day(i), first_day=day(0), spans=False)
-        monkeypatch.setattr(config, "PROTECT_BATCH_ROWS", batch_rows)
-        monkeypatch.setattr(config, "TRANSACTION_ROWS", transaction_rows)
-        monkeypatch.setattr(config, "CHUNK_DAYS", 5)
+        monkeypatch.setattr(nightly, "PROTECT_BATCH_ROWS", batch_rows)
+        monkeypatch.setattr(transactions, "TRANSACTION_ROWS", transaction_rows)
+        monkeypatch.setattr(transactions, "CHUNK_DAYS", 5)
         summary = pipeline.run_range(fused, source)
         assert (summary.days, summary.events) == (8, events.height)
         for t in ALL_TABLES:
@@ -651,8 +651,8 @@ def test_transactions_span_whole_days_up_to_the_event_budget(monkeypatch):
 
     monkeypatch.setattr(storage, "replacing_partitions", replacing)
     monkeypatch.setattr(storage, "drop_block_cache", lambda _con: None)
-    monkeypatch.setattr(config, "TRANSACTION_ROWS", 10)
-    monkeypatch.setattr(config, "CHUNK_DAYS", 3)
+    monkeypatch.setattr(transactions, "TRANSACTION_ROWS", 10)
+    monkeypatch.setattr(transactions, "CHUNK_DAYS", 3)
     transactions.write_days(
         None, day(0), day(7), ["scored_events"],
         lambda d: pl.DataFrame({"x": range(sizes[(d - START).days])}),
@@ -729,7 +729,7 @@ def test_daily_metrics_equal_the_metrics_expressions():
 
 def test_a_bad_event_in_a_batched_day_names_its_event_and_writes_nothing(small, monkeypatch):
     con, source, _events, tmp = small
-    monkeypatch.setattr(config, "PROTECT_BATCH_ROWS", 10)
+    monkeypatch.setattr(nightly, "PROTECT_BATCH_ROWS", 10)
     pipeline.run_range(con, source, day(0), day(1))
     before = snapshot(con)
     target = tmp / "landing" / f"date={day(2).isoformat()}" / "events.parquet"

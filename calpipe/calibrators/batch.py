@@ -324,8 +324,8 @@ class VennAbers(WindowedCalibrator):
         ),
     }
 
-    def _predict(self, fitted, scores, n_classes):
-        pred = super()._predict(fitted, scores, n_classes)
+    def predict_window(self, fitted, scores, n_classes):
+        pred = super().predict_window(fitted, scores, n_classes)
         if pred.p_lower is None:  # multiclass: coupling gives no class bounds (NaN, not a lie)
             nan = np.full(pred.p.shape, np.nan)
             return pred._replace(p_lower=nan, p_upper=nan)

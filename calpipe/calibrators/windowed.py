@@ -108,11 +108,14 @@ class WindowedCalibrator(Calibrator[FlatState]):
     def predict_kwargs(self, n_classes: int) -> dict[str, Any]:
         return {k: self.params[k] for k in self.predict_params}
 
-    def _fit(self, scores: np.ndarray, labels: np.ndarray, n_classes: int) -> np.ndarray:
+    def fit_window(self, scores: np.ndarray, labels: np.ndarray, n_classes: int) -> np.ndarray:
+        """The map fitted on one calibration window (its scores and labels), as the flat
+        array the state stores (what the per-event oracle of the tests refits too)."""
         fitted = type(self).fit(scores, labels, **self.fit_kwargs(n_classes))
         return np.ascontiguousarray(fitted, dtype=np.float64)
 
-    def _predict(self, fitted: np.ndarray, scores: np.ndarray, n_classes: int) -> Prediction:
+    def predict_window(self, fitted: np.ndarray, scores: np.ndarray, n_classes: int) -> Prediction:
+        """A map fitted by :meth:`fit_window` applied to ``scores``."""
         return type(self).predict(fitted, scores, **self.predict_kwargs(n_classes))
 
     # -- state ---------------------------------------------------------------------------------
@@ -215,7 +218,7 @@ class WindowedCalibrator(Calibrator[FlatState]):
             def fitted_at(j: int, all_s=all_s, all_y=all_y, first=first, fits=fits):
                 if j not in fits:
                     stop = j - first + 1
-                    fits[j] = self._fit(
+                    fits[j] = self.fit_window(
                         all_s[stop - self.window : stop],
                         all_y[stop - self.window : stop],
                         n_classes,
@@ -234,7 +237,9 @@ class WindowedCalibrator(Calibrator[FlatState]):
                     if interval:
                         lower[sl] = upper[sl] = scores[ev]
                     continue
-                pred = self._predict(fitted_at(j), np.ascontiguousarray(scores[ev]), n_classes)
+                pred = self.predict_window(
+                    fitted_at(j), np.ascontiguousarray(scores[ev]), n_classes
+                )
                 forecast[sl] = pred.p
                 if interval:
                     lower[sl], upper[sl] = pred.p_lower, pred.p_upper
@@ -374,6 +379,8 @@ class WindowedCalibrator(Calibrator[FlatState]):
         for s in range(state.n_streams):
             _, _, _, fitted = self._unpack(state, s, c)
             out[s] = (
-                scores[s] if fitted.size == 0 else self._predict(fitted, scores[s], n_classes).p
+                scores[s]
+                if fitted.size == 0
+                else self.predict_window(fitted, scores[s], n_classes).p
             )
         return out

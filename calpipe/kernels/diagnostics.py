@@ -51,6 +51,7 @@ import math
 import numpy as np
 from numba import njit
 
+from calpipe import config
 from calpipe.kernels.grouping import counting_sort_kernel
 from calpipe.kernels.isotonic import pav_kernel
 
@@ -99,6 +100,34 @@ def _smooth_ece_at(f, r, sigma, points_per_sigma):
         a = abs(g[j])
         total += 0.5 * a if (j == 0 or j == m) else a
     return total * h
+
+
+def smooth_ece_at(f, y, sigma: float, points_per_sigma: float | None = None) -> float:
+    """smECE_sigma at one bandwidth ``sigma`` (paper 004, Definition 5: the integral over [0, 1]
+    of |(1/n) sum_i K_sigma(t, f_i) (y_i - f_i)|, K the reflected Gaussian kernel) of forecasts
+    ``f`` and 0/1 outcomes ``y``, on a grid of ``points_per_sigma`` / sigma cells (default
+    :data:`calpipe.config.SMOOTH_ECE_POINTS_PER_SIGMA`). :func:`smooth_ece_groups` searches
+    the bandwidth at which smECE_sigma = sigma; this is one evaluation of it.
+
+    Every forecast 0.5 and 3 of 4 outcomes 1: the residual mass 0.25 sits at one point, and
+    the reflected kernel integrates to 1 over [0, 1], so smECE_sigma = 0.25 at any bandwidth.
+
+    >>> import numpy as np
+    >>> round(smooth_ece_at(np.full(4, 0.5), np.array([1.0, 1.0, 1.0, 0.0]), 0.1), 6)
+    0.25
+    """
+    f = np.ascontiguousarray(f, dtype=np.float64)
+    y = np.ascontiguousarray(y, dtype=np.float64)
+    if f.ndim != 1 or f.shape != y.shape:
+        raise ValueError(f"f and y must be 1-d of one length, got {f.shape} and {y.shape}")
+    if f.size and not (np.all((f >= 0.0) & (f <= 1.0)) and np.all(np.isfinite(y))):
+        raise ValueError("f must lie in [0, 1] and y be finite")
+    if not sigma > 0.0:
+        raise ValueError(f"sigma must be > 0, got {sigma}")
+    pps = config.SMOOTH_ECE_POINTS_PER_SIGMA if points_per_sigma is None else points_per_sigma
+    if not pps > 0.0:
+        raise ValueError(f"points_per_sigma must be > 0, got {pps}")
+    return float(_smooth_ece_at(f, (y - f) / max(f.size, 1), float(sigma), float(pps)))
 
 
 @njit(cache=True)

@@ -33,9 +33,13 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from calpipe import config, storage
+from calpipe import storage
 from calpipe.errors import StateError
 from calpipe.storage import EventSource
+
+#: Block size of the SHA-256 of a landing file (pipeline/inputs.py): 1 MiB reads keep the hash
+#: at disk speed with a small buffer.
+HASH_BLOCK_BYTES: int = 1 << 20
 
 #: ``pipeline_inputs.kind`` of the scored events' files, and of the label feed's
 #: (:data:`calpipe.pipeline.labels.LABELS`).
@@ -65,7 +69,7 @@ class ReplayRequired(StateError):
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
-        while block := f.read(config.HASH_BLOCK_BYTES):
+        while block := f.read(HASH_BLOCK_BYTES):
             h.update(block)
     return h.hexdigest()
 

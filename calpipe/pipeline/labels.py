@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from calpipe import config, storage
+from calpipe import storage
 from calpipe.engine.contract import Rule
 from calpipe.engine.ordering import duplicated
 from calpipe.errors import InputError
@@ -50,6 +50,12 @@ from calpipe.pipeline.classes import stored_n_classes
 from calpipe.pipeline.ids import stored_id_type
 from calpipe.storage import EventSource
 from calpipe.storage.landing import FILE_COLUMN, part_where, read_parquet_files
+
+#: A night's labels are looked up (their events, earlier labels, forecasts) this many at a time:
+#: against a long history DuckDB builds the joins' hash tables on the labels' keys, which it
+#: cannot spill (against 10M stored events: 2.1M labels failed at 384 MB, 1M ran at 256 MB and
+#: 500k at 128 MB, each at ~0.35 us a label; measured).
+LABEL_LOOKUP_ROWS: int = 500_000
 
 #: What to do with a label whose event calpipe does not know: fail the night, or park it.
 ON_UNKNOWN = ("error", "quarantine")
@@ -237,7 +243,7 @@ def check_arrivals(
     ])  # fmt: skip
     if score not in events.columns:  # a night without events, in the binary form
         events = events.rename({"score": score}).cast({score: schema[score]})
-    j = with_events(raw, _lookup(con, raw, day, k), events, day, score, schema[score])
+    j = with_events(raw, lookup_arrivals(con, raw, day, k), events, day, score, schema[score])
     unknown = pl.col("event_date").is_null()
     quarantined = pl.DataFrame(schema=QUARANTINE_SCHEMA)
     if on_unknown == "quarantine":
@@ -273,11 +279,11 @@ def check_arrivals(
     return Arrivals(day, rows, quarantined.sort("file", "stream", "event_id"), j.select(_FORECASTS))
 
 
-def _lookup(con, raw: pl.DataFrame, day: dt.date, k: int) -> pl.DataFrame:
+def lookup_arrivals(con, raw: pl.DataFrame, day: dt.date, k: int) -> pl.DataFrame:
     """What :data:`_LOOKUP_SQL` finds for the night's labels ``raw``, one row per label in the
     labels' order (without ``i``).
 
-    The labels are looked up :data:`calpipe.config.LABEL_LOOKUP_ROWS` at a time (the joins'
+    The labels are looked up :data:`LABEL_LOOKUP_ROWS` at a time (the joins'
     hash tables on their keys must fit DuckDB's pool). The lookup has at most one row per
     label (an event and its label are unique over the history), so its rows are put in the
     labels' order by ``i``, a gather by the inverse permutation, not a join; column by column,
@@ -293,8 +299,8 @@ def _lookup(con, raw: pl.DataFrame, day: dt.date, k: int) -> pl.DataFrame:
     keys, found = raw.select("i", "stream", "event_id"), []
     if keys.schema["event_id"].is_integer():
         keys = keys.sort("event_id")
-    for start in range(0, max(raw.height, 1), config.LABEL_LOOKUP_ROWS):  # (a query if none)
-        con.register("_calpipe_label_keys", keys.slice(start, config.LABEL_LOOKUP_ROWS).to_arrow())
+    for start in range(0, max(raw.height, 1), LABEL_LOOKUP_ROWS):  # (a query if none)
+        con.register("_calpipe_label_keys", keys.slice(start, LABEL_LOOKUP_ROWS).to_arrow())
         try:
             found.append(storage.query(con, sql, [day]))
         finally:

@@ -17,7 +17,7 @@ import duckdb
 import numpy as np
 import polars as pl
 
-from calpipe import config, storage
+from calpipe import storage
 from calpipe.engine.driver import protect_by_day
 from calpipe.errors import CalpipeError, InputError, StateError
 from calpipe.night.arrivals import Arrivals
@@ -33,6 +33,7 @@ from calpipe.night.events import (
 )
 from calpipe.night.monitoring import labelled_rows, night_arrival_rows
 from calpipe.night.settings import Settings, as_date
+from calpipe.pipeline import transactions
 from calpipe.pipeline.chain import chain_first_day, state_before, state_hash_before
 from calpipe.pipeline.checks import (
     CheckOutcome,
@@ -54,9 +55,20 @@ from calpipe.pipeline.tables import (
     FusedSpan,
     write_fused,
 )
-from calpipe.pipeline.transactions import write_days
 from calpipe.storage import EventSource
 from calpipe.storage.landing import stream_part
+
+#: The nightly run protects a day in batches of whole streams of about this many events (streams
+#: are independent): memory is then bounded by a batch plus the day's events, not by the day's
+#: working set, and the engine's per-row costs stay those of a cache-friendly 2M-event frame.
+PROTECT_BATCH_ROWS: int = 2_000_000
+
+
+#: The nightly run reads, checks and protects a night of more scores or more labels than this
+#: in parts of whole streams of about this many of each (each part's rows chosen by DuckDB as it
+#: reads the files: calpipe.storage.landing.part_where), so memory is bounded by a part, not by the
+#: night: a protect batch of events and as many labels.
+NIGHT_PART_ROWS: int = PROTECT_BATCH_ROWS
 
 
 @dataclass
@@ -103,12 +115,12 @@ def _read_day(
     part: tuple[int, int] | None = None,
 ) -> pl.DataFrame:  # fmt: skip
     """Day ``d``'s events (the days [d, to] with ``to``; of the streams of ``part``,
-    :func:`_night_parts`) from the source, checked unique against
+    :func:`parts_of_night`) from the source, checked unique against
     the stored history outside [d, last] (the writer has no INSERT pending when a day is read:
     the connection is free), their number of classes the database's (the first events of a new
     database set it, and the chain's)."""
     chunk = read_source(con, source, d, to or d, part)
-    _check_part(chunk["stream"], part, f"{source.describe()}, day {d}")
+    check_part(chunk["stream"], part, f"{source.describe()}, day {d}")
     if chunk.height:
         # the database's id type is settled by the first day with events (one catalog query a
         # day cost ~1.6 ms behind the writer's pending INSERT: a second of the demo's 892 days)
@@ -176,24 +188,24 @@ def pending_range(
     return rng[0], rng[1], "new days landed"
 
 
-def _night_parts(inputs: pl.DataFrame, d: dt.date) -> int:
+def parts_of_night(inputs: pl.DataFrame, d: dt.date) -> int:
     """How many parts of whole streams night ``d`` is read, checked and protected in: one for a
-    night of at most :data:`calpipe.config.NIGHT_PART_ROWS` scores and as many labels (their
+    night of at most :data:`NIGHT_PART_ROWS` scores and as many labels (their
     files' row counts, ``inputs``), else about that many of each a part (at most 256). Streams
     are independent, so the parts one after the other write each stream's one-part rows;
     memory is that of a part (:func:`calpipe.storage.landing.part_where`)."""
-    n = max(_recorded_rows(inputs, d, SCORES) or 0, _recorded_rows(inputs, d, LABELS) or 0)
-    return 1 if n <= config.NIGHT_PART_ROWS else min(-(-n // config.NIGHT_PART_ROWS), 256)
+    n = max(recorded_rows(inputs, d, SCORES) or 0, recorded_rows(inputs, d, LABELS) or 0)
+    return 1 if n <= NIGHT_PART_ROWS else min(-(-n // NIGHT_PART_ROWS), 256)
 
 
-def _recorded_rows(inputs: pl.DataFrame, d: dt.date, kind: str) -> int | None:
+def recorded_rows(inputs: pl.DataFrame, d: dt.date, kind: str) -> int | None:
     """Rows of day ``d``'s files of ``kind`` (scores or labels) as :func:`run_inputs` counted
     them; None if a count is missing (a file recorded without one)."""
     rows = inputs.filter((pl.col("date") == d) & (pl.col("kind") == kind))["n_rows"]
     return None if rows.null_count() else int(rows.sum() or 0)
 
 
-def _check_part(streams: pl.Series, part: tuple[int, int] | None, what: str) -> None:
+def check_part(streams: pl.Series, part: tuple[int, int] | None, what: str) -> None:
     """StateError if a row read for ``part`` is of a stream of another part: DuckDB chose the
     rows by the hash of the stream name as it reads it, the pipeline splits the state by the
     name polars made of it (a stream column of a type whose text differs between the two). A
@@ -219,10 +231,10 @@ def _stream_bucket(streams: pl.Series, k: int) -> np.ndarray:
 
 def _stream_batches(events: pl.DataFrame) -> tuple[int, list[np.ndarray] | None]:
     """Split a day's events into k batches of whole streams of about
-    :data:`calpipe.config.PROTECT_BATCH_ROWS` events: (k, each batch's row indices in the
+    :data:`PROTECT_BATCH_ROWS` events: (k, each batch's row indices in the
     day's order), or (1, None) for a day that fits in one batch. Streams are independent, so
     running the batches one after the other gives each stream exactly its one-pass rows."""
-    k = min(-(-events.height // config.PROTECT_BATCH_ROWS), 256)
+    k = min(-(-events.height // PROTECT_BATCH_ROWS), 256)
     if k <= 1:
         return 1, None
     bucket = _stream_bucket(events["stream"], k)
@@ -260,7 +272,7 @@ def _run_day(
     inputs: pl.DataFrame,
 ) -> pl.DataFrame:
     """Day ``d`` of :func:`run_range` in its ``n_parts`` parts of whole streams
-    (:func:`_night_parts`; one for all but the biggest nights), each a :class:`_DayEvents` of
+    (:func:`parts_of_night`; one for all but the biggest nights), each a :class:`_DayEvents` of
     the part's events and checked labels, read from the source as the iterator ``parts`` is
     advanced (:func:`_run_part` runs each and frees it); then the day's tables (phase
     ``day``: the ``calibrator_state`` rows of the streams that changed, the ``pipeline_days``
@@ -379,13 +391,16 @@ def _span_events(
 ) -> pl.DataFrame | None:  # fmt: skip
     """The events of the days [d, e] (``first``: day d's, read by :func:`_read_day`), checked as
     :func:`_read_day` checks a day, if the days can run as one span: they fit in
-    :data:`calpipe.config.TRANSACTION_ROWS` events by the row counts recorded in ``inputs``
+    :data:`calpipe.pipeline.transactions.TRANSACTION_ROWS` events by the row counts recorded in ``inputs``
     (the transaction was sized by its first day alone) and have the types of day d's. None
     otherwise: the days then run one by one."""
     recorded = inputs.filter(
         (pl.col("kind") == SCORES) & pl.col("date").is_between(d + dt.timedelta(days=1), e)
     )["n_rows"]
-    if recorded.null_count() or first.height + int(recorded.sum() or 0) > config.TRANSACTION_ROWS:
+    if (
+        recorded.null_count()
+        or first.height + int(recorded.sum() or 0) > transactions.TRANSACTION_ROWS
+    ):
         return None
     # the other days as day d was read (day d's rows of an earlier run are deleted already)
     more = _read_day(con, source, d + dt.timedelta(days=1), last, chain, to=e)
@@ -489,8 +504,8 @@ def run_range(
     memory (:func:`_run_day`), every table of a day in one transaction (:func:`write_days`):
     a day is read from the source once, validated once and never read back; memory is bounded
     by a batch of streams plus the day's events (a night of more than
-    :data:`calpipe.config.NIGHT_PART_ROWS` scores or labels is read, checked and protected in
-    parts of whole streams, :func:`_night_parts`: plus a part's); and DuckDB writes a batch
+    :data:`NIGHT_PART_ROWS` scores or labels is read, checked and protected in
+    parts of whole streams, :func:`parts_of_night`: plus a part's); and DuckDB writes a batch
     while the engine protects the next one (the writer's background INSERTs).
 
     Without a label feed, a transaction of small days runs as one span (:func:`_run_span`: one
@@ -548,13 +563,13 @@ def run_range(
         chunk = _read_day(con, source, d, end, chain, part=part)
         arrived = night_arrivals(con, labels, d, chunk, on_unknown_label, part)
         for rows in (arrived.rows, arrived.quarantined):
-            _check_part(rows["stream"], part, f"labels {labels and labels.describe()}, day {d}")
+            check_part(rows["stream"], part, f"labels {labels and labels.describe()}, day {d}")
         return _DayEvents(chunk, chunk.height, arrived)
 
     def read(d: dt.date) -> _DayEvents:
-        k = _night_parts(inputs, d)
+        k = parts_of_night(inputs, d)
         if k > 1:  # a big night: read part by part as it runs (write)
-            return _DayEvents(None, _recorded_rows(inputs, d, SCORES) or 0, parts=k)
+            return _DayEvents(None, recorded_rows(inputs, d, SCORES) or 0, parts=k)
         return read_part(d)
 
     def night_parts(writer: storage.PartitionWriter, d: dt.date, day: _DayEvents):
@@ -571,7 +586,7 @@ def run_range(
         for i in range(day.parts):
             writer.wait()  # the part's reads need the connection (no INSERT pending)
             yield counted(read_part(d, (i, day.parts)))
-        want = (_recorded_rows(inputs, d, SCORES), _recorded_rows(inputs, d, LABELS))
+        want = (recorded_rows(inputs, d, SCORES), recorded_rows(inputs, d, LABELS))
         # every row in exactly one part: nothing dropped nor read twice (a missing count: the
         # parts' own reads only)
         if any(w is not None and w != m for w, m in zip(want, n, strict=True)):
@@ -610,7 +625,7 @@ def run_range(
     if progress is not None:
         progress.start((end - start).days + 1)
     try:
-        rows = write_days(
+        rows = transactions.write_days(
             con, start, end, list(TABLES),
             read, write, background=True, finish=finish, span=span,
         )  # fmt: skip

@@ -1,7 +1,7 @@
 """Transactions of whole days: how the nightly run replaces partitions.
 
 :func:`write_days` replaces the partitions of a range day by day
-in transactions of whole consecutive days, sized by :data:`calpipe.config.TRANSACTION_ROWS`
+in transactions of whole consecutive days, sized by :data:`TRANSACTION_ROWS`
 events, so that a crash leaves whole days and memory is bounded by a day, not by the range.
 """
 
@@ -13,7 +13,19 @@ from typing import Any
 
 import polars as pl
 
-from calpipe import config, storage
+from calpipe import storage
+
+#: A pipeline transaction spans whole days up to about this many events (at least one day):
+#: measured, a transaction's peak RSS grows ~350 bytes per event it holds (DuckDB's uncommitted
+#: rows and the small tables' buffers), so 20k-event days share 5-day transactions (+24 % over a
+#: day's peak instead of +75 % for a 30-day one) and 1M-event days commit one by one.
+TRANSACTION_ROWS: int = 100_000
+
+
+#: At most this many days per transaction of a run over a range (fewer for big days, see
+#: TRANSACTION_ROWS); a month keeps a backfill's commits few while a transaction's small tables
+#: (state, monitoring, map: streams x days rows) stay small in memory.
+CHUNK_DAYS: int = 31
 
 _NO_DAY = pl.DataFrame()
 
@@ -42,8 +54,8 @@ def write_days(
     Day d's input is ``read(d)`` (a frame, or anything with its number of rows as ``height``)
     and ``write(writer, d, input)`` writes its rows; ``finish`` is
     called at the end of each transaction with its days. A transaction starts at a day whose
-    input is read first, and spans as many days as fit in :data:`calpipe.config.TRANSACTION_ROWS`
-    rows at that day's size (at least one day, at most :data:`calpipe.config.CHUNK_DAYS`):
+    input is read first, and spans as many days as fit in :data:`TRANSACTION_ROWS`
+    rows at that day's size (at least one day, at most :data:`CHUNK_DAYS`):
     DuckDB keeps a transaction's new rows in memory until the commit, so a month of a big
     backfill in one transaction would hold a month, while small days still share a few commits.
     Every day's partitions of every table are replaced in one transaction (a crash leaves whole
@@ -56,8 +68,8 @@ def write_days(
     d = start
     while d <= end:
         data = read(d)
-        fit = config.TRANSACTION_ROWS // max(data.height, 1)  # days of the first day's size
-        e = min(end, d + dt.timedelta(days=min(max(fit, 1), config.CHUNK_DAYS) - 1))
+        fit = TRANSACTION_ROWS // max(data.height, 1)  # days of the first day's size
+        e = min(end, d + dt.timedelta(days=min(max(fit, 1), CHUNK_DAYS) - 1))
         with storage.replacing_partitions(con, d, e, tables, background=background) as writer:
             spanned = span is not None and e > d and span(writer, d, e, data)
             for day in [] if spanned else storage.iter_days(d, e):

@@ -30,7 +30,7 @@ def naive_windowed(cal: WindowedCalibrator, scores, labels):
     out = np.empty(scores.shape)
     for i in range(scores.shape[0]):
         s = scores[i : i + 1]
-        out[i] = s[0] if fitted is None else cal._predict(fitted, s, n_classes).p[0]
+        out[i] = s[0] if fitted is None else cal.predict_window(fitted, s, n_classes).p[0]
         if labels[i] < 0:
             continue
         u += 1
@@ -42,7 +42,7 @@ def naive_windowed(cal: WindowedCalibrator, scores, labels):
             and (u - cal.window) % cal.refit_every == 0
         )
         if due:
-            fitted = cal._fit(
+            fitted = cal.fit_window(
                 np.asarray(win_s[-cal.window :]), np.asarray(win_y[-cal.window :]), n_classes
             )
     return out

@@ -74,14 +74,14 @@ def test_the_sensor_requests_new_days_then_nothing_then_a_corrected_day_onwards(
 def test_the_sensor_skips_a_tick_while_another_process_writes_the_database(tmp_path):
     """A run writing the database (another process) is the next tick's business: a skip that
     says so, not an error and not a wait."""
-    from tests.test_faults import _hold
+    from tests.test_faults import hold_database
 
     events = generate.generate(n_days=2, streams=STREAMS, seed=4)
     storage.write_landing(events, tmp_path / "landing")
     db = tmp_path / "busy.duckdb"
     storage.connect(db).close()
     defs = location(db, str(tmp_path / "landing"), START, START + dt.timedelta(days=3))
-    holder = _hold(db, 60)
+    holder = hold_database(db, 60)
     try:
         with DagsterInstance.ephemeral() as instance:
             tick = _tick(defs, instance)

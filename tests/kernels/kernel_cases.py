@@ -39,8 +39,8 @@ def make_batch(
     n_streams = int(rng.integers(1, max_streams + 1))
     lengths = rng.integers(1, max_len + 1, n_streams)
     n = int(lengths.sum())
-    p = _scores(rng, n, k, clip)
-    y = _labels(rng, p)
+    p = case_scores(rng, n, k, clip)
+    y = case_labels(rng, p)
     positions = rng.permutation(n)  # stream s's events sit anywhere in the event arrays
     op_event, op_kind, offsets = [], [], [0]
     start = 0
@@ -150,7 +150,7 @@ def split_each_stream(batch: Batch, cut: float) -> tuple[Batch, Batch]:
     return part(firsts, off1), part(seconds, off2)
 
 
-def _snapshot(*arrays):
+def case_snapshot(*arrays):
     return [np.array(a, copy=True) for a in arrays]
 
 
@@ -170,7 +170,7 @@ def stream_alone(batch: Batch, s: int) -> Batch:
     )  # fmt: skip
 
 
-def _state_slice(state, s: int):
+def case_state_slice(state, s: int):
     return tuple(np.ascontiguousarray(x[s : s + 1]) for x in state)
 
 
@@ -193,7 +193,7 @@ class Batch:
         return list(zip(self.op_event[lo:hi].tolist(), self.op_kind[lo:hi].tolist(), strict=True))
 
 
-def _scores(rng, n: int, k: int, clip: float | None) -> np.ndarray:
+def case_scores(rng, n: int, k: int, clip: float | None) -> np.ndarray:
     """Base forecasts with some extreme values; clipped as the log-loss calibrators clip them."""
     if k == 2:
         p = rng.uniform(0.0, 1.0, n)
@@ -207,7 +207,7 @@ def _scores(rng, n: int, k: int, clip: float | None) -> np.ndarray:
     return q / q.sum(axis=1, keepdims=True)
 
 
-def _labels(rng, p: np.ndarray) -> np.ndarray:
+def case_labels(rng, p: np.ndarray) -> np.ndarray:
     """Labels drawn from a distorted version of the base forecasts (so calibrators can win)."""
     if p.ndim == 1:
         truth = np.clip(p + 0.25 * (0.5 - p) + 0.1, 0.0, 1.0)

@@ -18,11 +18,11 @@ from tests.kernels.kernel_cases import (
     FEW,
     SEEDS,
     Batch,
-    _labels,
-    _scores,
-    _snapshot,
-    _state_slice,
     brier_state,
+    case_labels,
+    case_scores,
+    case_snapshot,
+    case_state_slice,
     make_batch,
     naive_inputs,
     run_brier,
@@ -136,7 +136,7 @@ def test_brier_binary_stream_alone_equals_stream_in_a_batch_of_200_bit_for_bit(s
     state = brier_state(200, 3, 15, 0.5)
     together = run_brier_binary(batch, state)
     for s in [*range(n_long), *range(n_long, 200, 23)]:
-        alone = run_brier_binary(stream_alone(batch, s), _state_slice(state, s))
+        alone = run_brier_binary(stream_alone(batch, s), case_state_slice(state, s))
         _assert_bitwise_stream(alone, together, batch, s)
 
 
@@ -205,7 +205,7 @@ def test_brier_binary_outputs_are_probabilities_and_purity(seed):
     batch = brier_streams_batch(seed % 10_000, 140, max_len=10)
     state = brier_state(batch.n_streams, 3, 15)
     args = (batch.p, batch.y, batch.op_event, batch.op_kind, batch.op_offsets)
-    before = _snapshot(*args, *state)
+    before = case_snapshot(*args, *state)
     out_p, out_cj, out_sj, passive, active, capital, log_sj = run_brier_binary(batch, state)
     for x, z in zip(before, [*args, *state], strict=True):
         np.testing.assert_array_equal(x, z)
@@ -237,7 +237,7 @@ def test_cj_rows_equals_the_package_log_mean_with_nan_and_inf_rows():
     lsj[200] = np.nan
     got = B.cj_rows(np.ascontiguousarray(lsj))
     finite = np.isfinite(lsj).all(axis=1)
-    expected = [naive._log_mean([0.0, naive._log_mean(list(row))]) for row in lsj[finite]]
+    expected = [naive.log_mean([0.0, naive.log_mean(list(row))]) for row in lsj[finite]]
     np.testing.assert_allclose(got[finite], expected, rtol=0, atol=1e-12)
     assert np.isnan(got[5]) and np.isnan(got[200])
     np.testing.assert_array_equal(got[[4, 150]], B.log10_cj_rows(lsj[[4, 150]]))
@@ -274,8 +274,8 @@ def brier_streams_batch(seed: int, n_streams: int, *, max_len: int = 25, n_long:
     lengths = rng.integers(1, max_len + 1, n_streams)
     lengths[:n_long] = long_len
     n = int(lengths.sum())
-    p = _scores(rng, n, 2, None)
-    y = _labels(rng, p)
+    p = case_scores(rng, n, 2, None)
+    y = case_labels(rng, p)
     positions = rng.permutation(n)
     op_event, op_kind, offsets, start = [], [], [0], 0
     for length in lengths:
@@ -336,8 +336,8 @@ def _steps_and_split(seed: int, n_streams: int) -> tuple[Batch, Batch, np.ndarra
     rng = np.random.default_rng(seed)
     lengths = rng.integers(1, 30, n_streams)
     n = int(lengths.sum())
-    p = _scores(rng, n, 2, None)
-    y = _labels(rng, p)
+    p = case_scores(rng, n, 2, None)
+    y = case_labels(rng, p)
     events = rng.permutation(n)
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     steps = Batch(p, y, events, np.zeros(n, np.int8), offsets, n_streams)

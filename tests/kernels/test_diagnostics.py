@@ -23,8 +23,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from calpipe import config, metrics
-from calpipe.kernels.diagnostics import _smooth_ece_at
+from calpipe import metrics
+from calpipe.kernels.diagnostics import smooth_ece_at
 from tests.naive_isotonic import pav
 
 
@@ -114,7 +114,7 @@ def test_smooth_ece_equals_the_definition(seed, n, kind):
 @pytest.mark.parametrize("sigma", [0.004, 0.03, 0.2, 0.9])
 def test_smooth_ece_at_a_bandwidth_equals_the_integral(sigma):
     f, y = _data(7, 1000, "calibrated")
-    got = _smooth_ece_at(f, (y - f) / f.size, sigma, config.SMOOTH_ECE_POINTS_PER_SIGMA)
+    got = smooth_ece_at(f, y, sigma)
     assert got == pytest.approx(smooth_ece_sigma_exact(f, y, sigma), rel=1e-3, abs=1e-7)
 
 
@@ -141,8 +141,7 @@ def test_smooth_ece_of_one_signed_residuals_is_the_mean_gap():
 
 def test_smooth_ece_does_not_increase_with_the_bandwidth():
     f, y = _data(5, 3000, "calibrated")
-    r = (y - f) / f.size
-    vals = [_smooth_ece_at(f, r, s, 64.0) for s in np.geomspace(0.005, 1.0, 25)]
+    vals = [smooth_ece_at(f, y, s, 64.0) for s in np.geomspace(0.005, 1.0, 25)]
     assert all(b <= a * (1 + 1e-4) for a, b in itertools.pairwise(vals))
 
 

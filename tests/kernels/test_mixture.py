@@ -19,9 +19,9 @@ from tests.kernels.kernel_cases import (
     LANE_STREAMS,
     SEEDS,
     Batch,
-    _labels,
-    _scores,
-    _state_slice,
+    case_labels,
+    case_scores,
+    case_state_slice,
     cj_state,
     jumper_state,
     make_batch,
@@ -51,8 +51,8 @@ LANE_CASES = {  # name: (family, rates, state builder (n_streams, n_fun) -> stat
 def test_naive_jumper_algorithm1_martingale_is_algorithm2_gale_ratio(seed, name, jump):
     """Lemma 1 of paper 000: log10 S_n (Alg. 1) = sum_i log10 p'_i(y_i) - log10 p_i(y_i) (Alg. 2)."""
     rng = np.random.default_rng(seed)
-    p = _scores(rng, 120, 2, 1e-3)
-    y = _labels(rng, p)
+    p = case_scores(rng, 120, 2, 1e-3)
+    y = case_labels(rng, p)
     y[rng.random(120) < 0.2] = -1
     fs = naive.binary_functions(name, families.binary_family(name).params)
     forecasts = naive.jumper_predictor(p, y, fs, jump)
@@ -203,7 +203,7 @@ def test_stream_outputs_are_bit_identical_alone_and_in_a_lanes_batch(case, n_lon
     state = make_state(batch.n_streams, fam.size)
     together = run_binary(batch, fam, rates, state)
     for s in [*range(n_long), *range(n_long, batch.n_streams, 11)]:
-        alone = run_binary(stream_alone(batch, s), fam, rates, _state_slice(state, s))
+        alone = run_binary(stream_alone(batch, s), fam, rates, case_state_slice(state, s))
         lo, hi = batch.op_offsets[s], batch.op_offsets[s + 1]
         seen = batch.op_event[lo:hi][batch.op_kind[lo:hi] != O.OP_UPDATE]
         np.testing.assert_array_equal(alone[0][seen], together[0][seen])
@@ -294,8 +294,8 @@ def many_streams_batch(seed: int, *, n_long: int = 0, long_len: int = 300) -> Ba
     lengths = rng.integers(1, 20, LANE_STREAMS)
     lengths[:n_long] = long_len
     n = int(lengths.sum())
-    p = _scores(rng, n, 2, 1e-3)
-    y = _labels(rng, p)
+    p = case_scores(rng, n, 2, 1e-3)
+    y = case_labels(rng, p)
     positions = rng.permutation(n)
     op_event, op_kind, offsets, start = [], [], [0], 0
     for length in lengths:

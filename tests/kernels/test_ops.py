@@ -19,10 +19,10 @@ from tests.kernels.kernel_cases import (
     FEW,
     SEEDS,
     Batch,
-    _labels,
-    _scores,
-    _snapshot,
     brier_state,
+    case_labels,
+    case_scores,
+    case_snapshot,
     cj_state,
     make_batch,
     run_binary,
@@ -86,7 +86,7 @@ def test_kernels_do_not_mutate_their_inputs():
     fam = families.binary_family("cox2")
     state = cj_state(batch.n_streams, 3, fam.size)
     args = (batch.p, batch.y.astype(np.int8), batch.op_event, batch.op_kind, batch.op_offsets)
-    before = _snapshot(*args, fam.params, CJ_RATES, *state)
+    before = case_snapshot(*args, fam.params, CJ_RATES, *state)
     out = M.mixture_binary(*args, fam.code, fam.params, CJ_RATES, *state)
     for x, z in zip(before, [*args, fam.params, CJ_RATES, *state], strict=True):
         np.testing.assert_array_equal(x, z)
@@ -96,13 +96,13 @@ def test_kernels_do_not_mutate_their_inputs():
     mf = families.multiclass_family(4)
     mstate = cj_state(mb.n_streams, 3, mf.size)
     margs = (mb.p, mb.y, mb.op_event, mb.op_kind, mb.op_offsets, mf.betas.copy(), mf.alphas)
-    before = _snapshot(*margs, CJ_RATES, *mstate)
+    before = case_snapshot(*margs, CJ_RATES, *mstate)
     M.mixture_multiclass(*margs, CJ_RATES, *mstate)
     for x, z in zip(before, [*margs, CJ_RATES, *mstate], strict=True):
         np.testing.assert_array_equal(x, z)
 
     bstate = brier_state(mb.n_streams, 3, mf.size)
-    before = _snapshot(*margs, CJ_RATES, *bstate)
+    before = case_snapshot(*margs, CJ_RATES, *bstate)
     B.brier_compat(*margs, CJ_RATES, *bstate)
     for x, z in zip(before, [*margs, CJ_RATES, *bstate], strict=True):
         np.testing.assert_array_equal(x, z)
@@ -180,7 +180,7 @@ def test_composite_jumper_log10_cj_rows_match_package_log_mean():
     lsj[0] = [-500.0, -800.0, -2.0]  # large negative: CJ -> log10(1/2)
     lsj[1] = [900.0, 950.0, 10.0]  # large positive: no overflow
     got = B.log10_cj_rows(np.ascontiguousarray(lsj))
-    expected = [naive._log_mean([0.0, naive._log_mean(list(row))]) for row in lsj]
+    expected = [naive.log_mean([0.0, naive.log_mean(list(row))]) for row in lsj]
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-12)
     assert np.isfinite(got).all()
 
@@ -193,8 +193,8 @@ def _step_and_split_batches(seed: int, k: int, clip: float | None = 1e-3):
     immediately followed by OP_UPDATE. Returns (steps, split, events that were split)."""
     rng = np.random.default_rng(seed)
     n = 80
-    p = _scores(rng, n, k, clip)
-    y = _labels(rng, p)
+    p = case_scores(rng, n, k, clip)
+    y = case_labels(rng, p)
     split_mask = rng.random(n) < 0.4
     ev, kind = [], []
     for e in range(n):

@@ -22,6 +22,7 @@ from calpipe import generate, pipeline, storage
 from calpipe.errors import InputError, StateError
 from calpipe.generate import StreamSpec
 from calpipe.pipeline import Settings
+from calpipe.pipeline import labels as label_feed
 from calpipe.pipeline.labels import label_source
 
 from .stored import ARRIVED_SQL, assert_derived_tables_match
@@ -505,7 +506,6 @@ def test_arrivals_larger_than_duckdb_s_memory_limit_are_judged_in_memory(tmp_pat
     (their forecasts looked up with the labels' checks, in slices of LABEL_LOOKUP_ROWS sized
     for the pool): here 300,000 labels, whose one join fails at a 24 MB pool, at which the
     whole run passes, equal to the join's rows."""
-    from calpipe import config
 
     n = 300_000
     rng = np.random.default_rng(5)
@@ -530,7 +530,7 @@ def test_arrivals_larger_than_duckdb_s_memory_limit_are_judged_in_memory(tmp_pat
     write_day(night, tmp_path / "scores", day(1), "event_time")
     write_day(labels, tmp_path / "labels", day(1), "label_time")
     monkeypatch.setattr(storage.session, "DUCKDB_MEMORY_LIMIT", "24MB")
-    monkeypatch.setattr(config, "LABEL_LOOKUP_ROWS", 20_000)  # 500k a slice at 128 MB
+    monkeypatch.setattr(label_feed, "LABEL_LOOKUP_ROWS", 20_000)  # 500k a slice at 128 MB
     con = storage.connect(tmp_path / "db.duckdb")
     try:
         assert storage.query(con, "SELECT current_setting('memory_limit') AS m")["m"][0] in (
@@ -556,7 +556,7 @@ def test_arrivals_of_earlier_events_without_their_forecasts_are_refused_not_drop
     (Arrivals.forecasts); arrivals without them (as read back from event_labels) would lose
     those labels from calibration_arrivals, so they are an error, not a silent drop."""
     from calpipe.night.arrivals import Arrivals
-    from calpipe.night.monitoring import _arrived_in_night
+    from calpipe.night.monitoring import night_arrival_rows
 
     late = Arrivals.empty(day(2)).rows.vstack(pl.DataFrame([{
         "date": day(2), "stream": "a", "event_id": 1, "event_date": day(1),
@@ -567,16 +567,17 @@ def test_arrivals_of_earlier_events_without_their_forecasts_are_refused_not_drop
                                     "base_score": pl.Float64, "protected_score": pl.Float64,
                                     "label": pl.Int32})  # fmt: skip
     with pytest.raises(ValueError, match="without their forecasts"):
-        _arrived_in_night(labelled, Arrivals(day(2), late, Arrivals.empty(day(2)).quarantined))
+        night_arrival_rows(
+            labelled, Arrivals(day(2), late, Arrivals.empty(day(2)).quarantined), pl.DataFrame()
+        )
 
 
 def test_a_night_s_labels_are_looked_up_in_slices_that_fit_duckdb_s_pool(tmp_path, monkeypatch):
     """Regression: against a long history DuckDB builds the lookup's hash tables on the labels'
     keys and cannot spill them: 2M labels against 10M stored events failed with "Out of Memory"
     at the pipeline's 256 MB (BENCHMARKS.md §12). Here 150,000 labels against 600,000 events at
-    a 32 MB pool: one query fails, slices of 5,000 (config.LABEL_LOOKUP_ROWS) give its rows."""
-    from calpipe import config
-    from calpipe.pipeline.labels import _lookup
+    a 32 MB pool: one query fails, slices of 5,000 (label_feed.LABEL_LOOKUP_ROWS) give its rows."""
+    from calpipe.pipeline.labels import lookup_arrivals
 
     con = storage.connect(tmp_path / "db.duckdb")
     try:
@@ -603,14 +604,14 @@ def test_a_night_s_labels_are_looked_up_in_slices_that_fit_duckdb_s_pool(tmp_pat
             f"FROM range({m}) t(i)",
         )
         night = dt.date(2024, 1, 2)
-        whole = _lookup(con, raw, night, 2)  # (at the pipeline's pool)
+        whole = lookup_arrivals(con, raw, night, 2)  # (at the pipeline's pool)
         assert whole["prev_label"].count() == m // 7 + 1 and whole["event_date"].count() == m
         con.execute("SET memory_limit = '32MB'")
-        monkeypatch.setattr(config, "LABEL_LOOKUP_ROWS", 10**9)
+        monkeypatch.setattr(label_feed, "LABEL_LOOKUP_ROWS", 10**9)
         with pytest.raises(Exception, match="Out of Memory"):
-            _lookup(con, raw, night, 2)
-        monkeypatch.setattr(config, "LABEL_LOOKUP_ROWS", 5_000)
-        assert _lookup(con, raw, night, 2).equals(whole)
+            lookup_arrivals(con, raw, night, 2)
+        monkeypatch.setattr(label_feed, "LABEL_LOOKUP_ROWS", 5_000)
+        assert lookup_arrivals(con, raw, night, 2).equals(whole)
     finally:
         con.close()
 
@@ -621,8 +622,7 @@ def test_labels_in_arrival_order_get_their_own_events_from_the_id_ordered_lookup
     """The lookup runs integer ids in id order (its slices then skip stored row groups) and
     puts every row back at its label: labels landing in arrival order (ids at random), looked
     up in many slices, each get their own event (its score and time name its id)."""
-    from calpipe import config
-    from calpipe.pipeline.labels import _lookup
+    from calpipe.pipeline.labels import lookup_arrivals
 
     con = storage.connect(tmp_path / "db.duckdb")
     try:
@@ -642,8 +642,8 @@ def test_labels_in_arrival_order_get_their_own_events_from_the_id_ordered_lookup
             "i": pl.Series(np.arange(ids.size), dtype=pl.UInt32),
             "stream": [f"s{j % 7}" for j in ids], "event_id": ids.astype(np.int64),
         })  # fmt: skip
-        monkeypatch.setattr(config, "LABEL_LOOKUP_ROWS", 1_000)
-        found = _lookup(con, raw, dt.date(2024, 1, 2), 2)
+        monkeypatch.setattr(label_feed, "LABEL_LOOKUP_ROWS", 1_000)
+        found = lookup_arrivals(con, raw, dt.date(2024, 1, 2), 2)
         assert found.height == raw.height
         np.testing.assert_array_equal(found["score"].to_numpy(), ids / n)
         np.testing.assert_array_equal(found["__prot"].to_numpy(), 1 - ids / n)

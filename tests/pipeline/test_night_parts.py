@@ -14,7 +14,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from calpipe import config, generate, pipeline, storage
+from calpipe import generate, pipeline, storage
 from calpipe.errors import InputError, StateError
 from calpipe.pipeline import Settings, nightly
 from calpipe.pipeline.inputs import run_inputs
@@ -47,15 +47,15 @@ def events():
 def parts(monkeypatch):
     """Nights of more than 12 scores or labels run in parts; the parts of each night run are
     recorded (the comparisons check that parts did run)."""
-    monkeypatch.setattr(config, "NIGHT_PART_ROWS", 12)
+    monkeypatch.setattr(nightly, "NIGHT_PART_ROWS", 12)
     seen: list[int] = []
-    run_day = nightly._run_day
+    parts_of_night = nightly.parts_of_night
 
-    def spy(writer, source, chain, d, night, n_parts, inputs):
-        seen.append(n_parts)
-        return run_day(writer, source, chain, d, night, n_parts, inputs)
+    def spy(inputs, d):
+        seen.append(parts_of_night(inputs, d))
+        return seen[-1]
 
-    monkeypatch.setattr(nightly, "_run_day", spy)
+    monkeypatch.setattr(nightly, "parts_of_night", spy)
     return seen
 
 
@@ -82,7 +82,7 @@ def test_a_night_in_parts_writes_the_rows_of_one_part(tmp_path, events, parts, k
     parted, *_ = run_nights(tmp_path / "parts", scores, labels, method="composite-jumper", **kw)
     assert max(parts) >= 3 and len(parts) >= N_DAYS, parts  # (nights did run in parts)
     n_parted = len(parts)
-    config.NIGHT_PART_ROWS = 10**9  # (restored by the fixture's monkeypatch)
+    nightly.NIGHT_PART_ROWS = 10**9  # (restored by the fixture's monkeypatch)
     whole, *_ = run_nights(tmp_path / "whole", scores, labels, method="composite-jumper", **kw)
     try:
         assert set(parts[n_parted:]) == {1}
@@ -104,7 +104,7 @@ def test_table_sources_and_string_ids_in_parts(tmp_path, events, parts):
     scores, labels, truth = split_feed(ids, seed=7)
     dbs = []
     for name, rows in (("parts", 12), ("whole", 10**9)):
-        config.NIGHT_PART_ROWS = rows
+        nightly.NIGHT_PART_ROWS = rows
         con = storage.connect(tmp_path / f"{name}.duckdb")
         con.register("s", scores.rename({"stream": "model"}).to_arrow())
         con.register("l", labels.rename({"stream": "model"}).to_arrow())
@@ -149,7 +149,8 @@ def test_a_bad_label_in_a_part_is_refused_and_nothing_is_written(tmp_path, event
             ).write_parquet(folder / "bad.parquet")  # fmt: skip
 
         land_bad("s0")  # (counted in the night's rows, which set its number of parts)
-        k = nightly._night_parts(run_inputs(con, src, lsrc, day(2), day(2)), day(2))
+        k = nightly.parts_of_night(run_inputs(con, src, lsrc, day(2), day(2)), day(2))
+        n_before = len(parts)  # (the call above is counted too)
         names = scores.filter(pl.col("event_time").dt.date() == day(2))["stream"].unique()
         part = stream_part(names, k)
         last = names[int(part.argmax())]  # a stream of the night's last non-empty part
@@ -174,9 +175,9 @@ def test_a_night_whose_parts_miss_a_row_of_its_files_is_refused(
     part): a night that read fewer (here: its files counted one more) is an error, and nothing
     of it is written."""
     con, src, lsrc, _ = _two_nights(tmp_path, events)
-    recorded = nightly._recorded_rows
+    recorded = nightly.recorded_rows
     monkeypatch.setattr(
-        nightly, "_recorded_rows",
+        nightly, "recorded_rows",
         lambda inputs, d, kind: recorded(inputs, d, kind) + (kind == "scores" and d == day(2)),
     )  # fmt: skip
     try:
@@ -196,10 +197,10 @@ def test_a_stream_read_into_another_part_is_refused():
     names = pl.Series(["a", "b", "c", "d", "e"])
     k = 4
     part = stream_part(names, k)
-    nightly._check_part(names.filter(pl.Series(part == part[0])), (int(part[0]), k), "x")
+    nightly.check_part(names.filter(pl.Series(part == part[0])), (int(part[0]), k), "x")
     wrong = (int(part[0]) + 1) % k
     with pytest.raises(StateError, match=f"x: stream 'a' was read as part {wrong} of 4"):
-        nightly._check_part(names[:1], (wrong, k), "x")
+        nightly.check_part(names[:1], (wrong, k), "x")
 
 
 def test_a_night_whose_files_have_no_recorded_count_runs_in_parts_unchecked(
@@ -208,9 +209,9 @@ def test_a_night_whose_files_have_no_recorded_count_runs_in_parts_unchecked(
     """A file recorded without a row count (None): the night is sized by the counts it has and
     its parts' total is not compared with a count it does not have."""
     con, src, lsrc, _ = _two_nights(tmp_path, events)
-    recorded = nightly._recorded_rows
+    recorded = nightly.recorded_rows
     monkeypatch.setattr(
-        nightly, "_recorded_rows",
+        nightly, "recorded_rows",
         lambda inputs, d, kind: None if kind == "scores" else recorded(inputs, d, kind),
     )  # fmt: skip
     try:

@@ -17,10 +17,10 @@ import warnings
 import polars as pl
 import pytest
 
-from calpipe import config, generate, pipeline, storage
+from calpipe import generate, pipeline, storage
 from calpipe.errors import InputError
 from calpipe.generate import StreamSpec
-from calpipe.pipeline import Settings, nightly
+from calpipe.pipeline import Settings, nightly, transactions
 from calpipe.pipeline.tables import TABLES
 from tests.pipeline.test_ids import with_string_ids
 from tests.pipeline.test_labels import with_classes
@@ -143,7 +143,7 @@ def test_spans_fit_the_transaction_budget(tmp_path, events, spy, monkeypatch):
     storage.write_landing(big, tmp_path / "landing")
     source = storage.EventSource.parse(str(tmp_path / "landing"))
     n0 = events.filter(pl.col("event_time").dt.date() == day(0)).height
-    monkeypatch.setattr(config, "TRANSACTION_ROWS", 2 * n0)  # two days of day 0's size
+    monkeypatch.setattr(transactions, "TRANSACTION_ROWS", 2 * n0)  # two days of day 0's size
     con = storage.connect(tmp_path / "db.duckdb")
     try:
         pipeline.run_range(con, source, day(0), day(1), Settings())

@@ -13,8 +13,8 @@ from collections import Counter
 import polars as pl
 import pytest
 
-from calpipe import config, generate, pipeline, storage
-from calpipe.pipeline import tables
+from calpipe import generate, pipeline, storage
+from calpipe.pipeline import nightly, tables, transactions
 from calpipe.pipeline.labels import label_source
 from tests.test_pipeline import drifting  # noqa: F401  (the fixture)
 
@@ -178,8 +178,8 @@ def test_the_derived_tables_equal_their_recomputation_from_the_stored_rows(landi
     source, tmp = landing
     con = storage.connect(tmp / "f.duckdb")
     try:
-        monkeypatch.setattr(config, "CHUNK_DAYS", 2)
-        monkeypatch.setattr(config, "PROTECT_BATCH_ROWS", 50)
+        monkeypatch.setattr(transactions, "CHUNK_DAYS", 2)
+        monkeypatch.setattr(nightly, "PROTECT_BATCH_ROWS", 50)
         pipeline.run_range(con, source)
         assert storage.query(con, "SELECT count(*) AS n FROM martingale_alarms")["n"][0] >= 1
         assert_derived_tables_match(con)

@@ -156,7 +156,7 @@ def test_each_bucket_gets_a_task_of_its_own(spark, events):
     from pyspark.sql import functions as F
 
     n = 8
-    labels = cs._spread_labels(spark, n)
+    labels = cs.bucket_labels(spark, n)
     assert len(set(labels)) == n
     many = generate.generate(
         n_days=1, streams=[StreamSpec(f"s{i}", events_per_day=5) for i in range(64)], seed=3
