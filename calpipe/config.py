@@ -208,6 +208,9 @@ DECAY_BETA_RIDGE: float = 1e-3
 #: start).
 DECAY_BETA_MAX_ITER: int = 50
 DECAY_BETA_TOL: float = 1e-12
+#: The counts are kept multiplied by a common factor g = lambda^-(labels since the last
+#: rescale); they are divided by g once it passes this, long before a double overflows.
+DECAY_BETA_RESCALE: float = 1e100
 
 #: Calibrators whose forecasts join the base as inputs of the default method (binary), written
 #: as ``calpipe --inputs`` takes them. Platt and beta scaling learnt online (Gupta & Ramdas 2023)

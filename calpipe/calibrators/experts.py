@@ -454,8 +454,8 @@ class CompositeExperts(Calibrator[FlatState]):
         for cal in self._inputs(2):
             if type(cal) in (OPS, OBS):
                 kinds.append(EL.IN_OPS if cal.model == OS.MODEL_PLATT else EL.IN_OBS)
-                pars.append(EL.ons_row(*(float(cal._get(k)) for k in ("gamma", "radius",
-                                                                     "score_clip"))))  # fmt: skip
+                pars.append(EL.ons_row(*(float(cal.params[k]) for k in ("gamma", "radius",
+                                                                       "score_clip"))))  # fmt: skip
                 edges.append(np.zeros(1))
             elif type(cal) is DecayBeta:
                 nb, eps = int(cal.params["n_bins"]), float(cal.params["score_clip"])

@@ -68,11 +68,11 @@ from numba import carray, njit
 
 from calpipe import config
 from calpipe.kernels.calfun import eval_binary_lanes
-from calpipe.kernels.decay_beta import _RESCALE, _fit
-from calpipe.kernels.decay_beta import _sigmoid as _db_sigmoid
+from calpipe.kernels.decay_beta import fit_kernel
+from calpipe.kernels.decay_beta import sigmoid_kernel as db_sigmoid
 from calpipe.kernels.numeric import LANES, stack_empty, steps_to_first_end, take_stream
-from calpipe.kernels.online_scaling import _project
-from calpipe.kernels.online_scaling import _sigmoid as _ons_sigmoid
+from calpipe.kernels.online_scaling import project_kernel
+from calpipe.kernels.online_scaling import sigmoid_kernel as ons_sigmoid
 from calpipe.kernels.ops import OP_FORECAST, OP_UPDATE
 
 #: Input kinds: a column of given forecasts, Online Platt Scaling, online beta scaling,
@@ -82,6 +82,7 @@ IN_GIVEN, IN_OPS, IN_OBS, IN_DECAY = 0, 1, 2, 3
 N_PAR = 8
 _COX = 2  # calpipe.families.COX
 _NL = config.EXPERT_LANES
+_RESCALE = config.DECAY_BETA_RESCALE  # decay-beta's, a literal in the compiled kernel
 if not 1 <= _NL <= LANES:
     raise ValueError(f"config.EXPERT_LANES must be in [1, {LANES}]")
 
@@ -123,7 +124,7 @@ def _forecast_inputs(q, e, o, x, s, lane, kinds, cols, par, st, clip, qin, fin_l
             u0s[i, lane] = mlq
             u1s[i, lane] = mlp
             if st[s, c0] >= par[i, 2]:
-                f = _db_sigmoid(st[s, c0 + 1] * mlq - st[s, c0 + 2] * mlp + st[s, c0 + 3])
+                f = db_sigmoid(st[s, c0 + 1] * mlq - st[s, c0 + 2] * mlp + st[s, c0 + 3])
             else:
                 f = x
         else:  # online_scaling._ons_binary, forecast
@@ -141,7 +142,7 @@ def _forecast_inputs(q, e, o, x, s, lane, kinds, cols, par, st, clip, qin, fin_l
                 u0 = math.log(qq / (1.0 - qq))
                 u1 = 1.0
                 z = st[s, c0] * u0 + st[s, c0 + 1]
-            f = _ons_sigmoid(z)
+            f = ons_sigmoid(z)
             u0s[i, lane] = u0
             u1s[i, lane] = u1
         fin_lane[i, lane] = f
@@ -154,7 +155,7 @@ def _forecast_inputs(q, e, o, x, s, lane, kinds, cols, par, st, clip, qin, fin_l
 def _ons_learn(st, s, c0, beta, f, lab, u0, u1, gamma, radius, proj):
     """Step 3 for an OPS / OBS input: ``_ons_binary``'s update on the stream's state row
     (theta, then A row-major), operation for operation. ``proj``: theta, A and the scratch
-    of ``_project``, sized d (``_ons_binary`` projects its state arrays the same way)."""
+    of ``project_kernel``, sized d (``_ons_binary`` projects its state arrays the same way)."""
     d = 3 if beta else 2
     t0, t1 = st[s, c0], st[s, c0 + 1]
     t2 = st[s, c0 + 2] if beta else 0.0
@@ -196,7 +197,7 @@ def _ons_learn(st, s, c0, beta, f, lab, u0, u1, gamma, radius, proj):
         if beta:
             tv[2] = t2
             av[0, 2], av[2, 0], av[1, 2], av[2, 1], av[2, 2] = a02, a02, a12, a12, a22
-        _project(tv, av, radius, shifted, rhs, lower, zz, out)
+        project_kernel(tv, av, radius, shifted, rhs, lower, zz, out)
         t0, t1 = tv[0], tv[1]
         if beta:
             t2 = tv[2]
@@ -237,8 +238,8 @@ def _decay_learn(st, s, c0, i, lab, z, k, par, x1, x2, w, cur_pos, cur_neg):
         for j in range(nb):
             cur_pos[j] = st[s, pos + j] / st[s, c0 + 4]
             cur_neg[j] = st[s, neg + j] / st[s, c0 + 4]
-        _fit(w, x1[i, :nb], x2[i, :nb], cur_pos[:nb], cur_neg[:nb], par[i, 4],
-             int(par[i, 5]), par[i, 6])  # fmt: skip
+        fit_kernel(w, x1[i, :nb], x2[i, :nb], cur_pos[:nb], cur_neg[:nb], par[i, 4],
+                   int(par[i, 5]), par[i, 6])  # fmt: skip
         st[s, c0 + 1], st[s, c0 + 2], st[s, c0 + 3] = w[0], w[1], w[2]
 
 
@@ -265,7 +266,7 @@ def _engine(
     for i in range(n_in):
         if kinds[i] == IN_DECAY:
             for k in range(int(par[i, 7])):
-                pc = _db_sigmoid(0.5 * (edges[i, k] + edges[i, k + 1]))
+                pc = db_sigmoid(0.5 * (edges[i, k] + edges[i, k + 1]))
                 x1[i, k] = math.log(pc)
                 x2[i, k] = -math.log1p(-pc)
     w3 = np.empty(3)
