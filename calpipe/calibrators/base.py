@@ -343,9 +343,10 @@ def likelihood_gale_ends(
     contrib = np.where(
         is_update, np.log10(np.where(one, f, 1.0 - f)) - np.log10(np.where(one, b, 1.0 - b)), 0.0
     )
+    rows = 1 if f.ndim == 1 else f.shape[0]  # explicit: -1 cannot be inferred from 0 ops
     return _segment_ends(
-        np.ascontiguousarray(contrib).reshape(-1, f.shape[-1]), op_offsets,
-        np.ascontiguousarray(log10m0, dtype=np.float64).reshape(-1, op_offsets.shape[0] - 1),
+        np.ascontiguousarray(contrib).reshape(rows, f.shape[-1]), op_offsets,
+        np.ascontiguousarray(log10m0, dtype=np.float64).reshape(rows, op_offsets.shape[0] - 1),
     )  # fmt: skip
 
 
