@@ -46,7 +46,7 @@ test: setup-dev lint             ## set up, lint, run the whole test suite, smok
 	$(BIN)/python -W ignore -m benchmarks.spark --size smoke --out $(VENV)/SPARK.smoke.md
 	$(BIN)/python -W ignore -m benchmarks.label_night --size smoke --out $(VENV)/LABELS.smoke.md
 
-bench: setup-dev                 ## full benchmark suite (items 1-9, 13-15 + Venn-ABERS) -> BENCHMARKS.md
+bench: setup-dev                 ## full benchmark suite (items 1-9, 13-16 + Venn-ABERS) -> BENCHMARKS.md
 	$(BIN)/python -m benchmarks.run --size full --out BENCHMARKS.md
 
 bench-spark: setup-dev           ## calpipe.spark vs one process, one 5M-event night (table for BENCHMARKS.md)

@@ -21,7 +21,8 @@ Measurements (the numbering of BENCHMARKS.md):
 9. every method of the default's mixture; 13. the river and scikit-learn APIs
    (:mod:`benchmarks.online`); 14. many small days in spans vs day by day, and ``calpipe demo``
    (:mod:`benchmarks.small_days`); 15. serving maps in SQL, a table of scores at once vs per
-   score (:mod:`benchmarks.serving`);
+   score (:mod:`benchmarks.serving`); 16. the default method against its 105-term compute floor,
+   before and after its lanes kernel (:mod:`benchmarks.experts_floor`);
 and the Venn-ABERS speed against the ``venn-abers`` package (:mod:`benchmarks.venn_abers`).
 
 ``protect`` measurements run in a child process each (``--child``), so that the peak RSS
@@ -565,7 +566,7 @@ def main(argv=None) -> None:
     only = (
         set(args.only.split(","))
         if args.only
-        else {"1", "2", "3", "4", "5", "6", "7", "8", "9", "13", "14", "15", "va"}
+        else {"1", "2", "3", "4", "5", "6", "7", "8", "9", "13", "14", "15", "16", "va"}
     )
     t_suite = time.perf_counter()
     parts = [
@@ -621,6 +622,10 @@ def main(argv=None) -> None:
         from benchmarks import serving
 
         emit(serving.measure(args.size, args.repeat))
+    if "16" in only:  # the default against its compute floor, before and after its lanes
+        from benchmarks import experts_floor
+
+        emit(experts_floor.measure(args.size, args.repeat))
     total = f"Suite wall time: {time.perf_counter() - t_suite:.0f} s (`--size {args.size}`).\n"
     print(total, flush=True)
     parts.append(total)

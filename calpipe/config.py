@@ -208,6 +208,9 @@ DECAY_BETA_RIDGE: float = 1e-3
 #: start).
 DECAY_BETA_MAX_ITER: int = 50
 DECAY_BETA_TOL: float = 1e-12
+#: The counts are kept multiplied by a common factor g = lambda^-(labels since the last
+#: rescale); they are divided by g once it passes this, long before a double overflows.
+DECAY_BETA_RESCALE: float = 1e100
 
 #: Calibrators whose forecasts join the base as inputs of the default method (binary), written
 #: as ``calpipe --inputs`` takes them. Platt and beta scaling learnt online (Gupta & Ramdas 2023)
@@ -221,6 +224,13 @@ EXPERT_INPUTS_BINARY: tuple[str, ...] = (
     "decay-beta:memory=1000",
     "decay-beta:memory=4000",
 )
+
+#: Streams the default's binary kernel runs at a time in SIMD lanes
+#: (calpipe/kernels/expert_lanes.py): its (R, E) = 3 x 105 weights per stream make 64 lanes
+#: (the Composite Jumper's, 27 weights) spill past L2; 16 lanes keep 4 independent chains of
+#: sums per AVX2 vector and fastest measured (8 / 32 / 64: slower). A compile-time constant of
+#: the numba kernel: after changing it, clear the numba cache.
+EXPERT_LANES: int = 16
 
 #: K classes: online vector scaling (``ops``), the per-class slope and prior shift.
 EXPERT_INPUTS_MULTICLASS: tuple[str, ...] = ("ops",)

@@ -307,6 +307,49 @@ def likelihood_gale(
     return _segment_gale(np.ascontiguousarray(contrib), op_offsets, log10m0)
 
 
+@njit(cache=True)
+def _segment_ends(contrib, op_offsets, log10m0):
+    """``_segment_gale``'s end values for each row of ``contrib`` (I, m) and ``log10m0`` (I, S):
+    the same sequential adds in op order."""
+    end = log10m0.copy()
+    for i in range(contrib.shape[0]):
+        for s in range(op_offsets.shape[0] - 1):
+            m = log10m0[i, s]
+            for o in range(op_offsets[s], op_offsets[s + 1]):
+                m += contrib[i, o]
+            end[i, s] = m
+    return end
+
+
+def likelihood_gale_ends(
+    forecasts: np.ndarray,
+    base: np.ndarray,
+    labels: np.ndarray,
+    is_update: np.ndarray,
+    op_offsets: np.ndarray,
+    log10m0: np.ndarray,
+    clip: float,
+) -> np.ndarray:
+    """:func:`likelihood_gale`'s end values (I, S) for I binary forecasters at once:
+    ``forecasts`` (I, m) per op, ``log10m0`` (I, S), one ``clip``. The same elementwise
+    operations (the base's term computed once), so every value equals ``likelihood_gale``'s
+    for that row to the bit."""
+    f = clip_probabilities(forecasts, clip) if forecasts.ndim == 1 else np.clip(
+        forecasts, clip, 1.0 - clip
+    )  # fmt: skip
+    b = clip_probabilities(base, clip)
+    y = np.maximum(labels, 0)
+    one = y == 1
+    contrib = np.where(
+        is_update, np.log10(np.where(one, f, 1.0 - f)) - np.log10(np.where(one, b, 1.0 - b)), 0.0
+    )
+    rows = 1 if f.ndim == 1 else f.shape[0]  # explicit: -1 cannot be inferred from 0 ops
+    return _segment_ends(
+        np.ascontiguousarray(contrib).reshape(rows, f.shape[-1]), op_offsets,
+        np.ascontiguousarray(log10m0, dtype=np.float64).reshape(rows, op_offsets.shape[0] - 1),
+    )  # fmt: skip
+
+
 def clip_probabilities(p: np.ndarray, eps: float) -> np.ndarray:
     """Binary: min(max(p, eps), 1 - eps). K classes: max(p_c, eps) renormalised."""
     if p.ndim == 1:

@@ -64,6 +64,7 @@ from calpipe.calibrators.base import (
     RunOutput,
     check_mixture_weights,
     clip_probabilities,
+    likelihood_gale_ends,
     ragged_concat,
     ragged_take,
 )
@@ -74,9 +75,12 @@ from calpipe.calibrators.protected import JUMPING_RATES, PASSIVE_WEIGHT
 from calpipe.calibrators.windowed import WindowedCalibrator
 from calpipe.errors import ParameterError, StateError
 from calpipe.families import Family, binary_family, multiclass_family
+from calpipe.kernels import decay_beta as DB
+from calpipe.kernels import expert_lanes as EL
 from calpipe.kernels import expert_mixture as EM
+from calpipe.kernels import online_scaling as OS
 from calpipe.kernels.mixture import serving_weights
-from calpipe.kernels.ops import with_forecast_copies
+from calpipe.kernels.ops import OP_FORECAST, with_forecast_copies
 
 #: The calibrators that may serve as inputs: online Platt/beta scaling (no window) and the
 #: windowed batch calibrators (a trailing window refitted every few labels, the practitioner's
@@ -219,6 +223,12 @@ class CompositeExperts(Calibrator[FlatState]):
         {"inputs": ("ops",), "family_params": ((0.0, 1.0), (2.0, 0.5))},
         {"inputs": ("obs", "platt:window=4:refit_every=3")},
     )
+    #: How a binary batch runs (every choice gives the same bits): "fused" -- inputs that are
+    #: OPS, OBS or decay-beta learnt inside the mixture's kernel, streams in SIMD lanes
+    #: (:mod:`calpipe.kernels.expert_lanes`; other inputs: as "per-input"); "per-input" -- each
+    #: input's own kernel, then the mixture in lanes; "per-stream" -- each input's own kernel,
+    #: then the mixture one stream at a time (the kernels before lanes; tests and benchmarks).
+    engine: ClassVar[str] = "fused"
 
     # -- configuration -------------------------------------------------------------------------
     @property
@@ -437,12 +447,84 @@ class CompositeExperts(Calibrator[FlatState]):
     def martingale_base(self, scores: np.ndarray) -> np.ndarray:
         return self.prepare_scores(scores)
 
+    def _fused_inputs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """The binary inputs as ``expert_lanes`` codes ``(kinds, par rows, bin edges)`` when
+        every one is OPS, OBS or decay-beta (learnt inside the kernel), else None."""
+        kinds, pars, edges = [], [], []
+        for cal in self._inputs(2):
+            if type(cal) in (OPS, OBS):
+                kinds.append(EL.IN_OPS if cal.model == OS.MODEL_PLATT else EL.IN_OBS)
+                pars.append(EL.ons_row(*(float(cal.params[k]) for k in ("gamma", "radius",
+                                                                       "score_clip"))))  # fmt: skip
+                edges.append(np.zeros(1))
+            elif type(cal) is DecayBeta:
+                nb, eps = int(cal.params["n_bins"]), float(cal.params["score_clip"])
+                kinds.append(EL.IN_DECAY)
+                pars.append(EL.decay_row(
+                    int(cal.params["memory"]), eps, float(cal.warmup), float(cal.refit_every),
+                    float(config.DECAY_BETA_RIDGE), config.DECAY_BETA_MAX_ITER,
+                    float(config.DECAY_BETA_TOL), nb,
+                ))  # fmt: skip
+                edges.append(DB.bin_edges(nb, eps))
+            else:
+                return None
+        width = max((len(e) for e in edges), default=1)
+        padded = np.zeros((len(edges), width))
+        for i, e in enumerate(edges):
+            padded[i, : len(e)] = e
+        return np.array(kinds, np.int64), np.array(pars).reshape(len(kinds), EL.N_PAR), padded
+
+    def _run_fused(self, x, labels, op_event, op_kind, op_offsets, head, subs, log10m, codes):
+        """The binary batch through :func:`~calpipe.kernels.expert_lanes.composite_experts_binary`:
+        the inputs' states side by side, each input's test martingale from its forecast at
+        every op (``likelihood_gale``'s operations, as the input computes it run alone)."""
+        n_streams = head.shape[0]
+        kinds, par, edges = codes
+        vectors = [sub.values.reshape(n_streams, -1) for sub in subs]
+        widths = [v.shape[1] for v in vectors]
+        cols = np.array([sum(widths[:i]) for i in range(len(widths))], dtype=np.int64)
+        in_state = np.concatenate(vectors, axis=1) if vectors else np.zeros((n_streams, 0))
+        fam = self.family(2)
+        active = np.ascontiguousarray(head[:, 1:]).reshape(n_streams, len(self.rates), -1)
+        p, lm, pw, a, lm_end, st, fin = EL.composite_experts_binary(
+            x[:, None], labels, op_event, op_kind, op_offsets, kinds, cols, par, edges,
+            fam.params, self.rates, self.params["clip"], head[:, 0], active, log10m, in_state,
+        )  # fmt: skip
+        # each input's own test martingale, from its forecast at every op; inputs sharing a
+        # clip in one pass (base term once)
+        base = x[op_event]
+        lab = labels[op_event]
+        is_update = op_kind != OP_FORECAST
+        cals = self._inputs(2)
+        ends = [None] * len(cals)
+        for clip in {float(c.params["clip"]) for c in cals}:
+            idx = [i for i, c in enumerate(cals) if float(c.params["clip"]) == clip]
+            got = likelihood_gale_ends(
+                fin[idx], base, lab, is_update, op_offsets,
+                np.stack([subs[i].log10m for i in idx]), clip,
+            )  # fmt: skip
+            for row, i in enumerate(idx):
+                ends[i] = got[row]
+        new_subs = [
+            FlatState(np.ascontiguousarray(st[:, c : c + w]).ravel(), sub.offsets.copy(), end)
+            for sub, c, w, end in zip(subs, cols, widths, ends, strict=True)
+        ]
+        new_head = np.concatenate([pw[:, None], a.reshape(n_streams, -1)], axis=1)
+        return RunOutput(p, lm), self._join(new_head, new_subs, lm_end)
+
     def run_batch(self, scores, labels, op_event, op_kind, op_offsets, state, inputs=None):
         n = scores.shape[0]
         n_classes = 2 if scores.ndim == 1 else scores.shape[1]
         fam = self.family(n_classes)
         n_rates = len(self.rates)
         head, subs = self._split(state, n_classes)
+        if n_classes == 2 and self.engine == "fused":
+            codes = self._fused_inputs()
+            if codes is not None:
+                return self._run_fused(
+                    np.ascontiguousarray(scores, dtype=np.float64), np.asarray(labels),
+                    op_event, op_kind, op_offsets, head, subs, state.log10m, codes,
+                )  # fmt: skip
         # Each update-only op (a label of an event forecast earlier) gets a forecast op on a copy
         # of the event just before it, and the update then reads the copy's inputs: every input's
         # forecast *at the time the label is learnt*, from its current state (as the inputs
@@ -468,7 +550,7 @@ class CompositeExperts(Calibrator[FlatState]):
         if n_classes == 2:
             p, lm, pw, a, lm_end = EM.expert_mixture_binary(
                 q, y, ext_event, ext_kind, ext_offsets, fam.params, self.rates, passive, active,
-                state.log10m,
+                state.log10m, lanes=None if self.engine != "per-stream" else False,
             )  # fmt: skip
         else:
             p, lm, pw, a, lm_end = EM.expert_mixture_multiclass(

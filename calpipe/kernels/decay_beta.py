@@ -32,15 +32,15 @@ import math
 import numpy as np
 from numba import njit
 
+from calpipe import config
 from calpipe.kernels.ops import OP_FORECAST, OP_UPDATE
 
 _HEAD = 5  # u, a, b, c, g
-#: Rescale the counts when their common factor g passes this (long before overflow).
-_RESCALE = 1e100
+_RESCALE = config.DECAY_BETA_RESCALE  # a literal in the compiled kernel
 
 
 @njit(cache=True)
-def _sigmoid(z):
+def sigmoid_kernel(z):
     if z >= 0.0:
         return 1.0 / (1.0 + math.exp(-z))
     e = math.exp(z)
@@ -81,7 +81,7 @@ def _newton(w, free, x1, x2, pos, neg, rho, max_iter, tol):
             m = pos[k] + neg[k]
             if m <= 0.0:
                 continue
-            s = _sigmoid(w[0] * x1[k] + w[1] * x2[k] + w[2])
+            s = sigmoid_kernel(w[0] * x1[k] + w[1] * x2[k] + w[2])
             r = m * s - pos[k]  # d/dz of the loss
             v = m * s * (1.0 - s)
             xs = (x1[k], x2[k], 1.0)
@@ -114,7 +114,7 @@ def _newton(w, free, x1, x2, pos, neg, rho, max_iter, tol):
 
 
 @njit(cache=True)
-def _fit(w, x1, x2, pos, neg, rho, max_iter, tol):
+def fit_kernel(w, x1, x2, pos, neg, rho, max_iter, tol):
     """The full model, then betacal's rule: a negative a or b is fixed at 0 and the rest
     refitted (the more negative first), so the map is non-decreasing."""
     free = np.ones(3, dtype=np.bool_)
@@ -137,7 +137,7 @@ def _decay_beta(
     x1 = np.empty(n_bins)
     x2 = np.empty(n_bins)
     for k in range(n_bins):
-        pc = _sigmoid(0.5 * (edges[k] + edges[k + 1]))
+        pc = sigmoid_kernel(0.5 * (edges[k] + edges[k + 1]))
         x1[k] = math.log(pc)
         x2[k] = -math.log1p(-pc)
     out = np.full(x.shape[0], np.nan)
@@ -154,7 +154,7 @@ def _decay_beta(
             q = min(max(x[e], eps), 1.0 - eps)
             if op_kind[o] != OP_UPDATE:
                 if v[0] >= warmup:
-                    out[e] = _sigmoid(v[1] * math.log(q) - v[2] * math.log1p(-q) + v[3])
+                    out[e] = sigmoid_kernel(v[1] * math.log(q) - v[2] * math.log1p(-q) + v[3])
                 else:
                     out[e] = x[e]
             if op_kind[o] != OP_FORECAST:
@@ -182,7 +182,7 @@ def _decay_beta(
                     for j in range(n_bins):
                         cur_pos[j] = pos[j] / v[4]
                         cur_neg[j] = neg[j] / v[4]
-                    _fit(w, x1, x2, cur_pos, cur_neg, rho, max_iter, tol)
+                    fit_kernel(w, x1, x2, cur_pos, cur_neg, rho, max_iter, tol)
                     v[1], v[2], v[3] = w[0], w[1], w[2]
     return out, st
 

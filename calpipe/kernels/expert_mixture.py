@@ -22,8 +22,11 @@ is a probability forecast fixed before y_e: they hold for this set as for the Co
 Hence log10 S is a test martingale of the base forecasts, and the cumulative log loss obeys the
 bounds derived in :class:`calpipe.calibrators.experts.CompositeExperts`.
 
-Speed: one stream at a time, E I-input functions per event (no lanes engine); every sum in a
-fixed order, so k chunks with the state carried equal one pass bit for bit.
+Speed: batches of many binary streams run in SIMD lanes through
+:mod:`calpipe.kernels.expert_lanes` (which also learns the default's inputs in the same pass),
+bit-identical per stream to :func:`_binary`, the one-stream engine here; K classes run one
+stream at a time. Every sum is in a fixed order, so k chunks with the state carried equal one
+pass bit for bit.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import math
 import numpy as np
 from numba import njit
 
+from calpipe.kernels import expert_lanes as EL
 from calpipe.kernels.calfun import distinct_betas, eval_binary, eval_multiclass_t
 from calpipe.kernels.mixture import jump_mix
 from calpipe.kernels.ops import OP_FORECAST, OP_UPDATE
@@ -173,7 +177,7 @@ def _check(q, op_event, op_kind, op_offsets, rates, passive, active, log10m, n_f
 
 
 def expert_mixture_binary(q, y, op_event, op_kind, op_offsets, params, rates, passive, active,
-                          log10m):  # fmt: skip
+                          log10m, *, lanes=None):  # fmt: skip
     """Binary Composite Jumper over inputs: ``(p', log10 S, P, A, log10 S_end)``.
 
     Parameters
@@ -184,6 +188,9 @@ def expert_mixture_binary(q, y, op_event, op_kind, op_offsets, params, rates, pa
     params : (T, 2) Cox (alpha, beta) of the calibrating functions.
     rates : (R,) jumping rates. passive (S,), active (S, R, I * T), log10m (S,): the state
         (expert k = i * T + t is function t of input i). Inputs are not modified.
+    lanes : None: batches of many streams run in SIMD lanes
+        (:func:`calpipe.kernels.expert_lanes.composite_experts_binary` with every input given),
+        others one stream at a time; False: one stream at a time. Same bits either way.
 
     >>> import numpy as np
     >>> from calpipe.kernels.ops import OP_STEP
@@ -203,6 +210,15 @@ def expert_mixture_binary(q, y, op_event, op_kind, op_offsets, params, rates, pa
     op_kind = np.ascontiguousarray(op_kind, dtype=np.int8)
     _check(q, op_event, op_kind, op_offsets, *args, params.shape[0], 2)
     y = np.ascontiguousarray(y, dtype=np.int64)
+    if lanes is None and EL.lanes_fit(op_offsets.shape[0] - 1):
+        n_in = q.shape[1] - 1
+        out = EL.composite_experts_binary(
+            q, y, op_event, op_kind, op_offsets, np.full(n_in, EL.IN_GIVEN),
+            np.arange(1, n_in + 1), np.zeros((n_in, EL.N_PAR)), np.zeros((n_in, 1)), params,
+            args[0], 0.0, *args[1:], np.zeros((op_offsets.shape[0] - 1, 0)),
+            input_forecasts=False, lanes=True,
+        )  # fmt: skip
+        return out[:5]
     return _binary(q, y, op_event, op_kind, op_offsets, params, *args)
 
 

@@ -123,7 +123,7 @@ def _binary_features(p, model, clip, u):
 
 
 @njit(cache=True)
-def _sigmoid(z):
+def sigmoid_kernel(z):
     if z >= 0.0:
         return 1.0 / (1.0 + math.exp(-z))
     e = math.exp(z)
@@ -152,7 +152,7 @@ def _vector_forecast(row, theta, clip, lnq, out):
 
 
 @njit(cache=True)
-def _project(theta, a, radius, shifted, rhs, lower, z, out):
+def project_kernel(theta, a, radius, shifted, rhs, lower, z, out):
     """theta <- argmin_{||x|| <= radius} (theta - x)^T A (theta - x) (in place)."""
     d = theta.shape[0]
     norm2 = 0.0
@@ -304,7 +304,7 @@ def _online_scaling(
                     zz = 0.0
                     for i in range(d):
                         zz += theta[i] * u[i]
-                    f = _sigmoid(zz)
+                    f = sigmoid_kernel(zz)
                 forecast = f
                 b = min(int(f * n_bins), n_bins - 1)
                 if calibeat == CALIBEAT_TRACKING:
@@ -343,7 +343,7 @@ def _online_scaling(
             cholesky_solve(a, g, lower, z, step)
             for i in range(d):
                 theta[i] -= step[i] / gamma
-            _project(theta, a, radius, shifted, rhs, lower, z, out)
+            project_kernel(theta, a, radius, shifted, rhs, lower, z, out)
     return p_out, theta_all, a_all, beat_all
 
 
@@ -353,7 +353,7 @@ def _ons_binary(x, y, op_event, op_kind, op_offsets, theta0, a0, model, gamma, r
     calibeating, in scalar registers: the ONS step A += g g^T, theta -= A^{-1} g / gamma solves
     the 2x2 / 3x3 system by its adjugate (A stays SPD: it starts at rho I and only gains g g^T)
     instead of a Cholesky factorisation, ~4x faster; same recursion, equal to rounding. The
-    projection (rare: ||theta|| > radius) goes through :func:`_project` on arrays."""
+    projection (rare: ||theta|| > radius) goes through :func:`project_kernel` on arrays."""
     n_streams = op_offsets.shape[0] - 1
     beta = model == MODEL_BETA
     d = 3 if beta else 2
@@ -386,7 +386,7 @@ def _ons_binary(x, y, op_event, op_kind, op_offsets, theta0, a0, model, gamma, r
                 u0 = math.log(q / (1.0 - q))
                 u1 = 1.0
                 z = t0 * u0 + t1
-            f = _sigmoid(z)
+            f = sigmoid_kernel(z)
             if kind != OP_UPDATE:
                 p_out[e] = f
             if kind == OP_FORECAST:
@@ -424,7 +424,7 @@ def _ons_binary(x, y, op_event, op_kind, op_offsets, theta0, a0, model, gamma, r
                 if beta:
                     th[2] = t2
                     a[0, 2], a[2, 0], a[1, 2], a[2, 1], a[2, 2] = a02, a02, a12, a12, a22
-                _project(th, a, radius, shifted, rhs, lower, zz, out)
+                project_kernel(th, a, radius, shifted, rhs, lower, zz, out)
                 t0, t1 = th[0], th[1]
                 if beta:
                     t2 = th[2]

@@ -1,0 +1,121 @@
+"""Measurement 16 (BENCHMARKS.md): the default method (``composite-experts``) against its compute
+floor, before and after its lanes kernel (issue #33).
+
+``calpipe.protect`` with the default, time-ordered events over many streams (sort included), run
+three ways in one process, alternating (floor, before, ..., after, floor, ...), best of each:
+
+* **before**: each input's own kernel, then the mixture one stream at a time
+  (``CompositeExperts.engine = "per-stream"``: the kernels before lanes);
+* **per-input**: each input's own kernel, then the mixture in SIMD lanes;
+* **after**: the inputs (OPS, OBS, two decay-beta) learnt inside the mixture's lanes kernel
+  (:mod:`calpipe.kernels.expert_lanes`; the default engine).
+
+The floor is issue #33's: a numpy pass that only evaluates the default's 105 Cox terms (5 inputs
+x 21 functions) on the same number of events, the cheapest honest numpy form
+(:func:`benchmarks.run.cox_floor`'s, per input). All three give the same bits
+(tests/calibrators/test_experts_engines.py); the table checks it on the run itself.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from benchmarks.run import SEED, Table, best_of, event_frame, fmt_rate
+
+#: (events, streams) of the measurement.
+SIZES = {"smoke": (100_000, 100), "full": (1_000_000, 1_000)}
+ENGINES = (
+    ("before: inputs' own kernels, mixture one stream at a time", "per-stream"),
+    ("inputs' own kernels, mixture in lanes", "per-input"),
+    ("after: inputs and mixture in one lanes kernel (the default)", "fused"),
+)
+
+
+def cox_floor_experts(q: np.ndarray, alphas, betas, chunk: int = 1 << 20) -> None:
+    """The default's Cox terms f = c^b e^a / (c^b e^a + (1 - c)^b) of every input column c of
+    ``q`` (I, n) for every (a, b) of the grid: per input and chunk, c^b and (1 - c)^b for
+    b in {1, 0.5, 2} once (sqrt and square, no general pow), then one multiply, add and divide
+    per function (:func:`benchmarks.run.cox_floor` over I inputs and the default's grid)."""
+    n_fun = len(alphas) * len(betas)
+    n = q.shape[1]
+    out = np.empty((min(chunk, n), n_fun))
+    exp_alphas = [float(np.exp(a)) for a in alphas]
+    for c in q:
+        for i in range(0, n, chunk):
+            x = c[i : i + chunk]
+            r = 1.0 - x
+            o = out[: x.shape[0]]
+            pairs = {1.0: (x, r), 0.5: (np.sqrt(x), np.sqrt(r)), 2.0: (x * x, r * r)}
+            j = 0
+            for ea in exp_alphas:
+                for b in betas:
+                    a1, a0 = pairs[b]
+                    num = a1 * ea
+                    np.divide(num, num + a0, out=o[:, j])
+                    j += 1
+
+
+def measure(size_name: str, repeat: int) -> Table:
+    import calpipe
+    from calpipe import config
+    from calpipe.calibrators.experts import CompositeExperts
+
+    n, n_streams = SIZES[size_name]
+    df = event_frame(n, n_streams, "time")
+    rng = np.random.default_rng(SEED + 16)
+    base = np.clip(df["score"].to_numpy(), 1e-3, 1 - 1e-3)
+    # five input columns (the base and four forecasts near it): the floor's cost does not
+    # depend on the values
+    near = [np.clip(base + rng.normal(0, 0.05, n), 1e-3, 1 - 1e-3)
+            for _ in config.EXPERT_INPUTS_BINARY]  # fmt: skip
+    q = np.ascontiguousarray(np.vstack([base, *near]))
+    alphas, betas = config.EXPERT_COX_ALPHAS, config.EXPERT_COX_BETAS
+    n_terms = q.shape[0] * len(alphas) * len(betas)
+    default = CompositeExperts.engine
+    times: dict[str, list[float]] = {"floor": [], **{e: [] for _, e in ENGINES}}
+    outputs = {}
+    try:
+        for _, engine in ENGINES:  # compile / load the numba cache
+            CompositeExperts.engine = engine
+            calpipe.protect(df.head(5_000))
+        for _ in range(repeat):  # alternating, so that every row sees the same machine load
+            times["floor"].append(best_of(lambda: cox_floor_experts(q, alphas, betas), 1))
+            for _, engine in ENGINES:
+                CompositeExperts.engine = engine
+                res = {}
+                times[engine].append(best_of(lambda r=res: r.setdefault("o", calpipe.protect(df)),
+                                             1))  # fmt: skip
+                outputs[engine] = res["o"]
+    finally:
+        CompositeExperts.engine = default
+    same = all(outputs[e].equals(outputs["per-stream"]) for _, e in ENGINES)
+    floor = min(times["floor"])
+    tab = Table(
+        f"16. The default at its compute floor (`calpipe.protect`, {n:,} events, {n_streams:,} "
+        "streams, time-ordered)",
+        ["run", f"wall s (best of {repeat})", "events/s", "vs floor", "vs before", "target",
+         "verdict"],
+    )  # fmt: skip
+    tab.rows.append([f"numpy: evaluate the {n_terms} Cox terms only ({q.shape[0]} inputs x "
+                     f"{len(alphas) * len(betas)} functions)", f"{floor:.3f}",
+                     fmt_rate(n / floor), "1x", "", "", ""])  # fmt: skip
+    before = min(times["per-stream"])
+    for label, engine in ENGINES:
+        t = min(times[engine])
+        target = verdict = ""
+        if engine == "fused":
+            target = "<= 1x (goal 0.5x)"
+            verdict = "met" if t <= floor else "**missed**"
+        tab.rows.append([label, f"{t:.3f}", fmt_rate(n / t), f"{t / floor:.2f}x",
+                         f"{before / t:.2f}x faster" if engine != "per-stream" else "",
+                         target, verdict])  # fmt: skip
+    tab.notes.append(
+        "One process; the runs alternate (floor, before, per-input, after, floor, ...) and each "
+        "row is its best. `calpipe.protect` includes the sort of the time-ordered frame, the "
+        "operation list and the state rows."
+    )
+    tab.notes.append(
+        "The three runs' frames are "
+        + ("identical (`DataFrame.equals`)." if same else "**not identical** (a bug).")
+    )
+    return tab

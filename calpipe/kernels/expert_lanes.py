@@ -1,0 +1,571 @@
+"""The default method's recursion with its online inputs, all streams of a batch in SIMD lanes:
+paper 001's Composite Jumper (Algorithm 1) over the experts (input i, Cox function theta), the
+inputs -- Online Platt / beta scaling (Gupta & Ramdas 2023, Alg. 1) and beta calibration on
+exponentially forgotten bins (``decay-beta``) -- learnt in the same pass.
+
+Public entry point: :func:`composite_experts_binary`; the calibrator is
+:class:`calpipe.calibrators.experts.CompositeExperts` (which dispatches here when every input is
+one of those kinds), and :func:`calpipe.kernels.expert_mixture.expert_mixture_binary` runs its
+mixture through these engines when its inputs are given.
+
+Recursion
+---------
+At each operation of a stream (:mod:`calpipe.kernels.ops`) on event e with base forecast p_e:
+
+1. every input i forecasts q_{e,i} from its state *now* (OPS: sigmoid(a logit c(p) + b); OBS:
+   sigmoid(a ln c(p) - b ln(1 - c(p)) + c); decay-beta: sigmoid(a ln c(p) - b ln(1 - c(p)) + c)
+   on its last refit, the base before its warm-up; a given column: read), clipped to
+   [clip, 1 - clip] for the mixture; q_{e,0} = p_e;
+2. the mixture, exactly :mod:`calpipe.kernels.expert_mixture` (paper 001 Alg. 1, lines 4-15,
+   expert k = i T + t with f_k(e) = f_t(q_{e,i})):
+
+       A[J, k] <- (1 - J) A[J, k] + J / E * sum_k' A[J, k']                   (jump-mixing)
+       p'      <- P p + sum_{J, k} A[J, k] f_k(e)                              (forecast)
+       P <- P B_p({y}),  A[J, k] <- A[J, k] B_{f_k(e)}({y}),  C = P + sum A   (Bayes)
+       P, A <- P / C, A / C;  log10 S <- log10 S + log10 C - log10 B_p({y})
+
+3. at an update, every input learns y_e: the Online Newton Step of
+   :mod:`calpipe.kernels.online_scaling` (``_ons_binary``), or decay-beta's decayed count and its
+   refit when due (:mod:`calpipe.kernels.decay_beta`).
+
+An update-only op (a delayed label) is handled in place: step 1 is each input's forecast at the
+label's time, which the per-input path obtained from a forecast op on a copy of the event.
+
+Engines, and why every stream's outputs are bit-identical to running it alone
+-----------------------------------------------------------------------------
+Two compiled instances of one body (:func:`_engine`): ``EXPERT_LANES`` streams at a time
+(lane l of every scratch array holds one stream; each step advances every lane by one operation;
+the loops over lanes vectorise and the lanes' independent chains of sums hide each other's
+latency) and one stream at a time (the same body with one lane), which also finishes streams
+the lanes hand back once fewer than half of them are busy (the scheduler of
+:mod:`calpipe.kernels.numeric`). Both run, per stream, the floating-point operations of the
+per-input kernels and of ``expert_mixture._binary`` in their order:
+
+* every sum keeps its order (sum_k' A in k order, C in (J, k) order, p' in k order);
+* an input's transcendental calls are libm's (``math.log``, ``math.log1p``, ``math.exp`` and the
+  mixture's ``math.log10``), as in the per-input kernels: a libm-free exp would vectorise but
+  round differently. Each is evaluated once per event: OBS and decay-beta share ln c(p) when
+  their clipped scores are equal, and decay-beta inputs with the same clip share
+  ln(1 - c(p)) and the bin of the log-odds (same arguments, same results);
+* each Cox term f_k(e) is evaluated once per event and read by the three rates (the Cox form
+  p^beta e^alpha / (p^beta e^alpha + (1 - p)^beta) with e^alpha, sqrt and squares hoisted:
+  there is no exp per term; the logistic form sigmoid(alpha + beta logit p) would cost one exp
+  per term and round differently);
+* the normalisation A <- A / C is deferred: the lanes keep V = A B_f({y}) and 1 / C, and
+  multiply when they next read A (v * (1 / C), the same product), so the (R, E) weights are
+  read once and written once per event instead of three times.
+
+The refit of a decay-beta input (a Newton fit on its bins) runs for one lane at a time when its
+label count is due: it is the per-input kernel's own function.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import carray, njit
+
+from calpipe import config
+from calpipe.kernels.calfun import eval_binary_lanes
+from calpipe.kernels.decay_beta import fit_kernel
+from calpipe.kernels.decay_beta import sigmoid_kernel as db_sigmoid
+from calpipe.kernels.numeric import LANES, stack_empty, steps_to_first_end, take_stream
+from calpipe.kernels.online_scaling import project_kernel
+from calpipe.kernels.online_scaling import sigmoid_kernel as ons_sigmoid
+from calpipe.kernels.ops import OP_FORECAST, OP_UPDATE
+
+#: Input kinds: a column of given forecasts, Online Platt Scaling, online beta scaling,
+#: decay-beta (the kernel's codes; :func:`input_row` builds a row of ``par``).
+IN_GIVEN, IN_OPS, IN_OBS, IN_DECAY = 0, 1, 2, 3
+#: Columns of an input's row of ``par``.
+N_PAR = 8
+_COX = 2  # calpipe.families.COX
+_NL = config.EXPERT_LANES
+_RESCALE = config.DECAY_BETA_RESCALE  # decay-beta's, a literal in the compiled kernel
+if not 1 <= _NL <= LANES:
+    raise ValueError(f"config.EXPERT_LANES must be in [1, {LANES}]")
+
+
+def ons_row(gamma: float, radius: float, score_clip: float) -> np.ndarray:
+    """``par`` row of an OPS / OBS input: ONS step 1/gamma, radius B, feature clip."""
+    return np.array([gamma, radius, score_clip, 0, 0, 0, 0, 0], dtype=np.float64)
+
+
+def decay_row(memory, eps, warmup, refit_every, rho, max_iter, tol, n_bins) -> np.ndarray:
+    """``par`` row of a decay-beta input (the arguments of
+    :func:`calpipe.kernels.decay_beta.decay_beta`)."""
+    lam = 1.0 - 2.0 / memory  # as decay_beta computes it
+    return np.array(
+        [lam, eps, warmup, refit_every, rho, max_iter, tol, n_bins], dtype=np.float64
+    )  # fmt: skip
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def _forecast_inputs(q, e, o, x, s, lane, kinds, cols, par, st, clip, qin, fin_lane, u0s, u1s, fin):
+    """Step 1 for one lane: every input's forecast from its state now (raw in ``fin_lane`` and
+    ``fin[i, o]``, clipped in ``qin[1 + i]``), with the features its update reads (``u0s``,
+    ``u1s``); each libm value computed once per event (memo keyed by its argument)."""
+    mq, mlq = -1.0, 0.0  # ln q
+    m1, ml1 = -1.0, 0.0  # ln(1 - q)
+    mp, mlp = -1.0, 0.0  # log1p(-q)
+    for i in range(kinds.shape[0]):
+        kind = kinds[i]
+        c0 = cols[i]
+        if kind == IN_GIVEN:
+            f = q[e, c0]
+        elif kind == IN_DECAY:  # decay_beta._decay_beta, forecast
+            eps = par[i, 1]
+            qq = min(max(x, eps), 1.0 - eps)
+            if qq != mq:
+                mq, mlq = qq, math.log(qq)
+            if qq != mp:
+                mp, mlp = qq, math.log1p(-qq)
+            u0s[i, lane] = mlq
+            u1s[i, lane] = mlp
+            if st[s, c0] >= par[i, 2]:
+                f = db_sigmoid(st[s, c0 + 1] * mlq - st[s, c0 + 2] * mlp + st[s, c0 + 3])
+            else:
+                f = x
+        else:  # online_scaling._ons_binary, forecast
+            sc = par[i, 2]
+            qq = min(max(x, sc), 1.0 - sc)
+            if kind == IN_OBS:
+                if qq != mq:
+                    mq, mlq = qq, math.log(qq)
+                if qq != m1:
+                    m1, ml1 = qq, math.log(1.0 - qq)
+                u0 = mlq
+                u1 = -ml1
+                z = st[s, c0] * u0 + st[s, c0 + 1] * u1 + st[s, c0 + 2]
+            else:
+                u0 = math.log(qq / (1.0 - qq))
+                u1 = 1.0
+                z = st[s, c0] * u0 + st[s, c0 + 1]
+            f = ons_sigmoid(z)
+            u0s[i, lane] = u0
+            u1s[i, lane] = u1
+        fin_lane[i, lane] = f
+        qin[1 + i, lane] = min(max(f, clip), 1.0 - clip)
+        if fin.shape[1] > 0:
+            fin[i, o] = f
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def _ons_learn(st, s, c0, beta, f, lab, u0, u1, gamma, radius, proj):
+    """Step 3 for an OPS / OBS input: ``_ons_binary``'s update on the stream's state row
+    (theta, then A row-major), operation for operation. ``proj``: theta, A and the scratch
+    of ``project_kernel``, sized d (``_ons_binary`` projects its state arrays the same way)."""
+    d = 3 if beta else 2
+    t0, t1 = st[s, c0], st[s, c0 + 1]
+    t2 = st[s, c0 + 2] if beta else 0.0
+    a00, a01, a11 = st[s, c0 + d], st[s, c0 + d + 1], st[s, c0 + d + d + 1]
+    a02 = st[s, c0 + d + 2] if beta else 0.0
+    a12 = st[s, c0 + d + d + 2] if beta else 0.0
+    a22 = st[s, c0 + d + 2 * d + 2] if beta else 0.0
+    r = f - lab
+    g0 = r * u0
+    g1 = r * u1
+    a00 += g0 * g0
+    a01 += g0 * g1
+    a11 += g1 * g1
+    if beta:
+        g2 = r
+        a02 += g0 * g2
+        a12 += g1 * g2
+        a22 += g2 * g2
+        c00 = a11 * a22 - a12 * a12  # adjugate of the symmetric A
+        c01 = a02 * a12 - a01 * a22
+        c02 = a01 * a12 - a02 * a11
+        c11 = a00 * a22 - a02 * a02
+        c12 = a01 * a02 - a00 * a12
+        c22 = a00 * a11 - a01 * a01
+        det = a00 * c00 + a01 * c01 + a02 * c02
+        t0 -= (c00 * g0 + c01 * g1 + c02 * g2) / det / gamma
+        t1 -= (c01 * g0 + c11 * g1 + c12 * g2) / det / gamma
+        t2 -= (c02 * g0 + c12 * g1 + c22 * g2) / det / gamma
+        norm2 = t0 * t0 + t1 * t1 + t2 * t2
+    else:
+        det = a00 * a11 - a01 * a01
+        t0 -= (a11 * g0 - a01 * g1) / det / gamma
+        t1 -= (a00 * g1 - a01 * g0) / det / gamma
+        norm2 = t0 * t0 + t1 * t1
+    if norm2 > radius * radius:  # the generalised projection on the ball (rare)
+        tv, av, shifted, rhs, lower, zz, out = proj
+        tv[0], tv[1] = t0, t1
+        av[0, 0], av[0, 1], av[1, 0], av[1, 1] = a00, a01, a01, a11
+        if beta:
+            tv[2] = t2
+            av[0, 2], av[2, 0], av[1, 2], av[2, 1], av[2, 2] = a02, a02, a12, a12, a22
+        project_kernel(tv, av, radius, shifted, rhs, lower, zz, out)
+        t0, t1 = tv[0], tv[1]
+        if beta:
+            t2 = tv[2]
+    st[s, c0], st[s, c0 + 1] = t0, t1
+    st[s, c0 + d], st[s, c0 + d + 1], st[s, c0 + d + d], st[s, c0 + d + d + 1] = a00, a01, a01, a11
+    if beta:
+        st[s, c0 + 2] = t2
+        st[s, c0 + d + 2], st[s, c0 + d + 2 * d] = a02, a02
+        st[s, c0 + d + d + 2], st[s, c0 + d + 2 * d + 1] = a12, a12
+        st[s, c0 + d + 2 * d + 2] = a22
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def _decay_learn(st, s, c0, i, lab, z, k, par, x1, x2, w, cur_pos, cur_neg):
+    """Step 3 for a decay-beta input: ``_decay_beta``'s update (decay, count in bin ``k`` of
+    the log-odds ``z``, rescale, refit when due) on the stream's state row."""
+    lam, warmup, refit_every = par[i, 0], par[i, 2], par[i, 3]
+    nb = int(par[i, 7])
+    pos = c0 + 5
+    neg = c0 + 5 + nb
+    st[s, c0 + 4] /= lam
+    if lab == 1:
+        st[s, pos + k] += st[s, c0 + 4]
+    else:
+        st[s, neg + k] += st[s, c0 + 4]
+    if st[s, c0 + 4] > _RESCALE:
+        for j in range(nb):
+            st[s, pos + j] /= st[s, c0 + 4]
+            st[s, neg + j] /= st[s, c0 + 4]
+        st[s, c0 + 4] = 1.0
+    st[s, c0] += 1.0
+    u = st[s, c0]
+    if u >= warmup and (u - warmup) % refit_every == 0:
+        if u == warmup:  # the first fit starts from the identity map
+            w[0], w[1], w[2] = 1.0, 1.0, 0.0
+        else:
+            w[0], w[1], w[2] = st[s, c0 + 1], st[s, c0 + 2], st[s, c0 + 3]
+        for j in range(nb):
+            cur_pos[j] = st[s, pos + j] / st[s, c0 + 4]
+            cur_neg[j] = st[s, neg + j] / st[s, c0 + 4]
+        fit_kernel(w, x1[i, :nb], x2[i, :nb], cur_pos[:nb], cur_neg[:nb], par[i, 4],
+                   int(par[i, 5]), par[i, 6])  # fmt: skip
+        st[s, c0 + 1], st[s, c0 + 2], st[s, c0 + 3] = w[0], w[1], w[2]
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def _engine(
+    q, y, op_event, op_kind, op_offsets, order, start, kinds, cols, par, edges, params, rates,
+    clip, passive, active, log10m, st, out_p, out_m, fin, nl,
+):  # fmt: skip
+    """Streams ``order[0], order[1], ...`` (from op ``start[s]``) through ``nl`` lanes, one
+    operation per lane per step (see the module docstring). Lanes are refilled from ``order`` as
+    their streams end; once ``order`` is exhausted and fewer than half the lanes are busy, the
+    busy streams are handed back (state written, ``start[s]`` set to their next op) for the
+    one-lane engine. The state arrays and ``st`` are updated in place."""
+    n_streams = order.shape[0]
+    n_in = kinds.shape[0]
+    n_fun = params.shape[0]
+    n_rates = rates.shape[0]
+    n_exp = (1 + n_in) * n_fun
+    exp_alpha = np.exp(params[:, 0])
+    # decay-beta bin centres, as _decay_beta computes them
+    nbm = edges.shape[1] - 1
+    x1 = np.zeros((n_in, max(nbm, 1)))
+    x2 = np.zeros((n_in, max(nbm, 1)))
+    for i in range(n_in):
+        if kinds[i] == IN_DECAY:
+            for k in range(int(par[i, 7])):
+                pc = db_sigmoid(0.5 * (edges[i, k] + edges[i, k + 1]))
+                x1[i, k] = math.log(pc)
+                x2[i, k] = -math.log1p(-pc)
+    w3 = np.empty(3)
+    cur_pos = np.empty(max(nbm, 1))
+    cur_neg = np.empty(max(nbm, 1))
+    proj2 = (np.empty(2), np.empty((2, 2)), np.empty((2, 2)), np.empty(2), np.empty((2, 2)),
+             np.empty(2), np.empty(2))  # fmt: skip
+    proj3 = (np.empty(3), np.empty((3, 3)), np.empty((3, 3)), np.empty(3), np.empty((3, 3)),
+             np.empty(3), np.empty(3))  # fmt: skip
+    # decay-beta inputs with equal bins share the bin of a log-odds: the first such input
+    same_bins = np.arange(n_in)
+    for i in range(n_in):
+        for i2 in range(i):
+            if kinds[i] == IN_DECAY and kinds[i2] == IN_DECAY and same_bins[i2] == i2:
+                if par[i, 7] == par[i2, 7] and np.all(edges[i] == edges[i2]):
+                    same_bins[i] = i2
+                    break
+    # Scratch, lane index last: S (R, E, lanes) holds V = A B_f({y}) (its normalisation 1 / C
+    # deferred in INVP; INVP = 1 when S holds A itself), F and COL (E, lanes), inputs (I, lanes).
+    S = np.empty((n_rates, n_exp, nl))
+    F = np.empty((n_exp, nl))
+    COL = np.empty((n_exp, nl))
+    QIN = np.empty((1 + n_in, nl))  # clipped input forecasts, row 0 the base
+    FIN = np.empty((max(n_in, 1), nl))  # raw input forecasts
+    U0 = np.empty((max(n_in, 1), nl))  # what each input's update reads: ONS features u0, u1;
+    U1 = np.empty((max(n_in, 1), nl))  # decay-beta ln c(p), log1p(-c(p))
+    PW = carray(stack_empty(64), LANES)[:nl]  # P
+    M = carray(stack_empty(64), LANES)[:nl]  # log10 S
+    INVP = carray(stack_empty(64), LANES)[:nl]  # 1 / C of S's pending normalisation, or 1
+    BASE = carray(stack_empty(64), LANES)[:nl]  # B_p({y})
+    PWB = carray(stack_empty(64), LANES)[:nl]  # P B_p({y})
+    C = carray(stack_empty(64), LANES)[:nl]  # Bayes numerator = p'(y)
+    TOT = carray(stack_empty(64), LANES)[:nl]  # sum_k A[J, k]; then its jump-mixing share
+    PRED = carray(stack_empty(64), LANES)[:nl]  # p'
+    INV = carray(stack_empty(64), LANES)[:nl]
+    TQ = carray(stack_empty(64), LANES)[:nl]  # eval_binary_lanes scratch
+    SP = carray(stack_empty(64), LANES)[:nl]
+    SQ = carray(stack_empty(64), LANES)[:nl]
+    y0 = carray(stack_empty(64), LANES).view(np.int64)[:nl]  # label is 0 (else 1)
+    upd = carray(stack_empty(64), LANES).view(np.int64)[:nl]  # this step updates
+    fc = carray(stack_empty(64), LANES).view(np.int64)[:nl]  # this step forecasts
+    busy = carray(stack_empty(64), LANES).view(np.int64)[:nl]
+    lane_stream = carray(stack_empty(64), LANES).view(np.int64)[:nl]
+    lane_op = carray(stack_empty(64), LANES).view(np.int64)[:nl]  # next op (idle: op 0)
+    lane_end = carray(stack_empty(64), LANES).view(np.int64)[:nl]
+    lane_event = carray(stack_empty(64), LANES).view(np.int64)[:nl]
+    init = 1.0 / (n_rates * n_exp + 1.0)  # idle lanes compute on a valid state
+    for lane in range(nl):
+        busy[lane] = 0
+        lane_op[lane] = 0
+        lane_end[lane] = 0
+        lane_stream[lane] = 0
+        PW[lane] = init
+        M[lane] = 0.0
+        INVP[lane] = 1.0
+    for j in range(n_rates):
+        for k in range(n_exp):
+            for lane in range(nl):
+                S[j, k, lane] = init
+    denom = float(n_exp)
+    pos_k = 0  # next position in order
+    n_busy = 0
+    while True:
+        for lane in range(nl):  # refill idle lanes
+            if busy[lane] != 0:
+                continue
+            pos_k, s = take_stream(
+                lane, order, pos_k, start, op_offsets, busy, lane_stream, lane_op, lane_end
+            )
+            if s < 0:
+                continue
+            n_busy += 1
+            for j in range(n_rates):
+                for k in range(n_exp):
+                    S[j, k, lane] = active[s, j, k]
+            PW[lane] = passive[s]
+            M[lane] = log10m[s]
+            INVP[lane] = 1.0
+        if n_busy == 0 or (pos_k == n_streams and 2 * n_busy < nl):
+            break
+        steps = steps_to_first_end(busy, lane_op, lane_end, nl)
+        for _ in range(steps):
+            # 1. each lane's event, its inputs' forecasts (scalar: libm calls)
+            for lane in range(nl):
+                o = lane_op[lane]
+                e = op_event[o]
+                kind = op_kind[o]
+                b = busy[lane]
+                lane_event[lane] = e
+                x = q[e, 0]
+                QIN[0, lane] = x
+                is0 = y[e] == 0
+                y0[lane] = is0
+                upd[lane] = b & (kind != OP_FORECAST)
+                fc[lane] = b & (kind != OP_UPDATE)
+                bb = 1.0 - x if is0 else x
+                BASE[lane] = bb
+                PWB[lane] = PW[lane] * bb
+                C[lane] = PWB[lane]
+                if b != 0:
+                    _forecast_inputs(q, e, o, x, lane_stream[lane], lane, kinds, cols, par, st,
+                                     clip, QIN, FIN, U0, U1, fin)  # fmt: skip
+                else:
+                    for i in range(n_in):
+                        QIN[1 + i, lane] = x
+            # 2. the Cox terms, once per event: F[i T + t] = f_t(q_i)
+            for i in range(1 + n_in):
+                eval_binary_lanes(_COX, params, exp_alpha, QIN[i], F[i * n_fun : (i + 1) * n_fun],
+                                  n_fun, nl, TQ, SP, SQ)  # fmt: skip
+            # 3. jump mixing, forecast and Bayes numerator (paper 001 Alg. 1 lines 5-13)
+            for k in range(n_exp):
+                for lane in range(nl):
+                    COL[k, lane] = 0.0
+            for j in range(n_rates):
+                jr = rates[j]
+                keep = 1.0 - jr
+                for lane in range(nl):
+                    TOT[lane] = 0.0
+                for k in range(n_exp):
+                    for lane in range(nl):
+                        TOT[lane] += S[j, k, lane] * INVP[lane]
+                for lane in range(nl):
+                    TOT[lane] = TOT[lane] * jr / denom
+                for k in range(n_exp):
+                    for lane in range(nl):
+                        a = S[j, k, lane] * INVP[lane]
+                        v = keep * a + TOT[lane]
+                        COL[k, lane] += v
+                        ft = F[k, lane]
+                        wv = v * (1.0 - ft if y0[lane] != 0 else ft)
+                        C[lane] += wv
+                        S[j, k, lane] = wv if upd[lane] != 0 else a
+            for lane in range(nl):
+                PRED[lane] = PW[lane] * QIN[0, lane]
+            for k in range(n_exp):
+                for lane in range(nl):
+                    PRED[lane] += COL[k, lane] * F[k, lane]
+            for lane in range(nl):
+                INV[lane] = 1.0 / C[lane]
+            # 4. commit: P, log10 S (libm log10, as expert_mixture), outputs, inputs learn
+            for lane in range(nl):
+                e = lane_event[lane]
+                if upd[lane] != 0:
+                    PW[lane] = PWB[lane] * INV[lane]
+                    M[lane] += math.log10(C[lane] / BASE[lane])
+                    INVP[lane] = INV[lane]
+                else:
+                    INVP[lane] = 1.0
+                if fc[lane] != 0:
+                    out_p[e] = PRED[lane]
+                    out_m[e] = M[lane]
+                if upd[lane] != 0 and n_in > 0:
+                    s = lane_stream[lane]
+                    lab = y[e]
+                    mz, mb, mk = np.nan, -1, 0
+                    for i in range(n_in):
+                        kind = kinds[i]
+                        if kind == IN_OPS:
+                            _ons_learn(st, s, cols[i], False, FIN[i, lane], lab, U0[i, lane],
+                                       U1[i, lane], par[i, 0], par[i, 1], proj2)  # fmt: skip
+                        elif kind == IN_OBS:
+                            _ons_learn(st, s, cols[i], True, FIN[i, lane], lab, U0[i, lane],
+                                       U1[i, lane], par[i, 0], par[i, 1], proj3)  # fmt: skip
+                        elif kind == IN_DECAY:
+                            z = U0[i, lane] - U1[i, lane]
+                            nb = int(par[i, 7])
+                            if z != mz or same_bins[i] != mb:  # the bin of z, once per edges
+                                mz, mb = z, same_bins[i]
+                                mk = np.searchsorted(edges[i, 1:nb], z, side="right")
+                            _decay_learn(st, s, cols[i], i, lab, z, mk, par, x1, x2, w3,
+                                         cur_pos, cur_neg)  # fmt: skip
+                lane_op[lane] += 1
+        for lane in range(nl):  # retire finished lanes
+            if busy[lane] != 0 and lane_op[lane] == lane_end[lane]:
+                _lane_out(lane, lane_stream[lane], S, INVP, PW, M, active, passive, log10m)
+                start[lane_stream[lane]] = lane_end[lane]
+                busy[lane] = 0
+                n_busy -= 1
+    for lane in range(nl):  # hand the busy streams back to the one-lane engine
+        if busy[lane] != 0:
+            _lane_out(lane, lane_stream[lane], S, INVP, PW, M, active, passive, log10m)
+            start[lane_stream[lane]] = lane_op[lane]
+
+
+@njit(cache=True, inline="always")
+def _lane_out(lane, s, S, INVP, PW, M, active, passive, log10m):
+    """Write lane ``lane``'s state (its weights normalised) back to stream ``s``."""
+    for j in range(S.shape[0]):
+        for k in range(S.shape[1]):
+            active[s, j, k] = S[j, k, lane] * INVP[lane]
+    passive[s] = PW[lane]
+    log10m[s] = M[lane]
+
+
+@njit(cache=True, error_model="numpy")
+def _lanes(
+    q, y, op_event, op_kind, op_offsets, order, start, kinds, cols, par, edges, params, rates,
+    clip, passive, active, log10m, st, out_p, out_m, fin,
+):  # fmt: skip
+    """:func:`_engine` with ``config.EXPERT_LANES`` lanes (a literal: fixed trip counts)."""
+    _engine(q, y, op_event, op_kind, op_offsets, order, start, kinds, cols, par, edges, params,
+            rates, clip, passive, active, log10m, st, out_p, out_m, fin, _NL)  # fmt: skip
+
+
+@njit(cache=True, error_model="numpy")
+def _one_lane(
+    q, y, op_event, op_kind, op_offsets, order, start, kinds, cols, par, edges, params, rates,
+    clip, passive, active, log10m, st, out_p, out_m, fin,
+):  # fmt: skip
+    """:func:`_engine` with one lane: one stream at a time."""
+    _engine(q, y, op_event, op_kind, op_offsets, order, start, kinds, cols, par, edges, params,
+            rates, clip, passive, active, log10m, st, out_p, out_m, fin, 1)  # fmt: skip
+
+
+def lanes_fit(n_streams: int) -> bool:
+    """A batch runs in lanes when it has streams to fill them twice over (else one at a time)."""
+    return n_streams >= 2 * _NL
+
+
+def composite_experts_binary(
+    q, y, op_event, op_kind, op_offsets, kinds, cols, par, edges, params, rates, clip,
+    passive, active, log10m, in_state, *, input_forecasts: bool = True, lanes: bool | None = None,
+):  # fmt: skip
+    """Binary Composite Jumper over experts with its inputs learnt in the same pass.
+
+    Returns ``(p', log10 S, P, A, log10 S_end, in_state_end, fin)``.
+
+    Parameters
+    ----------
+    q : (n, G) given columns: column 0 the clipped base p (each input reads it), the others the
+        forecasts of ``IN_GIVEN`` inputs.
+    y : (n,) labels in {0, 1}, read at update ops.
+    op_event, op_kind, op_offsets : the operation list (:mod:`calpipe.kernels.ops`).
+    kinds, cols : (I,) each input's kind (``IN_*``) and its given column of ``q``
+        (``IN_GIVEN``) or the first column of its state in ``in_state`` (else).
+    par : (I, N_PAR) each input's parameters (:func:`ons_row`, :func:`decay_row`).
+    edges : (I, B + 1) a decay-beta input's bin edges (``decay_beta.bin_edges``; padded).
+    params : (T, 2) Cox (alpha, beta) of the functions; rates (R,); clip: an input's forecast
+        joins the mixture clipped to [clip, 1 - clip] (0: as it is).
+    passive (S,), active (S, R, (1 + I) T), log10m (S,): the mixture state (expert
+        k = i T + t is function t of input i, input 0 the base); in_state (S, W): the inputs'
+        states side by side (OPS/OBS: theta then A row-major; decay-beta: its vector).
+        Inputs are not modified.
+    input_forecasts : return ``fin`` (I, m), every input's raw forecast at every op (what its
+        own test martingale reads); else an empty (I, 0) array.
+    lanes : force the lanes (True) or one stream at a time (False); None: by the batch size.
+    """
+    q = np.ascontiguousarray(q, dtype=np.float64)
+    op_offsets = np.ascontiguousarray(op_offsets, dtype=np.int64)
+    op_event = np.ascontiguousarray(op_event, dtype=np.int64)
+    op_kind = np.ascontiguousarray(op_kind, dtype=np.int8)
+    y = np.ascontiguousarray(y, dtype=np.int64)
+    kinds = np.ascontiguousarray(kinds, dtype=np.int64)
+    cols = np.ascontiguousarray(cols, dtype=np.int64)
+    par = np.ascontiguousarray(par, dtype=np.float64).reshape(kinds.shape[0], N_PAR)
+    edges = np.ascontiguousarray(edges, dtype=np.float64)
+    if edges.ndim != 2 or edges.shape[0] != kinds.shape[0]:
+        edges = np.zeros((kinds.shape[0], 1))
+    params = np.ascontiguousarray(params, dtype=np.float64)
+    rates = np.ascontiguousarray(rates, dtype=np.float64)
+    n_streams = op_offsets.shape[0] - 1
+    n_exp = (1 + kinds.shape[0]) * params.shape[0]
+    if q.ndim != 2 or y.shape[0] != q.shape[0]:
+        raise ValueError(f"q must be (n, G) and y (n,); got {q.shape} and {y.shape}")
+    if (
+        np.shape(active) != (n_streams, rates.shape[0], n_exp)
+        or np.shape(passive) != (n_streams,)
+        or np.shape(log10m) != (n_streams,)
+    ):
+        raise ValueError(
+            f"state shapes {np.shape(passive)}, {np.shape(active)}, {np.shape(log10m)} do not "
+            f"fit S = {n_streams} streams, R = {rates.shape[0]} rates, E = {n_exp} experts"
+        )
+    if op_event.shape != op_kind.shape:
+        raise ValueError("op_event and op_kind must have the same length")
+    given = kinds == IN_GIVEN
+    if np.any(given & ((cols < 1) | (cols >= q.shape[1]))) or np.any(
+        ~given & ((cols < 0) | (cols >= max(np.shape(in_state)[-1], 1)))
+    ):  # fmt: skip
+        raise ValueError("an input's column is outside q or in_state")
+    passive = np.array(passive, dtype=np.float64)
+    active = np.array(active, dtype=np.float64)
+    log10m = np.array(log10m, dtype=np.float64)
+    st = np.array(in_state, dtype=np.float64).reshape(n_streams, -1)
+    for i in np.flatnonzero((kinds == IN_OPS) | (kinds == IN_OBS)):
+        # _ons_binary reads A's upper triangle and writes A back symmetric for every stream
+        d = 2 if kinds[i] == IN_OPS else 3
+        for r, c in zip(*np.tril_indices(d, -1), strict=True):
+            st[:, cols[i] + d + r * d + c] = st[:, cols[i] + d + c * d + r]
+    out_p = np.full(q.shape[0], np.nan)
+    out_m = np.full(q.shape[0], np.nan)
+    fin = np.full((kinds.shape[0], op_event.shape[0] if input_forecasts else 0), np.nan)
+    start = op_offsets[:-1].copy()  # next operation of each stream
+    args = (q, y, op_event, op_kind, op_offsets)
+    rest = (kinds, cols, par, edges, params, rates, float(clip), passive, active, log10m, st,
+            out_p, out_m, fin)  # fmt: skip
+    if lanes_fit(n_streams) if lanes is None else lanes:
+        # Longest streams first, so lanes drain together and the one-stream tail is short.
+        order = np.argsort(op_offsets[:-1] - op_offsets[1:], kind="stable")
+        _lanes(*args, order, start, *rest)
+    _one_lane(*args, np.arange(n_streams, dtype=np.int64), start, *rest)
+    return out_p, out_m, passive, active, log10m, st, fin

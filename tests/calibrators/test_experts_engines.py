@@ -1,0 +1,126 @@
+"""The default method's engines give the same bits (calpipe.calibrators.experts,
+``CompositeExperts.engine``): "fused" (OPS / OBS / decay-beta learnt inside the lanes kernel,
+:mod:`calpipe.kernels.expert_lanes`), "per-input" (each input's kernel, then the mixture in
+lanes) and "per-stream" (each input's kernel, then the mixture one stream at a time: the path
+before lanes). Forecasts, martingales and the whole state -- the inputs' own test martingales
+included -- are equal to the bit, so QUALITY.md cannot change."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pytest
+
+import calpipe
+from calpipe import config
+from calpipe.calibrators import make_calibrator
+from calpipe.calibrators.base import likelihood_gale, likelihood_gale_ends
+from calpipe.calibrators.experts import CompositeExperts
+from calpipe.kernels.ops import OP_FORECAST
+from tests.kernels.ops import make_ops
+
+ENGINES = ("fused", "per-input", "per-stream")
+SMALL = ("ops", "obs", "decay-beta:memory=12", "decay-beta:memory=30")
+EDGES = ("ops:radius=1.5", "obs:radius=1.5:score_clip=0.05",
+         "decay-beta:memory=4:warmup=2:refit_every=1:n_bins=7")  # fmt: skip
+
+
+@pytest.fixture
+def engine(monkeypatch):
+    def use(name):
+        monkeypatch.setattr(CompositeExperts, "engine", name)
+
+    return use
+
+
+def _batch(seed, n, n_streams):
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(0, 1, n)
+    edge = rng.random(n) < 0.05
+    x[edge] = rng.choice([0.0, 1.0, 1e-5, 0.995], size=int(edge.sum()))
+    y = (rng.uniform(size=n) < x**1.4).astype(np.int64)
+    return x, y, make_ops(rng, n, n_streams, p_unlabelled=0.1, p_delayed=0.2)
+
+
+def _runs(engine, cal, x, y, ops, state):
+    out = {}
+    for name in ENGINES:
+        engine(name)
+        out[name] = cal.run_batch(cal.prepare_scores(x), y, ops.op_event, ops.op_kind,
+                                  ops.op_offsets, state)  # fmt: skip
+    return out
+
+
+def _assert_same(a, b):
+    (oa, sa), (ob, sb) = a, b
+    np.testing.assert_array_equal(oa.protected, ob.protected)
+    np.testing.assert_array_equal(oa.log10_martingale, ob.log10_martingale)
+    np.testing.assert_array_equal(sa.values, sb.values)
+    np.testing.assert_array_equal(sa.offsets, sb.offsets)
+    np.testing.assert_array_equal(sa.log10m, sb.log10m)
+
+
+@pytest.mark.parametrize("n_streams", [1, 65, 200])
+@pytest.mark.parametrize(
+    "inputs", [SMALL, EDGES, ()], ids=["small-memories", "projections", "base-only"]
+)
+def test_engines_give_the_same_bits(engine, n_streams, inputs):
+    cal = make_calibrator("composite-experts", inputs=inputs)
+    x, y, ops = _batch(n_streams, 40 * n_streams, n_streams)
+    state = cal.initial_state(n_streams, 2)
+    runs = _runs(engine, cal, x, y, ops, state)
+    _assert_same(runs["fused"], runs["per-stream"])
+    _assert_same(runs["per-input"], runs["per-stream"])
+    # a second batch from the carried state (pending copies and refits included)
+    x2, y2, ops2 = _batch(n_streams + 1, 30 * n_streams, n_streams)
+    again = _runs(engine, cal, x2, y2, ops2, runs["per-stream"][1])
+    _assert_same(again["fused"], again["per-stream"])
+
+
+def test_a_windowed_input_takes_the_per_input_path_with_the_same_bits(engine):
+    cal = make_calibrator("composite-experts", inputs=("ops", "beta:window=20:refit_every=5"))
+    assert cal._fused_inputs() is None
+    x, y, ops = _batch(3, 4000, 130)
+    runs = _runs(engine, cal, x, y, ops, cal.initial_state(130, 2))
+    _assert_same(runs["fused"], runs["per-stream"])
+    _assert_same(runs["per-input"], runs["per-stream"])
+
+
+def test_the_default_through_protect_with_label_time_is_the_same_frame(engine):
+    """End to end: calpipe.protect with delayed labels (label_time), the default inputs."""
+    rng = np.random.default_rng(8)
+    n = 6000
+    t0 = pl.datetime(2026, 1, 1)
+    df = pl.DataFrame({
+        "stream": rng.integers(0, 90, n).astype(str), "event_id": np.arange(n),
+        "score": rng.uniform(0, 1, n), "label": rng.integers(0, 2, n),
+        "lag": rng.integers(0, 400, n),
+    }).with_columns(
+        (t0 + pl.duration(seconds=pl.col("event_id"))).alias("event_time"),
+    ).with_columns(
+        (pl.col("event_time") + pl.duration(seconds=pl.col("lag"))).alias("label_time")
+    )  # fmt: skip
+    frames = {}
+    for name in ("fused", "per-stream"):
+        engine(name)
+        res = calpipe.protect_with_state(df, label_time="label_time")
+        frames[name] = (res.scores, res.state)
+    assert frames["fused"][0].equals(frames["per-stream"][0])
+    assert frames["fused"][1].equals(frames["per-stream"][1])
+
+
+def test_likelihood_gale_ends_equals_likelihood_gale_row_by_row():
+    rng = np.random.default_rng(4)
+    ops = make_ops(rng, 500, 7)
+    m = ops.op_event.shape[0]
+    f = rng.uniform(0, 1, (3, m))
+    f[:, ::17] = 0.0
+    base = rng.uniform(0, 1, m)
+    y = rng.integers(-1, 2, m)
+    upd = ops.op_kind != OP_FORECAST
+    m0 = rng.normal(0, 1, (3, 7))
+    ends = likelihood_gale_ends(f, base, y, upd, ops.op_offsets, m0, config.DEFAULT_CLIP_EPS)
+    for i in range(3):
+        _, want = likelihood_gale(f[i], base, y, upd, ops.op_offsets, m0[i],
+                                  config.DEFAULT_CLIP_EPS)  # fmt: skip
+        np.testing.assert_array_equal(ends[i], want)
