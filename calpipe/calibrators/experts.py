@@ -447,7 +447,7 @@ class CompositeExperts(Calibrator[FlatState]):
     def martingale_base(self, scores: np.ndarray) -> np.ndarray:
         return self.prepare_scores(scores)
 
-    def _fused_inputs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    def lane_inputs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """The binary inputs as ``expert_lanes`` codes ``(kinds, par rows, bin edges)`` when
         every one is OPS, OBS or decay-beta (learnt inside the kernel), else None."""
         kinds, pars, edges = [], [], []
@@ -519,7 +519,7 @@ class CompositeExperts(Calibrator[FlatState]):
         n_rates = len(self.rates)
         head, subs = self._split(state, n_classes)
         if n_classes == 2 and self.engine == "fused":
-            codes = self._fused_inputs()
+            codes = self.lane_inputs()
             if codes is not None:
                 return self._run_fused(
                     np.ascontiguousarray(scores, dtype=np.float64), np.asarray(labels),

@@ -79,7 +79,7 @@ def test_engines_give_the_same_bits(engine, n_streams, inputs):
 
 def test_a_windowed_input_takes_the_per_input_path_with_the_same_bits(engine):
     cal = make_calibrator("composite-experts", inputs=("ops", "beta:window=20:refit_every=5"))
-    assert cal._fused_inputs() is None
+    assert cal.lane_inputs() is None
     x, y, ops = _batch(3, 4000, 130)
     runs = _runs(engine, cal, x, y, ops, cal.initial_state(130, 2))
     _assert_same(runs["fused"], runs["per-stream"])

@@ -24,7 +24,7 @@ from calpipe.kernels import online_scaling as OS
 from calpipe.kernels.ops import OP_FORECAST, OP_STEP, OP_UPDATE, with_forecast_copies
 from tests import naive_online_scaling as naive
 from tests.calibrators.test_experts import loop
-from tests.kernels.kernel_cases import FEW, SEEDS, _labels, _scores
+from tests.kernels.kernel_cases import FEW, SEEDS, case_labels, case_scores
 from tests.kernels.ops import stream_ops
 
 GRID = [(a, b) for a in config.EXPERT_COX_ALPHAS for b in config.EXPERT_COX_BETAS]
@@ -96,8 +96,8 @@ def make_batch(seed, n_streams, max_len=40, p_delayed=0.2):
     rng = np.random.default_rng(seed)
     lengths = rng.integers(1, max_len + 1, n_streams)
     n = int(lengths.sum())
-    x = _scores(rng, n, 2, CLIP)
-    y = _labels(rng, x)
+    x = case_scores(rng, n, 2, CLIP)
+    y = case_labels(rng, x)
     positions = rng.permutation(n)
     ev, kd, off, at = [], [], [0], 0
     for length in lengths:
