@@ -1,11 +1,11 @@
 """The table registry: every table the nightly run writes, and the function of its rows.
 
-One :class:`OutputTable` per table: its DDL file in ``sql/``, its partition column and sort keys
-(the storage layout, which :mod:`calpipe.storage` owns: the store sits below the pipeline and
-reads no pipeline module), and the writer with which :func:`calpipe.pipeline.run_range` (behind
+One :class:`OutputTable` per table: its storage layout (DDL file in ``sql/``, partition column,
+sort keys: :data:`calpipe.storage.LAYOUT`, which the storage owns, since it sits below the
+pipeline and reads no pipeline module), and the writer with which :func:`calpipe.pipeline.run_range` (behind
 ``calpipe run`` and the dagster ``night`` asset alike) computes its rows from memory; it
 iterates :data:`TABLES`, so it replaces exactly the registered tables. Adding a table is one
-entry here (and its DDL and layout); ``tests/pipeline/test_tables.py`` fails if a table of the
+entry here (and its DDL and its layout); ``tests/pipeline/test_tables.py`` fails if a table of the
 store or of the DDL has no entry.
 
 Each table's rows come from one function of :mod:`calpipe.night` (third column), called on
@@ -240,17 +240,15 @@ class OutputTable:
     end of the transaction either way)."""
 
     name: str
-    ddl: str
     fused: Callable[[Any], pl.DataFrame]
     phase: str
     span: Callable[[FusedDays], pl.DataFrame] | None = None
     sort: bool = True
 
     def __post_init__(self) -> None:
-        if self.name not in storage.PARTITION_COLUMN:
+        if self.name not in storage.LAYOUT:
             raise ValueError(
-                f"table {self.name!r} has no storage layout: add it to calpipe.storage's "
-                "PARTITION_COLUMN and SORT_KEYS"
+                f"table {self.name!r} has no storage layout: add it to calpipe.storage.LAYOUT"
             )
         if not callable(self.fused):
             raise TypeError(f"table {self.name!r}: the registry needs its rows' writer")
@@ -263,46 +261,51 @@ class OutputTable:
             )
 
     @property
+    def layout(self) -> storage.TableLayout:
+        """How the table is stored: its DDL file, partition column and sort keys
+        (:data:`calpipe.storage.LAYOUT`)."""
+        return storage.LAYOUT[self.name]
+
+    @property
     def partition_column(self) -> str:
-        """The DATE column whose partitions a write replaces (from
-        :data:`calpipe.storage.PARTITION_COLUMN`)."""
-        return storage.PARTITION_COLUMN[self.name]
+        """The DATE column whose partitions a write replaces."""
+        return self.layout.partition_column
 
     @property
     def sort_keys(self) -> tuple[str, ...]:
-        """The table's row order (:data:`calpipe.storage.SORT_KEYS`)."""
-        return storage.SORT_KEYS[self.name]
+        """The table's row order."""
+        return self.layout.sort_keys
 
     @property
     def ddl_path(self) -> Path:
         """The ``sql/`` file that creates the table."""
-        return paths.SQL_DIR / self.ddl
+        return paths.SQL_DIR / self.layout.ddl
 
 
 #: Every table the pipeline writes, in the order the nightly run computes them within a phase.
 TABLES: dict[str, OutputTable] = {
     t.name: t
     for t in (
-        OutputTable("scored_events", "001_tables.sql", _fused_events, "events",
+        OutputTable("scored_events", _fused_events, "events",
                     _span_events, sort=False),
-        OutputTable("protected_scores", "001_tables.sql", _fused_protected, "batch",
+        OutputTable("protected_scores", _fused_protected, "batch",
                     _span_protected, sort=False),
-        OutputTable("calibrator_state", "001_tables.sql", _fused_state, "day",
+        OutputTable("calibrator_state", _fused_state, "day",
                     _span_state),
-        OutputTable("pipeline_days", "001_tables.sql", _fused_day_row, "day",
+        OutputTable("pipeline_days", _fused_day_row, "day",
                     _span_day_rows),
-        OutputTable("calibration_daily", "001_tables.sql", _fused_daily, "batch",
+        OutputTable("calibration_daily", _fused_daily, "batch",
                     _span_daily),
-        OutputTable("calibration_arrivals", "001_tables.sql", _fused_arrivals,
+        OutputTable("calibration_arrivals", _fused_arrivals,
                     "day", _span_arrivals),
-        OutputTable("martingale_alarms", "001_tables.sql", _fused_alarms, "batch",
+        OutputTable("martingale_alarms", _fused_alarms, "batch",
                     _span_alarms),
-        OutputTable("calibration_map", "001_tables.sql", _fused_map, "transaction"),
-        OutputTable("pipeline_inputs", "001_tables.sql", _fused_inputs, "day",
+        OutputTable("calibration_map", _fused_map, "transaction"),
+        OutputTable("pipeline_inputs", _fused_inputs, "day",
                     _span_inputs),
-        OutputTable("event_labels", "001_tables.sql", _fused_labels, "night",
+        OutputTable("event_labels", _fused_labels, "night",
                     _span_no_labels, sort=False),  # in the label files' order
-        OutputTable("quarantined_labels", "001_tables.sql", _fused_quarantine,
+        OutputTable("quarantined_labels", _fused_quarantine,
                     "night", _span_no_labels),
     )
 }  # fmt: skip

@@ -67,8 +67,10 @@ from calpipe.storage.sources import (
     sql_ident,
 )
 from calpipe.storage.tables import (
+    LAYOUT,
     PARTITION_COLUMN,
     SORT_KEYS,
+    TableLayout,
     partition_dates,
     read_partitions,
     table_columns,
@@ -80,6 +82,7 @@ __all__ = [
     "DAY_COLUMN",
     "DEFAULT_STREAM",
     "FILE_COLUMN",
+    "LAYOUT",
     "PARTITION_COLUMN",
     "SCHEMA_VERSION",
     "SORT_KEYS",
@@ -89,6 +92,7 @@ __all__ = [
     "EventSource",
     "PartitionWriter",
     "StoreError",
+    "TableLayout",
     "configure_session",
     "connect",
     "day_files",

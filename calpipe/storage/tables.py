@@ -1,14 +1,16 @@
-"""The storage layout of each calpipe table (partition column, row order) and reading its partitions.
+"""The storage layout of each calpipe table (DDL file, partition column, row order) and reading
+its partitions.
 
-Every table is partitioned by a ``DATE`` column (:data:`PARTITION_COLUMN`) and every write
-replaces whole partitions (:mod:`calpipe.storage.writer`); :data:`SORT_KEYS` is the row order
-of an insert (so that a re-run writes byte-identical partitions) and of
-:func:`read_partitions`.
+:data:`LAYOUT` is the one registry: every table is created by a file of ``sql/``, partitioned
+by a ``DATE`` column (:data:`PARTITION_COLUMN`), and every write replaces whole partitions
+(:mod:`calpipe.storage.writer`); :data:`SORT_KEYS` is the row order of an insert (so that a
+re-run writes byte-identical partitions) and of :func:`read_partitions`.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import dataclass
 
 import duckdb
 import polars as pl
@@ -16,39 +18,55 @@ import polars as pl
 from calpipe.errors import StoreError
 from calpipe.storage.session import query
 
-#: The DATE column that partitions each calpipe table.
-PARTITION_COLUMN: dict[str, str] = {
-    "scored_events": "event_date",
-    "protected_scores": "event_date",
-    "calibrator_state": "date",
-    "pipeline_days": "date",
-    "calibration_daily": "date",
-    "calibration_arrivals": "date",
-    "martingale_alarms": "date",
-    "calibration_map": "date",
-    "pipeline_inputs": "date",
-    "event_labels": "date",
-    "quarantined_labels": "date",
-}
+
+@dataclass(frozen=True)
+class TableLayout:
+    """How a calpipe table is stored: the ``sql/`` file that creates it (later changes of its
+    columns are ``sql/migrations/``), the ``DATE`` column that partitions it, and its row order
+    (the first sort key is the partition column)."""
+
+    name: str
+    ddl: str
+    partition_column: str
+    sort_keys: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if self.sort_keys[:1] != (self.partition_column,):
+            raise ValueError(f"table {self.name!r}: its rows sort by its partition column first")
 
 
-#: Row order of each table on insert (so that a re-run writes byte-identical partitions) and of
-#: :func:`read_partitions`. The pipeline inserts the two event-sized tables unsorted, in an order
-#: that is already deterministic (``scored_events``: the source's; ``protected_scores``: the replay
-#: order), because sorting millions of rows costs more than writing them.
-SORT_KEYS: dict[str, tuple[str, ...]] = {
-    "scored_events": ("event_date", "stream", "event_time", "event_id"),
-    "protected_scores": ("event_date", "stream", "event_id"),
-    "calibrator_state": ("date", "stream"),
-    "pipeline_days": ("date",),
-    "calibration_daily": ("date", "stream"),
-    "calibration_arrivals": ("date", "stream"),
-    "martingale_alarms": ("date", "stream"),
-    "calibration_map": ("date", "stream", "layer", "term"),
-    "pipeline_inputs": ("date", "kind", "file"),
-    "event_labels": ("date", "stream", "event_id"),
-    "quarantined_labels": ("date", "file", "stream", "event_id"),
-}
+#: Every calpipe table's layout: the one registry of the storage layout (the pipeline's table
+#: registry, ``calpipe/pipeline/tables.py``, adds how each table's rows are computed). Row order
+#: is that of an insert (so that a re-run writes byte-identical partitions) and of
+#: :func:`read_partitions`; the pipeline inserts the two event-sized tables unsorted, in an order
+#: that is already deterministic (``scored_events``: the source's; ``protected_scores``: the
+#: replay order), because sorting millions of rows costs more than writing them.
+LAYOUT: dict[str, TableLayout] = {
+    t.name: t
+    for t in (
+        TableLayout("scored_events", "001_tables.sql", "event_date",
+                    ("event_date", "stream", "event_time", "event_id")),
+        TableLayout("protected_scores", "001_tables.sql", "event_date",
+                    ("event_date", "stream", "event_id")),
+        TableLayout("calibrator_state", "001_tables.sql", "date", ("date", "stream")),
+        TableLayout("pipeline_days", "001_tables.sql", "date", ("date",)),
+        TableLayout("calibration_daily", "001_tables.sql", "date", ("date", "stream")),
+        TableLayout("calibration_arrivals", "001_tables.sql", "date", ("date", "stream")),
+        TableLayout("martingale_alarms", "001_tables.sql", "date", ("date", "stream")),
+        TableLayout("calibration_map", "001_tables.sql", "date",
+                    ("date", "stream", "layer", "term")),
+        TableLayout("pipeline_inputs", "001_tables.sql", "date", ("date", "kind", "file")),
+        TableLayout("event_labels", "001_tables.sql", "date", ("date", "stream", "event_id")),
+        TableLayout("quarantined_labels", "001_tables.sql", "date",
+                    ("date", "file", "stream", "event_id")),
+    )
+}  # fmt: skip
+
+#: The DATE column that partitions each calpipe table (from :data:`LAYOUT`).
+PARTITION_COLUMN: dict[str, str] = {n: t.partition_column for n, t in LAYOUT.items()}
+
+#: Row order of each table (from :data:`LAYOUT`).
+SORT_KEYS: dict[str, tuple[str, ...]] = {n: t.sort_keys for n, t in LAYOUT.items()}
 
 
 def check_table(table: str) -> str:

@@ -47,7 +47,7 @@ def test_every_entry_has_its_ddl_layout_and_writer(tmp_path):
     try:
         for name, t in tables.TABLES.items():
             assert t.name == name
-            assert ddl_tables()[name] == t.ddl and t.ddl_path.is_file(), name
+            assert ddl_tables()[name] == t.layout.ddl and t.ddl_path.is_file(), name
             columns = storage.table_columns(con, [name])[name]
             assert t.partition_column in columns, name
             assert set(t.sort_keys) <= set(columns), name
@@ -80,6 +80,15 @@ def test_an_entry_for_a_table_the_store_does_not_know_is_refused():
         dataclasses.replace(t, name="calibration_weekly")
     with pytest.raises(ValueError, match="phase"):
         dataclasses.replace(t, phase="hourly")
+
+
+def test_a_layout_whose_rows_do_not_sort_by_its_partition_first_is_refused():
+    """read_partitions and the writer's sorted inserts order rows by SORT_KEYS; a partition
+    column that is not the first key would interleave partitions."""
+    layout = storage.LAYOUT["calibration_daily"]
+    with pytest.raises(ValueError, match="partition column first"):
+        dataclasses.replace(layout, sort_keys=("stream", "date"))
+    assert storage.PARTITION_COLUMN == {n: t.partition_column for n, t in storage.LAYOUT.items()}
 
 
 # ----------------------------------------------------------------------------------------------
