@@ -289,3 +289,53 @@ def test_every_package_is_in_the_wheel():
     )
     on_disk = {".".join(p.parent.relative_to(ROOT).parts) for p in PACKAGE.rglob("__init__.py")}
     assert not on_disk - listed, sorted(on_disk - listed)
+
+
+#: The walk of ``settings`` from ``calpipe run`` to the kernel, as docs/ARCHITECTURE.md §2 states
+#: it: each step is (module, function, the call it makes to the next step). Two chains: the
+#: run builds the calibrator once (cli -> nightly -> the chain -> the settings -> the registry),
+#: then each batch of a night hands that object down (nightly -> the chain -> the engine -> the
+#: calibrator -> its kernel). 13 steps in 8 files; within a chain every call goes to the same
+#: layer or a lower one.
+SETTINGS_WALK = (
+    (
+        ("calpipe.cli.pipeline", "_cmd_run", "pipeline.Settings.make("),
+        ("calpipe.cli.pipeline", "_run", "pipeline.run_range("),
+        ("calpipe.pipeline.nightly", "run_range", "Chain("),
+        ("calpipe.night.chain", "use_classes", "self.settings.calibrator("),
+        ("calpipe.night.settings", "_built", "make_calibrator("),
+        ("calpipe.calibrators.registry", "make_calibrator", "return"),
+    ),
+    (
+        ("calpipe.pipeline.nightly", "_run_part", "chain.protect("),
+        ("calpipe.night.chain", "protect", "protect_with_state("),
+        ("calpipe.engine.driver", "protect_with_state", "_protect_frame("),
+        ("calpipe.engine.driver", "_protect_frame", "_run("),
+        ("calpipe.engine.driver", "_run", "cal.run_batch("),
+        ("calpipe.calibrators.protected", "run_batch", "mixture.mixture_binary("),
+        ("calpipe.kernels.mixture", "mixture_binary", "_binary_lanes("),
+    ),
+)
+
+
+def _function_source(module: str, name: str) -> str:
+    """The source of the function (or method) ``name`` defined in ``module``'s file."""
+    text = _modules()[module].read_text()
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            return ast.get_source_segment(text, node)
+    raise AssertionError(f"{module} defines no function {name!r}")
+
+
+def test_the_walk_of_settings_goes_down_the_layers():
+    """Each step of the walk exists and makes the call the architecture document names, and
+    along each chain no call climbs a layer: ``calpipe run``'s settings reach the kernel
+    without coming back up."""
+    for chain in SETTINGS_WALK:
+        for module, name, call in chain:
+            assert call in _function_source(module, name), (module, name, call)
+        layers = [_layer(module) for module, _, _ in chain]
+        assert layers == sorted(layers, reverse=True), chain
+    steps = [step for chain in SETTINGS_WALK for step in chain]
+    assert len(steps) == 13 and len({m for m, _, _ in steps}) == 8
+    assert _layer(steps[0][0]) == 6 and _layer(steps[-1][0]) == 1
