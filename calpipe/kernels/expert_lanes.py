@@ -71,7 +71,7 @@ from calpipe.kernels.calfun import eval_binary_lanes
 from calpipe.kernels.decay_beta import fit_kernel
 from calpipe.kernels.decay_beta import sigmoid_kernel as db_sigmoid
 from calpipe.kernels.numeric import LANES, stack_empty, steps_to_first_end, take_stream
-from calpipe.kernels.online_scaling import project_kernel
+from calpipe.kernels.online_scaling import ons_step, project_kernel
 from calpipe.kernels.online_scaling import sigmoid_kernel as ons_sigmoid
 from calpipe.kernels.ops import OP_FORECAST, OP_UPDATE
 
@@ -163,33 +163,9 @@ def _ons_learn(st, s, c0, beta, f, lab, u0, u1, gamma, radius, proj):
     a02 = st[s, c0 + d + 2] if beta else 0.0
     a12 = st[s, c0 + d + d + 2] if beta else 0.0
     a22 = st[s, c0 + d + 2 * d + 2] if beta else 0.0
-    r = f - lab
-    g0 = r * u0
-    g1 = r * u1
-    a00 += g0 * g0
-    a01 += g0 * g1
-    a11 += g1 * g1
-    if beta:
-        g2 = r
-        a02 += g0 * g2
-        a12 += g1 * g2
-        a22 += g2 * g2
-        c00 = a11 * a22 - a12 * a12  # adjugate of the symmetric A
-        c01 = a02 * a12 - a01 * a22
-        c02 = a01 * a12 - a02 * a11
-        c11 = a00 * a22 - a02 * a02
-        c12 = a01 * a02 - a00 * a12
-        c22 = a00 * a11 - a01 * a01
-        det = a00 * c00 + a01 * c01 + a02 * c02
-        t0 -= (c00 * g0 + c01 * g1 + c02 * g2) / det / gamma
-        t1 -= (c01 * g0 + c11 * g1 + c12 * g2) / det / gamma
-        t2 -= (c02 * g0 + c12 * g1 + c22 * g2) / det / gamma
-        norm2 = t0 * t0 + t1 * t1 + t2 * t2
-    else:
-        det = a00 * a11 - a01 * a01
-        t0 -= (a11 * g0 - a01 * g1) / det / gamma
-        t1 -= (a00 * g1 - a01 * g0) / det / gamma
-        norm2 = t0 * t0 + t1 * t1
+    t0, t1, t2, a00, a01, a11, a02, a12, a22, norm2 = ons_step(
+        t0, t1, t2, a00, a01, a11, a02, a12, a22, f - lab, u0, u1, beta, gamma
+    )
     if norm2 > radius * radius:  # the generalised projection on the ball (rare)
         tv, av, shifted, rhs, lower, zz, out = proj
         tv[0], tv[1] = t0, t1

@@ -347,6 +347,44 @@ def _online_scaling(
     return p_out, theta_all, a_all, beat_all
 
 
+@njit(cache=True, inline="always")
+def ons_step(t0, t1, t2, a00, a01, a11, a02, a12, a22, r, u0, u1, beta, gamma):
+    """One online Newton step of a binary OPS / OBS (G&R Algorithm 1; Hazan 2016, Algorithm 12)
+    before its projection: with the gradient g = r (u0, u1[, 1]) of the log loss (r = f - y, the
+    features u of the score), A <- A + g g^T and theta <- theta - A^{-1} g / gamma, A^{-1} as the
+    adjugate of the symmetric A over its determinant. ``beta``: three parameters (OBS), else two
+    (``t2``, ``a02``, ``a12``, ``a22`` pass through). Returns the new theta, A and |theta|^2
+    (the caller projects on the ball when it exceeds radius^2). Inlined: the per-stream kernel
+    and the lanes kernel (``expert_lanes``) run these same operations, so their bits agree."""
+    g0 = r * u0
+    g1 = r * u1
+    a00 += g0 * g0
+    a01 += g0 * g1
+    a11 += g1 * g1
+    if beta:
+        g2 = r
+        a02 += g0 * g2
+        a12 += g1 * g2
+        a22 += g2 * g2
+        c00 = a11 * a22 - a12 * a12  # adjugate of the symmetric A
+        c01 = a02 * a12 - a01 * a22
+        c02 = a01 * a12 - a02 * a11
+        c11 = a00 * a22 - a02 * a02
+        c12 = a01 * a02 - a00 * a12
+        c22 = a00 * a11 - a01 * a01
+        det = a00 * c00 + a01 * c01 + a02 * c02
+        t0 -= (c00 * g0 + c01 * g1 + c02 * g2) / det / gamma
+        t1 -= (c01 * g0 + c11 * g1 + c12 * g2) / det / gamma
+        t2 -= (c02 * g0 + c12 * g1 + c22 * g2) / det / gamma
+        norm2 = t0 * t0 + t1 * t1 + t2 * t2
+    else:
+        det = a00 * a11 - a01 * a01
+        t0 -= (a11 * g0 - a01 * g1) / det / gamma
+        t1 -= (a00 * g1 - a01 * g0) / det / gamma
+        norm2 = t0 * t0 + t1 * t1
+    return t0, t1, t2, a00, a01, a11, a02, a12, a22, norm2
+
+
 @njit(cache=True)
 def _ons_binary(x, y, op_event, op_kind, op_offsets, theta0, a0, model, gamma, radius, clip):
     """:func:`_online_scaling` for binary Platt (d = 2) and beta (d = 3) scaling without
@@ -391,33 +429,9 @@ def _ons_binary(x, y, op_event, op_kind, op_offsets, theta0, a0, model, gamma, r
                 p_out[e] = f
             if kind == OP_FORECAST:
                 continue
-            r = f - y[e]
-            g0 = r * u0
-            g1 = r * u1
-            a00 += g0 * g0
-            a01 += g0 * g1
-            a11 += g1 * g1
-            if beta:
-                g2 = r
-                a02 += g0 * g2
-                a12 += g1 * g2
-                a22 += g2 * g2
-                c00 = a11 * a22 - a12 * a12  # adjugate of the symmetric A
-                c01 = a02 * a12 - a01 * a22
-                c02 = a01 * a12 - a02 * a11
-                c11 = a00 * a22 - a02 * a02
-                c12 = a01 * a02 - a00 * a12
-                c22 = a00 * a11 - a01 * a01
-                det = a00 * c00 + a01 * c01 + a02 * c02
-                t0 -= (c00 * g0 + c01 * g1 + c02 * g2) / det / gamma
-                t1 -= (c01 * g0 + c11 * g1 + c12 * g2) / det / gamma
-                t2 -= (c02 * g0 + c12 * g1 + c22 * g2) / det / gamma
-                norm2 = t0 * t0 + t1 * t1 + t2 * t2
-            else:
-                det = a00 * a11 - a01 * a01
-                t0 -= (a11 * g0 - a01 * g1) / det / gamma
-                t1 -= (a00 * g1 - a01 * g0) / det / gamma
-                norm2 = t0 * t0 + t1 * t1
+            t0, t1, t2, a00, a01, a11, a02, a12, a22, norm2 = ons_step(
+                t0, t1, t2, a00, a01, a11, a02, a12, a22, f - y[e], u0, u1, beta, gamma
+            )
             if norm2 > radius * radius:  # the generalised projection on the ball
                 th[0], th[1] = t0, t1
                 a[0, 0], a[0, 1], a[1, 0], a[1, 1] = a00, a01, a01, a11
