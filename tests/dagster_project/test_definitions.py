@@ -168,3 +168,14 @@ def test_every_definition_is_a_module_level_name_of_the_defs_folder(load_locatio
         "assets.night.night", "schedules.nightly",
         "schedules.nightly_schedule", "sensors.landing_sensor", "sensors.range_metadata_sensor",
     )}  # fmt: skip
+
+
+def test_every_data_check_of_the_run_has_its_asset_check_spec():
+    """The night asset reports run_range's checks by name: each needs a spec (dagster refuses a
+    result without one), and a check without a spec is an error naming it."""
+    from calpipe.dagster_project.defs.checks import check_asset
+
+    assert check_asset("state_continuity") == "calibrator_state"
+    assert check_asset("no_martingale_alarm") == "martingale_alarms"
+    with pytest.raises(KeyError, match="'calibration_weekly' has no AssetCheckSpec"):
+        check_asset("calibration_weekly")

@@ -257,3 +257,16 @@ def test_grouped_smooth_ece_equals_each_group_alone():
     for g in range(4):
         assert got[g] == _one(f[ids == g], y[ids == g])
     assert math.isnan(got[4])
+
+
+@pytest.mark.parametrize(
+    ("f", "y", "sigma", "match"),
+    [
+        ([0.2, 1.3], [0.0, 1.0], 0.1, r"f must lie in \[0, 1\]"),
+        ([0.2, 0.3], [0.0], 0.1, "1-d of one length"),
+        ([0.2, 0.3], [0.0, 1.0], 0.0, "sigma must be > 0"),
+    ],
+)
+def test_smooth_ece_at_refuses_bad_input_by_name(f, y, sigma, match):
+    with pytest.raises(ValueError, match=match):
+        smooth_ece_at(np.array(f), np.array(y), sigma)
