@@ -18,6 +18,10 @@ table                   rows
 ``quarantined_labels``  :func:`calpipe.night.arrivals.quarantine_rows`
 ======================  ====================================================
 
+The night function every runner calls, a part of whole streams in phases (the local run's
+night or part, a Spark bucket), is :func:`calpipe.night.phases.night_part`, then
+:func:`calpipe.night.phases.night_day`.
+
 (``calibration_map``'s rows are :func:`calpipe.pipeline.mapping.map_rows`, and
 ``pipeline_inputs``' :func:`calpipe.pipeline.inputs.day_inputs`: both move here with the
 night's redesign, issue #32.)

@@ -19,9 +19,9 @@ import polars as pl
 
 from calpipe import storage
 from calpipe.engine.driver import protect_by_day
-from calpipe.errors import CalpipeError, InputError, StateError
+from calpipe.errors import CalpipeError, StateError
 from calpipe.night.arrivals import Arrivals
-from calpipe.night.chain import Chain, changed_streams, check_outputs, state_digests, state_rows
+from calpipe.night.chain import Chain, check_outputs, state_digests
 from calpipe.night.classes import frame_n_classes, score_column
 from calpipe.night.events import (
     REPLAY_ORDER,
@@ -29,9 +29,8 @@ from calpipe.night.events import (
     check_stream_names,
     event_schema,
     protect_columns,
-    source_error,
 )
-from calpipe.night.monitoring import labelled_rows, night_arrival_rows
+from calpipe.night.phases import Span, Transaction, night_day, night_part
 from calpipe.night.settings import Settings, as_date
 from calpipe.pipeline import transactions
 from calpipe.pipeline.chain import chain_first_day, state_before, state_hash_before
@@ -47,14 +46,7 @@ from calpipe.pipeline.events import check_history_duplicates, read_source
 from calpipe.pipeline.ids import ensure_id_type
 from calpipe.pipeline.inputs import LABELS, SCORES, ReplayRequired, replay_start, run_inputs
 from calpipe.pipeline.labels import night_arrivals
-from calpipe.pipeline.tables import (
-    TABLES,
-    FusedBatch,
-    FusedDay,
-    FusedDays,
-    FusedSpan,
-    write_fused,
-)
+from calpipe.pipeline.tables import TABLES, write_fused
 from calpipe.storage import EventSource
 from calpipe.storage.landing import stream_part
 
@@ -223,26 +215,6 @@ def check_part(streams: pl.Series, part: tuple[int, int] | None, what: str) -> N
         )
 
 
-def _stream_bucket(streams: pl.Series, k: int) -> np.ndarray:
-    """Bucket 0..k-1 (k <= 256) of each stream name: a fixed hash, so a stream always lands in
-    one bucket; uint8, so that numpy's stable argsort of the buckets is a radix sort."""
-    return (streams.hash(seed=0) % k).cast(pl.UInt8).to_numpy()
-
-
-def _stream_batches(events: pl.DataFrame) -> tuple[int, list[np.ndarray] | None]:
-    """Split a day's events into k batches of whole streams of about
-    :data:`PROTECT_BATCH_ROWS` events: (k, each batch's row indices in the
-    day's order), or (1, None) for a day that fits in one batch. Streams are independent, so
-    running the batches one after the other gives each stream exactly its one-pass rows."""
-    k = min(-(-events.height // PROTECT_BATCH_ROWS), 256)
-    if k <= 1:
-        return 1, None
-    bucket = _stream_bucket(events["stream"], k)
-    order = np.argsort(bucket, kind="stable")  # keeps each stream's rows in the day's order
-    bounds = np.searchsorted(bucket[order], np.arange(k + 1))
-    return k, [order[bounds[i] : bounds[i + 1]] for i in range(k)]
-
-
 @dataclass
 class _DayEvents:
     """A day's events as :func:`_read_day` read them and its labels as
@@ -274,115 +246,31 @@ def _run_day(
     """Day ``d`` of :func:`run_range` in its ``n_parts`` parts of whole streams
     (:func:`parts_of_night`; one for all but the biggest nights), each a :class:`_DayEvents` of
     the part's events and checked labels, read from the source as the iterator ``parts`` is
-    advanced (:func:`_run_part` runs each and frees it); then the day's tables (phase
-    ``day``: the ``calibrator_state`` rows of the streams that changed, the ``pipeline_days``
-    row, the forecasts the night's labels judge). Streams are independent, so each part runs
-    its streams from their state of the day before, and the day writes each stream's rows
-    of one pass. Returns the day's ``calibrator_state`` rows."""
+    advanced: each runs through the night function (:func:`calpipe.night.phases.night_part`),
+    whose phases' rows are written as they come (the part's events are freed with it); then
+    the day's tables (phase ``day``, :func:`calpipe.night.phases.night_day`: the
+    ``calibrator_state`` rows of the streams that changed, the ``pipeline_days`` row, the
+    forecasts the night's labels judge). Streams are independent, so each part runs its
+    streams from their state of the day before, and the day writes each stream's rows of one
+    pass. Returns the day's ``calibrator_state`` rows."""
     before = chain.state
     split = n_parts > 1 and before is not None
     part_of = stream_part(before["stream"], n_parts) if split else None
     done = []
     for i, part in enumerate(parts):
         state = before.filter(pl.Series(part_of == i)) if split else before
-        done.append(_run_part(writer, source, chain, d, part, state))
-    chain.state = _concat_parts([p.state for p in done], "stream")
-    rows = _concat_parts([p.rows for p in done], "stream")
-    row = chain.day_row(
-        d, sum(p.n_events for p in done), sum(p.n_active for p in done), rows,
-        sum(p.n_labels for p in done),
-    )  # fmt: skip
-    arrived = _concat_parts([p.arrival_rows for p in done], ["date", "stream"])
-    day = FusedDay(d, rows, row, inputs, arrived)
+        events, arrivals = part.take()
+        night = night_part(chain, d, events, state, arrivals, source.describe(), PROTECT_BATCH_ROWS)
+        del events, arrivals  # held by the night function alone: it frees them when done
+        for phase, context in night:
+            if phase == "part":
+                done.append(context)
+            else:
+                write_fused(writer, phase, context)
+            del context  # a batch is freed before the next one runs
+    day = night_day(chain, d, done, inputs)
     write_fused(writer, "day", day)
     return day.state
-
-
-def _concat_parts(frames: list[pl.DataFrame], keys: str | list[str]) -> pl.DataFrame:
-    """The rows of a night's parts (each sorted by ``keys``, which are unique: each stream is in
-    one part) as one part would have them: sorted by ``keys``. An empty part may lack columns
-    (a night without arrivals), so the empty ones are left out."""
-    full = [f for f in frames if f.height] or frames[:1]
-    return full[0] if len(full) == 1 else pl.concat(full).sort(keys)
-
-
-@dataclass
-class _PartDone:
-    """What a part of a night (:func:`_run_part`) leaves for the day: its streams' state at the
-    end of the day, its ``calibrator_state`` rows (streams that changed), its
-    ``calibration_arrivals`` rows and its counts."""
-
-    state: pl.DataFrame
-    rows: pl.DataFrame
-    arrival_rows: pl.DataFrame
-    n_events: int
-    n_active: int
-    n_labels: int
-
-
-def _run_part(
-    writer: storage.PartitionWriter,
-    source: EventSource,
-    chain: Chain,
-    d: dt.date,
-    part: _DayEvents,
-    before: pl.DataFrame | None,
-) -> _PartDone:
-    """A part of whole streams of day ``d`` (the whole day but on the biggest nights): its
-    events and checked labels, taken from ``part`` (the events are freed after the part's last
-    batch), and its streams' state of the day before ``before``. The labels first
-    (phase ``night``: a night of at least :data:`calpipe.storage.writer.WRITE_FLUSH_ROWS` labels is
-    sent to DuckDB at once, which writes it while the engine runs), then one batch of streams at
-    a time (:func:`_stream_batches`), write its events, run the engine (which validates the
-    data contract), and write the rows of every registered table of the batch from memory
-    (:data:`calpipe.pipeline.tables.TABLES`)."""
-    # stored types already (the usual case): DuckDB writes a batch's events while the engine
-    # validates and protects them (an invalid day rolls the transaction back); other types are
-    # cast once validated, so that a bad type gets the contract's message. The events are
-    # stored batch after batch: grouped by stream, which DuckDB writes and checkpoints faster
-    # than streams interleaved in time (each stream keeps its rows in the source's order)
-    chunk, arrivals = part.take()
-    arrivals = arrivals or Arrivals.empty(d)
-    check_stream_names(chunk, source.describe())
-    stored = event_schema(chain.n_classes != 2)
-    early = dict(chunk.schema) == {**stored, "event_id": chunk.schema["event_id"]} and (
-        chunk.schema["event_id"] in (pl.Int64, pl.String)
-    )
-    protect_input = protect_columns(chain.n_classes)
-    write_fused(writer, "night", arrivals)  # DuckDB writes the labels while the engine runs
-    k, batches = _stream_batches(chunk)
-    late = arrivals.late
-    parts, labelled, streams, n_active = [], [], [], 0
-    late_bucket = None if k == 1 or not late.height else _stream_bucket(late["stream"], k)
-    for i in range(k):
-        events = chunk if batches is None else chunk[batches[i]]
-        state, late_i = before, late
-        if k > 1 and before is not None:
-            state = before.filter(pl.Series(_stream_bucket(before["stream"], k) == i))
-            if late_bucket is not None:
-                late_i = late.filter(pl.Series(late_bucket == i))
-        batch = FusedBatch(d, chain.cal, events, state)
-        if early:
-            write_fused(writer, "events", batch)
-        try:
-            batch.result = chain.protect(events.select(protect_input), state, arrivals, late_i)
-        except InputError as exc:
-            raise source_error(exc, source.describe(), events) from None
-        check_outputs(batch.result.scores, d)  # before the day's transaction commits
-        if not early:
-            write_fused(writer, "events", batch)
-        write_fused(writer, "batch", batch)
-        parts.append(batch.result.state)
-        labelled.append(labelled_rows(batch.protected))
-        streams.append(batch.protected["stream"].gather(batch.groups[1]))  # the batch's streams
-        n_active += batch.groups[1].shape[0]
-        del events, batch  # free the batch before the next one
-    n_events = chunk.height
-    del chunk, batches  # (taken from the part: the part's events are freed)
-    state = parts[0] if k == 1 else pl.concat(parts).sort("stream")
-    rows = state_rows(state, d, changed_streams(pl.concat(streams), arrivals))
-    arrival_rows = night_arrival_rows(pl.concat(labelled), arrivals, rows)
-    return _PartDone(state, rows, arrival_rows, n_events, n_active, arrivals.rows.height)
 
 
 def _span_events(
@@ -419,7 +307,7 @@ def _span_events(
 def _run_span(
     writer: storage.PartitionWriter, con, source: EventSource, settings: Settings, chain: Chain,
     d: dt.date, e: dt.date, first: pl.DataFrame, last: dt.date, inputs: pl.DataFrame,
-) -> tuple[FusedDays, list[tuple[dt.date, int]]] | None:  # fmt: skip
+) -> tuple[Span, list[tuple[dt.date, int]]] | None:  # fmt: skip
     """The days [d, e] of :func:`run_range` as one span: one read of their events, one
     validation, one engine pass (:func:`calpipe.engine.driver.protect_by_day`, a kernel call per
     day), and each table's rows of all the days at once (the registry's span writers), equal
@@ -461,7 +349,7 @@ def _run_span(
         )
         per_day.append((day, n_events))
     before, chain.state = chain.state, result.state
-    span = FusedDays(d, e, chain.cal, chunk, result, before, day_rows, inputs)
+    span = Span(d, e, chain.cal, chunk, result, before, day_rows, inputs)
     write_fused(writer, "span", span)
     return span, per_day
 
@@ -618,7 +506,7 @@ def run_range(
         return True
 
     def finish(writer: storage.PartitionWriter, d0: dt.date, d1: dt.date) -> None:
-        write_fused(writer, "transaction", FusedSpan(settings, pl.concat(states)))
+        write_fused(writer, "transaction", Transaction(settings, pl.concat(states)))
         states.clear()
 
     # every registered table, each written by its writer: none is replaced without rows

@@ -10,10 +10,10 @@ store or of the DDL has no entry.
 
 Each table's rows come from one function of :mod:`calpipe.night` (third column), called on
 what the run holds in memory at the table's phase (the night's
-:class:`~calpipe.night.arrivals.Arrivals`, :class:`FusedBatch`, :class:`FusedDay`,
-:class:`FusedSpan`). A transaction of small days may run as one span
+:class:`~calpipe.night.arrivals.Arrivals`, :class:`Batch`, :class:`Day`,
+:class:`Transaction`). A transaction of small days may run as one span
 (:func:`calpipe.engine.driver.protect_by_day`): then each table's ``span`` writer calls the same
-function on the rows of all its days at once, a :class:`FusedDays` (tested equal to the days
+function on the rows of all its days at once, a :class:`Span` (tested equal to the days
 one by one).
 
 ======================  ===========================  =============
@@ -35,135 +35,41 @@ table                   rows                         phase
 
 from __future__ import annotations
 
-import datetime as dt
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import polars as pl
 
 from calpipe import paths, storage
-from calpipe.calibrators import Calibrator
-from calpipe.engine import ProtectResult
-from calpipe.engine.driver import DaysResult
 from calpipe.night.alarms import first_crossings
 from calpipe.night.arrivals import Arrivals, label_rows, quarantine_rows
-from calpipe.night.chain import protected_rows
 from calpipe.night.events import stored_events
-from calpipe.night.monitoring import arrival_metrics, arrived_in_rows, daily_rows, stream_groups
-from calpipe.night.settings import Settings
+from calpipe.night.monitoring import arrival_metrics, arrived_in_rows, daily_rows
+from calpipe.night.phases import PHASES, Batch, Day, Span, Transaction
 from calpipe.pipeline.inputs import day_inputs
 from calpipe.pipeline.mapping import map_rows
 
-#: When the nightly run calls a table.s writer, and with what: ``night`` with the night's
-#: checked :class:`~calpipe.pipeline.labels.Arrivals` when the day starts (so that DuckDB
-#: writes a night's labels while the engine runs, when there are at least
-#: :data:`calpipe.storage.writer.WRITE_FLUSH_ROWS` of them: 10M labels were a 2.3 s INSERT after the
-#: day's last batch), ``events`` with a
-#: :class:`FusedBatch` as read (before the engine runs, so that DuckDB writes the events while
-#: the engine protects them), ``batch`` with a :class:`FusedBatch` after the engine ran,
-#: ``day`` with a :class:`FusedDay` once every batch of the day ran, ``transaction`` with a
-#: :class:`FusedSpan` at the end of each transaction's days. A transaction run as one span
-#: calls the ``span`` writer of every table of every phase but ``transaction`` with a
-#: :class:`FusedDays` instead.
-PHASES = ("night", "events", "batch", "day", "transaction")
 
-
-@dataclass
-class FusedBatch:
-    """A batch of whole streams of one day in the nightly run, as its writers see it.
-
-    ``events``: the batch's events as read from the source (the data contract's names and
-    ``event_date``); ``before``: the state of day - 1 of the batch's streams (None on the chain's
-    first day); ``result``: the engine's output (None until it ran). The protected rows and the
-    stream ids are computed once per batch, on first use."""
-
-    day: dt.date
-    cal: Calibrator
-    events: pl.DataFrame
-    before: pl.DataFrame | None
-    result: ProtectResult | None = None
-
-    @cached_property
-    def protected(self) -> pl.DataFrame:
-        """The batch's ``protected_scores`` rows (the monitoring reads them too)."""
-        return protected_rows(self.cal, self.result.scores, self.day)
-
-    @cached_property
-    def groups(self) -> tuple[np.ndarray, np.ndarray]:
-        """Stream ids of the engine's output rows (= of :attr:`protected`'s, same order)."""
-        return stream_groups(self.protected, ["stream"])
-
-
-@dataclass
-class FusedDay:
-    """A day of the nightly run after all its batches: its ``calibrator_state`` rows (the state of
-    the streams that changed, keyed by the day), its ``pipeline_days`` row, the run's
-    ``pipeline_inputs`` rows (this day's are written) and the forecasts whose labels arrived
-    that night, as ``calibration_arrivals`` rows (the labels themselves were written when the
-    night started: phase ``night``)."""
-
-    day: dt.date
-    state: pl.DataFrame
-    day_row: dict[str, Any]
-    inputs: pl.DataFrame
-    #: the ``calibration_arrivals`` rows of the forecasts whose labels the night learnt, computed
-    #: part by part of the night's streams (:func:`~calpipe.night.monitoring.
-    #: night_arrival_rows`: the forecasts of a part are freed with it)
-    arrival_rows: pl.DataFrame
-
-
-@dataclass
-class FusedSpan:
-    """The days of one transaction of the nightly run: their ``calibrator_state`` rows."""
-
-    settings: Settings
-    states: pl.DataFrame
-
-
-@dataclass
-class FusedDays:
-    """The days [start, end] of one transaction run as one span: the events as read (with
-    ``event_date``), the engine's output (:class:`calpipe.engine.driver.DaysResult`: the rows, the
-    end-of-day state rows), the state before the span (None on the chain's first day), the
-    ``pipeline_days`` row of each day, and the run's ``pipeline_inputs`` rows."""
-
-    start: dt.date
-    end: dt.date
-    cal: Calibrator
-    events: pl.DataFrame
-    result: DaysResult
-    before: pl.DataFrame | None
-    day_rows: list[dict[str, Any]]
-    inputs: pl.DataFrame
-
-    @cached_property
-    def protected(self) -> pl.DataFrame:
-        """The span's ``protected_scores`` rows (the monitoring reads them too)."""
-        return protected_rows(self.cal, self.result.scores, None)
-
-
-def _fused_events(b: FusedBatch) -> pl.DataFrame:
+def _fused_events(b: Batch) -> pl.DataFrame:
     return stored_events(b.events)
 
 
-def _fused_protected(b: FusedBatch) -> pl.DataFrame:
+def _fused_protected(b: Batch) -> pl.DataFrame:
     return b.protected
 
 
-def _fused_state(d: FusedDay) -> pl.DataFrame:
+def _fused_state(d: Day) -> pl.DataFrame:
     return d.state
 
 
-def _fused_day_row(d: FusedDay) -> pl.DataFrame:
+def _fused_day_row(d: Day) -> pl.DataFrame:
     return pl.DataFrame([d.day_row])
 
 
-def _fused_inputs(d: FusedDay) -> pl.DataFrame:
+def _fused_inputs(d: Day) -> pl.DataFrame:
     return day_inputs(d.inputs, d.day)
 
 
@@ -175,56 +81,56 @@ def _fused_quarantine(a: Arrivals) -> pl.DataFrame:
     return quarantine_rows(a)
 
 
-def _fused_daily(b: FusedBatch) -> pl.DataFrame:
+def _fused_daily(b: Batch) -> pl.DataFrame:
     return daily_rows(b.protected, b.result.state, b.day, b.groups)
 
 
-def _fused_alarms(b: FusedBatch) -> pl.DataFrame:
+def _fused_alarms(b: Batch) -> pl.DataFrame:
     return first_crossings(b.result.scores, b.before, b.day, b.groups)
 
 
-def _fused_map(s: FusedSpan) -> pl.DataFrame:
+def _fused_map(s: Transaction) -> pl.DataFrame:
     return map_rows(s.states, s.settings)
 
 
-def _fused_arrivals(d: FusedDay) -> pl.DataFrame:
+def _fused_arrivals(d: Day) -> pl.DataFrame:
     return d.arrival_rows
 
 
-def _span_events(s: FusedDays) -> pl.DataFrame:
+def _span_events(s: Span) -> pl.DataFrame:
     return stored_events(s.events)
 
 
-def _span_protected(s: FusedDays) -> pl.DataFrame:
+def _span_protected(s: Span) -> pl.DataFrame:
     return s.protected
 
 
-def _span_state(s: FusedDays) -> pl.DataFrame:
+def _span_state(s: Span) -> pl.DataFrame:
     return s.result.states
 
 
-def _span_day_rows(s: FusedDays) -> pl.DataFrame:
+def _span_day_rows(s: Span) -> pl.DataFrame:
     return pl.DataFrame(s.day_rows)
 
 
-def _span_inputs(s: FusedDays) -> pl.DataFrame:
+def _span_inputs(s: Span) -> pl.DataFrame:
     return day_inputs(s.inputs, s.start, s.end)
 
 
-def _span_no_labels(s: FusedDays) -> pl.DataFrame:
+def _span_no_labels(s: Span) -> pl.DataFrame:
     """A span runs without a label feed: no ``event_labels`` nor ``quarantined_labels`` rows."""
     return pl.DataFrame()
 
 
-def _span_daily(s: FusedDays) -> pl.DataFrame:
+def _span_daily(s: Span) -> pl.DataFrame:
     return daily_rows(s.protected, s.result.states, None)
 
 
-def _span_alarms(s: FusedDays) -> pl.DataFrame:
+def _span_alarms(s: Span) -> pl.DataFrame:
     return first_crossings(s.result.scores, s.before, None)
 
 
-def _span_arrivals(s: FusedDays) -> pl.DataFrame:
+def _span_arrivals(s: Span) -> pl.DataFrame:
     return arrival_metrics(arrived_in_rows(s.protected), s.result.states)
 
 
@@ -236,13 +142,13 @@ class OutputTable:
     ``sort``: whether the nightly run inserts its rows in the table's sort keys' order (False for
     the event-sized tables, whose rows come in a deterministic order that a sort of millions of
     rows would only slow down); ``span``: its rows of a transaction run as one span, from a
-    :class:`FusedDays` (every table but those of phase ``transaction``, which are written at the
+    :class:`Span` (every table but those of phase ``transaction``, which are written at the
     end of the transaction either way)."""
 
     name: str
     fused: Callable[[Any], pl.DataFrame]
     phase: str
-    span: Callable[[FusedDays], pl.DataFrame] | None = None
+    span: Callable[[Span], pl.DataFrame] | None = None
     sort: bool = True
 
     def __post_init__(self) -> None:
@@ -311,14 +217,22 @@ TABLES: dict[str, OutputTable] = {
 }  # fmt: skip
 
 
-def write_fused(writer: storage.PartitionWriter, phase: str, context: Any) -> None:
-    """Insert the rows of every registered table of ``phase`` computed from ``context``
-    (``phase="span"``: of every table with a span writer, from a :class:`FusedDays`)."""
+def phase_rows(phase: str, context: Any) -> Iterator[tuple[OutputTable, pl.DataFrame]]:
+    """Each registered table of ``phase`` (:data:`~calpipe.night.phases.PHASES`) with its rows
+    computed from ``context`` (``phase="span"``: every table with a span writer, from a
+    :class:`~calpipe.night.phases.Span`), in the registry's order."""
     for t in TABLES.values():
         if phase == "span" and t.span is not None:
-            writer.insert(t.name, t.span(context), sort=t.sort)
+            yield t, t.span(context)
         elif t.phase == phase:
-            writer.insert(t.name, t.fused(context), sort=t.sort)
+            yield t, t.fused(context)
+
+
+def write_fused(writer: storage.PartitionWriter, phase: str, context: Any) -> None:
+    """Insert the rows of every registered table of ``phase`` computed from ``context``
+    (:func:`phase_rows`)."""
+    for t, rows in phase_rows(phase, context):
+        writer.insert(t.name, rows, sort=t.sort)
 
 
 @functools.cache
