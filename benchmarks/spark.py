@@ -4,8 +4,8 @@ One night of ``--events`` events over ``--streams`` streams (composite-jumper, t
 benchmarks' method) in a landing folder, run side by side in one process:
 
 - ``calpipe run`` (single process, DuckDB tables) on the landing folder;
-- ``calpipe.spark.run_days`` end to end (read Parquet, cogroup, write scores/state/daily
-  Parquet) on Spark local[2] with both cores, and local[1] pinned to one core (its JVM and its
+- ``calpipe.spark_run.run_days`` end to end (read Parquet, cogroup through the night
+  function, write every table of ``calpipe run`` as Parquet) on Spark local[2] with both cores, and local[1] pinned to one core (its JVM and its
   Python worker share that core, as on an executor core of a cluster) and unpinned, each in a
   fresh process (session start-up and the numba warm-up of the Python workers excluded: a
   warm-up night runs first);
@@ -66,7 +66,10 @@ def _spark_night(session, landing: Path, out: Path, *, passthrough: bool = False
         res = same.applyInArrow(lambda left, right: left, keyed.schema)
         res.drop("__b").write.mode("overwrite").parquet(str(out / "passthrough"))
     else:
-        cs.run_days(session, read, str(out), DAY, DAY, method=METHOD)
+        from calpipe import spark_run
+        from calpipe.night import Settings
+
+        spark_run.run_days(session, read, str(out), DAY, DAY, settings=Settings.make(METHOD))
     return time.perf_counter() - t
 
 

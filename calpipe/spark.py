@@ -1,4 +1,9 @@
-"""Scale-out on Spark: the nightly step as a Spark DataFrame transformation (extra ``calpipe[spark]``).
+"""Scale-out on Spark: protection as a Spark DataFrame transformation (extra ``calpipe[spark]``).
+
+This module holds the Spark primitives: the session, the cogroup over stream buckets, the
+Arrow IPC slices a bucket's rows leave in, and :func:`protect_day` (a night's events protected
+on Spark). The nightly run on Spark, every table of ``calpipe run`` through the night function,
+is :mod:`calpipe.spark_run` (``calpipe spark-run``), built on them.
 
 calpipe's recursion is sequential within a stream and independent across streams, and its state
 is one row per stream, so a night maps onto Spark's cogrouped Arrow UDFs: the day's events and
@@ -9,9 +14,9 @@ fixed overhead each: 5-7x slower). Every stream lives in one bucket, so each str
 exactly those of one process: the Spark chain equals :func:`calpipe.protect` bit for bit.
 
 A bucket is one task: the cogroup repartitions to exactly ``n_buckets`` partitions, bucket i in
-partition i (:func:`_bucket_column`). The cogroup's output holds the scores rows and, per bucket,
+partition i (:func:`bucket_column`). The cogroup's output holds the scores rows and, per bucket,
 the state rows and the day's per-stream metrics as Arrow IPC slices (narrow rows: the output is
-persisted once and written three times); :func:`_unpack` turns the slices back into rows.
+persisted once and written three times); :func:`unpack_rows` turns the slices back into rows.
 
 The knob that matters is the bucket count (``n_buckets``): a cogroup group is loaded whole into a
 Python worker (the bucket's events as Arrow, then as polars, plus the engine's working set,
@@ -28,14 +33,12 @@ UTC, as calpipe stores them); :func:`session` does both.
 
 from __future__ import annotations
 
-import datetime as dt
 import functools
 import os
 import re
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import polars as pl
@@ -43,7 +46,7 @@ import pyarrow as pa
 
 from calpipe import config
 from calpipe.engine import protect_with_state
-from calpipe.errors import CalpipeError, InputError, ParameterError
+from calpipe.errors import CalpipeError, ParameterError
 
 #: calpipe.spark: buckets (cogroup groups, one engine call each) per core of the Spark session,
 #: so that buckets of unequal size still keep every core busy to the end of the stage.
@@ -64,19 +67,22 @@ SPARK_LOCAL_DRIVER_MEMORY: str = "4g"
 SPARK_ROWS_PER_BLOB: int = 10_000
 
 #: Column of the bucket of a row's stream keys (dropped from every output).
-_BUCKET = "__calpipe_bucket"
-#: Which output a row of the cogroup's combined result is: :data:`_SCORES` (one row per event),
-#: :data:`_STATES` or :data:`_DAILY` (one row per slice of a bucket's state or metrics rows).
-_KIND = "__calpipe_kind"
+BUCKET = "__calpipe_bucket"
+#: Which output a row of the cogroup's combined result is: in :func:`protect_day`'s,
+#: :data:`_SCORES` (one row per event), :data:`_STATES` or :data:`_DAILY` (one row per slice of
+#: a bucket's state or metrics rows); in :mod:`calpipe.spark_run`'s, the table of the slice.
+KIND = "__calpipe_kind"
 _SCORES, _STATES, _DAILY = 0, 1, 2
 #: The combined result's column holding a slice of state or metrics rows as an Arrow IPC stream.
 #: Why not the state's own columns: the combined rows are persisted (computed once, written three
 #: times), and a dozen always-null state columns on every event's row made the persist and the
 #: Arrow -> JVM row conversion cost more than the engine itself (1M events: 2.8 s against 1.4 s).
-_BLOB = "__calpipe_blob"
+BLOB = "__calpipe_blob"
 
 
-def _pyspark():
+def spark_modules():
+    """pyspark's ``functions`` and ``types`` modules, imported on first use (CalpipeError naming
+    the extra to install without pyspark)."""
     try:
         import pyspark  # noqa: F401
         from pyspark.sql import functions as F
@@ -137,7 +143,7 @@ def executor_env() -> dict[str, str]:
 # ----------------------------------------------------------------------------------------------
 def _spark_type(dtype: pl.DataType):
     """The Spark type of a polars column type of calpipe's outputs and state."""
-    _, T = _pyspark()
+    _, T = spark_modules()
     if isinstance(dtype, pl.List | pl.Array):
         return T.ArrayType(_spark_type(dtype.inner), containsNull=True)
     simple = {
@@ -154,8 +160,10 @@ def _spark_type(dtype: pl.DataType):
     raise ParameterError(f"calpipe.spark: no Spark type for the column type {dtype}")
 
 
-def _struct(schema: pl.Schema, prefix: str = ""):
-    _, T = _pyspark()
+def spark_fields(schema: pl.Schema, prefix: str = ""):
+    """The Spark ``StructField`` of each column of a polars ``schema`` (nullable), named with
+    ``prefix``."""
+    _, T = spark_modules()
     return [T.StructField(prefix + n, _spark_type(t), nullable=True) for n, t in schema.items()]
 
 
@@ -174,9 +182,9 @@ def _polars_schema(spark_schema) -> pl.Schema:
 class _Bucket:
     """What runs in a Python worker for one bucket: one :func:`calpipe.protect_with_state` call
     over the bucket's events from the bucket's state, returning one Arrow table of the scores
-    rows (``_KIND`` = :data:`_SCORES`) followed by the state rows and, if ``metrics`` is set, the
-    per-stream metrics of the day (:class:`_Metrics`), both as Arrow IPC slices in :data:`_BLOB`
-    (:func:`_unpack` turns them back into rows)."""
+    rows (``KIND`` = :data:`_SCORES`) followed by the state rows and, if ``metrics`` is set, the
+    per-stream metrics of the day (:class:`_Metrics`), both as Arrow IPC slices in :data:`BLOB`
+    (:func:`unpack_rows` turns them back into rows)."""
 
     kwargs: dict[str, Any]
     score_schema: pl.Schema
@@ -186,23 +194,23 @@ class _Bucket:
 
     def __call__(self, events: pa.Table, state: pa.Table) -> pa.Table:
         ev = pl.from_arrow(events)
-        if _BUCKET in ev.columns:
-            ev = ev.drop(_BUCKET)
+        if BUCKET in ev.columns:
+            ev = ev.drop(BUCKET)
         if ev.height == 0:  # a bucket of idle streams: the cogroup's empty side has no columns
             ev = pl.DataFrame(schema={c: self.score_schema[c] for c in self._input_columns()})
         st = None
         if state.num_rows:
-            st = pl.from_arrow(state).drop(_BUCKET).cast(dict(self.state_schema))
+            st = pl.from_arrow(state).drop(BUCKET).cast(dict(self.state_schema))
         r = protect_with_state(ev, state=st, **self.kwargs)
         scores = r.scores.cast(dict(self.score_schema)).with_columns(
-            pl.lit(_SCORES, pl.Int8).alias(_KIND), pl.lit(None, pl.Binary).alias(_BLOB)
+            pl.lit(_SCORES, pl.Int8).alias(KIND), pl.lit(None, pl.Binary).alias(BLOB)
         )
-        packed = _pack(_STATES, r.state.cast(dict(self.state_schema)))
+        packed = pack_rows(_STATES, r.state.cast(dict(self.state_schema)))
         if self.metrics is not None and r.scores.height:
-            packed += _pack(_DAILY, self.metrics.rows(r.scores))
+            packed += pack_rows(_DAILY, self.metrics.rows(r.scores))
         blobs = pl.DataFrame(
-            {_KIND: [k for k, _ in packed], _BLOB: [b for _, b in packed]},
-            schema={_KIND: pl.Int8, _BLOB: pl.Binary},
+            {KIND: [k for k, _ in packed], BLOB: [b for _, b in packed]},
+            schema={KIND: pl.Int8, BLOB: pl.Binary},
         )
         both = pl.concat([scores, blobs], how="diagonal")
         return both.select(self.out_schema.names).to_arrow().cast(self.out_schema)
@@ -211,7 +219,7 @@ class _Bucket:
         return [c for c in self.score_schema if c not in _OUTPUT_COLUMNS]
 
 
-def _pack(kind: int, rows: pl.DataFrame) -> list[tuple[int, bytes]]:
+def pack_rows(kind: int, rows: pl.DataFrame) -> list[tuple[int, bytes]]:
     """``rows`` as Arrow IPC streams of at most :data:`calpipe.SPARK_ROWS_PER_BLOB` rows
     each (a Spark binary value stays far below its 2 GB limit however many streams a bucket
     holds)."""
@@ -227,26 +235,26 @@ def _pack(kind: int, rows: pl.DataFrame) -> list[tuple[int, bytes]]:
 
 @dataclass(frozen=True)
 class _Unpack:
-    """A ``mapInArrow`` function: the rows of the :data:`_BLOB` slices of a batch, cast to
+    """A ``mapInArrow`` function: the rows of the :data:`BLOB` slices of a batch, cast to
     ``schema`` (the Arrow schema of the DataFrame it returns)."""
 
     schema: pa.Schema
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
-            for blob in batch.column(_BLOB).to_pylist():
+            for blob in batch.column(BLOB).to_pylist():
                 table = pa.ipc.open_stream(blob).read_all()
                 yield from table.select(self.schema.names).cast(self.schema).to_batches()
 
 
-def _unpack(combined, kind: int, schema: pl.Schema):
-    """The rows of ``kind`` packed in ``combined`` (:func:`_pack`), as a DataFrame of ``schema``."""
-    F, T = _pyspark()
+def unpack_rows(combined, kind: int, schema: pl.Schema):
+    """The rows of ``kind`` packed in ``combined`` (:func:`pack_rows`), as a DataFrame of ``schema``."""
+    F, T = spark_modules()
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    struct = T.StructType(_struct(schema))
+    struct = T.StructType(spark_fields(schema))
     fn = _Unpack(to_arrow_schema(struct, timezone="UTC", prefers_large_types=False))
-    blobs = combined.filter(F.col(_KIND) == kind).select(_BLOB)
+    blobs = combined.filter(F.col(KIND) == kind).select(BLOB)
     # a few rows per bucket: one Python task per core decodes them (not one per bucket, whose
     # fixed cost per task was most of the decoding's time)
     cores = max(1, int(combined.sparkSession.sparkContext.defaultParallelism))
@@ -313,7 +321,8 @@ def protect_day(
     ``log10_martingale`` (and the method's extra outputs), and the state at the end of the day,
     one row per stream (streams of ``state`` without events pass through unchanged). Each
     stream's rows equal one :func:`calpipe.protect_with_state` call over its events from its
-    state, bit for bit; the caller writes them where it wants (:func:`run_days` writes Parquet).
+    state, bit for bit; the caller writes them where it wants (the nightly run on Spark,
+    :func:`calpipe.spark_run.run_days`, writes every table of ``calpipe run``).
 
     The rows are grouped by ``hash(by) mod n_buckets`` and each bucket's streams run in one
     engine call in a Python worker (module docstring: the bucket count against executor memory);
@@ -331,7 +340,7 @@ def protect_day(
     >>> scores, state = cs.protect_day(day1, method="composite-jumper")    # doctest: +SKIP
     >>> scores2, state2 = cs.protect_day(day2, state, method="composite-jumper")  # doctest: +SKIP
     """
-    F, T = _pyspark()
+    F, T = spark_modules()
     spark = events.sparkSession
     by_t = (by,) if isinstance(by, str) else tuple(by)
     if not by_t:
@@ -339,15 +348,15 @@ def protect_day(
     n = n_buckets or default_buckets(spark)
     if n < 1:
         raise ParameterError(f"n_buckets must be >= 1, got {n}")
-    events = _naive_times(events)
+    events = naive_times(events)
     kwargs = {"method": method, "by": list(by_t), **params}
     # the output schemas: calpipe's own on an empty frame of the events' schema
     empty = pl.DataFrame(schema=_polars_schema(events.schema))
     probe = protect_with_state(empty, **kwargs)
     score_schema, state_schema = probe.scores.schema, probe.state.schema
     out = T.StructType([
-        *_struct(score_schema), T.StructField(_KIND, T.ByteType()),
-        T.StructField(_BLOB, T.BinaryType()),
+        *spark_fields(score_schema), T.StructField(KIND, T.ByteType()),
+        T.StructField(BLOB, T.BinaryType()),
     ])  # fmt: skip
     from pyspark.sql.pandas.types import to_arrow_schema
 
@@ -356,45 +365,45 @@ def protect_day(
         kwargs, score_schema, state_schema,
         to_arrow_schema(out, timezone="UTC", prefers_large_types=False), metrics,
     )  # fmt: skip
-    bucket = _bucket_column(spark, by_t, n)
+    bucket = bucket_column(spark, by_t, n)
     if state is None:
-        state = spark.createDataFrame([], T.StructType(_struct(state_schema)))
-    state = _naive_times(state)
+        state = spark.createDataFrame([], T.StructType(spark_fields(state_schema)))
+    state = naive_times(state)
     # one shuffle partition (one task) per bucket, asked for explicitly: Spark's adaptive
     # execution coalesces the partitions of an implicit groupBy shuffle to about the core count
     # by their bytes (8 buckets of 5M events became 3 tasks of 1.3M, 1.9M and 1.9M events on 2
     # cores), but not those of a repartition; the cogroup reuses this partitioning
     combined = (
         events.select(bucket, *events.columns)
-        .repartition(n, _BUCKET)
-        .groupBy(_BUCKET)
-        .cogroup(state.select(bucket, *state.columns).repartition(n, _BUCKET).groupBy(_BUCKET))
-        .applyInArrow(_plain2(fn), out)
+        .repartition(n, BUCKET)
+        .groupBy(BUCKET)
+        .cogroup(state.select(bucket, *state.columns).repartition(n, BUCKET).groupBy(BUCKET))
+        .applyInArrow(plain2(fn), out)
     )
     from pyspark import StorageLevel
 
     # computed once, read by each write; spilled to local disk where the executors' memory does
     # not hold it (a night's scores rows are as large as its events)
     combined = combined.persist(StorageLevel.MEMORY_AND_DISK)
-    scores = combined.filter(F.col(_KIND) == _SCORES).select(*score_schema.names())
-    st = _unpack(combined, _STATES, state_schema)
-    per_stream = _unpack(combined, _DAILY, metrics.out_schema()) if metrics else None
+    scores = combined.filter(F.col(KIND) == _SCORES).select(*score_schema.names())
+    st = unpack_rows(combined, _STATES, state_schema)
+    per_stream = unpack_rows(combined, _DAILY, metrics.out_schema()) if metrics else None
     return SparkDay(scores, st, per_stream, combined)
 
 
-def _bucket_column(spark, by: tuple[str, ...], n: int):
+def bucket_column(spark, by: tuple[str, ...], n: int):
     """The bucket of each row's stream keys, ``xxhash64(by) mod n``, as a *label* chosen so that
     bucket i lands in partition i of a ``repartition(n, bucket)``.
 
     Why labels: a repartition places a key by Spark's Murmur3 hash of it mod n, and the hashes
     of the numbers 0..n-1 collide: with 8 buckets in 8 partitions, four partitions held two
     buckets each and four none, so half the tasks did all the work."""
-    F, _ = _pyspark()
+    F, _ = spark_modules()
     labels = bucket_labels(spark, n)
     index = F.pmod(F.xxhash64(*by), F.lit(n))
     # long, as the labels were hashed (Spark hashes an int and a long of one value differently)
     labels_col = F.array(*[F.lit(v).cast("long") for v in labels])
-    return F.element_at(labels_col, (index + 1).cast("int")).alias(_BUCKET)
+    return F.element_at(labels_col, (index + 1).cast("int")).alias(BUCKET)
 
 
 @functools.lru_cache(maxsize=64)
@@ -402,7 +411,7 @@ def bucket_labels(spark, n: int) -> tuple[int, ...]:
     """``n`` longs, the i-th the first number whose Spark hash partition among ``n``
     (``pmod(hash(v), n)``, as ``repartition(n, col)`` computes it) is i: one small Spark job,
     once per session and bucket count (a backfill's nights reuse it)."""
-    F, _ = _pyspark()
+    F, _ = spark_modules()
     limit = 64 * n
     while True:
         rows = (
@@ -418,11 +427,11 @@ def bucket_labels(spark, n: int) -> tuple[int, ...]:
         limit *= 4  # pragma: no cover - 64 candidates per partition are plenty
 
 
-def _naive_times(df):
+def naive_times(df):
     """``df`` with zone-aware timestamps as timestamp_ntz (naive UTC, as calpipe stores them:
     with the session in UTC, polars would otherwise see Datetime(us, UTC) against the state's
     naive times)."""
-    F, T = _pyspark()
+    F, T = spark_modules()
     cols = []
     for f in df.schema.fields:
         if isinstance(f.dataType, T.TimestampType):
@@ -436,154 +445,23 @@ def _naive_times(df):
     return df.select(*cols)
 
 
-# ----------------------------------------------------------------------------------------------
-# A chain of days, written as Parquet partitioned by day
-# ----------------------------------------------------------------------------------------------
-_LANDING_DAY = re.compile(r"^date=(\d{4}-\d{2}-\d{2})$")
-
-
-def landing_days(root: str) -> list[dt.date]:
-    """The days of a local landing folder (its ``date=YYYY-MM-DD`` sub-folders), in order."""
-    p = Path(root)
-    if not p.is_dir():
-        raise InputError(None, None, f"landing folder {root} does not exist")
-    found = (_LANDING_DAY.match(c.name) for c in p.iterdir())
-    return sorted(dt.date.fromisoformat(m[1]) for m in found if m)
-
-
-def _day_path(root: str, d: dt.date) -> str:
-    return f"{root.rstrip('/')}/date={d.isoformat()}"
-
-
-#: Table formats :func:`run_days` writes.
-TABLE_FORMATS = ("parquet", "delta")
-
-
-def read_state(spark, out: str, day: dt.date, table_format: str = "parquet"):
-    """The state at the end of ``day`` written by :func:`run_days` under ``out`` (None if that
-    day has no state: the chain's first day)."""
-    from pyspark.errors import AnalysisException
-
-    if table_format == "delta":
-        F, _ = _pyspark()
-        try:
-            table = spark.read.format("delta").load(f"{out}/state")
-        except AnalysisException:
-            return None
-        rows = table.where(F.col("date") == F.lit(day)).drop("date")
-        return rows if rows.limit(1).count() else None
-    try:
-        return spark.read.parquet(_day_path(f"{out}/state", day))
-    except AnalysisException:
-        return None
-
-
-def _check_format(spark, table_format: str) -> None:
-    """Refuse an unknown format, or Delta on a session without Delta Lake (before any write)."""
-    if table_format not in TABLE_FORMATS:
-        raise ParameterError(
-            f"table_format must be one of {', '.join(TABLE_FORMATS)}, got {table_format!r}"
-        )
-    if table_format != "delta":
-        return
-    # Spark's public reader resolves the format first: without Delta Lake the load fails with
-    # DATA_SOURCE_NOT_FOUND, with it on the missing path (no private py4j handle needed)
-    try:
-        spark.read.format("delta").load(f"/calpipe-probe-{os.getpid()}-does-not-exist")
-    except Exception as exc:  # an AnalysisException, or py4j's wrap of Spark's class lookup
-        condition = getattr(exc, "getCondition", lambda: None)()
-        if condition != "DATA_SOURCE_NOT_FOUND" and "[DATA_SOURCE_NOT_FOUND]" not in str(exc):
-            return  # Delta resolved; the probe's path does not exist
-        raise CalpipeError(
-            "table_format='delta' needs Delta Lake on this Spark session: start it with the "
-            "delta-spark package (spark.jars.packages io.delta:delta-spark_2.13:<version>) and "
-            "spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension, or write Parquet "
-            "(table_format='parquet'); nothing was written"
-        ) from exc
-
-
-def _write_day(frame, path: str, d: dt.date, table_format: str) -> None:
-    """Replace day ``d``'s partition of the table at ``path`` with ``frame`` (plus ``date``):
-    Parquet by dynamic partition overwrite, Delta by ``replaceWhere`` (one atomic commit)."""
-    F, _ = _pyspark()
-    rows = frame.select("*", F.lit(d).cast("date").alias("date"))
-    w = rows.write.mode("overwrite").partitionBy("date")
-    if table_format == "delta":
-        # replaceWhere is refused beside dynamic partition overwrite (the session's mode for
-        # Parquet): this write is static, its predicate names the day
-        w.format("delta").option("partitionOverwriteMode", "static").option(
-            "replaceWhere", f"date = DATE'{d.isoformat()}'"
-        ).save(path)
-    else:
-        w.parquet(path)
-
-
-def run_days(
-    spark,
-    read_events: Callable[[dt.date], Any],
-    out: str,
-    start: dt.date,
-    end: dt.date,
-    *,
-    first_day: dt.date | None = None,
-    table_format: str = "parquet",
-    log: Callable[[str], None] | None = None,
-    **kwargs,
-) -> list[dt.date]:
-    """Run the days [start, end] in order (a backfill, or one night): day d's events
-    (``read_events(d)``, a Spark DataFrame) from the state of d - 1 under ``out``, writing
-    ``out/scores``, ``out/state`` and ``out/daily`` (per-stream metrics of the day,
-    :func:`calpipe.night.monitoring.daily_metrics`) as Parquet partitioned by ``date``, each
-    day's partition replaced by a dynamic partition overwrite, so re-running a day rewrites
-    exactly its partitions. ``first_day`` (default ``start``) starts from no state; a later
-    ``start`` needs the state of ``start - 1``. ``table_format="delta"`` writes Delta tables
-    instead, each day replaced by ``replaceWhere`` in one atomic commit (needs Delta Lake on the
-    session; checked before anything is written). ``kwargs``: :func:`protect_day`'s."""
-    _check_format(spark, table_format)
-    say = log or (lambda _m: None)
-    first = first_day or start
-    state = None
-    if start > first:
-        state = read_state(spark, out, start - dt.timedelta(days=1), table_format)
-        if state is None:
-            raise CalpipeError(
-                f"cannot run {start}: {out}/state has no state of {start - dt.timedelta(days=1)}; "
-                f"run the days from the chain's first day {first} in order"
-            )
-    done = []
-    d = start
-    while d <= end:
-        events = read_events(d)
-        day = protect_day(events, state, daily=True, **kwargs)
-        for name, frame in (("scores", day.scores), ("state", day.state), ("daily", day.daily)):
-            _write_day(frame, f"{out}/{name}", d, table_format)
-        day.release()
-        # the next day starts from the state as written (not the cached frame): what a re-run
-        # of the next day alone reads too
-        state = read_state(spark, out, d, table_format)
-        say(f"{d}: written to {out}/{{scores,state,daily}}/date={d}")
-        done.append(d)
-        d += dt.timedelta(days=1)
-    return done
-
-
 def daily_metrics(scores, *, by: str | Sequence[str] = "stream", **params):
     """Per-stream forecast quality of a day's ``scores`` (:func:`protect_day`'s output), as
     ``calibration_daily`` computes it (:func:`calpipe.night.monitoring.daily_metrics`: base
     vs protected log loss, Brier, ECE, smooth ECE, CORP, the day's maximum log10 martingale),
     one row per stream; ``params``: the method and its parameters (the martingale's base is the
     method's clipped base or a stack's base-method forecast)."""
-    _, T = _pyspark()
+    _, T = spark_modules()
     by_t = (by,) if isinstance(by, str) else tuple(by)
     fn = _Metrics(by_t, params, _polars_schema(scores.schema))
-    schema = T.StructType(_struct(fn.out_schema()))
+    schema = T.StructType(spark_fields(fn.out_schema()))
     from pyspark.sql.pandas.types import to_arrow_schema
 
     fn = _Metrics(by_t, params, fn.in_schema, to_arrow_schema(schema, timezone="UTC"))
     spark = scores.sparkSession
     n = default_buckets(spark)
-    keyed = scores.select(_bucket_column(spark, by_t, n), *scores.columns)
-    return keyed.repartition(n, _BUCKET).groupBy(_BUCKET).applyInArrow(_plain1(fn), schema)
+    keyed = scores.select(bucket_column(spark, by_t, n), *scores.columns)
+    return keyed.repartition(n, BUCKET).groupBy(BUCKET).applyInArrow(_plain1(fn), schema)
 
 
 def _plain1(fn):
@@ -605,7 +483,7 @@ def _plain_iter(fn):
     return run
 
 
-def _plain2(fn):
+def plain2(fn):
     """``fn`` as a plain function of two tables (see :func:`_plain1`)."""
 
     def run(left, right):
@@ -650,5 +528,5 @@ class _Metrics:
         return self.rows(pl.DataFrame(schema=self.in_schema)).schema
 
     def __call__(self, table: pa.Table) -> pa.Table:
-        scores = pl.from_arrow(table).drop(_BUCKET)
+        scores = pl.from_arrow(table).drop(BUCKET)
         return self.rows(scores).to_arrow().cast(self.arrow)

@@ -51,7 +51,8 @@ LAYERS = {
     "calpipe.night": 4,  # a night's rows, pure and in memory (beside storage, never over it)
     "calpipe.pipeline": 5,  # reads inputs from storage, computes with the night, writes rows
     "calpipe.cli": 6,
-    "calpipe.spark": 6,  # the nightly step on Spark: over the pipeline's functions, like the cli
+    "calpipe.spark": 6,  # Spark primitives: the session, the cogroup, protect_day
+    "calpipe.spark_run": 6,  # the nightly run on Spark: the night function in the cogroup
 }
 
 

@@ -2,7 +2,7 @@
 
 Every runner computes a night through :func:`night_part` and :func:`night_day`: ``calpipe run``
 and the dagster ``night`` asset (:mod:`calpipe.pipeline.nightly`, a part = the whole night, or
-a part of whole streams on the biggest nights), and ``calpipe spark-run`` (:mod:`calpipe.spark`,
+a part of whole streams on the biggest nights), and ``calpipe spark-run`` (:mod:`calpipe.spark_run`,
 a part = one bucket of streams inside the cogroup). :func:`night_part` yields the night in
 phases, each ``(phase, context)``; a runner hands each to the table registry
 (:data:`calpipe.pipeline.tables.TABLES`), whose tables of that phase compute their rows from

@@ -18,7 +18,7 @@ from calpipe.storage import EventSource
 #: ids, the DDL's) or VARCHAR (string or UUID ids): set by the first events stored
 #: (:func:`ensure_id_type`), because the replay order (event_time, event_id) of equal times
 #: differs between 9 < 10 and "10" < "9".
-_ID_COLUMNS = {
+ID_COLUMNS = {
     "scored_events": "event_id",
     "protected_scores": "event_id",
     "martingale_alarms": "event_id",
@@ -61,7 +61,7 @@ def ensure_id_type(con, ids: pl.DataType, source: EventSource) -> pl.DataType:
     if used is not None and used[0]:
         raise mismatch
     try:
-        for table, col in _ID_COLUMNS.items():
+        for table, col in ID_COLUMNS.items():
             to = "VARCHAR" if want == pl.String else "BIGINT"
             con.execute(f"ALTER TABLE {table} ALTER {col} TYPE {to}")
     except duckdb.ConversionException:  # rows deleted by the open transaction still hold ids

@@ -35,16 +35,8 @@ import numpy as np
 import polars as pl
 
 from calpipe import storage
-from calpipe.engine.contract import Rule
-from calpipe.engine.ordering import duplicated
 from calpipe.errors import InputError
-from calpipe.night.arrivals import (
-    QUARANTINE_SCHEMA,
-    Arrivals,
-    check_label_rules,
-    label_schema,
-    with_events,
-)
+from calpipe.night.arrivals import Arrivals, check_raw_labels, checked_arrivals
 from calpipe.night.classes import frame_n_classes, score_column
 from calpipe.pipeline.classes import stored_n_classes
 from calpipe.pipeline.ids import stored_id_type
@@ -199,9 +191,6 @@ LEFT JOIN protected_scores p
   ON p.stream = k.stream AND p.event_id = k.event_id AND p.event_date < $1
 """
 
-#: The forecast columns of :data:`_LOOKUP_SQL` (:attr:`Arrivals.forecasts`).
-_FORECASTS = ("__base", "__prot")
-
 
 def check_arrivals(
     con,
@@ -226,57 +215,9 @@ def check_arrivals(
     k = frame_n_classes(events) if events.height else (stored_n_classes(con) or 2)
     if raw.height == 0:
         return Arrivals.empty(day, k)
-    score, schema = score_column(k), label_schema(k)
-    raw = raw.with_row_index("i")
-    y = pl.col("__y")
-    classes = [float(c) for c in range(k)]
-    check_label_rules(raw, source.describe(), day, [
-        *[Rule(c, f"null {c}", pl.col(c).is_null()) for c in ("stream", "event_id", "label_time")],
-        Rule("label", "null label", y.is_null(), y),
-        Rule("label", f"label outside the classes 0..{k - 1} (labels are integers 0..{k - 1})",
-             ~y.is_in(classes), y),
-        Rule("label_time", f"label_time not on its arrival day {day} (a label lands in the folder "
-             "of the day it became known)", pl.col("label_time").cast(pl.Date) != day,
-             pl.col("label_time")),
-        Rule("event_id", "second label of the same event in the night's labels",
-             pl.lit(pl.Series(duplicated(raw, ["stream", "event_id"])))),
-    ])  # fmt: skip
-    if score not in events.columns:  # a night without events, in the binary form
-        events = events.rename({"score": score}).cast({score: schema[score]})
-    j = with_events(raw, lookup_arrivals(con, raw, day, k), events, day, score, schema[score])
-    unknown = pl.col("event_date").is_null()
-    quarantined = pl.DataFrame(schema=QUARANTINE_SCHEMA)
-    if on_unknown == "quarantine":
-        quarantined = j.filter(unknown).select(
-            pl.lit(day, pl.Date).alias("date"), "stream", "event_id", "label", "label_time",
-            pl.col("file").cast(pl.String),  # (few rows, kept over the transaction's days)
-            pl.lit(f"no scored event with this stream and event_id up to {day}")
-            .alias("reason"),
-        )  # fmt: skip
-        j = j.filter(~unknown)
-    lab, row, prev = pl.col("label"), pl.col("row_label"), pl.col("prev_label")
-    check_label_rules(j, source.describe(), day, [
-        Rule("event_id", f"label of an unknown event (no scored event with this stream and "
-             f"event_id up to {day}; --on-unknown-label quarantine parks such labels)", unknown),
-        Rule("label_time", "label earlier than its event", pl.col("label_time") <
-             pl.col("event_time"), pl.format("{} < event_time {}", pl.col("label_time"),
-                                             pl.col("event_time"))),
-        Rule("label", "second label of the same event (its scores row has it)",
-             row.is_not_null() & (row == lab), pl.col("event_date")),
-        Rule("label", "label that changes a stored one (its scores row has the other label)",
-             row.is_not_null() & (row != lab), row),
-        Rule("label", "second label of the same event (it arrived on an earlier night)",
-             prev.is_not_null() & (prev == lab), pl.col("prev_date")),
-        Rule("label", "label that changes a stored one (another label arrived on an earlier "
-             "night)", prev.is_not_null() & (prev != lab), pl.format("{} on {}", prev,
-                                                                    pl.col("prev_date"))),
-    ])  # fmt: skip
-    # in the files' order (deterministic: files by name, rows as stored); whoever needs another
-    # order sorts the columns it reads (a sort of every column cost 1.8 s of a 10M-label night)
-    rows = j.select(pl.lit(day, pl.Date).alias("date"), *list(schema)[1:]).cast(
-        {**schema, "event_id": j.schema["event_id"], "file": j.schema["file"]}
-    )
-    return Arrivals(day, rows, quarantined.sort("file", "stream", "event_id"), j.select(_FORECASTS))
+    raw = check_raw_labels(raw, day, source.describe(), k)
+    found = lookup_arrivals(con, raw, day, k)
+    return checked_arrivals(raw, found, events, day, source.describe(), k, on_unknown)
 
 
 def lookup_arrivals(con, raw: pl.DataFrame, day: dt.date, k: int) -> pl.DataFrame:

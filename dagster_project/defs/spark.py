@@ -1,12 +1,13 @@
-"""The nightly step on Spark as dagster assets (``calpipe[spark]`` + ``dagster-pyspark``).
+"""The nightly run on Spark as dagster assets (``calpipe[spark]`` + ``dagster-pyspark``).
 
-``spark_scores``, ``spark_state`` and ``spark_daily``: Parquet tables under one output folder,
-partitioned by day, written by :func:`calpipe.spark.run_days` through dagster-pyspark's
+``spark_<table>`` for every table ``calpipe spark-run`` writes (``calpipe run``'s but
+``pipeline_inputs``) and ``spark_state``: Parquet tables under one output folder, partitioned
+by night, written by :func:`calpipe.spark_run.run_days` through dagster-pyspark's
 ``PySparkResource`` (the cluster's session: its ``spark_config`` is where a deployment sets its
 master, executors and ``spark.executorEnv.NUMBA_CACHE_DIR``). One multi-asset, thin: it calls
-``run_days`` for the run's partition range (a backfill runs its days in order in one run, each
-from the state of the day before) over the ``calpipe`` resource's landing folder, with its
-method, writing under the ``spark_output`` resource's folder.
+``run_days`` for the run's partition range (a backfill runs its nights in order in one run, each
+from the state of the night before) over the ``calpipe`` resource's landing folder and label
+feed, with its method, writing under the ``spark_output`` resource's folder.
 
 Present only when ``CALPIPE_SPARK_OUT`` names that folder (``CALPIPE_SPARK_MASTER``: the
 session's master, ``local[*]``): this module's definitions are then the ``defs`` below, and
@@ -33,6 +34,7 @@ from dagster import (
 from pydantic import Field
 
 from calpipe import spark as calpipe_spark
+from calpipe import spark_run as calpipe_spark_run
 
 from .partitions import FIRST_DAY, PREVIOUS_DAY, daily, partition_range
 from .resources import CalpipeResource
@@ -44,26 +46,28 @@ class SparkOutputResource(ConfigurableResource):
     """Where the Spark assets write (``CALPIPE_SPARK_OUT``)."""
 
     folder: str = Field(
-        description="output folder of the Spark assets: out/scores, out/state, out/daily "
-        "(Parquet, partitioned by date)"
+        description="output folder of the Spark assets: a folder per table and state/ "
+        "(Parquet, partitioned by night)"
     )
 
 
-@multi_asset(
-    specs=[
-        AssetSpec("spark_scores", group_name=GROUP, kinds={"spark", "parquet"},
-                  description="Scored events with the protected probability and the running "
-                  "log10 martingale (Parquet, partitioned by date)."),
-        AssetSpec("spark_state", group_name=GROUP, kinds={"spark", "parquet"},
-                  deps=[AssetDep("spark_state", partition_mapping=PREVIOUS_DAY)],
-                  description="Calibrator state of every stream at the end of the day."),
-        AssetSpec("spark_daily", group_name=GROUP, kinds={"spark", "parquet"},
-                  deps=["spark_scores"],
-                  description="Per-stream forecast quality of the day (calibration_daily)."),
-    ],
-    partitions_def=daily,
-    backfill_policy=BackfillPolicy.single_run(),
-)  # fmt: skip
+def _specs() -> list[AssetSpec]:
+    """One spec per table of the Spark night, and the state carried from night to night."""
+    specs = [
+        AssetSpec(f"spark_{t}", group_name=GROUP, kinds={"spark", "parquet"},
+                  deps=["spark_state"], description=f"calpipe run's {t}, computed on Spark "
+                  "(Parquet, partitioned by night).")
+        for t in calpipe_spark_run.SPARK_TABLES
+    ]  # fmt: skip
+    state = AssetSpec(
+        "spark_state", group_name=GROUP, kinds={"spark", "parquet"},
+        deps=[AssetDep("spark_state", partition_mapping=PREVIOUS_DAY)],
+        description="Calibrator state of every stream at the end of the night.",
+    )  # fmt: skip
+    return [state, *specs]
+
+
+@multi_asset(specs=_specs(), partitions_def=daily, backfill_policy=BackfillPolicy.single_run())
 def spark_night(
     context: AssetExecutionContext,
     calpipe: CalpipeResource,
@@ -73,8 +77,7 @@ def spark_night(
     start, end = partition_range(context)
     session = pyspark.spark_session
     events, out = calpipe.events, spark_output.folder
-    settings = calpipe.settings()
-    present = set(calpipe_spark.landing_days(events))
+    present = set(calpipe_spark_run.landing_days(events))
 
     def read(d: dt.date):
         path = f"{events}/date={d.isoformat()}"
@@ -83,14 +86,16 @@ def spark_night(
         schema = session.read.parquet(f"{events}/date={min(present).isoformat()}").schema
         return session.createDataFrame([], schema)
 
-    days = calpipe_spark.run_days(
-        session, read, out, start, end, first_day=FIRST_DAY, log=context.log.info,
-        method=settings.method, **settings.kwargs,
+    days = calpipe_spark_run.run_days(
+        session, read, out, start, end, settings=calpipe.settings(),
+        labels=calpipe.labels or None, on_unknown_label=calpipe.on_unknown_label,
+        first_day=FIRST_DAY, source=events, log=context.log.info,
     )  # fmt: skip
-    for key in ("spark_scores", "spark_state", "spark_daily"):
+    for spec in _specs():
+        name = spec.key.path[-1]
         yield MaterializeResult(
-            asset_key=key,
-            metadata={"days": len(days), "path": str(Path(out) / key.removeprefix("spark_"))},
+            asset_key=name,
+            metadata={"days": len(days), "path": str(Path(out) / name.removeprefix("spark_"))},
         )
 
 

@@ -1,9 +1,9 @@
-"""calpipe/spark.py: the nightly step on Spark (local[1]) equals one process bit for bit (#15).
+"""calpipe/spark.py and spark_run.py on Spark (local[1]) equal one process bit for bit (#15, #32).
 
 Three-day chains through :func:`calpipe.spark.protect_day` (each day from the previous day's
 Spark state) against one :func:`calpipe.protect` pass over the three days; idle and new
-streams; ``calpipe spark-run`` writing Parquet partitions, re-run idempotently; the per-stream
-metrics equal to ``calpipe run``'s ``calibration_daily``.
+streams; ``calpipe spark-run`` and the dagster Spark assets writing every table of
+``calpipe run`` (equal bit for bit), re-run idempotently.
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ import pyspark  # noqa: F401  (no importorskip: pyspark is part of the stack; CI
 import pytest
 
 import calpipe
-from calpipe import generate, pipeline, storage
+from calpipe import generate, pipeline, spark_run, storage
 from calpipe import spark as cs
 from calpipe.cli import main
 from calpipe.generate import StreamSpec
-from tests.pipeline.test_labels import with_classes
+from tests.pipeline.test_labels import split_feed, with_classes, write_day
+from tests.spark.tables import assert_tables_equal, read_table
 
 pytestmark = [pytest.mark.spark, pytest.mark.filterwarnings("ignore::FutureWarning")]
 
@@ -108,45 +109,69 @@ def test_k_classes_and_delayed_labels_equal_one_process(spark, events):
     assert state.sort("stream").equals(one.state.sort("stream"))
 
 
-def test_spark_run_writes_partitions_and_a_rerun_of_a_day_is_idempotent(
+def test_spark_run_writes_every_table_of_calpipe_run_and_a_rerun_of_a_day_is_idempotent(
     spark, events, tmp_path, capsys
 ):
+    """``calpipe spark-run`` writes calpipe run's tables (the same rows, bit for bit); re-running
+    night 2 alone rewrites its partitions with the same rows and leaves the others' files
+    untouched."""
     storage.write_landing(events, tmp_path / "landing")
     out = tmp_path / "out"
     args = ["spark-run", "--events", str(tmp_path / "landing"), "--out", str(out),
             "--method", "composite-jumper", "--n-buckets", "2", "--master", "local[1]"]  # fmt: skip
     assert main(args) == 0
     assert "3 day(s)" in capsys.readouterr().out
-
-    def read(name: str) -> pl.DataFrame:  # a glob: Spark's .crc files break directory reads
-        return pl.read_parquet(out / name / "**" / "*.parquet", hive_partitioning=True)
-
-    scores, daily = read("scores"), read("daily")
-    one = calpipe.protect(events, method="composite-jumper")
-    key = ["stream", "event_id"]
-    assert scores.sort(key).select(one.columns).equals(one.sort(key))
-    assert sorted(scores["date"].unique()) == DAYS
-    files = {p: p.read_bytes() for p in sorted(out.rglob("*.parquet"))}
-    # re-run day 2 alone: its partitions are rewritten with the same rows, the others untouched
-    assert main([*args, "--start", DAYS[1].isoformat(), "--end", DAYS[1].isoformat()]) == 0
-    assert read("scores").sort(key).equals(scores.sort(key))
-    for p, b in files.items():
-        if f"date={DAYS[1]}" not in str(p):
-            assert p.read_bytes() == b, p
-    # the per-stream metrics are calpipe run's calibration_daily
-    con = storage.connect(tmp_path / "db.duckdb")
+    db = tmp_path / "db.duckdb"
+    con = storage.connect(db)
     try:
         pipeline.run_range(
             con, storage.EventSource.parse(str(tmp_path / "landing")),
             settings=pipeline.Settings.make("composite-jumper"),
         )  # fmt: skip
-        want = storage.query(con, "SELECT * FROM calibration_daily ORDER BY date, stream")
     finally:
         con.close()
-    got = daily.sort("date", "stream")
-    for c in ("n_events", "n_labelled", "base_log_loss", "protected_log_loss", "protected_ece",
-              "protected_smooth_ece", "log10_martingale_max"):  # fmt: skip
-        np.testing.assert_allclose(got[c].to_numpy(), want[c].to_numpy(), rtol=1e-12, err_msg=c)
+    counts = assert_tables_equal(out, db)
+    assert counts["protected_scores"] == events.height and counts["pipeline_days"] == N_DAYS
+    scores = read_table(out, "protected_scores")
+    one = calpipe.protect(events, method="composite-jumper")
+    key = ["stream", "event_id"]
+    assert scores.sort(key)["protected_score"].equals(one.sort(key)["protected_score"])
+    files = {p: p.read_bytes() for p in sorted(out.rglob("*.parquet"))}
+    assert main([*args, "--start", DAYS[1].isoformat(), "--end", DAYS[1].isoformat()]) == 0
+    assert_tables_equal(out, db)
+    for p, b in files.items():
+        if f"date={DAYS[1]}" not in str(p):
+            assert p.read_bytes() == b, p
+
+
+def test_spark_run_with_k_classes_string_ids_and_a_label_feed_equals_calpipe_run(
+    spark, events, tmp_path
+):
+    """K = 4 forecasts, string event ids, a label feed whose labels land on their event's night
+    or later, and a label of an unknown event parked (``--on-unknown-label quarantine``): every
+    table of ``calpipe spark-run`` equals ``calpipe run``'s, bit for bit."""
+    four = with_classes(events, 4, seed=3).with_columns(
+        pl.format("id-{}", pl.col("event_id")).alias("event_id")
+    )
+    scores, labels, _ = split_feed(four, seed=7, frac=0.7, max_delay_days=2)
+    unknown = labels.head(1).with_columns(
+        pl.lit("id-unknown").alias("event_id"),
+        pl.lit(dt.datetime.combine(DAYS[1], dt.time(12))).alias("label_time"),
+    )
+    labels = pl.concat([labels, unknown])
+    for d in DAYS:
+        write_day(scores, tmp_path / "scores", d, "event_time")
+        write_day(labels, tmp_path / "labels", d, "label_time")
+    inputs = ["--events", str(tmp_path / "scores"), "--labels", str(tmp_path / "labels"),
+              "--on-unknown-label", "quarantine"]  # fmt: skip
+    db = tmp_path / "run.duckdb"
+    assert main(["run", *inputs, "--db", str(db), "--no-progress"]) == 0
+    out = tmp_path / "out"
+    args = ["spark-run", *inputs, "--out", str(out), "--n-buckets", "2", "--master", "local[1]"]
+    assert main(args) == 0
+    counts = assert_tables_equal(out, db)
+    assert counts["quarantined_labels"] == 1 and counts["event_labels"] >= 20
+    assert read_table(out, "scored_events")["scores"].list.len().unique().to_list() == [4]
 
 
 def test_each_bucket_gets_a_task_of_its_own(spark, events):
@@ -190,15 +215,17 @@ def test_delta_without_delta_lake_is_refused_before_anything_is_written(spark, e
     delta-spark JARs) names what to install; no output folder is created."""
     out = tmp_path / "out"
     with pytest.raises(calpipe.errors.CalpipeError, match="needs Delta Lake on this Spark"):
-        cs.run_days(spark, lambda d: None, str(out), DAYS[0], DAYS[0], table_format="delta")
+        spark_run.run_days(spark, lambda d: None, str(out), DAYS[0], DAYS[0], table_format="delta")
     with pytest.raises(calpipe.errors.ParameterError, match="table_format must be one of"):
-        cs.run_days(spark, lambda d: None, str(out), DAYS[0], DAYS[0], table_format="orc")
+        spark_run.run_days(spark, lambda d: None, str(out), DAYS[0], DAYS[0], table_format="orc")
     assert not out.exists()
 
 
 def test_a_day_needs_the_state_of_the_day_before(spark, events, tmp_path):
     with pytest.raises(calpipe.errors.CalpipeError, match="has no state of"):
-        cs.run_days(spark, lambda d: None, str(tmp_path), DAYS[1], DAYS[1], first_day=DAYS[0])
+        spark_run.run_days(
+            spark, lambda d: None, str(tmp_path), DAYS[1], DAYS[1], first_day=DAYS[0]
+        )
 
 
 def test_the_dagster_spark_assets_materialize_a_backfill_and_a_day_like_spark_run(
@@ -217,24 +244,29 @@ def test_the_dagster_spark_assets_materialize_a_backfill_and_a_day_like_spark_ru
         tmp_path / "db.duckdb", str(tmp_path / "landing"), DAYS[0], DAYS[-1],
         pipeline.Settings.make("composite-jumper"), spark_out=str(out), spark_master="local[1]",
     )  # fmt: skip
-    spark_assets = [a for a in defs.assets if "spark_scores" in {k.path[-1] for k in a.keys}]
+    spark_assets = [
+        a for a in defs.assets if "spark_protected_scores" in {k.path[-1] for k in a.keys}
+    ]
+    db = tmp_path / "run.duckdb"
+    con = storage.connect(db)
+    try:
+        pipeline.run_range(
+            con, storage.EventSource.parse(str(tmp_path / "landing")),
+            settings=pipeline.Settings.make("composite-jumper"),
+        )  # fmt: skip
+    finally:
+        con.close()
     with DagsterInstance.ephemeral() as inst:
         tags = {RANGE_START_TAG: DAYS[0].isoformat(), RANGE_END_TAG: DAYS[-1].isoformat()}
         r = materialize(spark_assets, resources=defs.resources, instance=inst, tags=tags)
         assert r.success
-        scores = pl.read_parquet(out / "scores" / "**" / "*.parquet", hive_partitioning=True)
-        one = calpipe.protect(events, method="composite-jumper")
-        key = ["stream", "event_id"]
-        assert scores.sort(key).select(one.columns).equals(one.sort(key))
+        assert_tables_equal(out, db)
         r = materialize(
             spark_assets, resources=defs.resources, instance=inst, partition_key=DAYS[1].isoformat()
         )
         assert r.success
-        again = pl.read_parquet(out / "scores" / "**" / "*.parquet", hive_partitioning=True)
-        assert again.sort(key).equals(scores.sort(key))
+        assert_tables_equal(out, db)
         mats = r.asset_materializations_for_node("spark_night")
         assert {m.asset_key.path[-1] for m in mats} == {
-            "spark_scores",
-            "spark_state",
-            "spark_daily",
+            f"spark_{t}" for t in (*spark_run.SPARK_TABLES, spark_run.STATE)
         }
