@@ -24,6 +24,7 @@ find a changed day; a Spark chain is re-run by the days it names).
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import os
 import re
@@ -37,7 +38,7 @@ import pyarrow as pa
 
 from calpipe import spark as cs
 from calpipe import storage
-from calpipe.errors import CalpipeError, InputError, ParameterError
+from calpipe.errors import CalpipeError, InputError, ParameterError, StateError, StoreError
 from calpipe.night.arrivals import FORECASTS, Arrivals, check_raw_labels, checked_arrivals
 from calpipe.night.chain import Chain
 from calpipe.night.classes import score_column
@@ -417,6 +418,7 @@ def _night(spark, chain: Chain, events, d: dt.date, out: str, labels: str | None
     k = chain.n_classes
     col = score_column(k)
     events = events.select("stream", "event_id", "event_time", col, "label")
+    _check_history(spark, events, out, d, table_format, id_type, source)
     state = read_state(spark, out, d - dt.timedelta(days=1), table_format)
     probe = chain.protect(pl.DataFrame(schema={**event_schema(k != 2), "event_id": id_type})
                           .drop("event_date"), None)  # fmt: skip
@@ -453,6 +455,10 @@ def _night(spark, chain: Chain, events, d: dt.date, out: str, labels: str | None
 
     combined = combined.persist(StorageLevel.MEMORY_AND_DISK)
     try:
+        # every bucket runs here, before any write: bad input raises with nothing of the night
+        # written (an overwrite would otherwise have replaced a table's partition already)
+        with _worker_errors():
+            combined.count()
         for i, name in enumerate(SPARK_TABLES):
             if name == "pipeline_days":
                 continue
@@ -479,6 +485,47 @@ def _night(spark, chain: Chain, events, d: dt.date, out: str, labels: str | None
     day_rows = _conform(pl.DataFrame([row]), table_schema("pipeline_days", id_type))
     _write_night(spark.createDataFrame(day_rows.to_arrow()), f"{out}/pipeline_days", "date", d,
                  table_format)  # fmt: skip
+
+
+#: calpipe's error in a Python worker's traceback, as Spark reports it on the driver.
+_WORKER_ERROR = re.compile(r"calpipe\.errors\.(\w+): (.*)")
+
+
+@contextlib.contextmanager
+def _worker_errors():
+    """calpipe's own error (its class and message: column, night, stream, event, rule) for a
+    calpipe error raised in a Python worker, which Spark reports as a ``PythonException``
+    carrying the worker's traceback."""
+    from pyspark.errors import PythonException
+
+    try:
+        yield
+    except PythonException as exc:
+        found = _WORKER_ERROR.findall(str(exc))
+        if not found:
+            raise
+        name, message = found[-1]
+        # the same class (an InputError's message names its column already)
+        make = {"InputError": lambda m: InputError(None, None, m), "StateError": StateError,
+                "ParameterError": ParameterError, "StoreError": StoreError}.get(name)  # fmt: skip
+        raise (make or CalpipeError)(message) from None
+
+
+def _check_history(spark, events, out: str, d: dt.date, table_format: str, id_type, source):
+    """InputError naming the night, stream and event if one of night ``d``'s events is stored
+    on an earlier night already (``calpipe run`` checks the same against its history): an
+    event is protected once."""
+    F, _ = cs.spark_modules()
+    before = _history(spark, out, "scored_events", d, table_format, id_type,
+                      {"event_date": F.col("event_date")})  # fmt: skip
+    again = events.select("stream", "event_id").join(before, ["stream", "event_id"]).first()
+    if again is not None:
+        raise InputError(
+            "event_id", None,
+            f"{source}, day {d}, stream {again['stream']!r}, event {again['event_id']}: event "
+            f"already stored on {again['event_date']} (an event is protected once: the same "
+            "stream and event_id on two nights)",
+        )  # fmt: skip
 
 
 def _collect(combined, kind: int) -> pl.DataFrame:

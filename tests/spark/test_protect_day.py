@@ -174,6 +174,53 @@ def test_spark_run_with_k_classes_string_ids_and_a_label_feed_equals_calpipe_run
     assert read_table(out, "scored_events")["scores"].list.len().unique().to_list() == [4]
 
 
+def test_a_bad_label_fails_spark_run_with_calpipes_message_and_nothing_of_the_night_written(
+    spark, events, tmp_path, capsys
+):
+    """A label of an unknown event on night 2 (no ``--on-unknown-label quarantine``): the run
+    stops with calpipe's InputError naming the rule, file, stream and event (not Spark's
+    worker traceback), night 1 is written, and no table has a partition of night 2."""
+    scores, labels, _ = split_feed(events, seed=7, frac=0.7, max_delay_days=1)
+    unknown = labels.head(1).with_columns(
+        pl.lit(10**9).alias("event_id"),
+        pl.lit(dt.datetime.combine(DAYS[1], dt.time(12))).alias("label_time"),
+    )
+    for d in DAYS[:2]:
+        write_day(scores, tmp_path / "scores", d, "event_time")
+        write_day(pl.concat([labels, unknown]), tmp_path / "labels", d, "label_time")
+    out = tmp_path / "out"
+    args = ["spark-run", "--events", str(tmp_path / "scores"), "--labels",
+            str(tmp_path / "labels"), "--out", str(out), "--n-buckets", "2",
+            "--master", "local[1]"]  # fmt: skip
+    assert main(args) == 2  # calpipe's error, not a traceback
+    msg = capsys.readouterr().err
+    assert msg.startswith("calpipe: error: ") and "Traceback" not in msg
+    assert "label of an unknown event" in msg and "event 1000000000" in msg
+    assert f"day {DAYS[1]}" in msg and "file date=" in msg
+    written = {p.parent.name for p in out.rglob("*.parquet")}
+    assert f"date={DAYS[0]}" in written or f"event_date={DAYS[0]}" in written
+    assert not [w for w in written if str(DAYS[1]) in w], written
+
+
+def test_an_event_stored_on_an_earlier_night_is_refused(spark, events, tmp_path, capsys):
+    """An event id of night 1 again on night 2 (same stream): InputError naming both nights,
+    the stream and the event; night 2 is not written."""
+    again = events.filter(pl.col("event_time").dt.date() == DAYS[0]).head(1)
+    again = again.with_columns(pl.col("event_time") + pl.duration(days=1))
+    storage.write_landing(pl.concat([events, again]), tmp_path / "landing")
+    out = tmp_path / "out"
+    args = ["spark-run", "--events", str(tmp_path / "landing"), "--out", str(out),
+            "--n-buckets", "2", "--master", "local[1]"]  # fmt: skip
+    assert main(args) == 2
+    msg = capsys.readouterr().err
+    r = again.row(0, named=True)
+    assert (
+        f"day {DAYS[1]}, stream {r['stream']!r}, event {r['event_id']}: event already "
+        f"stored on {DAYS[0]}" in msg
+    )
+    assert not [p for p in out.rglob("*.parquet") if str(DAYS[1]) in str(p)]
+
+
 def test_each_bucket_gets_a_task_of_its_own(spark, events):
     """Regression: the hashes of the bucket numbers 0..n-1 collided in the cogroup's shuffle
     (and adaptive execution merged its partitions by bytes), so with 8 buckets half the tasks
