@@ -5,7 +5,9 @@ the nightly layer wrote before its redesign (``tests/data/golden/``, written by
 Each scenario is rebuilt with the code under test by the builder that wrote the golden data
 (``tests/golden/make_golden.py``: ``calpipe demo``; 12 nights of ``calpipe run --labels`` with
 a late day, quarantined labels and a corrected day; 5 nights of K = 4 classes with string ids;
-``calpipe spark-run`` on local[1]) and every table and view is compared in canonical form
+the Spark transform ``calpipe.spark.protect_day`` on local[1], as ``calpipe spark-run`` ran it
+before the redesign; the new ``spark-run`` writes ``calpipe run``'s tables, tested equal to
+them in ``tests/spark/``) and every table and view is compared in canonical form
 (``tests/golden/canonical.py``): column names, types and order, and the rows of every day, with
 only the columns of :data:`tests.golden.canonical.NORMALIZED` normalized. A failure names the
 scenario, table, day, row and column.

@@ -15,9 +15,11 @@ user runs it:
 * ``k4``: 5 nights of ``calpipe run --labels`` on K = 4 class ``scores`` lists with string
   event ids ("ev-10" sorts before "ev-9") and ties in event time, labels landing 0-2 days late,
   one label of an unknown event quarantined;
-* ``spark``: ``calpipe spark-run --master local[1] --n-buckets 2`` over 3 days of four streams
-  (one idle on day 2, one starting on day 3) with delayed labels in the events
-  (``--label-time-col``: labels pending in the state across days).
+* ``spark``: :func:`calpipe.spark.protect_day` on local[1] with two buckets over 3 days of four
+  streams (one idle on day 2, one starting on day 3) with delayed labels in the events
+  (``label_time``: labels pending in the state across days), each day's ``scores``, ``state``
+  and ``daily`` written as Parquet: ``calpipe spark-run`` before the redesign (since then it
+  writes ``calpipe run``'s tables, tested equal to them in ``tests/spark/``).
 
 The inputs of ``labels12``, ``k4`` and ``spark`` are committed (``tests/data/golden/inputs/``),
 so a change of ``calpipe.generate`` does not change them; the demo is ``calpipe demo`` as it
@@ -404,10 +406,7 @@ def build_spark(work: Path, inputs: Path, logs: list[str] | None) -> dict[str, C
             "--driver-java-options -XX:TieredStopAtLevel=1 pyspark-shell"
         )
     try:
-        calpipe(
-            "spark-run", "--events", landing, "--out", out, "--master", "local[1]",
-            "--n-buckets", 2, "--label-time-col", "label_time", logs=logs,
-        )  # fmt: skip
+        _spark_chain(landing, out, logs)
     finally:
         if ours:
             del os.environ["PYSPARK_SUBMIT_ARGS"]
@@ -418,6 +417,38 @@ def build_spark(work: Path, inputs: Path, logs: list[str] | None) -> dict[str, C
         name: read_partitioned_parquet(out / name, name, keys, "date")
         for name, keys in SPARK_KEYS.items()
     }
+
+
+def _spark_chain(landing: Path, out: Path, logs: list[str] | None) -> None:
+    """The days of ``landing`` through :func:`calpipe.spark.protect_day` on local[1], each from
+    the state the day before wrote (the default method, two buckets, the events' own delayed
+    labels pending in the state), writing each day's ``scores``, ``state`` and per-stream
+    ``daily`` metrics as Parquet partitioned by ``date``: what ``calpipe spark-run`` wrote
+    before the redesign of #32, which made it write ``calpipe run``'s tables through the night
+    function (tested equal to ``calpipe run`` in ``tests/spark/``). Spark's transform itself,
+    ``protect_day``, is what this scenario keeps bit for bit."""
+    from pyspark.sql import functions as F
+
+    from calpipe import config
+    from calpipe import spark as cs
+
+    session = cs.session("local[1]")
+    state = None
+    for i in range(SPARK_DAYS):
+        d = day(i)
+        events = session.read.parquet(str(landing / f"date={d.isoformat()}"))
+        night = cs.protect_day(
+            events, state, daily=True, method=config.DEFAULT_METHOD, n_buckets=2,
+            label_time="label_time",
+        )  # fmt: skip
+        for name, frame in (("scores", night.scores), ("state", night.state),
+                            ("daily", night.daily)):  # fmt: skip
+            rows = frame.select("*", F.lit(d).cast("date").alias("date"))
+            rows.write.mode("overwrite").partitionBy("date").parquet(str(out / name))
+        night.release()
+        state = session.read.parquet(str(out / "state" / f"date={d.isoformat()}"))
+        if logs is not None:
+            logs.append(f"{d}: written to {out}/{{scores,state,daily}}")
 
 
 BUILDERS = {
@@ -472,9 +503,10 @@ SCENARIO_TEXT = {
     "k4": "5 nights of `calpipe run --labels` on K = 4 class `scores` lists, string event ids "
     "and ties in event time, the default method: labels landing 0-2 days late, one label of an "
     "unknown event quarantined.",
-    "spark": "`calpipe spark-run --master local[1] --n-buckets 2` over 3 days, the default "
+    "spark": "`calpipe.spark.protect_day` on local[1], two buckets, over 3 days, the default "
     "method: a stream idle on day 2, one starting on day 3, delayed labels in the events "
-    "(`--label-time-col`), pending in the state across days.",
+    "(`label_time`), pending in the state across days; each day's scores, state and daily "
+    "metrics written as Parquet (what `calpipe spark-run` wrote before #32's redesign).",
 }
 
 
