@@ -1,6 +1,6 @@
 """The serving map in polars: each stream's map p -> p' at the end of its state, applied to fresh
 scores (docs/ARCHITECTURE.md §4), for every method. The SQL form of the same maps is
-:mod:`calpipe.pipeline.mapping` with the macros of ``sql/macros/``.
+:mod:`calpipe.night.mapping` with the macros of ``sql/macros/``.
 """
 
 from __future__ import annotations

@@ -566,7 +566,7 @@ class Calibrator(Generic[StateT]):
 
     def sql_form(self, n_classes: int = 2) -> str | None:
         """Which SQL form this method's serving map of ``n_classes``-class forecasts has in
-        ``calibration_map`` (the rows :mod:`calpipe.pipeline.mapping` writes and the macros of
+        ``calibration_map`` (the rows :mod:`calpipe.night.mapping` writes and the macros of
         ``sql/`` evaluate), or None: served by :meth:`serving_map` in polars only.
 
         Binary: ``"logistic"`` (one logistic map, :meth:`logistic_map`), ``"steps"`` (a step or

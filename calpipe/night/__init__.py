@@ -16,15 +16,14 @@ table                   rows
 ``martingale_alarms``   :func:`calpipe.night.alarms.first_crossings`
 ``event_labels``        :func:`calpipe.night.arrivals.label_rows`
 ``quarantined_labels``  :func:`calpipe.night.arrivals.quarantine_rows`
+``calibration_map``     :func:`calpipe.night.mapping.map_rows`
+``pipeline_inputs``     :func:`calpipe.night.phases.day_inputs`
 ======================  ====================================================
 
 The night function every runner calls, a part of whole streams in phases (the local run's
 night or part, a Spark bucket), is :func:`calpipe.night.phases.night_part`, then
 :func:`calpipe.night.phases.night_day`.
 
-(``calibration_map``'s rows are :func:`calpipe.pipeline.mapping.map_rows`, and
-``pipeline_inputs``' :func:`calpipe.pipeline.inputs.day_inputs`: both move here with the
-night's redesign, issue #32.)
 """
 
 from calpipe.night.arrivals import Arrivals

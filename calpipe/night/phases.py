@@ -139,6 +139,12 @@ class Span:
         return protected_rows(self.cal, self.result.scores, None)
 
 
+def day_inputs(inputs: pl.DataFrame, day: dt.date, to: dt.date | None = None) -> pl.DataFrame:
+    """The ``pipeline_inputs`` rows of one day (of the days [day, to] with ``to``) among the
+    run's input files ``inputs`` (:func:`calpipe.pipeline.inputs.run_inputs`)."""
+    return inputs.filter(pl.col("date").is_between(day, to or day)).sort("date", "kind", "file")
+
+
 def stream_bucket(streams: pl.Series, k: int) -> np.ndarray:
     """Bucket 0..k-1 (k <= 256) of each stream name: a fixed hash, so a stream always lands in
     one bucket; uint8, so that numpy's stable argsort of the buckets is a radix sort."""

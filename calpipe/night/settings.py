@@ -27,7 +27,7 @@ class Settings:
     forecasts a database stores (binary, or K classes for the methods that take them:
     :mod:`calpipe.pipeline.classes`), and stacks (``base_method``/``base_params``), in either
     loss (``loss="brier"``: the Brier compatibility mode). The SQL serving map (``calibration_map``) exists for every
-    binary method with a SQL form (:func:`calpipe.pipeline.mapping.has_sql_map`); the others
+    binary method with a SQL form (:func:`calpipe.night.mapping.has_sql_map`); the others
     serve through :func:`serving_map`.
 
     >>> Settings().fingerprint == Settings.from_json(Settings().to_json()).fingerprint

@@ -60,6 +60,7 @@ Example
 from __future__ import annotations
 
 from calpipe.config import ECE_BINS, RELIABILITY_WINDOW_DAYS
+from calpipe.night.mapping import map_terms, map_weights, serving_map
 from calpipe.night.monitoring import daily_metrics
 from calpipe.night.settings import Settings
 from calpipe.pipeline.chain import chain_first_day, state_as_of, state_before
@@ -85,7 +86,6 @@ from calpipe.pipeline.demo_job import (
     demo_events,
 )
 from calpipe.pipeline.html_report import html_report, write_report
-from calpipe.pipeline.mapping import map_terms, map_weights, serving_map
 from calpipe.pipeline.nightly import RunSummary, default_range, pending_range, run_range
 from calpipe.pipeline.reports import (
     ASSET_TABLES,

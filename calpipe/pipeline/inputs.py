@@ -147,12 +147,6 @@ def source_inputs(
     ).cast(_INPUT_SCHEMA)
 
 
-def day_inputs(inputs: pl.DataFrame, day: dt.date, to: dt.date | None = None) -> pl.DataFrame:
-    """The ``pipeline_inputs`` rows of one day (of the days [day, to] with ``to``), the rows
-    every writer inserts."""
-    return inputs.filter(pl.col("date").is_between(day, to or day)).sort("date", "kind", "file")
-
-
 def recorded_inputs(con, start: dt.date, end: dt.date) -> pl.DataFrame:
     """The ``pipeline_inputs`` rows recorded for [start, end]."""
     return storage.read_partitions(con, "pipeline_inputs", start, end).cast(_INPUT_SCHEMA)

@@ -46,7 +46,7 @@ from calpipe.pipeline.events import check_history_duplicates, read_source
 from calpipe.pipeline.ids import ensure_id_type
 from calpipe.pipeline.inputs import LABELS, SCORES, ReplayRequired, replay_start, run_inputs
 from calpipe.pipeline.labels import night_arrivals
-from calpipe.pipeline.tables import TABLES, write_fused
+from calpipe.pipeline.tables import TABLES, write_phase
 from calpipe.storage import EventSource
 from calpipe.storage.landing import stream_part
 
@@ -266,10 +266,10 @@ def _run_day(
             if phase == "part":
                 done.append(context)
             else:
-                write_fused(writer, phase, context)
+                write_phase(writer, phase, context)
             del context  # a batch is freed before the next one runs
     day = night_day(chain, d, done, inputs)
-    write_fused(writer, "day", day)
+    write_phase(writer, "day", day)
     return day.state
 
 
@@ -350,7 +350,7 @@ def _run_span(
         per_day.append((day, n_events))
     before, chain.state = chain.state, result.state
     span = Span(d, e, chain.cal, chunk, result, before, day_rows, inputs)
-    write_fused(writer, "span", span)
+    write_phase(writer, "span", span)
     return span, per_day
 
 
@@ -506,7 +506,7 @@ def run_range(
         return True
 
     def finish(writer: storage.PartitionWriter, d0: dt.date, d1: dt.date) -> None:
-        write_fused(writer, "transaction", Transaction(settings, pl.concat(states)))
+        write_phase(writer, "transaction", Transaction(settings, pl.concat(states)))
         states.clear()
 
     # every registered table, each written by its writer: none is replaced without rows

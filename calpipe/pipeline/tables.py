@@ -47,53 +47,52 @@ from calpipe import paths, storage
 from calpipe.night.alarms import first_crossings
 from calpipe.night.arrivals import Arrivals, label_rows, quarantine_rows
 from calpipe.night.events import stored_events
+from calpipe.night.mapping import map_rows
 from calpipe.night.monitoring import arrival_metrics, arrived_in_rows, daily_rows
-from calpipe.night.phases import PHASES, Batch, Day, Span, Transaction
-from calpipe.pipeline.inputs import day_inputs
-from calpipe.pipeline.mapping import map_rows
+from calpipe.night.phases import PHASES, Batch, Day, Span, Transaction, day_inputs
 
 
-def _fused_events(b: Batch) -> pl.DataFrame:
+def _night_events(b: Batch) -> pl.DataFrame:
     return stored_events(b.events)
 
 
-def _fused_protected(b: Batch) -> pl.DataFrame:
+def _night_protected(b: Batch) -> pl.DataFrame:
     return b.protected
 
 
-def _fused_state(d: Day) -> pl.DataFrame:
+def _night_state(d: Day) -> pl.DataFrame:
     return d.state
 
 
-def _fused_day_row(d: Day) -> pl.DataFrame:
+def _night_day_row(d: Day) -> pl.DataFrame:
     return pl.DataFrame([d.day_row])
 
 
-def _fused_inputs(d: Day) -> pl.DataFrame:
+def _night_inputs(d: Day) -> pl.DataFrame:
     return day_inputs(d.inputs, d.day)
 
 
-def _fused_labels(a: Arrivals) -> pl.DataFrame:
+def _night_labels(a: Arrivals) -> pl.DataFrame:
     return label_rows(a)
 
 
-def _fused_quarantine(a: Arrivals) -> pl.DataFrame:
+def _night_quarantine(a: Arrivals) -> pl.DataFrame:
     return quarantine_rows(a)
 
 
-def _fused_daily(b: Batch) -> pl.DataFrame:
+def _night_daily(b: Batch) -> pl.DataFrame:
     return daily_rows(b.protected, b.result.state, b.day, b.groups)
 
 
-def _fused_alarms(b: Batch) -> pl.DataFrame:
+def _night_alarms(b: Batch) -> pl.DataFrame:
     return first_crossings(b.result.scores, b.before, b.day, b.groups)
 
 
-def _fused_map(s: Transaction) -> pl.DataFrame:
+def _night_map(s: Transaction) -> pl.DataFrame:
     return map_rows(s.states, s.settings)
 
 
-def _fused_arrivals(d: Day) -> pl.DataFrame:
+def _night_arrivals(d: Day) -> pl.DataFrame:
     return d.arrival_rows
 
 
@@ -138,7 +137,7 @@ def _span_arrivals(s: Span) -> pl.DataFrame:
 class OutputTable:
     """A table the pipeline writes (see the module's table).
 
-    ``fused`` computes its rows from the context of its ``phase`` (:data:`PHASES`);
+    ``rows`` computes its rows from the context of its ``phase`` (:data:`PHASES`);
     ``sort``: whether the nightly run inserts its rows in the table's sort keys' order (False for
     the event-sized tables, whose rows come in a deterministic order that a sort of millions of
     rows would only slow down); ``span``: its rows of a transaction run as one span, from a
@@ -146,7 +145,7 @@ class OutputTable:
     end of the transaction either way)."""
 
     name: str
-    fused: Callable[[Any], pl.DataFrame]
+    rows: Callable[[Any], pl.DataFrame]
     phase: str
     span: Callable[[Span], pl.DataFrame] | None = None
     sort: bool = True
@@ -156,7 +155,7 @@ class OutputTable:
             raise ValueError(
                 f"table {self.name!r} has no storage layout: add it to calpipe.storage.LAYOUT"
             )
-        if not callable(self.fused):
+        if not callable(self.rows):
             raise TypeError(f"table {self.name!r}: the registry needs its rows' writer")
         if self.phase not in PHASES:
             raise ValueError(f"table {self.name!r}: phase {self.phase!r} not in {PHASES}")
@@ -192,26 +191,26 @@ class OutputTable:
 TABLES: dict[str, OutputTable] = {
     t.name: t
     for t in (
-        OutputTable("scored_events", _fused_events, "events",
+        OutputTable("scored_events", _night_events, "events",
                     _span_events, sort=False),
-        OutputTable("protected_scores", _fused_protected, "batch",
+        OutputTable("protected_scores", _night_protected, "batch",
                     _span_protected, sort=False),
-        OutputTable("calibrator_state", _fused_state, "day",
+        OutputTable("calibrator_state", _night_state, "day",
                     _span_state),
-        OutputTable("pipeline_days", _fused_day_row, "day",
+        OutputTable("pipeline_days", _night_day_row, "day",
                     _span_day_rows),
-        OutputTable("calibration_daily", _fused_daily, "batch",
+        OutputTable("calibration_daily", _night_daily, "batch",
                     _span_daily),
-        OutputTable("calibration_arrivals", _fused_arrivals,
+        OutputTable("calibration_arrivals", _night_arrivals,
                     "day", _span_arrivals),
-        OutputTable("martingale_alarms", _fused_alarms, "batch",
+        OutputTable("martingale_alarms", _night_alarms, "batch",
                     _span_alarms),
-        OutputTable("calibration_map", _fused_map, "transaction"),
-        OutputTable("pipeline_inputs", _fused_inputs, "day",
+        OutputTable("calibration_map", _night_map, "transaction"),
+        OutputTable("pipeline_inputs", _night_inputs, "day",
                     _span_inputs),
-        OutputTable("event_labels", _fused_labels, "night",
+        OutputTable("event_labels", _night_labels, "night",
                     _span_no_labels, sort=False),  # in the label files' order
-        OutputTable("quarantined_labels", _fused_quarantine,
+        OutputTable("quarantined_labels", _night_quarantine,
                     "night", _span_no_labels),
     )
 }  # fmt: skip
@@ -225,10 +224,10 @@ def phase_rows(phase: str, context: Any) -> Iterator[tuple[OutputTable, pl.DataF
         if phase == "span" and t.span is not None:
             yield t, t.span(context)
         elif t.phase == phase:
-            yield t, t.fused(context)
+            yield t, t.rows(context)
 
 
-def write_fused(writer: storage.PartitionWriter, phase: str, context: Any) -> None:
+def write_phase(writer: storage.PartitionWriter, phase: str, context: Any) -> None:
     """Insert the rows of every registered table of ``phase`` computed from ``context``
     (:func:`phase_rows`)."""
     for t, rows in phase_rows(phase, context):

@@ -53,7 +53,7 @@ CREATE OR REPLACE MACRO calpipe_layer(s, d, lay, p, ins) AS TABLE
 
 -- Calibrated probability of `score` under stream `s`'s map in force at the end of day `as_of`
 -- (its latest map on or before; NULL: no map yet, or a NULL or NaN score), for every method
--- with a SQL form (calpipe.pipeline.mapping.has_sql_map): layer 0 at the score; layer 1 (a
+-- with a SQL form (calpipe.night.mapping.has_sql_map): layer 0 at the score; layer 1 (a
 -- stack's top, a calibeating table), where there is one, at layer 0's value; layer 2 (the top
 -- of a stack with a calibeating layer) at layer 1's. A composite-experts input whose map is a
 -- table of its own (layer -1, -2, ...) is evaluated first, at the clipped score, for the terms

@@ -17,9 +17,9 @@ import polars as pl
 
 from calpipe import config, storage
 from calpipe.night.alarms import first_crossings
+from calpipe.night.mapping import map_rows
 from calpipe.night.monitoring import arrival_metrics, daily_rows
 from calpipe.pipeline import Settings, stored_n_classes
-from calpipe.pipeline.mapping import map_rows
 
 #: The forecasts whose labels were learnt on the nights [$1, $2]: the labels of each night's
 #: scores rows (delay 0) that the feed did not bring that night, and the feed's arrivals with

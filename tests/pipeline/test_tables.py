@@ -52,7 +52,7 @@ def test_every_entry_has_its_ddl_layout_and_writer(tmp_path):
             assert t.partition_column in columns, name
             assert set(t.sort_keys) <= set(columns), name
             assert t.sort_keys[0] == t.partition_column, name
-            assert callable(t.fused), name
+            assert callable(t.rows), name
             assert t.phase in tables.PHASES
             # a span writes every table but those written at the end of the transaction
             assert (t.span is None) == (t.phase == "transaction"), name
@@ -63,7 +63,7 @@ def test_every_entry_has_its_ddl_layout_and_writer(tmp_path):
 def test_an_entry_without_a_writer_is_refused():
     t = tables.TABLES["calibration_daily"]
     with pytest.raises(TypeError, match="needs its rows' writer"):
-        dataclasses.replace(t, fused=None)
+        dataclasses.replace(t, rows=None)
 
 
 def test_a_span_writer_is_needed_before_the_transaction_phase_and_only_there():
@@ -71,7 +71,7 @@ def test_a_span_writer_is_needed_before_the_transaction_phase_and_only_there():
         dataclasses.replace(tables.TABLES["calibration_daily"], span=None)
     t = tables.TABLES["calibration_map"]
     with pytest.raises(TypeError, match="span writer"):
-        dataclasses.replace(t, span=t.fused)
+        dataclasses.replace(t, span=t.rows)
 
 
 def test_an_entry_for_a_table_the_store_does_not_know_is_refused():
@@ -104,7 +104,7 @@ def landing(request):
 
 
 def _count_writer_calls(monkeypatch, which) -> Counter[str]:
-    """Calls per table of the writer ``which(entry)`` (``"fused"`` or ``"span"``) of every
+    """Calls per table of the writer ``which(entry)`` (``"rows"`` or ``"span"``) of every
     registered table, counted as the run makes them."""
     calls: Counter[str] = Counter()
     for name, t in list(tables.TABLES.items()):
@@ -118,11 +118,11 @@ def _count_writer_calls(monkeypatch, which) -> Counter[str]:
     return calls
 
 
-def test_run_range_replaces_exactly_the_registered_tables_with_their_fused_writers(
+def test_run_range_replaces_exactly_the_registered_tables_with_their_row_functions(
     landing, monkeypatch
 ):
     source, tmp = landing
-    calls = _count_writer_calls(monkeypatch, lambda t: "fused")
+    calls = _count_writer_calls(monkeypatch, lambda t: "rows")
     replaced: list[list[str]] = []
     real = storage.replacing_partitions
 
@@ -168,9 +168,9 @@ def test_run_range_replaces_exactly_the_registered_tables_with_their_fused_write
 
 def test_a_run_without_a_label_feed_writes_every_table_with_its_span_writer(landing, monkeypatch):
     """Without a label feed the days of a transaction run as one span: every table is written
-    by its span writer, or, at the end of the transaction, by its fused writer."""
+    by its span writer, or, at the end of the transaction, by its row function."""
     source, tmp = landing
-    calls = _count_writer_calls(monkeypatch, lambda t: "span" if t.span is not None else "fused")
+    calls = _count_writer_calls(monkeypatch, lambda t: "span" if t.span is not None else "rows")
     con = storage.connect(tmp / "db.duckdb")
     try:
         pipeline.run_range(con, source)

@@ -1,4 +1,4 @@
-"""calpipe/pipeline/mapping.py: every method's serving map in SQL (#12 item 5).
+"""calpipe/night/mapping.py: every method's serving map in SQL (#12 item 5).
 
 For each binary method (and stacks), a 4-day chain writes ``calibration_map``; the
 ``calibrate_score`` macro on a grid that holds the stored scores, every breakpoint of the stored
@@ -21,8 +21,8 @@ from calpipe.calibrators import METHODS, make_calibrator
 from calpipe.engine import state_from_rows
 from calpipe.errors import InputError
 from calpipe.generate import StreamSpec
+from calpipe.night.mapping import has_sql_map
 from calpipe.pipeline import Settings
-from calpipe.pipeline.mapping import has_sql_map
 
 TOL = 1e-12
 STREAMS = (
