@@ -8,7 +8,7 @@ export DAGSTER_HOME := $(CURDIR)/.dagster_home
 export DAGSTER_DISABLE_TELEMETRY := 1
 export NUMBA_CACHE_DIR := $(CURDIR)/.venv/numba_cache
 
-.PHONY: setup setup-dev demo test lint format check-defs bench bench-spark bench-labels quality clean
+.PHONY: setup setup-dev demo test docs lint format check-defs bench bench-spark bench-labels quality clean
 
 $(VENV)/.runtime: requirements/runtime.lock pyproject.toml
 	$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "calpipe needs Python 3.11"'
@@ -28,6 +28,9 @@ setup-dev: $(VENV)/.dev          ## + test/lint tools and dev-only oracles
 demo: setup                      ## set up, then run the main job on the embedded DuckDB default
 	$(BIN)/calpipe demo
 
+docs: setup-dev                  ## the documentation site (mkdocs.yml, docs/) into site/; any warning fails it
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 lint: setup-dev
 	$(BIN)/ruff check calpipe dagster_project tests benchmarks
 	$(BIN)/ruff format --check calpipe dagster_project tests benchmarks
@@ -39,7 +42,7 @@ format: setup-dev
 check-defs: setup
 	cd $(CURDIR) && $(BIN)/dg check defs
 
-test: setup-dev lint             ## set up, lint, run the whole test suite, smoke-run the benchmarks
+test: setup-dev lint docs        ## set up, lint, build the docs, run the whole test suite, smoke-run the benchmarks
 	$(BIN)/pytest
 	$(BIN)/python -m benchmarks.run --size smoke --repeat 1 --out $(VENV)/BENCHMARKS.smoke.md
 	$(BIN)/python -m benchmarks.quality --size smoke --out $(VENV)/QUALITY.smoke.md
@@ -59,4 +62,4 @@ quality: setup-dev               ## forecast quality on real drifting streams vs
 	$(BIN)/python -m benchmarks.quality --size full --out QUALITY.md
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis .dagster_home
+	rm -rf $(VENV) site .pytest_cache .ruff_cache .hypothesis .dagster_home

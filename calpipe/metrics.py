@@ -387,6 +387,8 @@ def grouped_corp(
     score}``, NaN for a group without labelled rows. ``log_score`` is :func:`grouped_log_loss`
     and ``brier_score`` :func:`grouped_brier`, so score = MCB - DSC + UNC to rounding.
 
+    Examples
+    --------
     >>> p, y = np.array([0.1, 0.4, 0.35, 0.8]), np.array([0.0, 0.0, 1.0, 1.0])
     >>> d = grouped_corp(p, y, np.zeros(4, np.int64), 1)
     >>> round(float(d["brier_miscalibration"][0]), 4), round(float(d["log_uncertainty"][0]), 4)

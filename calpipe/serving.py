@@ -43,6 +43,8 @@ def serving_map(
     the calibrator's own :meth:`~calpipe.calibrators.base.Calibrator.serving_map` (the kernel),
     one vectorized call for all rows.
 
+    Examples
+    --------
     >>> import calpipe, polars as pl
     >>> ev = pl.DataFrame({"stream": ["a"] * 3, "event_time": [1, 2, 3], "event_id": [1, 2, 3],
     ...                    "score": [0.2, 0.7, 0.4], "label": [0, 1, 1]})
