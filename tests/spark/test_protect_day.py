@@ -68,6 +68,19 @@ def chain(spark, frame: pl.DataFrame, **kw) -> tuple[pl.DataFrame, pl.DataFrame]
     return pl.concat(parts), pl.from_arrow(state.toArrow())
 
 
+def run_composite_jumper(landing, db) -> None:
+    """``calpipe run`` (composite-jumper) of the landing folder into the database ``db``: the
+    tables spark-run must equal."""
+    con = storage.connect(db)
+    try:
+        pipeline.run_range(
+            con, storage.EventSource.parse(str(landing)),
+            settings=pipeline.Settings.make("composite-jumper"),
+        )  # fmt: skip
+    finally:
+        con.close()
+
+
 CASES = {
     "default": {},
     "composite-jumper": {"method": "composite-jumper"},
@@ -122,14 +135,7 @@ def test_spark_run_writes_every_table_of_calpipe_run_and_a_rerun_of_a_day_is_ide
     assert main(args) == 0
     assert "3 day(s)" in capsys.readouterr().out
     db = tmp_path / "db.duckdb"
-    con = storage.connect(db)
-    try:
-        pipeline.run_range(
-            con, storage.EventSource.parse(str(tmp_path / "landing")),
-            settings=pipeline.Settings.make("composite-jumper"),
-        )  # fmt: skip
-    finally:
-        con.close()
+    run_composite_jumper(tmp_path / "landing", db)
     counts = assert_tables_equal(out, db)
     assert counts["protected_scores"] == events.height and counts["pipeline_days"] == N_DAYS
     scores = read_table(out, "protected_scores")
@@ -182,7 +188,7 @@ def test_a_bad_label_fails_spark_run_with_calpipes_message_and_nothing_of_the_ni
     worker traceback), night 1 is written, and no table has a partition of night 2."""
     scores, labels, _ = split_feed(events, seed=7, frac=0.7, max_delay_days=1)
     unknown = labels.head(1).with_columns(
-        pl.lit(10**9).alias("event_id"),
+        pl.lit(10**9, labels.schema["event_id"]).alias("event_id"),
         pl.lit(dt.datetime.combine(DAYS[1], dt.time(12))).alias("label_time"),
     )
     for d in DAYS[:2]:
@@ -295,14 +301,7 @@ def test_the_dagster_spark_assets_materialize_a_backfill_and_a_day_like_spark_ru
         a for a in defs.assets if "spark_protected_scores" in {k.path[-1] for k in a.keys}
     ]
     db = tmp_path / "run.duckdb"
-    con = storage.connect(db)
-    try:
-        pipeline.run_range(
-            con, storage.EventSource.parse(str(tmp_path / "landing")),
-            settings=pipeline.Settings.make("composite-jumper"),
-        )  # fmt: skip
-    finally:
-        con.close()
+    run_composite_jumper(tmp_path / "landing", db)
     with DagsterInstance.ephemeral() as inst:
         tags = {RANGE_START_TAG: DAYS[0].isoformat(), RANGE_END_TAG: DAYS[-1].isoformat()}
         r = materialize(spark_assets, resources=defs.resources, instance=inst, tags=tags)
