@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import functools
 import os
 import re
 from collections.abc import Callable
@@ -125,9 +126,14 @@ class _NightBucket:
         schema = {**event_schema(k != 2), "event_id": self.id_type}
         ev = pl.from_arrow(events)
         if ev.height:
+            # the columns as read: the engine validates their types and values (a label 0.5
+            # is refused, not cast to 0), as calpipe run's are; only the stream name and the
+            # id take the stored types (as calpipe run's source normalizes them)
             ev = ev.select(
                 pl.lit(self.day, pl.Date).alias("event_date"),
-                *[pl.col(c).cast(t) for c, t in schema.items() if c != "event_date"],
+                pl.col("stream").cast(pl.String),
+                pl.col("event_id").cast(self.id_type),
+                *[c for c in schema if c not in ("event_date", "stream", "event_id")],
             )
             _check_days(ev, self.source)
         else:  # a bucket of idle streams: the cogroup's empty side has no columns
@@ -141,6 +147,15 @@ class _NightBucket:
             labels = side.filter(pl.col(_SIDE) == _LABEL_ROW)
             if labels.height:
                 arrivals = self._arrivals(labels, ev)
+                late = arrivals.late
+                if state is None and late.height:  # (their events are of earlier nights)
+                    r = late.row(0, named=True)
+                    raise StateError(
+                        f"labels {self.labels}, day {self.day}, stream {r['stream']!r}, event "
+                        f"{r['event_id']}: a label of an event of {r['event_date']}, but the "
+                        f"state of {self.day - dt.timedelta(days=1)} has no row of its stream "
+                        "(run the nights from the chain's first day in order)"
+                    )
         out: dict[str, list[pl.DataFrame]] = {t: [] for t in _KINDS}
         night = night_part(self.chain, self.day, ev, state, arrivals, self.source,
                            PROTECT_BATCH_ROWS)  # fmt: skip
@@ -323,24 +338,31 @@ def _labels_found(spark, labels, out: str, d: dt.date, k: int, id_type, table_fo
 def _read_labels(spark, root: str, d: dt.date, id_type):
     """The labels that landed in ``root/date=d`` in the contract's names, with ``file`` (the
     file's path under ``root``, as ``calpipe run`` records it) and each row's place in its file
-    (``__row``); None if none landed."""
+    (``__row``); None if none landed. The day's files are those ``calpipe run`` reads
+    (:func:`calpipe.storage.day_files`: Parquet files, in name order; a sub-folder or another
+    file is refused), each read on its own so that its rows carry its name."""
     F, T = cs.spark_modules()
-    path = f"{root.rstrip('/')}/date={d.isoformat()}"
-    if not Path(path).is_dir() and "://" not in root:
+    folder = Path(root) / f"date={d.isoformat()}"
+    if not folder.is_dir():
         return None
-    raw = spark.read.parquet(path)
-    missing = [c for c in ("stream", "event_id", "label", "label_time") if c not in raw.columns]
-    if missing:
-        raise InputError(missing[0], None, f"labels {path}: missing column (it has {raw.columns})")
-    file = F.regexp_extract(F.col("_metadata.file_path"), r"(date=[^/]+/.*)$", 1)
-    return cs.naive_times(raw).select(
-        F.col("stream").cast("string").alias("stream"),
-        F.col("event_id").cast("long" if id_type == pl.Int64 else "string").alias("event_id"),
-        F.col("label").cast("double").alias("__y"),
-        F.col("label_time").cast(T.TimestampNTZType()).alias("label_time"),
-        file.alias("file"),
-        F.monotonically_increasing_id().alias("__row"),
-    )
+    files = storage.day_files(folder)
+    if not files:
+        return None
+    parts = []
+    for f in files:
+        raw = spark.read.parquet(str(f))
+        missing = [c for c in ("stream", "event_id", "label", "label_time") if c not in raw.columns]
+        if missing:
+            raise InputError(missing[0], None, f"labels {f}: missing column (it has {raw.columns})")
+        parts.append(cs.naive_times(raw).select(
+            F.col("stream").cast("string").alias("stream"),
+            F.col("event_id").cast("long" if id_type == pl.Int64 else "string").alias("event_id"),
+            F.col("label").cast("double").alias("__y"),
+            F.col("label_time").cast(T.TimestampNTZType()).alias("label_time"),
+            F.lit(str(f.relative_to(root))).alias("file"),
+            F.monotonically_increasing_id().alias("__row"),
+        ))  # fmt: skip
+    return functools.reduce(lambda a, b: a.unionByName(b), parts)
 
 
 def run_days(
@@ -374,34 +396,42 @@ def run_days(
     if on_unknown_label not in ON_UNKNOWN:
         raise ParameterError(f"on_unknown_label must be one of {ON_UNKNOWN}, got "
                              f"{on_unknown_label!r}")  # fmt: skip
+    if labels is not None and not Path(labels).is_dir():
+        raise ParameterError(
+            f"labels {labels}: the nightly run on Spark reads a label feed as a landing folder "
+            "(date=YYYY-MM-DD/*.parquet, the arrival day), not a file, glob or table"
+        )
     settings = settings or Settings()
     say = log or (lambda _m: None)
     first = first_day or start
-    chain_hash = None
+    chain_hash, n_classes = None, None
     if start > first:
         before = start - dt.timedelta(days=1)
-        if read_state(spark, out, before, table_format) is None:
-            raise CalpipeError(
-                f"cannot run {start}: {out}/{STATE} has no state of {before}; "
-                f"run the days from the chain's first day {first} in order"
-            )
+        state = read_state(spark, out, before, table_format)
         days = _read_table(spark, f"{out}/pipeline_days", table_format)
-        row = days.where(f"date = DATE'{before.isoformat()}'").select("state_hash").first()
-        chain_hash = row["state_hash"] if row is not None else None
+        row = None
+        if days is not None:
+            row = days.where(f"date = DATE'{before.isoformat()}'").select("state_hash").first()
+        # the night's pipeline_days row is written last: without it, the night did not finish
+        if state is None or row is None:
+            raise CalpipeError(
+                f"cannot run {start}: {out} holds no finished night {before} (its state and "
+                f"pipeline_days row); run the nights from the chain's first day {first} in order"
+            )
+        chain_hash = row["state_hash"]
+        n_classes = state.select("n_classes").first()["n_classes"]
     done = []
     d = start
     chain = None
     while d <= end:
         events = cs.naive_times(read_events(d))
+        k = _n_classes(events)
         if chain is None:
-            k = 2
-            if "scores" in events.columns:
-                F, _ = cs.spark_modules()
-                first_row = events.select(F.size("scores").alias("k")).first()
-                k = int(first_row["k"]) if first_row is not None else 2
-            chain = Chain(settings, first, None, chain_hash, k)
+            chain = Chain(settings, first, None, chain_hash, k or n_classes or 2)
             ids = dict(events.dtypes)["event_id"]
             id_type = pl.Int64 if ids in ("bigint", "int", "smallint", "tinyint") else pl.String
+        elif k is not None and k != chain.n_classes:  # (as calpipe run's first events set it)
+            chain.use_classes(k)
         _night(spark, chain, events, d, out, labels, on_unknown_label, id_type, n_buckets,
                table_format, source)  # fmt: skip
         say(f"{d}: written to {out}/{{{','.join(SPARK_TABLES)},{STATE}}}")
@@ -410,13 +440,24 @@ def run_days(
     return done
 
 
+def _n_classes(events) -> int | None:
+    """The number of classes of a night's events: 2 for a ``score`` column, the longest
+    ``scores`` list for K-class forecasts (the engine checks that every list has K entries);
+    None for a night without events."""
+    if "scores" not in events.columns:
+        return 2
+    F, _ = cs.spark_modules()
+    k = events.select(F.max(F.size("scores")).alias("k")).first()["k"]
+    return None if k is None or k < 0 else int(k)
+
+
 def _night(spark, chain: Chain, events, d: dt.date, out: str, labels: str | None,
            on_unknown: str, id_type, n_buckets: int | None, table_format: str,
            source: str) -> None:  # fmt: skip
     """Night ``d`` on Spark: the cogroup, each table's partition, the ``pipeline_days`` row."""
     F, T = cs.spark_modules()
     k = chain.n_classes
-    col = score_column(k)
+    col = "scores" if "scores" in events.columns else "score"  # (an empty night: as landed)
     events = events.select("stream", "event_id", "event_time", col, "label")
     _check_history(spark, events, out, d, table_format, id_type, source)
     state = read_state(spark, out, d - dt.timedelta(days=1), table_format)

@@ -64,7 +64,7 @@ def register(sub) -> None:
         "--labels",
         metavar="LABELS",
         help="label feed: a landing folder date=YYYY-MM-DD/*.parquet (the arrival "
-        "day) of stream, event_id, label, label_time, as calpipe run reads it",
+        "day) of stream, event_id, label, label_time (a landing folder only)",
     )
     r.add_argument(
         "--on-unknown-label",
@@ -82,8 +82,8 @@ def register(sub) -> None:
     r.add_argument("--master", default="local[*]",
                    help="Spark master when not under spark-submit (default local[*])")  # fmt: skip
     r.add_argument("--table-format", choices=TABLE_FORMATS, default="parquet",
-                   help="parquet (dynamic partition overwrite) or delta (replaceWhere; needs "
-                        "Delta Lake on the session)")  # fmt: skip
+                   help="parquet (each night's partition folder overwritten) or delta "
+                        "(replaceWhere; needs Delta Lake on the session)")  # fmt: skip
     r.add_argument("--n-buckets", type=int,
                    help="stream buckets, one engine call each (default: 4 per core)")  # fmt: skip
     add_method_options(r)

@@ -105,8 +105,8 @@ def with_events(
     score: str,
     score_type: pl.DataType,
 ) -> pl.DataFrame:
-    """The night's labels ``raw`` (with their row ``i``) beside what :data:`_LOOKUP_SQL` found
-    (``stored``, :func:`_lookup`: in the labels' order) or, for a label of none of the stored
+    """The night's labels ``raw`` (with their row ``i``) beside what the lookup of their events
+    found (``stored``, in the labels' order: :data:`FORECASTS`' comment) or, for a label of none of the stored
     events, the night's own ``events``; in the labels' order (the checks report the first bad
     label of the files). Only the labels the lookup did not find are joined with the night's
     events (none on a night whose labels are all of earlier days)."""
@@ -153,13 +153,14 @@ def check_label_rules(frame: pl.DataFrame, source: str, day: dt.date, rules: lis
         ) from None  # fmt: skip
 
 
-#: The columns of the lookup of a night's labels (:func:`checked_arrivals`'s ``found``), one row
-#: per label in the labels' order: the event stored before the night (``event_date``,
-#: ``event_time``, its forecast column, ``row_label``: the label of its scores row), the label
-#: that arrived for it on an earlier night (``prev_label``, ``prev_date``), and the forecast made
-#: at it (``__base``, ``__prot``: :attr:`Arrivals.forecasts`). ``calpipe run`` finds them in
-#: DuckDB (:func:`calpipe.pipeline.labels.lookup_arrivals`), ``calpipe spark-run`` by joins
-#: with the tables it wrote.
+#: The forecast columns of the lookup of a night's labels (:attr:`Arrivals.forecasts`: the
+#: base and protected forecast made at each label's event). The whole lookup
+#: (:func:`checked_arrivals`' ``found``, one row per label in the labels' order) also holds the
+#: event stored before the night (``event_date``, ``event_time``, its forecast column,
+#: ``row_label``: the label of its scores row) and the label that arrived for it on an earlier
+#: night (``prev_label``, ``prev_date``). ``calpipe run`` finds them in DuckDB
+#: (:func:`calpipe.pipeline.labels.lookup_arrivals`), ``calpipe spark-run`` by joins with the
+#: tables it wrote.
 FORECASTS = ("__base", "__prot")
 
 

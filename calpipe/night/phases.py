@@ -187,8 +187,9 @@ def night_part(
     streams' state, learning the night's labels: those of the night's events in their rows,
     those of earlier events (:attr:`Arrivals.late`) in their streams' pending updates; its
     outputs are checked (:func:`~calpipe.night.chain.check_outputs`) before the ``batch``
-    phase. Memory: the caller hands ``events`` over (keeps no reference) and drops each
-    context before asking for the next: a batch is then freed before the next one runs."""
+    phase. Memory (``calpipe run``'s nights of several batches): the caller hands ``events``
+    over (keeps no reference) and drops each context before asking for the next: a batch is
+    then freed before the next one runs."""
     arrivals = arrivals or Arrivals.empty(day)
     check_stream_names(events, source)
     # stored types already (the usual case): a writer stores a batch's events while the engine

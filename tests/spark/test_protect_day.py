@@ -173,7 +173,8 @@ def test_spark_run_with_k_classes_string_ids_and_a_label_feed_equals_calpipe_run
     db = tmp_path / "run.duckdb"
     assert main(["run", *inputs, "--db", str(db), "--no-progress"]) == 0
     out = tmp_path / "out"
-    args = ["spark-run", *inputs, "--out", str(out), "--n-buckets", "2", "--master", "local[1]"]
+    # more buckets than streams: buckets of no stream, of idle state only, of labels only
+    args = ["spark-run", *inputs, "--out", str(out), "--n-buckets", "7", "--master", "local[1]"]
     assert main(args) == 0
     counts = assert_tables_equal(out, db)
     assert counts["quarantined_labels"] == 1 and counts["event_labels"] >= 20
@@ -206,6 +207,35 @@ def test_a_bad_label_fails_spark_run_with_calpipes_message_and_nothing_of_the_ni
     written = {p.parent.name for p in out.rglob("*.parquet")}
     assert f"date={DAYS[0]}" in written or f"event_date={DAYS[0]}" in written
     assert not [w for w in written if str(DAYS[1]) in w], written
+
+
+def test_a_float_label_is_refused_by_the_engine_as_calpipe_run_refuses_it(
+    spark, events, tmp_path, capsys
+):
+    """Regression: the Spark bucket cast the events to the stored types before the engine saw
+    them, so a label 0.5 was stored as 0. Now the engine validates them as read."""
+    bad = events.with_columns(pl.col("label").cast(pl.Float64))
+    bad = bad.with_columns(
+        pl.when(pl.int_range(pl.len()) == 5).then(0.5).otherwise(pl.col("label")).alias("label")
+    )
+    storage.write_landing(bad, tmp_path / "landing")
+    out = tmp_path / "out"
+    args = ["spark-run", "--events", str(tmp_path / "landing"), "--out", str(out),
+            "--n-buckets", "2", "--master", "local[1]"]  # fmt: skip
+    assert main(args) == 2
+    msg = capsys.readouterr().err
+    assert "label is not a whole number" in msg and "(value: 0.5)" in msg
+    r = bad.row(5, named=True)
+    assert f"stream {r['stream']!r}, event {r['event_id']}" in msg
+    assert not list(out.rglob("*.parquet"))  # night 1 holds the bad label: nothing written
+
+
+def test_a_label_feed_that_is_not_a_landing_folder_is_refused(spark, tmp_path):
+    f = tmp_path / "labels.parquet"
+    pl.DataFrame({"stream": ["a"]}).write_parquet(f)
+    with pytest.raises(calpipe.errors.ParameterError, match="as a landing folder"):
+        spark_run.run_days(spark, lambda d: None, str(tmp_path / "o"), DAYS[0], DAYS[0],
+                           labels=str(f))  # fmt: skip
 
 
 def test_an_event_stored_on_an_earlier_night_is_refused(spark, events, tmp_path, capsys):
@@ -275,7 +305,7 @@ def test_delta_without_delta_lake_is_refused_before_anything_is_written(spark, e
 
 
 def test_a_day_needs_the_state_of_the_day_before(spark, events, tmp_path):
-    with pytest.raises(calpipe.errors.CalpipeError, match="has no state of"):
+    with pytest.raises(calpipe.errors.CalpipeError, match="holds no finished night"):
         spark_run.run_days(
             spark, lambda d: None, str(tmp_path), DAYS[1], DAYS[1], first_day=DAYS[0]
         )
