@@ -43,7 +43,7 @@ from calpipe.errors import CalpipeError, InputError, ParameterError, StateError,
 from calpipe.night.arrivals import FORECASTS, Arrivals, check_raw_labels, checked_arrivals
 from calpipe.night.chain import Chain
 from calpipe.night.classes import score_column
-from calpipe.night.events import event_schema
+from calpipe.night.events import check_event_days, event_schema
 from calpipe.night.phases import Transaction, night_part
 from calpipe.night.settings import Settings
 from calpipe.pipeline.ids import ID_COLUMNS
@@ -135,7 +135,7 @@ class _NightBucket:
                 pl.col("event_id").cast(self.id_type),
                 *[c for c in schema if c not in ("event_date", "stream", "event_id")],
             )
-            _check_days(ev, self.source)
+            check_event_days(ev, self.source)
         else:  # a bucket of idle streams: the cogroup's empty side has no columns
             ev = pl.DataFrame(schema=schema)
         side = pl.from_arrow(side) if side.num_rows else None
@@ -208,19 +208,6 @@ class _NightBucket:
             *FORECASTS,
         )  # fmt: skip
         return checked_arrivals(raw, found, events, self.day, self.labels, k, self.on_unknown)
-
-
-def _check_days(events: pl.DataFrame, source: str) -> None:
-    """InputError naming the night, stream and event of the first event whose ``event_time``
-    is not on its night (as ``calpipe run`` checks its landing)."""
-    bad = events.filter(pl.col("event_time").cast(pl.Date) != pl.col("event_date"))
-    if bad.height:
-        r = bad.row(0, named=True)
-        raise InputError(
-            "event_time", None,
-            f"{source}, day {r['event_date']}: event {r['event_id']} of stream {r['stream']!r} "
-            f"has event_time {r['event_time']}, outside its day",
-        )  # fmt: skip
 
 
 def landing_days(root: str) -> list[dt.date]:

@@ -75,6 +75,20 @@ def check_stream_names(chunk: pl.DataFrame, source: str) -> None:
         raise source_error(exc, source, chunk) from None
 
 
+def check_event_days(chunk: pl.DataFrame, source: str, column: str = "event_time") -> None:
+    """InputError naming the day, stream and event of the first event whose ``event_time`` is
+    not on its ``event_date`` (the day of its landing folder); ``source``: the source's
+    description, ``column``: its name of the event time. Both runners call it."""
+    bad = chunk.filter(pl.col("event_time").cast(pl.Date) != pl.col("event_date"))
+    if bad.height:
+        r = bad.row(0, named=True)
+        raise InputError(
+            column, None,
+            f"{source}, day {r['event_date']}: event {r['event_id']} of stream "
+            f"{r['stream']!r} has event_time {r['event_time']}, outside its day",
+        )  # fmt: skip
+
+
 def stored_events(chunk: pl.DataFrame) -> pl.DataFrame:
     """``scored_events`` rows: the contract's columns cast to the stored types (string ids stay
     strings: :func:`ensure_id_type` made the database's id columns VARCHAR)."""

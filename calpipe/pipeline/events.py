@@ -18,7 +18,7 @@ import polars as pl
 from calpipe import storage
 from calpipe.errors import InputError
 from calpipe.night.classes import split_scores
-from calpipe.night.events import EVENT_SCHEMA, source_error
+from calpipe.night.events import EVENT_SCHEMA, check_event_days, source_error
 from calpipe.storage import EventSource
 
 
@@ -41,14 +41,7 @@ def read_source(
             exc, source.describe(), norm.with_columns(days.alias("event_date"))
         ) from None
     chunk = norm.with_columns(days.alias("event_date"))
-    bad = chunk.filter(pl.col("event_time").cast(pl.Date) != pl.col("event_date"))
-    if bad.height:
-        r = bad.row(0, named=True)
-        raise InputError(
-            source.columns.event_time, None,
-            f"{source.describe()}, day {r['event_date']}: event {r['event_id']} of stream "
-            f"{r['stream']!r} has event_time {r['event_time']}, outside its day",
-        )  # fmt: skip
+    check_event_days(chunk, source.describe(), source.columns.event_time)
     return chunk
 
 

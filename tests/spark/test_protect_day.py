@@ -230,6 +230,26 @@ def test_a_float_label_is_refused_by_the_engine_as_calpipe_run_refuses_it(
     assert not list(out.rglob("*.parquet"))  # night 1 holds the bad label: nothing written
 
 
+def test_an_event_outside_its_landing_day_is_refused(spark, events, tmp_path, capsys):
+    """An event of night 2 in night 1's folder: calpipe run's error (source, day, event, the
+    rule), and nothing written."""
+    day1 = events.filter(pl.col("event_time").dt.date() == DAYS[0])
+    stray = day1.head(1).with_columns(
+        pl.col("event_time") + pl.duration(days=1), pl.lit(10**9, day1.schema["event_id"])
+        .alias("event_id"),
+    )  # fmt: skip
+    folder = tmp_path / "landing" / f"date={DAYS[0]}"
+    folder.mkdir(parents=True)
+    pl.concat([day1, stray]).write_parquet(folder / "events.parquet")
+    out = tmp_path / "out"
+    args = ["spark-run", "--events", str(tmp_path / "landing"), "--out", str(out),
+            "--n-buckets", "2", "--master", "local[1]"]  # fmt: skip
+    assert main(args) == 2
+    msg = capsys.readouterr().err
+    assert f"day {DAYS[0]}: event 1000000000 of stream" in msg and "outside its day" in msg
+    assert not list(out.rglob("*.parquet"))
+
+
 def test_a_label_feed_that_is_not_a_landing_folder_is_refused(spark, tmp_path):
     f = tmp_path / "labels.parquet"
     pl.DataFrame({"stream": ["a"]}).write_parquet(f)
