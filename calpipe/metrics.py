@@ -46,7 +46,7 @@ import numpy as np
 import polars as pl
 
 from calpipe import config
-from calpipe.kernels.diagnostics import corp_groups, smooth_ece_groups
+from calpipe.kernels.diagnostics import bin_cells, corp_groups, smooth_ece_groups
 
 #: Probabilities are clipped to [LOG_LOSS_FLOOR, 1] inside log loss so that a 0 forecast of the
 #: outcome costs -ln(1e-15) = 34.5 nats instead of infinity (scikit-learn's convention).
@@ -309,13 +309,20 @@ def grouped_accuracy(p: np.ndarray, y: np.ndarray, ids: np.ndarray, n_groups: in
     return _per_group(np.bincount(ids, weights=hit, minlength=n_groups), ids, n_groups)
 
 
-def _bin_index(
-    p: np.ndarray, ids: np.ndarray, n_groups: int, n_bins: int
-) -> tuple[np.ndarray, int]:
-    """Index of each row's (group, bin) among ``n_groups * n_bins`` cells, and that size. A NaN
-    forecast (an invalid row) goes to bin 0 and makes its cell NaN, instead of a bad index."""
-    b = np.clip(np.nan_to_num(p) * n_bins, 0, n_bins - 1).astype(np.int64)
-    return ids * n_bins + b, n_groups * n_bins
+def _bin_cells(
+    p: np.ndarray, y: np.ndarray, ids: np.ndarray, n_groups: int, n_bins: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(count, sum p, sum y) of every (group, bin) cell, each (n_groups, n_bins)
+    (:func:`calpipe.kernels.diagnostics.bin_cells`)."""
+    count, sum_p, sum_y = bin_cells(
+        np.ascontiguousarray(p, dtype=np.float64),
+        np.ascontiguousarray(y, dtype=np.float64),
+        np.ascontiguousarray(ids, dtype=np.int64),
+        int(n_groups),
+        int(n_bins),
+    )
+    shape = (n_groups, n_bins)
+    return count.reshape(shape), sum_p.reshape(shape), sum_y.reshape(shape)
 
 
 def grouped_ece(
@@ -331,11 +338,9 @@ def grouped_ece(
     [0.45, 0.1]
     """
     p, y, ids = _labelled_rows(p, y, ids)
-    idx, size = _bin_index(p, ids, n_groups, n_bins)
-    gap = np.abs(
-        np.bincount(idx, weights=p, minlength=size) - np.bincount(idx, weights=y, minlength=size)
-    )
-    return _per_group(gap.reshape(n_groups, n_bins).sum(axis=1), ids, n_groups)
+    count, sum_p, sum_y = _bin_cells(p, y, ids, n_groups, n_bins)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.abs(sum_p - sum_y).sum(axis=1) / count.sum(axis=1)
 
 
 def grouped_reliability(
@@ -345,13 +350,9 @@ def grouped_reliability(
     (n_groups, n_bins), bin b of group g in row g; an empty bin has count 0 and NaN means
     (binary ``p``; arguments as :func:`grouped_log_loss`)."""
     p, y, ids = _labelled_rows(p, y, ids)
-    idx, size = _bin_index(p, ids, n_groups, n_bins)
-    count = np.bincount(idx, minlength=size)
+    count, sum_p, sum_y = _bin_cells(p, y, ids, n_groups, n_bins)
     with np.errstate(invalid="ignore", divide="ignore"):
-        mean_p = np.bincount(idx, weights=p, minlength=size) / count
-        mean_y = np.bincount(idx, weights=y, minlength=size) / count
-    shape = (n_groups, n_bins)
-    return count.reshape(shape), mean_p.reshape(shape), mean_y.reshape(shape)
+        return count, sum_p / count, sum_y / count
 
 
 def grouped_smooth_ece(
@@ -380,12 +381,19 @@ def grouped_smooth_ece(
 
 
 def grouped_corp(
-    p: np.ndarray, y: np.ndarray, ids: np.ndarray, n_groups: int
+    p: np.ndarray,
+    y: np.ndarray,
+    ids: np.ndarray,
+    n_groups: int,
+    *,
+    log_score: np.ndarray | None = None,
+    brier_score: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """:func:`corp` of every group for both scores (binary ``p``; arguments as
     :func:`grouped_log_loss`): arrays ``{log,brier}_{miscalibration,discrimination,uncertainty,
     score}``, NaN for a group without labelled rows. ``log_score`` is :func:`grouped_log_loss`
-    and ``brier_score`` :func:`grouped_brier`, so score = MCB - DSC + UNC to rounding.
+    and ``brier_score`` :func:`grouped_brier`, so score = MCB - DSC + UNC to rounding; a caller
+    that has computed them passes them in.
 
     Examples
     --------
@@ -404,8 +412,8 @@ def grouped_corp(
         int(n_groups),
     )
     scores = {
-        "log": grouped_log_loss(p, y, ids, n_groups),
-        "brier": grouped_brier(p, y, ids, n_groups),
+        "log": grouped_log_loss(p, y, ids, n_groups) if log_score is None else log_score,
+        "brier": grouped_brier(p, y, ids, n_groups) if brier_score is None else brier_score,
     }
     res: dict[str, np.ndarray] = {}
     for k, (name, s) in enumerate(scores.items()):

@@ -133,6 +133,41 @@ def group_max(values: np.ndarray, ids: np.ndarray, init: np.ndarray) -> np.ndarr
     )
 
 
+@njit(cache=True)
+def _increasing_in_groups(values, ids, n_ids):
+    """Whether ``values`` increase strictly, in row order, within every group of ``ids``."""
+    seen = np.zeros(n_ids, np.bool_)
+    last = np.empty(n_ids, values.dtype)
+    for i in range(values.shape[0]):
+        k = ids[i]
+        if seen[k] and values[i] <= last[k]:
+            return False
+        seen[k] = True
+        last[k] = values[i]
+    return True
+
+
+def increasing_in_groups(values: np.ndarray, ids: np.ndarray, n_ids: int) -> bool:
+    """Whether, in row order, ``values`` (int64) increase strictly within every group of ``ids``
+    (ints in [0, n_ids)): one sequential pass, the rows need not be grouped.
+
+    Example
+    -------
+    >>> import numpy as np
+    >>> increasing_in_groups(np.array([5, 1, 7, 2]), np.array([0, 1, 0, 1]), 2)
+    True
+    >>> increasing_in_groups(np.array([5, 1, 4, 2]), np.array([0, 1, 0, 1]), 2)
+    False
+    """
+    values = np.ascontiguousarray(values, dtype=np.int64)
+    ids = np.ascontiguousarray(ids, dtype=np.int64)
+    if values.shape != ids.shape:
+        raise ValueError(f"values and ids must have one length, got {values.shape} and {ids.shape}")
+    if ids.size and (ids.min() < 0 or ids.max() >= n_ids):
+        raise ValueError(f"ids must lie in [0, {n_ids})")
+    return bool(_increasing_in_groups(values, ids, int(n_ids)))
+
+
 def dense_ids(h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Dense ids of the values of ``h`` in order of first appearance, and each id's first row.
 

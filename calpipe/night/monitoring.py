@@ -1,10 +1,15 @@
 """Rows of ``calibration_daily`` and ``calibration_arrivals``: forecast quality, base vs protected.
 
 :func:`daily_rows` (:func:`daily_metrics` of a day's protected rows plus the end-of-day
-martingale and the alarm flag) and :func:`arrival_metrics` / :func:`night_arrival_rows` (the
-forecasts whose labels arrived that night). The metrics themselves are defined in
-:mod:`calpipe.metrics`; rows are grouped by stream with the grouping kernel
-(:func:`stream_groups`).
+martingale and the alarm flag) and :func:`arrival_rows` (the forecasts whose labels arrived
+that night: their :func:`arrival_stats`, with the end-of-night martingale). The metrics
+themselves are defined in :mod:`calpipe.metrics`; rows are grouped by stream with the grouping
+kernel (:func:`stream_groups`).
+
+**Computed once.** On a night whose labels all came in its rows (no label feed, or none that
+night), the arrived forecasts are the night's labelled rows: their statistics are those
+``calibration_daily`` computes (:func:`rows_arrival_stats`), bit for bit when each stream's
+labelled rows come in event id order (:func:`labels_in_id_order`), and computed apart otherwise.
 
 **The arrived forecasts of a night** (what ``calibration_arrivals`` judges): one row per label
 learnt that night, with columns ``date`` (the night), ``stream``, ``event_id``, the base and
@@ -27,7 +32,7 @@ import polars as pl
 from calpipe import config, metrics
 from calpipe.engine.contract import stream_ids
 from calpipe.engine.ordering import sort_by_keys
-from calpipe.kernels.grouping import dense_ids
+from calpipe.kernels.grouping import dense_ids, increasing_in_groups
 from calpipe.night.arrivals import Arrivals
 
 #: The CORP columns of :func:`_corp_columns` (binary forecasts only: null for K classes).
@@ -62,14 +67,23 @@ def stream_groups(frame: pl.DataFrame, keys: Sequence[str]) -> tuple[np.ndarray,
 
 
 def _corp_columns(
-    base: np.ndarray, prot: np.ndarray, y: np.ndarray, ids: np.ndarray, n_groups: int
+    forecasts: dict[str, np.ndarray],
+    y: np.ndarray,
+    ids: np.ndarray,
+    n_groups: int,
+    losses: dict[str, np.ndarray],
 ) -> dict[str, np.ndarray]:
     """The CORP decomposition (:func:`calpipe.metrics.grouped_corp`) of the log loss and the
-    Brier score of base and protected: ``{base,protected}_{log_loss,brier}_{mcb,dsc}`` and the
-    uncertainty ``{log_loss,brier}_unc`` (the labels' alone, the same for both forecasts)."""
+    Brier score of base and protected (``forecasts``, of labelled rows): the columns
+    ``{base,protected}_{log_loss,brier}_{mcb,dsc}`` and the uncertainty ``{log_loss,brier}_unc``
+    (the labels' alone, the same for both forecasts). ``losses``: the columns
+    ``{base,protected}_{log_loss,brier}`` already computed."""
     out: dict[str, np.ndarray] = {}
-    for who, p in (("base", base), ("protected", prot)):
-        d = metrics.grouped_corp(p, y, ids, n_groups)
+    for who, p in forecasts.items():
+        d = metrics.grouped_corp(
+            p, y, ids, n_groups,
+            log_score=losses[f"{who}_log_loss"], brier_score=losses[f"{who}_brier"],
+        )  # fmt: skip
         for score, name in (("log", "log_loss"), ("brier", "brier")):
             out[f"{who}_{name}_mcb"] = d[f"{score}_miscalibration"]
             out[f"{who}_{name}_dsc"] = d[f"{score}_discrimination"]
@@ -150,7 +164,6 @@ def daily_metrics(
     else:
         base_ece = metrics.grouped_ece(base_l, y, ids_l, n_groups)
         prot_ece = metrics.grouped_ece(prot_l, y, ids_l, n_groups)
-        corp = _corp_columns(base_l, prot_l, y, ids_l, n_groups) if corp else {}
         means = {
             "mean_score": metrics.grouped_mean(base, ids, n_groups),
             "mean_protected": metrics.grouped_mean(prot, ids, n_groups),
@@ -160,13 +173,19 @@ def daily_metrics(
         scores["log10_martingale"].cast(pl.Float64).to_numpy(), ids, n_groups
     )
     n_lab = np.bincount(ids_l, minlength=n_groups)
-    values = {
-        "n_events": np.bincount(ids, minlength=n_groups).astype(np.int64),
-        "n_labelled": n_lab.astype(np.int64),
+    losses = {
         "base_log_loss": metrics.grouped_log_loss(base_l, y, ids_l, n_groups),
         "protected_log_loss": metrics.grouped_log_loss(prot_l, y, ids_l, n_groups),
         "base_brier": metrics.grouped_brier(base_l, y, ids_l, n_groups),
         "protected_brier": metrics.grouped_brier(prot_l, y, ids_l, n_groups),
+    }
+    if not multiclass:  # (K classes: the null columns above)
+        forecasts = {"base": base_l, "protected": prot_l}
+        corp = _corp_columns(forecasts, y, ids_l, n_groups, losses) if corp else {}
+    values = {
+        "n_events": np.bincount(ids, minlength=n_groups).astype(np.int64),
+        "n_labelled": n_lab.astype(np.int64),
+        **losses,
         "base_ece": base_ece,
         "protected_ece": prot_ece,
         "base_smooth_ece": metrics.grouped_smooth_ece(base_l, y, ids_l, n_groups),
@@ -190,15 +209,36 @@ def daily_metrics(
     return pl.concat([keyed, out], how="horizontal").sort(keys)
 
 
+def day_stats(
+    scores: pl.DataFrame, day: dt.date | None, groups: tuple[np.ndarray, np.ndarray] | None = None
+) -> pl.DataFrame:
+    """:func:`daily_metrics` of a day's protected rows (``scores``) per stream, keyed by
+    (``date``, ``stream``): what :func:`daily_rows` and, on a night whose labels all came in its
+    rows, :func:`own_label_stats` report. ``groups``: ``stream_groups(scores, ["stream"])``.
+
+    ``day=None``: several days at once, per (``event_date``, stream) of ``scores`` (a span of
+    the nightly run, :func:`calpipe.engine.driver.protect_by_day`)."""
+    if day is None:
+        return daily_metrics(scores, keys=("event_date", "stream"), groups=groups).rename(
+            {"event_date": "date"}
+        )
+    return daily_metrics(scores, keys=("stream",), groups=groups).select(
+        pl.lit(day, pl.Date).alias("date"), pl.all()
+    )
+
+
 def daily_rows(
     scores: pl.DataFrame,
     state: pl.DataFrame,
     day: dt.date | None,
     groups: tuple[np.ndarray, np.ndarray] | None = None,
+    *,
+    stats: pl.DataFrame | None = None,
 ) -> pl.DataFrame:
     """``calibration_daily`` rows of ``day``: :func:`daily_metrics` of the day's protected rows
     (``scores``) per stream, with the end-of-day martingale and its maximum to date from the
-    day's ``state`` rows, and the alarm flag. ``groups``: ``stream_groups(scores, ["stream"])``.
+    day's ``state`` rows, and the alarm flag. ``groups``: ``stream_groups(scores, ["stream"])``;
+    ``stats``: :func:`day_stats` of the same arguments, when the caller has them already.
 
     ``day=None``: the rows of several days at once, per (``event_date``, stream) of ``scores``,
     with each day's ``state`` rows (their ``date``): the same rows as day by day (a span of the
@@ -210,16 +250,8 @@ def daily_rows(
         "log10_martingale",
         pl.col("log10_martingale_max").alias("log10_martingale_max_to_date"),
     )
-    if day is None:
-        metrics_ = daily_metrics(scores, keys=("event_date", "stream"), groups=groups).rename(
-            {"event_date": "date"}
-        )
-        on = ["date", "stream"]
-    else:
-        metrics_ = daily_metrics(scores, keys=("stream",), groups=groups).select(
-            pl.lit(day, pl.Date).alias("date"), pl.all()
-        )
-        on = ["stream"]
+    metrics_ = day_stats(scores, day, groups) if stats is None else stats
+    on = ["date", "stream"] if day is None else ["stream"]
     return metrics_.join(end_of_day, on=on, how="left").with_columns(
         (pl.col("log10_martingale_max") >= thr).alias("alarm")
     )
@@ -290,12 +322,11 @@ def _arrived_in_night(labelled: pl.DataFrame, arrivals: Arrivals) -> pl.DataFram
     return arrived.select(pl.lit(day, pl.Date).alias("date"), *columns)
 
 
-def arrival_metrics(arrived: pl.DataFrame, state: pl.DataFrame) -> pl.DataFrame:
-    """``calibration_arrivals`` rows of the arrived forecasts ``arrived`` (module docstring):
-    per night and stream, how many labels, base vs protected log loss, Brier, ECE and smooth
-    ECE (:func:`daily_metrics`), the mean and largest label delay, and the stream's martingale
-    at the end of the night (``state``: the nights' ``calibrator_state`` rows; every stream
-    that learnt a label on a night has one)."""
+def arrival_stats(arrived: pl.DataFrame) -> pl.DataFrame:
+    """Per night and stream of the arrived forecasts ``arrived`` (module docstring): how many
+    labels, base vs protected log loss, Brier, ECE and smooth ECE (:func:`daily_metrics`), and
+    the mean and largest label delay (the columns of ``calibration_arrivals`` that the labels
+    decide; :func:`arrival_rows` adds the martingale)."""
     if arrived.height == 0:
         return pl.DataFrame(schema={"date": pl.Date, "stream": pl.String})
     keys = ("date", "stream")
@@ -313,11 +344,63 @@ def arrival_metrics(arrived: pl.DataFrame, state: pl.DataFrame) -> pl.DataFrame:
         pl.Series("mean_delay_s", metrics.grouped_mean(delay, ids, n)),
         pl.Series("max_delay_s", metrics.grouped_max(delay, ids, n)),
     )
+    return stats.select(*keys, pl.col("n_labelled").alias("n_labels"), *_ARRIVAL_METRICS).join(
+        delays, on=list(keys), how="left"
+    )
+
+
+def labels_in_id_order(protected: pl.DataFrame, groups: tuple[np.ndarray, np.ndarray]) -> bool:
+    """Whether, within each stream (``groups``: :func:`stream_groups` of ``protected`` by
+    ``stream``), the labelled rows of ``protected`` come in increasing event id order: the order
+    :func:`arrival_stats` sorts the arrived forecasts into. Then, on nights whose labels all
+    came in their rows, the arrived forecasts are the labelled rows in the order
+    :func:`daily_metrics` reads them, and :func:`own_label_stats` holds their statistics to the
+    bit (every grouped metric sums each group's rows in row order). Integer event ids only
+    (others answer False: the caller sorts)."""
+    if protected["event_id"].dtype != pl.Int64:
+        return False
+    ids, first = groups
+    labelled = protected["label"].is_not_null().to_numpy()
+    event_id = protected["event_id"].to_numpy()
+    if not labelled.all():
+        event_id, ids = event_id[labelled], ids[labelled]
+    return increasing_in_groups(event_id, ids, first.shape[0])
+
+
+def own_label_stats(stats: pl.DataFrame) -> pl.DataFrame:
+    """:func:`arrival_stats` of a night (or nights) whose labels all came in the rows, from
+    the :func:`day_stats` of the same rows (computed once for ``calibration_daily``), when
+    :func:`labels_in_id_order` holds: the streams with labels, their label count and metrics,
+    and delays of 0 (each label learnt with its event)."""
+    zero = pl.lit(0.0, pl.Float64)
+    return stats.filter(pl.col("n_labelled") > 0).select(
+        "date", "stream", pl.col("n_labelled").alias("n_labels"), *_ARRIVAL_METRICS,
+        zero.alias("mean_delay_s"), zero.alias("max_delay_s"),
+    )  # fmt: skip
+
+
+def rows_arrival_stats(
+    protected: pl.DataFrame, stats: pl.DataFrame, groups: tuple[np.ndarray, np.ndarray]
+) -> pl.DataFrame:
+    """:func:`arrival_stats` of nights whose labels all came in their rows (no label feed, or
+    none that night): of :func:`arrived_in_rows` of their ``protected_scores`` rows, taken from
+    their :func:`day_stats` ``stats`` when :func:`labels_in_id_order` holds (``groups``: the
+    rows' :func:`stream_groups` by ``stream``), which spares computing the metrics twice."""
+    if labels_in_id_order(protected, groups):
+        return own_label_stats(stats)
+    return arrival_stats(arrived_in_rows(protected))
+
+
+def arrival_rows(stats: pl.DataFrame, state: pl.DataFrame) -> pl.DataFrame:
+    """``calibration_arrivals`` rows of :func:`arrival_stats` ``stats``: with the stream's
+    martingale at the end of the night (``state``: the nights' ``calibrator_state`` rows; every
+    stream that learnt a label on a night has one) and the alarm flag."""
+    if stats.height == 0:
+        return pl.DataFrame(schema={"date": pl.Date, "stream": pl.String})
+    keys = ["date", "stream"]
     end_of_night = state.select(*keys, "log10_martingale", "log10_martingale_max")
     return (
-        stats.select(*keys, pl.col("n_labelled").alias("n_labels"), *_ARRIVAL_METRICS)
-        .join(delays, on=keys, how="left")
-        .join(end_of_night, on=keys, how="left")
+        stats.join(end_of_night, on=keys, how="left")
         .with_columns(
             (pl.col("log10_martingale_max") >= config.ALARM_LOG10_THRESHOLD).alias("alarm")
         )
@@ -325,11 +408,14 @@ def arrival_metrics(arrived: pl.DataFrame, state: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def night_arrival_rows(
-    labelled: pl.DataFrame, arrivals: Arrivals, state: pl.DataFrame
-) -> pl.DataFrame:
-    """The ``calibration_arrivals`` rows of one night of the nightly run, or of one part of its
-    streams (the rows are per stream): :func:`arrival_metrics` of the forecasts the night's
-    labels judge (:func:`_arrived_in_night`), with the night's ``calibrator_state`` rows
-    ``state``."""
-    return arrival_metrics(_arrived_in_night(labelled, arrivals), state)
+def arrival_metrics(arrived: pl.DataFrame, state: pl.DataFrame) -> pl.DataFrame:
+    """``calibration_arrivals`` rows of the arrived forecasts ``arrived`` (module docstring):
+    :func:`arrival_rows` of :func:`arrival_stats`."""
+    return arrival_rows(arrival_stats(arrived), state)
+
+
+def night_arrival_stats(labelled: pl.DataFrame, arrivals: Arrivals) -> pl.DataFrame:
+    """The :func:`arrival_stats` of one night of the nightly run, or of one part of its
+    streams (the rows are per stream): of the forecasts the night's labels judge
+    (:func:`_arrived_in_night`)."""
+    return arrival_stats(_arrived_in_night(labelled, arrivals))

@@ -43,7 +43,14 @@ from calpipe.errors import InputError
 from calpipe.night.arrivals import Arrivals
 from calpipe.night.chain import Chain, changed_streams, check_outputs, protected_rows, state_rows
 from calpipe.night.events import check_stream_names, event_schema, protect_columns, source_error
-from calpipe.night.monitoring import labelled_rows, night_arrival_rows, stream_groups
+from calpipe.night.monitoring import (
+    arrival_rows,
+    day_stats,
+    labelled_rows,
+    night_arrival_stats,
+    rows_arrival_stats,
+    stream_groups,
+)
 from calpipe.night.settings import Settings
 
 #: The phases a table's rows are computed at, in the order :func:`night_part` and
@@ -77,6 +84,13 @@ class Batch:
         """Stream ids of the engine's output rows (= of :attr:`protected`'s, same order)."""
         return stream_groups(self.protected, ["stream"])
 
+    @cached_property
+    def stats(self) -> pl.DataFrame:
+        """The batch's metrics per stream (:func:`~calpipe.night.monitoring.day_stats`):
+        ``calibration_daily`` reports them, and ``calibration_arrivals`` on a night whose
+        labels all came in its rows."""
+        return day_stats(self.protected, self.day, self.groups)
+
 
 @dataclass
 class PartDone:
@@ -104,7 +118,7 @@ class Day:
     day_row: dict[str, Any]
     inputs: pl.DataFrame
     #: the ``calibration_arrivals`` rows of the forecasts whose labels the night learnt, computed
-    #: part by part (:func:`~calpipe.night.monitoring.night_arrival_rows`: the forecasts of a
+    #: part by part (:func:`~calpipe.night.monitoring.arrival_rows`: the forecasts of a
     #: part are freed with it)
     arrival_rows: pl.DataFrame
 
@@ -137,6 +151,13 @@ class Span:
     def protected(self) -> pl.DataFrame:
         """The span's ``protected_scores`` rows (the monitoring reads them too)."""
         return protected_rows(self.cal, self.result.scores, None)
+
+    @cached_property
+    def stats(self) -> pl.DataFrame:
+        """The span's metrics per day and stream (:func:`~calpipe.night.monitoring.day_stats`):
+        ``calibration_daily`` reports them, and ``calibration_arrivals`` (a span's labels all
+        came in its rows)."""
+        return day_stats(self.protected, None)
 
 
 def day_inputs(inputs: pl.DataFrame, day: dt.date, to: dt.date | None = None) -> pl.DataFrame:
@@ -203,7 +224,7 @@ def night_part(
     yield "night", arrivals
     k, batches = stream_batches(events, batch_rows)
     late = arrivals.late
-    parts, labelled, streams, n_active = [], [], [], 0
+    parts, labelled, stats, streams, n_active = [], [], [], [], 0
     late_bucket = None if k == 1 or not late.height else stream_bucket(late["stream"], k)
     for i in range(k):
         rows = events if batches is None else events[batches[i]]
@@ -224,7 +245,10 @@ def night_part(
             yield "events", batch
         yield "batch", batch
         parts.append(batch.result.state)
-        labelled.append(labelled_rows(batch.protected))
+        if arrivals.rows.height:  # judged with the feed's labels, part by part below
+            labelled.append(labelled_rows(batch.protected))
+        else:  # the night's labels all came in its rows: the daily metrics hold theirs
+            stats.append(rows_arrival_stats(batch.protected, batch.stats, batch.groups))
         streams.append(batch.protected["stream"].gather(batch.groups[1]))  # the batch's streams
         n_active += batch.groups[1].shape[0]
         del rows, batch  # free the batch before the next one
@@ -232,7 +256,9 @@ def night_part(
     del events, batches  # (handed over: the part's events are freed)
     state = parts[0] if k == 1 else pl.concat(parts).sort("stream")
     changed = state_rows(state, day, changed_streams(pl.concat(streams), arrivals))
-    arrived = night_arrival_rows(pl.concat(labelled), arrivals, changed)
+    if labelled:
+        stats.append(night_arrival_stats(pl.concat(labelled), arrivals))
+    arrived = arrival_rows(concat_parts(stats, ["date", "stream"]), changed)
     yield "part", PartDone(state, changed, arrived, n_events, n_active, arrivals.rows.height)
 
 

@@ -175,7 +175,7 @@ def read_arrivals(
 #: For the night's labels (registered as ``_calpipe_label_keys``, with their row ``i``): the
 #: event stored on a day before $1 (the night), a label that arrived on a night before it, and
 #: the forecast made at the event (``protected_scores``: the night's arrival monitoring judges
-#: it, :func:`calpipe.night.monitoring.night_arrival_rows`). The days from $1 on are being
+#: it, :func:`calpipe.night.monitoring.night_arrival_stats`). The days from $1 on are being
 #: replaced by this run (each checked as it is read). At most one row per label: an event and
 #: its label are unique over the history.
 _LOOKUP_SQL = """

@@ -24,7 +24,7 @@ table                   rows                         phase
 ``calibrator_state``    ``state_rows``               day
 ``pipeline_days``       ``Chain.day_row``            day
 ``calibration_daily``   ``daily_rows``               batch
-``calibration_arrivals``  ``arrival_metrics``        day
+``calibration_arrivals``  ``arrival_rows``           day
 ``martingale_alarms``   ``first_crossings``          batch
 ``calibration_map``     ``map_rows``                 transaction
 ``pipeline_inputs``     ``day_inputs``               day
@@ -48,7 +48,7 @@ from calpipe.night.alarms import first_crossings
 from calpipe.night.arrivals import Arrivals, label_rows, quarantine_rows
 from calpipe.night.events import stored_events
 from calpipe.night.mapping import map_rows
-from calpipe.night.monitoring import arrival_metrics, arrived_in_rows, daily_rows
+from calpipe.night.monitoring import arrival_rows, daily_rows, rows_arrival_stats, stream_groups
 from calpipe.night.phases import PHASES, Batch, Day, Span, Transaction, day_inputs
 
 
@@ -81,7 +81,7 @@ def _night_quarantine(a: Arrivals) -> pl.DataFrame:
 
 
 def _night_daily(b: Batch) -> pl.DataFrame:
-    return daily_rows(b.protected, b.result.state, b.day, b.groups)
+    return daily_rows(b.protected, b.result.state, b.day, b.groups, stats=b.stats)
 
 
 def _night_alarms(b: Batch) -> pl.DataFrame:
@@ -122,7 +122,7 @@ def _span_no_labels(s: Span) -> pl.DataFrame:
 
 
 def _span_daily(s: Span) -> pl.DataFrame:
-    return daily_rows(s.protected, s.result.states, None)
+    return daily_rows(s.protected, s.result.states, None, stats=s.stats)
 
 
 def _span_alarms(s: Span) -> pl.DataFrame:
@@ -130,7 +130,8 @@ def _span_alarms(s: Span) -> pl.DataFrame:
 
 
 def _span_arrivals(s: Span) -> pl.DataFrame:
-    return arrival_metrics(arrived_in_rows(s.protected), s.result.states)
+    groups = stream_groups(s.protected, ["stream"])
+    return arrival_rows(rows_arrival_stats(s.protected, s.stats, groups), s.result.states)
 
 
 @dataclass(frozen=True)

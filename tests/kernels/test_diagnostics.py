@@ -270,3 +270,31 @@ def test_grouped_smooth_ece_equals_each_group_alone():
 def test_smooth_ece_at_refuses_bad_input_by_name(f, y, sigma, match):
     with pytest.raises(ValueError, match=match):
         smooth_ece_at(np.array(f), np.array(y), sigma)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 2),
+            st.one_of(st.floats(-0.5, 1.5), st.sampled_from([0.0, 1.0, math.nan, math.inf])),
+            st.sampled_from([0.0, 1.0]),
+        ),
+        max_size=60,
+    ),
+    st.integers(1, 20),
+)
+def test_bin_cells_equal_numpy_bincount_to_the_bit(rows, n_bins):
+    """The ECE's cells in one pass equal the numpy form they replaced (clip the bin of
+    nan_to_num(p) * n_bins into [0, n_bins - 1], then np.bincount), every bit."""
+    from calpipe.kernels.diagnostics import bin_cells
+
+    ids = np.array([r[0] for r in rows], dtype=np.int64)
+    p = np.array([r[1] for r in rows], dtype=np.float64)
+    y = np.array([r[2] for r in rows], dtype=np.float64)
+    b = np.clip(np.nan_to_num(p) * n_bins, 0, n_bins - 1).astype(np.int64)
+    idx, size = ids * n_bins + b, 3 * n_bins
+    count, sum_p, sum_y = bin_cells(p, y, ids, 3, n_bins)
+    assert count.tolist() == np.bincount(idx, minlength=size).tolist()
+    np.testing.assert_array_equal(sum_p, np.bincount(idx, weights=p, minlength=size))
+    np.testing.assert_array_equal(sum_y, np.bincount(idx, weights=y, minlength=size))

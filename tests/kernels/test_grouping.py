@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -70,6 +72,25 @@ def test_group_max_is_the_running_max_per_group_ignoring_nan(rows, init):
     for k in range(5):
         want = max([init[k]] + [v for i, v in rows if i == k and not np.isnan(v)])
         assert out[k] == want
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(-3, 3)), max_size=40))
+def test_increasing_in_groups_equals_a_check_of_each_group(rows):
+    ids = np.array([r[0] for r in rows], dtype=np.int64)
+    values = np.array([r[1] for r in rows], dtype=np.int64)
+    want = True
+    for k in range(4):
+        seq = [v for i, v in rows if i == k]
+        want = want and all(a < b for a, b in itertools.pairwise(seq))
+    assert G.increasing_in_groups(values, ids, 4) is want
+
+
+def test_increasing_in_groups_refuses_ids_out_of_range():
+    import pytest
+
+    with pytest.raises(ValueError, match=r"ids must lie in \[0, 2\)"):
+        G.increasing_in_groups(np.array([1, 2]), np.array([0, 2]), 2)
 
 
 @settings(max_examples=300, deadline=None)

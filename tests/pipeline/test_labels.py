@@ -556,7 +556,7 @@ def test_arrivals_of_earlier_events_without_their_forecasts_are_refused_not_drop
     (Arrivals.forecasts); arrivals without them (as read back from event_labels) would lose
     those labels from calibration_arrivals, so they are an error, not a silent drop."""
     from calpipe.night.arrivals import Arrivals
-    from calpipe.night.monitoring import night_arrival_rows
+    from calpipe.night.monitoring import night_arrival_stats
 
     late = Arrivals.empty(day(2)).rows.vstack(pl.DataFrame([{
         "date": day(2), "stream": "a", "event_id": 1, "event_date": day(1),
@@ -567,9 +567,7 @@ def test_arrivals_of_earlier_events_without_their_forecasts_are_refused_not_drop
                                     "base_score": pl.Float64, "protected_score": pl.Float64,
                                     "label": pl.Int32})  # fmt: skip
     with pytest.raises(ValueError, match="without their forecasts"):
-        night_arrival_rows(
-            labelled, Arrivals(day(2), late, Arrivals.empty(day(2)).quarantined), pl.DataFrame()
-        )
+        night_arrival_stats(labelled, Arrivals(day(2), late, Arrivals.empty(day(2)).quarantined))
 
 
 def test_a_night_s_labels_are_looked_up_in_slices_that_fit_duckdb_s_pool(tmp_path, monkeypatch):

@@ -1,0 +1,87 @@
+"""The monitoring rows of calpipe.night.monitoring: the arrival statistics of a night whose
+labels all came in its rows, taken from its daily statistics, equal those computed from its
+labelled rows, bit for bit."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import numpy as np
+import polars as pl
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from calpipe.night.monitoring import (
+    arrival_stats,
+    arrived_in_rows,
+    day_stats,
+    labels_in_id_order,
+    rows_arrival_stats,
+    stream_groups,
+)
+
+DAY = dt.date(2024, 5, 1)
+
+
+def protected(n: int, n_streams: int, seed: int, shuffle_ids: bool, k: int = 2) -> pl.DataFrame:
+    """A night's protected rows in time order: ids increase with time unless ``shuffle_ids``."""
+    rng = np.random.default_rng(seed)
+    base = rng.uniform(0.01, 0.99, n)
+    label = np.where(rng.random(n) < 0.7, (rng.random(n) < base).astype(np.int32), -1)
+    ids = rng.permutation(n) if shuffle_ids else np.arange(n)
+    cols = {
+        "event_date": pl.Series([DAY] * n, dtype=pl.Date),
+        "stream": [f"s{i}" for i in rng.integers(0, n_streams, n)],
+        "event_id": ids.astype(np.int64),
+        "label": pl.Series(label).replace(-1, None),
+        "log10_martingale": rng.normal(0, 1, n),
+    }
+    if k == 2:
+        cols |= {"base_score": base, "protected_score": np.clip(base + rng.normal(0, 0.05, n),
+                                                                0.001, 0.999)}  # fmt: skip
+    else:
+        p = rng.dirichlet(np.ones(k), n)
+        cols |= {"base_scores": p.tolist(), "protected_scores": p[:, ::-1].tolist(),
+                 "label": pl.Series(np.where(label >= 0, rng.integers(0, k, n), -1)).replace(-1, None)}  # fmt: skip
+    return pl.DataFrame(cols)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    n=st.integers(0, 400), n_streams=st.integers(1, 6), seed=st.integers(0, 10**6),
+    shuffle_ids=st.booleans(), k=st.sampled_from([2, 3]),
+)  # fmt: skip
+def test_arrival_stats_from_the_daily_ones_equal_those_of_the_labelled_rows(
+    n, n_streams, seed, shuffle_ids, k
+):
+    rows = protected(n, n_streams, seed, shuffle_ids, k)
+    groups = stream_groups(rows, ["stream"])
+    got = rows_arrival_stats(rows, day_stats(rows, DAY, groups), groups).sort("date", "stream")
+    want = arrival_stats(arrived_in_rows(rows)).sort("date", "stream")
+    if want.height == 0:
+        assert got.height == 0
+        return
+    assert got.schema == want.schema
+    assert got.equals(want)  # every bit (NaN = NaN)
+
+
+def test_labels_in_id_order_sees_the_order_within_each_stream_and_only_of_labelled_rows():
+    rows = pl.DataFrame({
+        "stream": ["a", "b", "a", "b", "a"], "event_id": [1, 9, 2, 3, 0],
+        "label": [1, 0, None, 1, None],
+    })  # fmt: skip
+    # a's labelled ids 1 (row 0); b's 9 then 3: out of order
+    assert not labels_in_id_order(rows, stream_groups(rows, ["stream"]))
+    ok = rows.with_columns(pl.Series("event_id", [1, 2, 9, 3, 0]))
+    assert labels_in_id_order(ok, stream_groups(ok, ["stream"]))  # a's unlabelled 0 is ignored
+    text = ok.with_columns(pl.col("event_id").cast(pl.String))
+    assert not labels_in_id_order(text, stream_groups(text, ["stream"]))  # string ids: sorted
+
+
+@pytest.mark.parametrize("shuffle_ids", [False, True])
+def test_both_paths_are_taken(shuffle_ids):
+    """The equality above covers both paths: ids in time order take the daily statistics,
+    shuffled ids the sort."""
+    rows = protected(2000, 5, 1, shuffle_ids)
+    assert labels_in_id_order(rows, stream_groups(rows, ["stream"])) is not shuffle_ids
