@@ -52,7 +52,7 @@ import numpy as np
 from numba import njit, uint64
 
 from calpipe import config
-from calpipe.kernels.grouping import counting_sort_kernel
+from calpipe.kernels.grouping import counting_sort_kernel, sort_values_kernel
 from calpipe.kernels.isotonic import pav_kernel
 
 #: The kernel's tails are cut at this many sigma: phi(6 sigma) / phi(0) = e^-18 ~ 1.5e-8.
@@ -268,8 +268,8 @@ def corp_groups(f, y, ids, n_groups):
             else:
                 f0[i0] = v
                 i0 += 1
-        f1.sort()
-        f0.sort()
+        sort_values_kernel(f1)
+        sort_values_kernel(f0)
         cnt = np.zeros(n, np.int64)
         pos = np.zeros(n, np.int64)
         g = -1

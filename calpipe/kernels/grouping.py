@@ -15,6 +15,8 @@ verifies every row's key against its stream's first row (:func:`calpipe.engine.c
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import njit
 
@@ -166,6 +168,72 @@ def increasing_in_groups(values: np.ndarray, ids: np.ndarray, n_ids: int) -> boo
     if ids.size and (ids.min() < 0 or ids.max() >= n_ids):
         raise ValueError(f"ids must lie in [0, {n_ids})")
     return bool(_increasing_in_groups(values, ids, int(n_ids)))
+
+
+@njit(cache=True)
+def _insertion_sort(a, lo, hi):
+    """Sort ``a[lo:hi]`` in place (short runs: a bucket's few values)."""
+    for i in range(lo + 1, hi):
+        v = a[i]
+        j = i - 1
+        while j >= lo and a[j] > v:
+            a[j + 1] = a[j]
+            j -= 1
+        a[j + 1] = v
+
+
+@njit(cache=True)
+def sort_values_kernel(a):
+    """Sort the float64 array ``a`` in place, in O(n) expected time for values spread over
+    their range: a bucket sort (n buckets of equal width between the minimum and the maximum,
+    each then sorted: by insertion if short, by numba's sort otherwise), 4x numba's sort on a
+    thousand forecasts (the CORP decomposition's per-group sorts). The result is the sorted
+    array, as any sort gives it; values that do not spread (NaN, infinities, a range too small
+    to divide) take numba's sort."""
+    n = a.shape[0]
+    if n < 2:
+        return
+    lo = a[0]
+    hi = a[0]
+    nan = False
+    for i in range(n):
+        v = a[i]
+        if v < lo:
+            lo = v
+        elif v > hi:
+            hi = v
+        elif v != v:
+            nan = True
+    if not nan and hi == lo:  # all equal
+        return
+    scale = 0.0 if nan else (n - 1) / (hi - lo)
+    if nan or not (math.isfinite(scale) and math.isfinite(lo) and math.isfinite(hi)):
+        a.sort()  # (numba's sort puts NaNs last, as numpy's)
+        return
+    if n < 64:
+        _insertion_sort(a, 0, n)
+        return
+    starts = np.zeros(n + 1, np.int64)
+    bucket = np.empty(n, np.int64)
+    for i in range(n):
+        k = min(int((a[i] - lo) * scale), n - 1)
+        bucket[i] = k
+        starts[k + 1] += 1
+    for k in range(n):
+        starts[k + 1] += starts[k]
+    pos = starts[:n].copy()
+    out = np.empty(n)
+    for i in range(n):
+        k = bucket[i]
+        out[pos[k]] = a[i]
+        pos[k] += 1
+    for k in range(n):
+        b, e = starts[k], starts[k + 1]
+        if e - b > 32:
+            out[b:e].sort()
+        elif e - b > 1:
+            _insertion_sort(out, b, e)
+    a[:] = out
 
 
 def dense_ids(h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

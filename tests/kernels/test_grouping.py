@@ -118,3 +118,35 @@ def test_group_key_order_equals_a_stable_two_key_sort(rows, presorted):
     expected = np.lexsort((key, ids))
     assert G.group_key_order(ids, 5, key).tolist() == expected.tolist()
     assert G.group_key_order(ids, 5).tolist() == np.argsort(ids, kind="stable").tolist()
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.floats(allow_nan=True, allow_infinity=True),
+            st.floats(0, 1),
+            st.sampled_from([0.0, -0.0, 0.5, 5e-324, 1.0]),
+        ),
+        max_size=300,
+    )
+)
+def test_sort_values_kernel_equals_numpy_sort(values):
+    a = np.array(values, dtype=np.float64)
+    want = np.sort(a)
+    G.sort_values_kernel(a)
+    np.testing.assert_array_equal(a, want)  # (NaN = NaN; -0.0 = 0.0)
+
+
+def test_sort_values_kernel_on_spread_narrow_and_tied_forecasts():
+    rng = np.random.default_rng(5)
+    for a in (
+        rng.beta(2, 3, 5000),
+        0.5 + rng.normal(0, 1e-9, 5000),
+        np.round(rng.random(5000), 2),
+        np.concatenate([np.full(3000, 0.2), rng.random(100)]),
+        np.geomspace(1e-300, 1, 5000),
+    ):
+        got = a.copy()
+        G.sort_values_kernel(got)
+        assert np.array_equal(got, np.sort(a))
