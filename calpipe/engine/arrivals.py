@@ -14,9 +14,9 @@ from collections.abc import Sequence
 import numpy as np
 import polars as pl
 
+from calpipe.calibrators.base import list_series
 from calpipe.engine.contract import TIME_US, Rule, check_rules
-from calpipe.engine.ordering import key_order
-from calpipe.engine.state import list_series
+from calpipe.engine.ordering import group_order
 from calpipe.errors import InputError
 from calpipe.kernels import grouping as G
 
@@ -83,16 +83,13 @@ def arrive_labels(
     # new ones by event): the pending updates (in their order) followed by the new ones in
     # their events' order, stably sorted by (stream, label time). Numpy sorts: polars' rank of
     # the (event_time, event_id) struct and its 4-key sort took 1 s of a 2M-label night.
-    seq = key_order(j, order_t)
+    # (only each stream's order of its new labels matters: the final sort below is by stream)
+    new_sid = j["__sid"].cast(pl.Int64).to_numpy()
+    seq = group_order(new_sid, state.height, j, order_t)
     new_sc = j[score].cast(pl.Float64) if width == 1 else j[score].cast(pl.Array(pl.Float64, width))
     n_pend = state["pending_labels"].list.len().fill_null(0).to_numpy()
     old_sc = state["pending_scores"].explode().drop_nulls().to_numpy()
-    sid = np.concatenate(
-        [
-            np.repeat(np.arange(state.height, dtype=np.int64), n_pend),
-            j["__sid"].cast(pl.Int64).to_numpy()[seq],
-        ]
-    )
+    sid = np.concatenate([np.repeat(np.arange(state.height, dtype=np.int64), n_pend), new_sid[seq]])
     t = np.concatenate(
         [
             state["pending_label_time"]

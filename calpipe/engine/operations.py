@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
+from calpipe.calibrators.base import list_series
 from calpipe.engine.contract import TIME_US
-from calpipe.engine.state import list_series
 from calpipe.errors import StateError
 from calpipe.kernels import grouping as G
 from calpipe.kernels import ops

@@ -85,6 +85,39 @@ def _ranked_order(frame: pl.DataFrame, keys: Sequence[str], ranks: list[np.ndarr
     return lex_order(ranks)
 
 
+def group_order(
+    ids: np.ndarray, n_ids: int, frame: pl.DataFrame, keys: Sequence[str]
+) -> np.ndarray:
+    """The stable order of ``frame``'s rows by group (``ids``: ints in [0, n_ids)), then by
+    ``keys`` within each group: the order of ``frame.sort(["__id", *keys], maintain_order=True)``
+    with ``__id = ids``. A counting sort by group and a sort of each group
+    (:func:`calpipe.kernels.grouping.group_key_order`) by the keys packed into one int64, or by
+    the first key alone where no two rows of a group tie on it (then it decides the order); a
+    global sort only otherwise. Why: a stream's late labels are ordered by their events; one
+    sort of a night's 2M labels by (event time, event id) took 0.85 s, this ~0.1 s.
+
+    >>> f = pl.DataFrame({"t": [5, 1, 3, 2], "i": [0, 0, 1, 1]})
+    >>> group_order(np.array([1, 1, 0, 0]), 2, f, ["t", "i"]).tolist()
+    [3, 2, 1, 0]
+    """
+    ids = np.ascontiguousarray(ids, dtype=np.int64)
+    ranks = _ranks(frame, keys)
+    if ranks is None:  # nulls, NaN or other types: polars
+        keyed = frame.select(keys).with_columns(pl.Series("__id", ids))
+        order = keyed.select(pl.arg_sort_by(["__id", *keys], maintain_order=True)).to_series()
+        return order.to_numpy().astype(np.int64)
+    packed = _packed(ranks)  # (one integer key: itself, as int64)
+    if packed is not None:
+        return group_key_order(ids, n_ids, packed)
+    first = _packed(ranks[:1])
+    if first is not None:
+        order = group_key_order(ids, n_ids, first)
+        g, k = ids[order], first[order]
+        if not np.any((g[1:] == g[:-1]) & (k[1:] == k[:-1])):
+            return order
+    return lex_order([ids, *ranks])
+
+
 def duplicated(frame: pl.DataFrame, keys: Sequence[str]) -> np.ndarray:
     """Which rows share their ``keys`` with another row (a bool array): the value of
     ``pl.struct(keys).is_duplicated()``, by an order of the rows that makes equal keys

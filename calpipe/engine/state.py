@@ -16,7 +16,6 @@ from collections.abc import Sequence
 
 import numpy as np
 import polars as pl
-import pyarrow as pa
 
 from calpipe.calibrators import Calibrator
 from calpipe.calibrators.base import FlatState
@@ -162,13 +161,6 @@ def state_from_rows(cal: Calibrator, rows: pl.DataFrame, n_classes: int, keys=No
 def empty_lists(n: int, inner: pl.DataType) -> pl.Series:
     """n empty lists (one broadcast, not a Python list of n lists)."""
     return pl.Series([[]], dtype=pl.List(inner)).new_from_index(0, n)
-
-
-def list_series(values: np.ndarray, offsets: np.ndarray, inner: pl.DataType) -> pl.Series:
-    """The list column whose row s is ``values[offsets[s]:offsets[s + 1]]``, built from Arrow
-    buffers (no Python loop over rows). Datetime values are given as int64 microseconds."""
-    arr = pa.LargeListArray.from_arrays(pa.array(offsets, pa.int64()), pa.array(values))
-    return pl.Series(pl.from_arrow(arr)).cast(pl.List(inner))
 
 
 def join_state(cal, cols, n_classes, streams, first_rows, state0, n_streams):

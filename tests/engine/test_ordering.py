@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from calpipe.engine.ordering import duplicated, key_order, lex_order, sort_by_keys
+from calpipe.engine.ordering import duplicated, group_order, key_order, lex_order, sort_by_keys
 
 _KEYS = st.lists(st.sampled_from(["s", "i", "t", "f", "b"]), min_size=1, max_size=3, unique=True)
 
@@ -42,6 +42,25 @@ def test_sort_by_keys_equals_polars_stable_sort(frame, keys):
     expected = frame.sort(keys, maintain_order=True)
     assert sort_by_keys(frame, keys).equals(expected)
     assert key_order(frame, keys).tolist() == expected["row"].to_list()
+
+
+@settings(max_examples=300, deadline=None)
+@given(_frames(), _KEYS, st.data())
+def test_group_order_equals_polars_stable_sort_by_group_then_keys(frame, keys, data):
+    ids = data.draw(st.lists(st.integers(0, 3), min_size=frame.height, max_size=frame.height))
+    keyed = frame.with_columns(pl.Series("__id", ids, dtype=pl.Int64))
+    expected = keyed.sort(["__id", *keys], maintain_order=True)["row"].to_list()
+    assert group_order(np.array(ids, dtype=np.int64), 4, frame, keys).tolist() == expected
+
+
+def test_group_order_of_keys_too_wide_to_pack_ties_and_no_ties():
+    """Event times in microseconds over a month and ids of a wide range do not pack into one
+    int64: the first key decides where it has no ties in a group, a global sort otherwise."""
+    t = np.array([3, 1, 2, 1], dtype=np.int64) * 10**15
+    f = pl.DataFrame({"t": t, "i": np.array([2, 9, 7, 1], dtype=np.int64) * 10**6})
+    assert group_order(np.array([0, 0, 1, 1]), 2, f, ["t", "i"]).tolist() == [1, 0, 3, 2]
+    tie = f.with_columns(pl.Series("t", t[[0, 0, 0, 0]]))  # all tied: by i
+    assert group_order(np.array([0, 0, 0, 0]), 1, tie, ["t", "i"]).tolist() == [3, 0, 2, 1]
 
 
 @settings(max_examples=300, deadline=None)
