@@ -24,7 +24,7 @@ import numpy as np
 import polars as pl
 
 from calpipe.engine.contract import stream_ids
-from calpipe.kernels.grouping import group_key_order
+from calpipe.kernels.grouping import duplicated_pairs, group_key_order
 
 
 def _rank(s: pl.Series) -> np.ndarray | None:
@@ -147,6 +147,11 @@ def duplicated(frame: pl.DataFrame, keys: Sequence[str]) -> np.ndarray:
     out = np.zeros(n, dtype=bool)
     if n < 2:
         return out
+    ints = [_packed([r]) for r in ranks]  # (each key alone as int64, or None)
+    if len(keys) <= 2 and all(r is not None for r in ints):
+        # (stream, event id): a hash of the pairs, O(n); the order below took 2.7 s of a
+        # night's 10M labels, mostly sorting each stream's ids
+        return duplicated_pairs(ints[0], ints[1] if len(ints) == 2 else np.zeros(n, np.int64))
     order = _ranked_order(frame, keys, ranks)
     same = np.ones(n - 1, dtype=bool)
     for r in ranks:

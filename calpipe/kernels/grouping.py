@@ -236,6 +236,51 @@ def sort_values_kernel(a):
     a[:] = out
 
 
+@njit(cache=True)
+def _duplicated_pairs(a, b):
+    """Which rows share their pair (a[i], b[i]) with another row: one pass over an
+    open-addressing table of first rows (a power of two >= 2n slots, linear probing), keys
+    compared exactly."""
+    n = a.shape[0]
+    cap = 16
+    while cap < 2 * n:
+        cap *= 2
+    mask = np.uint64(cap - 1)
+    slot = np.full(cap, -1, np.int64)
+    out = np.zeros(n, np.bool_)
+    for i in range(n):
+        h = _mix(np.uint64(a[i]) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(b[i])) & mask
+        while True:
+            r = slot[h]
+            if r < 0:
+                slot[h] = i
+                break
+            if a[r] == a[i] and b[r] == b[i]:
+                out[r] = True
+                out[i] = True
+                break
+            h = (h + np.uint64(1)) & mask
+    return out
+
+
+def duplicated_pairs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Which rows share their pair of int64 keys (``a[i]``, ``b[i]``) with another row (a bool
+    array): O(n) by hashing, the keys compared exactly (a stream id and an event id: the
+    duplicate labels of a night).
+
+    Example
+    -------
+    >>> import numpy as np
+    >>> duplicated_pairs(np.array([0, 1, 0, 0]), np.array([5, 5, 5, 6])).tolist()
+    [True, False, True, False]
+    """
+    a = np.ascontiguousarray(a, dtype=np.int64)
+    b = np.ascontiguousarray(b, dtype=np.int64)
+    if a.shape != b.shape or a.ndim != 1:
+        raise ValueError(f"a and b must be 1-d of one length, got {a.shape} and {b.shape}")
+    return _duplicated_pairs(a, b)
+
+
 def dense_ids(h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Dense ids of the values of ``h`` in order of first appearance, and each id's first row.
 

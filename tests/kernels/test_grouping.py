@@ -150,3 +150,16 @@ def test_sort_values_kernel_on_spread_narrow_and_tied_forecasts():
         got = a.copy()
         G.sort_values_kernel(got)
         assert np.array_equal(got, np.sort(a))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(-2, 2), st.sampled_from([0, 1, -(2**63), 2**63 - 1])), max_size=60
+    )
+)
+def test_duplicated_pairs_equals_a_count_of_each_pair(rows):
+    a = np.array([r[0] for r in rows], dtype=np.int64)
+    b = np.array([r[1] for r in rows], dtype=np.int64)
+    want = [rows.count(r) > 1 for r in rows]
+    assert G.duplicated_pairs(a, b).tolist() == want
