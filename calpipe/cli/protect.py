@@ -1,4 +1,4 @@
-"""``calpipe protect`` (a Parquet file of scored events through :func:`calpipe.protect`, with a
+"""``calpipe protect`` (a Parquet or CSV file of scored events through :func:`calpipe.protect`, with a
 per-stream summary) and ``calpipe methods`` (every method's parameter table)."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import numpy as np
 import polars as pl
 
 import calpipe
-from calpipe import metrics
+from calpipe import metrics, storage
 from calpipe.cli import progress
 from calpipe.cli.options import add_method_options, method_params
-from calpipe.errors import InputError
+from calpipe.errors import InputError, StoreError
 
 
 def stream_summary(
@@ -43,16 +43,29 @@ def _cmd_protect(args: argparse.Namespace) -> int:
         raise InputError(None, None, f"output {args.output} is a directory; name a Parquet file")
     show = progress.enabled(args.no_progress)
     with progress.status(f"reading {args.input}", show=show) as say:
-        try:
-            events = pl.read_parquet(args.input)
-        except (pl.exceptions.PolarsError, OSError) as exc:
-            raise InputError(None, None, f"cannot read {args.input} as Parquet: {exc}") from None
+        events = _read(args.input)
         warm = "" if progress.kernels_cached() else " (compiling the kernels: first run only)"
         say(f"protecting {events.height:,} events with {args.method}{warm}")
         out = _protect(events, args)
         say(f"writing {args.output}")
         _write(out, args)
     return _summarise(events, out, args, t0)
+
+
+def _read(path: str) -> pl.DataFrame:
+    """The scored events of ``path``: a Parquet file, or a CSV one (``.csv``, ``.csv.gz``,
+    ``.tsv``: a header row, read by DuckDB's sniffer as ``calpipe run`` reads it)."""
+    if path.lower().endswith(storage.CSV_SUFFIXES):
+        if not Path(path).is_file():
+            raise InputError(None, None, f"cannot read {path}: no such file")
+        try:
+            return storage.EventSource.parse(path).read_file()
+        except StoreError as exc:
+            raise InputError(None, None, f"cannot read {path} as CSV: {exc}") from None
+    try:
+        return pl.read_parquet(path)
+    except (pl.exceptions.PolarsError, OSError) as exc:
+        raise InputError(None, None, f"cannot read {path} as Parquet: {exc}") from None
 
 
 def _protect(events: pl.DataFrame, args: argparse.Namespace) -> pl.DataFrame:
@@ -119,8 +132,10 @@ def _cmd_methods(args: argparse.Namespace) -> int:
 
 def register(sub) -> None:
     """Add ``protect`` and ``methods`` to the ``calpipe`` sub-command parser."""
-    p = sub.add_parser("protect", help="protect the scores of a Parquet file of scored events")
-    p.add_argument("input", help="scored events (Parquet)")
+    p = sub.add_parser(
+        "protect", help="protect the scores of a Parquet or CSV file of scored events"
+    )
+    p.add_argument("input", help="scored events (Parquet, or CSV: .csv, .csv.gz, .tsv)")
     p.add_argument("output", help="where to write the protected rows (Parquet)")
     src = p.add_mutually_exclusive_group()
     src.add_argument(

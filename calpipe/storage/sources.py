@@ -21,7 +21,7 @@ import polars as pl
 
 from calpipe.errors import InputError, StoreError
 from calpipe.storage.landing import FILE_COLUMN, day_files, part_where, read_parquet_files
-from calpipe.storage.session import fetch_one, query
+from calpipe.storage.session import configure_session, fetch_one, query
 
 
 @dataclass(frozen=True)
@@ -182,6 +182,23 @@ class EventSource:
         if self.kind == "table":
             return ".".join(f'"{part}"' for part in self.location.split("."))
         raise StoreError(f"no relation for a {self.kind} source")
+
+    def read_file(self) -> pl.DataFrame:
+        """Every row of a Parquet or CSV file (or glob) source, typed as ``calpipe run`` reads
+        it (DuckDB's reader and CSV sniffer, naive times as UTC), on a connection of its own;
+        a read error is a StoreError naming the source.
+
+        >>> import tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "e.csv")
+        >>> _ = open(path, "w").write("stream,event_id,score\\na,1,0.25\\n")
+        >>> EventSource.parse(path).read_file().rows()
+        [('a', 1, 0.25)]
+        """
+        if self.kind not in ("parquet", "csv"):
+            raise StoreError(f"{self.describe()}: not a Parquet or CSV file")
+        with duckdb.connect() as con, self.reading():
+            configure_session(con)
+            return con.sql(f"SELECT * FROM {self._relation_sql()}").pl()
 
     def date_range(self, con: duckdb.DuckDBPyConnection) -> tuple[dt.date, dt.date] | None:
         """First and last event date of the source (None if it has no events)."""

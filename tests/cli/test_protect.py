@@ -287,6 +287,40 @@ def test_input_that_is_not_parquet_exits_2_with_a_message(tmp_path, capsys):
     assert not out_path.exists()
 
 
+def test_protect_reads_csv_as_calpipe_run_does(binary_file, tmp_path, capsys):
+    """``calpipe protect`` reads CSV too (issue 37 item 9), typed by DuckDB's sniffer as
+    ``calpipe run`` reads it: the same protected rows as from the Parquet file."""
+    df, _ = binary_file
+    for name in ("events.csv", "events.csv.gz"):
+        csv = tmp_path / name
+        if name.endswith(".gz"):
+            import gzip
+
+            csv.write_bytes(gzip.compress(df.write_csv().encode()))
+        else:
+            df.write_csv(csv)
+        out_path = tmp_path / f"out-{name}.parquet"
+        assert main(["protect", str(csv), str(out_path)]) == 0
+        out = pl.read_parquet(out_path)
+        want = calpipe.protect(df)
+        assert out.height == want.height
+        assert_frame_equal(out.select(want.columns), want, check_dtypes=False, check_exact=True)
+    assert f"wrote {df.height} rows" in capsys.readouterr().out
+
+
+def test_csv_input_that_cannot_be_read_exits_2_naming_it(tmp_path, capsys):
+    missing = tmp_path / "nope.csv"
+    assert main(["protect", str(missing), str(tmp_path / "o.parquet")]) == 2
+    err = capsys.readouterr().err
+    assert "cannot read" in err and "nope.csv" in err
+    bad = tmp_path / "bad.csv.gz"  # not gzip
+    bad.write_text("stream,event_id,score\na,1,0.5\n")
+    assert main(["protect", str(bad), str(tmp_path / "o.parquet")]) == 2
+    err = capsys.readouterr().err
+    assert "cannot read" in err and "bad.csv.gz" in err
+    assert not (tmp_path / "o.parquet").exists()
+
+
 def test_clip_that_is_not_a_number_exits_2_with_a_message(binary_file, tmp_path, capsys):
     """``--clip abc`` is a bad parameter like ``--pi 0``: exit 2, message, no traceback."""
     _, path = binary_file
