@@ -632,36 +632,44 @@ def test_transactions_span_whole_days_up_to_the_event_budget(monkeypatch):
     """A transaction starts at a day and takes as many days as fit in TRANSACTION_ROWS at that
     day's size (at least one, at most CHUNK_DAYS): what bounds a backfill's memory."""
     sizes = [5, 5, 50, 5, 5, 5, 5, 0]
-    spans, written = [], []
-
-    @contextlib.contextmanager
-    def replacing(_con, start, end, tables, *, background=False):
-        spans.append((start, end))
-
-        class Writer:
-            rows = dict.fromkeys(tables, 0)
-
-            def wait(self):
-                pass
-
-            def flush(self, table=None):
-                pass
-
-        yield Writer()
-
-    monkeypatch.setattr(storage, "replacing_partitions", replacing)
-    monkeypatch.setattr(storage, "drop_block_cache", lambda _con: None)
     monkeypatch.setattr(transactions, "TRANSACTION_ROWS", 10)
     monkeypatch.setattr(transactions, "CHUNK_DAYS", 3)
-    transactions.write_days(
-        None, day(0), day(7), ["scored_events"],
-        lambda d: pl.DataFrame({"x": range(sizes[(d - START).days])}),
-        lambda _w, d, data: written.append(((d - START).days, data.height)),
-    )  # fmt: skip
-    assert [((a - START).days, (b - START).days) for a, b in spans] == [
-        (0, 1), (2, 2), (3, 4), (5, 6), (7, 7),
-    ]  # fmt: skip
-    assert written == list(enumerate(sizes))
+    spans, d = [], day(0)
+    while d <= day(7):
+        e = transactions.transaction_end(d, day(7), sizes[(d - START).days])
+        spans.append(((d - START).days, (e - START).days))
+        d = e + dt.timedelta(days=1)
+    assert spans == [(0, 1), (2, 2), (3, 4), (5, 6), (7, 7)]
+
+
+def test_a_run_commits_in_the_transactions_the_days_sizes_make(tmp_path, monkeypatch):
+    """The run's loop (nightly._Nights.write) replaces partitions in the transactions
+    transaction_end makes of its days' sizes, reads each day once and in order, and writes
+    each day's rows (days of 3,000 events at TRANSACTION_ROWS = 5,000: one day a
+    transaction; at 10,000: three days, run as one span)."""
+    import calpipe.pipeline.nightly as nightly
+
+    landing = tmp_path / "landing"
+    streams = (StreamSpec("a", events_per_day=1_000), StreamSpec("b", events_per_day=2_000))
+    storage.write_landing(generate.generate(n_days=3, streams=streams, seed=5), landing)
+    real, spans = storage.replacing_partitions, []
+
+    def replacing(con, start, end, tables, *, background=False):
+        spans.append((start, end))
+        return real(con, start, end, tables, background=background)
+
+    monkeypatch.setattr(storage, "replacing_partitions", replacing)
+    for budget, want in ((5_000, 3), (10_000, 1)):
+        spans.clear()
+        monkeypatch.setattr(transactions, "TRANSACTION_ROWS", budget)
+        con = storage.connect(tmp_path / f"db{budget}.duckdb")
+        try:
+            s = nightly.run_range(con, storage.EventSource.parse(str(landing)))
+            n = storage.fetch_one(con, "SELECT count(DISTINCT event_date) FROM scored_events")
+        finally:
+            con.close()
+        assert len(spans) == want and s.days == 3 and n == (3,)
+        assert spans[0][0] == s.start and spans[-1][1] == s.end
 
 
 def test_daily_metrics_equal_the_metrics_expressions():

@@ -35,7 +35,7 @@ The modules, one concern each (every public name is re-exported here):
 
 * ``nightly``: :func:`run_range`, what it runs next (:func:`default_range`,
   :func:`pending_range`), its parts and spans; ``tables``: the table registry;
-  ``transactions``: transactions of whole days (:func:`~calpipe.pipeline.transactions.write_days`);
+  ``transactions``: transactions of whole days (:func:`~calpipe.pipeline.transactions.transaction_end`);
 * ``events``: reading a source's events; ``labels``: reading and checking the label feed;
   ``chain``: the stored chain (where a run resumes, :func:`state_before`); ``inputs``: what
   each day was computed from and which days to replay; ``classes``, ``ids``: the number of

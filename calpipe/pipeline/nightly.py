@@ -362,6 +362,133 @@ class DayProgress(Protocol):
     def stop(self) -> None: ...
 
 
+@dataclass
+class _Nights:
+    """The nights of one :func:`run_range`, written in transactions of whole days
+    (:meth:`write`): each day read from the source (:meth:`_read`, part by part for a big
+    night: :meth:`_parts`), run through the night function (:func:`_run_day`), or several
+    small days at once as a span (:meth:`_span`), and each transaction's end-of-run rows
+    (:meth:`_finish`). The loop is here, driven by the run; ``transactions`` sizes each
+    transaction (:func:`~calpipe.pipeline.transactions.transaction_end`)."""
+
+    con: duckdb.DuckDBPyConnection
+    source: EventSource
+    labels: EventSource | None
+    settings: Settings
+    chain: Chain
+    inputs: pl.DataFrame
+    end: dt.date
+    on_unknown_label: str
+    spans: bool
+    progress: DayProgress | None
+    empty_days: list[dt.date] = field(default_factory=list)
+    #: the ``calibrator_state`` rows of the current transaction's days (for its map)
+    states: list[pl.DataFrame] = field(default_factory=list)
+
+    def write(self, start: dt.date) -> dict[str, int]:
+        """Replace the partitions of every table of the days [start, end], in transactions of
+        whole consecutive days; the rows written per table. A transaction starts at a day whose
+        events are read first and spans as many days as fit at that day's size
+        (:func:`~calpipe.pipeline.transactions.transaction_end`); its days run as one span when
+        they can, else one by one, each day read once the writer has sent what the day's reads
+        consult (:func:`~calpipe.pipeline.transactions.before_read`). A crash leaves whole
+        days."""
+        tables = list(TABLES)
+        rows = dict.fromkeys(tables, 0)
+        d = start
+        while d <= self.end:
+            day = self._read(d)
+            e = transactions.transaction_end(d, self.end, day.height)
+            with storage.replacing_partitions(self.con, d, e, tables, background=True) as writer:
+                if not (e > d and self._span(writer, d, e, day)):
+                    for each in storage.iter_days(d, e):
+                        if each != d:
+                            transactions.before_read(writer, tables)
+                            day = self._read(each)
+                        self._night(writer, each, day)
+                        day = None  # free the day before reading the next one
+                self._finish(writer)
+            for table, n in writer.rows.items():
+                rows[table] += n
+            storage.drop_block_cache(self.con)  # the days just committed are not read again
+            d = e + dt.timedelta(days=1)
+        return rows
+
+    def _read(self, d: dt.date, part: tuple[int, int] | None = None) -> _DayEvents:
+        """Day ``d``'s events and checked labels (of ``part``); a big night is read part by
+        part as it runs (:meth:`_parts`)."""
+        k = parts_of_night(self.inputs, d) if part is None else 1
+        if k > 1:
+            return _DayEvents(None, recorded_rows(self.inputs, d, SCORES) or 0, parts=k)
+        chunk = _read_day(self.con, self.source, d, self.end, self.chain, part=part)
+        arrived = night_arrivals(self.con, self.labels, d, chunk, self.on_unknown_label, part)
+        feed = f"labels {self.labels and self.labels.describe()}, day {d}"
+        for rows in (arrived.rows, arrived.quarantined):
+            check_part(rows["stream"], part, feed)
+        return _DayEvents(chunk, chunk.height, arrived)
+
+    def _parts(
+        self, writer: storage.PartitionWriter, d: dt.date, day: _DayEvents
+    ) -> Iterator[_DayEvents]:
+        """The parts of night ``d``, each read as the night reaches it; every row read in
+        exactly one part (StateError otherwise: a file changed during the run)."""
+        if day.parts == 1:
+            yield day
+            return
+        n_events = n_labels = 0  # (no local holds a part: the engine frees each)
+        for i in range(day.parts):
+            writer.wait()  # the part's reads need the connection (no INSERT pending)
+            part = self._read(d, (i, day.parts))
+            n_events += part.height
+            n_labels += part.arrivals.rows.height + part.arrivals.quarantined.height
+            yield part
+            del part
+        want = (recorded_rows(self.inputs, d, SCORES), recorded_rows(self.inputs, d, LABELS))
+        # (a missing count: the parts' own reads only)
+        if any(w is not None and w != m for w, m in zip(want, (n_events, n_labels), strict=True)):
+            raise StateError(
+                f"day {d}: its {day.parts} parts read {n_events} events and {n_labels} labels; "
+                f"its files hold {want[0]} and {want[1]} (did a file change during the run?)"
+            )
+
+    def _night(self, writer: storage.PartitionWriter, d: dt.date, day: _DayEvents) -> None:
+        """Night ``d`` through the night function, its rows written as they come."""
+        if day.height == 0:
+            self.empty_days.append(d)
+        parts = self._parts(writer, d, day)
+        self.states.append(
+            _run_day(writer, self.source, self.chain, d, parts, day.parts, self.inputs)
+        )
+        if self.progress is not None:
+            self.progress.advance(d, day.height)
+
+    def _span(
+        self, writer: storage.PartitionWriter, d0: dt.date, d1: dt.date, first: _DayEvents
+    ) -> bool:
+        """The days [d0, d1] as one span (:func:`_run_span`), if they can run so: without a
+        label feed, small days. False, having written nothing, otherwise."""
+        if self.labels is not None or not self.spans or first.parts > 1:
+            return False
+        done = _run_span(
+            writer, self.con, self.source, self.settings, self.chain, d0, d1, first.frame,
+            self.end, self.inputs,
+        )  # fmt: skip
+        if done is None:
+            return False
+        self.states.append(done[0].result.states)
+        for d, n in done[1]:
+            if n == 0:
+                self.empty_days.append(d)
+            if self.progress is not None:
+                self.progress.advance(d, n)
+        return True
+
+    def _finish(self, writer: storage.PartitionWriter) -> None:
+        """The transaction's end: its ``calibration_map`` rows (phase ``transaction``)."""
+        write_phase(writer, "transaction", Transaction(self.settings, pl.concat(self.states)))
+        self.states.clear()
+
+
 def run_range(
     con,
     source: EventSource,
@@ -389,7 +516,7 @@ def run_range(
     :class:`~calpipe.pipeline.inputs.ReplayRequired` error naming the day and the reason.
 
     Writes the rows of every table of the registry (:data:`TABLES`), one day at a time from
-    memory (:func:`_run_day`), every table of a day in one transaction (:func:`write_days`):
+    memory (:func:`_run_day`), every table of a day in one transaction (:meth:`_Nights.write`):
     a day is read from the source once, validated once and never read back; memory is bounded
     by a batch of streams plus the day's events (a night of more than
     :data:`NIGHT_PART_ROWS` scores or labels is read, checked and protected in
@@ -444,82 +571,17 @@ def run_range(
         settings, first, state_before(con, start, settings, first), state_hash_before(con, start),
         stored_n_classes(con),
     )  # fmt: skip
-    empty_days: list[dt.date] = []
-    states: list[pl.DataFrame] = []
-
-    def read_part(d: dt.date, part: tuple[int, int] | None = None) -> _DayEvents:
-        chunk = _read_day(con, source, d, end, chain, part=part)
-        arrived = night_arrivals(con, labels, d, chunk, on_unknown_label, part)
-        for rows in (arrived.rows, arrived.quarantined):
-            check_part(rows["stream"], part, f"labels {labels and labels.describe()}, day {d}")
-        return _DayEvents(chunk, chunk.height, arrived)
-
-    def read(d: dt.date) -> _DayEvents:
-        k = parts_of_night(inputs, d)
-        if k > 1:  # a big night: read part by part as it runs (write)
-            return _DayEvents(None, recorded_rows(inputs, d, SCORES) or 0, parts=k)
-        return read_part(d)
-
-    def night_parts(writer: storage.PartitionWriter, d: dt.date, day: _DayEvents):
-        if day.parts == 1:
-            yield day
-            return
-        n = [0, 0]  # events, labels read (no local holds a part: the engine frees each)
-
-        def counted(part: _DayEvents) -> _DayEvents:
-            n[0] += part.height
-            n[1] += part.arrivals.rows.height + part.arrivals.quarantined.height
-            return part
-
-        for i in range(day.parts):
-            writer.wait()  # the part's reads need the connection (no INSERT pending)
-            yield counted(read_part(d, (i, day.parts)))
-        want = (recorded_rows(inputs, d, SCORES), recorded_rows(inputs, d, LABELS))
-        # every row in exactly one part: nothing dropped nor read twice (a missing count: the
-        # parts' own reads only)
-        if any(w is not None and w != m for w, m in zip(want, n, strict=True)):
-            raise StateError(
-                f"day {d}: its {day.parts} parts read {n[0]} events and {n[1]} labels; its "
-                f"files hold {want[0]} and {want[1]} (did a file change during the run?)"
-            )
-
-    def write(writer: storage.PartitionWriter, d: dt.date, day: _DayEvents) -> None:
-        if day.height == 0:
-            empty_days.append(d)
-        parts = night_parts(writer, d, day)
-        states.append(_run_day(writer, source, chain, d, parts, day.parts, inputs))
-        if progress is not None:
-            progress.advance(d, day.height)
-
-    def span(writer: storage.PartitionWriter, d0: dt.date, d1: dt.date, first: _DayEvents) -> bool:
-        if labels is not None or not spans or first.parts > 1:
-            return False
-        done = _run_span(writer, con, source, settings, chain, d0, d1, first.frame, end, inputs)
-        if done is None:
-            return False
-        states.append(done[0].result.states)
-        for d, n in done[1]:
-            if n == 0:
-                empty_days.append(d)
-            if progress is not None:
-                progress.advance(d, n)
-        return True
-
-    def finish(writer: storage.PartitionWriter, d0: dt.date, d1: dt.date) -> None:
-        write_phase(writer, "transaction", Transaction(settings, pl.concat(states)))
-        states.clear()
-
+    run = _Nights(con, source, labels, settings, chain, inputs, end, on_unknown_label, spans,
+                  progress)  # fmt: skip
     # every registered table, each written by its writer: none is replaced without rows
     if progress is not None:
         progress.start((end - start).days + 1)
     try:
-        rows = transactions.write_days(
-            con, start, end, list(TABLES),
-            read, write, background=True, finish=finish, span=span,
-        )  # fmt: skip
+        rows = run.write(start)
     finally:
         if progress is not None:
             progress.stop()
+    empty_days = run.empty_days
     empty = f", {len(empty_days)} day(s) without events" if empty_days else ""
     say(f"scored_events: {rows['scored_events']} events, {start}..{end}{empty}")
     say(f"protected_scores / calibrator_state: {rows['protected_scores']} rows")
