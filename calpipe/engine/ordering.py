@@ -93,8 +93,9 @@ def group_order(
     with ``__id = ids``. A counting sort by group and a sort of each group
     (:func:`calpipe.kernels.grouping.group_key_order`) by the keys packed into one int64, or by
     the first key alone where no two rows of a group tie on it (then it decides the order); a
-    global sort only otherwise. Why: a stream's late labels are ordered by their events; one
-    sort of a night's 2M labels by (event time, event id) took 0.85 s, this ~0.1 s.
+    global sort only otherwise. Why: a stream's late labels are ordered by their events; over a
+    10M-label night in 5 parts (py-spy, BENCHMARKS.md §18) the global sort by (event time,
+    event id) took 4.3 s, this 2.3 s.
 
     >>> f = pl.DataFrame({"t": [5, 1, 3, 2], "i": [0, 0, 1, 1]})
     >>> group_order(np.array([1, 1, 0, 0]), 2, f, ["t", "i"]).tolist()

@@ -313,6 +313,7 @@ def test_csv_input_that_cannot_be_read_exits_2_naming_it(tmp_path, capsys):
     assert main(["protect", str(missing), str(tmp_path / "o.parquet")]) == 2
     err = capsys.readouterr().err
     assert "cannot read" in err and "nope.csv" in err
+    assert not (tmp_path / "o.parquet").exists()
     bad = tmp_path / "bad.csv.gz"  # not gzip
     bad.write_text("stream,event_id,score\na,1,0.5\n")
     assert main(["protect", str(bad), str(tmp_path / "o.parquet")]) == 2
