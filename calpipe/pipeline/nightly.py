@@ -405,7 +405,7 @@ class _Nights:
                         if each != d:
                             transactions.before_read(writer, tables)
                             day = self._read(each)
-                        self._night(writer, each, day)
+                        self._night(writer, each, day, first=each == d)
                         day = None  # free the day before reading the next one
                 self._finish(writer)
             for table, n in writer.rows.items():
@@ -414,35 +414,59 @@ class _Nights:
             d = e + dt.timedelta(days=1)
         return rows
 
-    def _read(self, d: dt.date, part: tuple[int, int] | None = None) -> _DayEvents:
-        """Day ``d``'s events and checked labels (of ``part``); a big night is read part by
-        part as it runs (:meth:`_parts`)."""
+    def _read(
+        self,
+        d: dt.date,
+        part: tuple[int, int] | None = None,
+        con: duckdb.DuckDBPyConnection | None = None,
+    ) -> _DayEvents:
+        """Day ``d``'s events and checked labels (of ``part``, read through ``con``, by default
+        the run's connection); a big night is read part by part as it runs (:meth:`_parts`)."""
         k = parts_of_night(self.inputs, d) if part is None else 1
         if k > 1:
             return _DayEvents(None, recorded_rows(self.inputs, d, SCORES) or 0, parts=k)
-        chunk = _read_day(self.con, self.source, d, self.end, self.chain, part=part)
-        arrived = night_arrivals(self.con, self.labels, d, chunk, self.on_unknown_label, part)
+        con = con or self.con
+        chunk = _read_day(con, self.source, d, self.end, self.chain, part=part)
+        arrived = night_arrivals(con, self.labels, d, chunk, self.on_unknown_label, part)
         feed = f"labels {self.labels and self.labels.describe()}, day {d}"
         for rows in (arrived.rows, arrived.quarantined):
             check_part(rows["stream"], part, feed)
         return _DayEvents(chunk, chunk.height, arrived)
 
     def _parts(
-        self, writer: storage.PartitionWriter, d: dt.date, day: _DayEvents
+        self, writer: storage.PartitionWriter, d: dt.date, day: _DayEvents, first: bool
     ) -> Iterator[_DayEvents]:
         """The parts of night ``d``, each read as the night reaches it; every row read in
-        exactly one part (StateError otherwise: a file changed during the run)."""
+        exactly one part (StateError otherwise: a file changed during the run).
+
+        A part's reads consult the history before day ``d`` (the events' duplicate check, the
+        labels' lookup). When ``d`` is the ``first`` day of its transaction and the chain
+        resumes a stored one, the open transaction has changed nothing they consult (only the
+        days from ``d`` on, and the id type and classes are stored already), so they go
+        through a second connection (:func:`calpipe.storage.committed_reader`) while the
+        writer inserts the part before: they do not wait for it (8 s of a 10M + 10M-label
+        night's 53 s were waits, BENCHMARKS.md §19). Otherwise each part waits for the
+        writer's pending INSERTs (the days before ``d`` in this transaction are visible to its
+        own connection only)."""
         if day.parts == 1:
             yield day
             return
+        reader = (
+            storage.committed_reader(self.con) if first and self.chain.state is not None else None
+        )
         n_events = n_labels = 0  # (no local holds a part: the engine frees each)
-        for i in range(day.parts):
-            writer.wait()  # the part's reads need the connection (no INSERT pending)
-            part = self._read(d, (i, day.parts))
-            n_events += part.height
-            n_labels += part.arrivals.rows.height + part.arrivals.quarantined.height
-            yield part
-            del part
+        try:
+            for i in range(day.parts):
+                if reader is None:
+                    writer.wait()  # the part's reads need the connection (no INSERT pending)
+                part = self._read(d, (i, day.parts), reader)
+                n_events += part.height
+                n_labels += part.arrivals.rows.height + part.arrivals.quarantined.height
+                yield part
+                del part
+        finally:
+            if reader is not None:
+                reader.close()
         want = (recorded_rows(self.inputs, d, SCORES), recorded_rows(self.inputs, d, LABELS))
         # (a missing count: the parts' own reads only)
         if any(w is not None and w != m for w, m in zip(want, (n_events, n_labels), strict=True)):
@@ -451,11 +475,14 @@ class _Nights:
                 f"its files hold {want[0]} and {want[1]} (did a file change during the run?)"
             )
 
-    def _night(self, writer: storage.PartitionWriter, d: dt.date, day: _DayEvents) -> None:
-        """Night ``d`` through the night function, its rows written as they come."""
+    def _night(
+        self, writer: storage.PartitionWriter, d: dt.date, day: _DayEvents, *, first: bool
+    ) -> None:
+        """Night ``d`` (the ``first`` day of its transaction, or a later one) through the night
+        function, its rows written as they come."""
         if day.height == 0:
             self.empty_days.append(d)
-        parts = self._parts(writer, d, day)
+        parts = self._parts(writer, d, day, first)
         self.states.append(
             _run_day(writer, self.source, self.chain, d, parts, day.parts, self.inputs)
         )

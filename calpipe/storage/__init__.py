@@ -9,7 +9,8 @@ and a re-run writes identical rows. One concern a module:
 module              what it holds
 ==================  =============================================================================
 ``schema``          :func:`connect`, ``sql/`` (:data:`SQL_LAYOUT`), :data:`SCHEMA_VERSION`, ``calpipe_meta``
-``session``         a connection's settings, :func:`query`, :func:`fetch_one`, :func:`rollback`
+``session``         a connection's settings, :func:`query`, :func:`fetch_one`, :func:`rollback`,
+                    :func:`committed_reader`
 ``tables``          each table's partition column and sort keys, :func:`read_partitions`
 ``writer``          :class:`PartitionWriter`, :func:`replacing_partitions`, :func:`replace_partitions`
 ``sources``         :class:`EventSource`, :class:`ColumnMap`, :func:`normalize_events`
@@ -55,7 +56,14 @@ from calpipe.storage.schema import (
     set_meta,
     sql_files,
 )
-from calpipe.storage.session import configure_session, drop_block_cache, fetch_one, query, rollback
+from calpipe.storage.session import (
+    committed_reader,
+    configure_session,
+    drop_block_cache,
+    fetch_one,
+    query,
+    rollback,
+)
 from calpipe.storage.sources import (
     CSV_SUFFIXES,
     DAY_COLUMN,
@@ -93,6 +101,7 @@ __all__ = [
     "PartitionWriter",
     "StoreError",
     "TableLayout",
+    "committed_reader",
     "configure_session",
     "connect",
     "day_files",

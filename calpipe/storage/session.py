@@ -46,6 +46,16 @@ def configure_session(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnecti
     return con
 
 
+def committed_reader(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
+    """A second connection to ``con``'s database, with the session settings of every calpipe
+    connection (:func:`configure_session`), for reads while ``con`` is busy with a writer's
+    INSERTs (:class:`calpipe.storage.PartitionWriter`). It sees what is committed, not the rows
+    of ``con``'s open transaction: read through it only what that transaction has not changed.
+    Close it when done.
+    """
+    return configure_session(con.cursor())
+
+
 def drop_block_cache(con: duckdb.DuckDBPyConnection, limit: str | None = None) -> None:
     """Evict the blocks DuckDB keeps cached, e.g. the partitions just committed, and set the
     memory limit to ``limit`` (default :data:`calpipe.DUCKDB_MEMORY_LIMIT`).
