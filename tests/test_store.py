@@ -235,6 +235,35 @@ def test_buffered_frames_with_different_enums_insert_as_strings(con):
     assert got["stream"].to_list() == ["file-1.parquet", "file-2.parquet"]
 
 
+def test_the_committed_reader_sees_the_history_while_the_writer_inserts(con):
+    """A big night's parts read through a second connection while the writer's background
+    INSERTs hold the first (``calpipe.pipeline.nightly``): it sees the committed days and not
+    the open transaction's rows, and has every calpipe session setting."""
+    storage.replace_partitions(con, D1, D1, {"scored_events": events_of(D1, 3)})
+    reader = storage.committed_reader(con)
+    try:
+        with storage.replacing_partitions(con, D1, D2, ["scored_events"], background=True) as w:
+            w.insert("scored_events", events_of(D2, 4), sort=False)
+            w.flush()
+            w.wait()
+            assert storage.query(con, "SELECT count(*) AS n FROM scored_events")["n"][0] == 4
+            seen = storage.query(reader, "SELECT event_date, count(*) AS n FROM scored_events "
+                                 "GROUP BY ALL")  # fmt: skip
+            assert seen.rows() == [(D1, 3)]  # the deleted day 1, not the inserted day 2
+        settings = reader.execute(
+            "SELECT current_setting('TimeZone'), current_setting('enable_progress_bar')"
+        ).fetchall()
+        assert settings == [("UTC", False)]
+        assert table_rows(reader, "scored_events")["event_date"].unique().to_list() == [D2]
+    finally:
+        reader.close()
+
+
+def test_a_slow_query_draws_no_progress_bar(con):
+    """DuckDB's progress bar drew into ``calpipe run``'s output on queries over 2 s."""
+    assert con.execute("SELECT current_setting('enable_progress_bar')").fetchall() == [(False,)]
+
+
 def test_writer_refuses_tables_it_does_not_replace(con):
     with pytest.raises(storage.StoreError, match="not among the tables"):
         with storage.replacing_partitions(con, D1, D1, ["scored_events"]) as w:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -445,26 +446,39 @@ class _Nights:
         days from ``d`` on, and the id type and classes are stored already), so they go
         through a second connection (:func:`calpipe.storage.committed_reader`) while the
         writer inserts the part before: they do not wait for it (8 s of a 10M + 10M-label
-        night's 53 s were waits, BENCHMARKS.md §19). Otherwise each part waits for the
-        writer's pending INSERTs (the days before ``d`` in this transaction are visible to its
-        own connection only)."""
+        night's 53 s were waits, BENCHMARKS.md §19), and each part is read in a thread while
+        the part before runs (DuckDB and polars release the GIL; one part ahead at most).
+        Otherwise each part waits for the writer's pending INSERTs (the days before ``d`` in
+        this transaction are visible to its own connection only). Either way the parts come,
+        and a bad one fails the night, in order."""
         if day.parts == 1:
             yield day
             return
         reader = (
             storage.committed_reader(self.con) if first and self.chain.state is not None else None
         )
+
+        def read(i: int) -> _DayEvents:
+            return self._read(d, (i, day.parts), reader)
+
+        ahead = None if reader is None else ThreadPoolExecutor(1, "calpipe-read")
         n_events = n_labels = 0  # (no local holds a part: the engine frees each)
         try:
+            coming = None if ahead is None else ahead.submit(read, 0)
             for i in range(day.parts):
-                if reader is None:
+                if ahead is None:
                     writer.wait()  # the part's reads need the connection (no INSERT pending)
-                part = self._read(d, (i, day.parts), reader)
+                    part = read(i)
+                else:
+                    part = coming.result()
+                    coming = ahead.submit(read, i + 1) if i + 1 < day.parts else None
                 n_events += part.height
                 n_labels += part.arrivals.rows.height + part.arrivals.quarantined.height
                 yield part
                 del part
         finally:
+            if ahead is not None:  # (a failed night: the read under way ends before the close)
+                ahead.shutdown(wait=True, cancel_futures=True)
             if reader is not None:
                 reader.close()
         want = (recorded_rows(self.inputs, d, SCORES), recorded_rows(self.inputs, d, LABELS))

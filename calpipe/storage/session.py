@@ -39,9 +39,12 @@ def configure_session(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnecti
       time-zone-aware files (read as TIMESTAMPTZ) stored the naive times shifted by the
       process's offset; naive times mean UTC everywhere in calpipe;
     * memory limit :data:`calpipe.DUCKDB_MEMORY_LIMIT`: the pipeline never reads back
-      the blocks it writes, so DuckDB must not cache a backfill.
+      the blocks it writes, so DuckDB must not cache a backfill;
+    * no DuckDB progress bar: a query over 2 s drew one into ``calpipe run``'s output (and
+      into the logs of dagster runs); the run reports its own progress, a line a day.
     """
     con.execute("SET TimeZone = 'UTC'")
+    con.execute("SET enable_progress_bar = false")
     con.execute(f"SET memory_limit = '{DUCKDB_MEMORY_LIMIT}'")
     return con
 
