@@ -33,18 +33,11 @@ import numpy as np
 from numba import njit
 
 from calpipe import config
+from calpipe.kernels.numeric import sigmoid
 from calpipe.kernels.ops import OP_FORECAST, OP_UPDATE
 
 _HEAD = 5  # u, a, b, c, g
 _RESCALE = config.DECAY_BETA_RESCALE  # a literal in the compiled kernel
-
-
-@njit(cache=True)
-def sigmoid_kernel(z):
-    if z >= 0.0:
-        return 1.0 / (1.0 + math.exp(-z))
-    e = math.exp(z)
-    return e / (1.0 + e)
 
 
 @njit(cache=True)
@@ -81,7 +74,7 @@ def _newton(w, free, x1, x2, pos, neg, rho, max_iter, tol):
             m = pos[k] + neg[k]
             if m <= 0.0:
                 continue
-            s = sigmoid_kernel(w[0] * x1[k] + w[1] * x2[k] + w[2])
+            s = sigmoid(w[0] * x1[k] + w[1] * x2[k] + w[2])
             r = m * s - pos[k]  # d/dz of the loss
             v = m * s * (1.0 - s)
             xs = (x1[k], x2[k], 1.0)
@@ -137,7 +130,7 @@ def _decay_beta(
     x1 = np.empty(n_bins)
     x2 = np.empty(n_bins)
     for k in range(n_bins):
-        pc = sigmoid_kernel(0.5 * (edges[k] + edges[k + 1]))
+        pc = sigmoid(0.5 * (edges[k] + edges[k + 1]))
         x1[k] = math.log(pc)
         x2[k] = -math.log1p(-pc)
     out = np.full(x.shape[0], np.nan)
@@ -154,7 +147,7 @@ def _decay_beta(
             q = min(max(x[e], eps), 1.0 - eps)
             if op_kind[o] != OP_UPDATE:
                 if v[0] >= warmup:
-                    out[e] = sigmoid_kernel(v[1] * math.log(q) - v[2] * math.log1p(-q) + v[3])
+                    out[e] = sigmoid(v[1] * math.log(q) - v[2] * math.log1p(-q) + v[3])
                 else:
                     out[e] = x[e]
             if op_kind[o] != OP_FORECAST:

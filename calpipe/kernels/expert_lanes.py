@@ -69,10 +69,8 @@ from numba import carray, njit
 from calpipe import config
 from calpipe.kernels.calfun import eval_binary_lanes
 from calpipe.kernels.decay_beta import fit_kernel
-from calpipe.kernels.decay_beta import sigmoid_kernel as db_sigmoid
-from calpipe.kernels.numeric import LANES, stack_empty, steps_to_first_end, take_stream
-from calpipe.kernels.online_scaling import ons_step, project_kernel
-from calpipe.kernels.online_scaling import sigmoid_kernel as ons_sigmoid
+from calpipe.kernels.numeric import LANES, sigmoid, stack_empty, steps_to_first_end, take_stream
+from calpipe.kernels.online_scaling import ons_step, project_scalars
 from calpipe.kernels.ops import OP_FORECAST, OP_UPDATE
 
 #: Input kinds: a column of given forecasts, Online Platt Scaling, online beta scaling,
@@ -124,7 +122,7 @@ def _forecast_inputs(q, e, o, x, s, lane, kinds, cols, par, st, clip, qin, fin_l
             u0s[i, lane] = mlq
             u1s[i, lane] = mlp
             if st[s, c0] >= par[i, 2]:
-                f = db_sigmoid(st[s, c0 + 1] * mlq - st[s, c0 + 2] * mlp + st[s, c0 + 3])
+                f = sigmoid(st[s, c0 + 1] * mlq - st[s, c0 + 2] * mlp + st[s, c0 + 3])
             else:
                 f = x
         else:  # online_scaling._ons_binary, forecast
@@ -142,7 +140,7 @@ def _forecast_inputs(q, e, o, x, s, lane, kinds, cols, par, st, clip, qin, fin_l
                 u0 = math.log(qq / (1.0 - qq))
                 u1 = 1.0
                 z = st[s, c0] * u0 + st[s, c0 + 1]
-            f = ons_sigmoid(z)
+            f = sigmoid(z)
             u0s[i, lane] = u0
             u1s[i, lane] = u1
         fin_lane[i, lane] = f
@@ -168,15 +166,10 @@ def _ons_learn(st, s, c0, beta, f, lab, u0, u1, gamma, radius, proj):
     )
     if norm2 > radius * radius:  # the generalised projection on the ball (rare)
         tv, av, shifted, rhs, lower, zz, out = proj
-        tv[0], tv[1] = t0, t1
-        av[0, 0], av[0, 1], av[1, 0], av[1, 1] = a00, a01, a01, a11
-        if beta:
-            tv[2] = t2
-            av[0, 2], av[2, 0], av[1, 2], av[2, 1], av[2, 2] = a02, a02, a12, a12, a22
-        project_kernel(tv, av, radius, shifted, rhs, lower, zz, out)
-        t0, t1 = tv[0], tv[1]
-        if beta:
-            t2 = tv[2]
+        t0, t1, t2 = project_scalars(
+            t0, t1, t2, a00, a01, a11, a02, a12, a22, beta, radius,
+            tv, av, shifted, rhs, lower, zz, out,
+        )  # fmt: skip
     st[s, c0], st[s, c0 + 1] = t0, t1
     st[s, c0 + d], st[s, c0 + d + 1], st[s, c0 + d + d], st[s, c0 + d + d + 1] = a00, a01, a01, a11
     if beta:
@@ -242,7 +235,7 @@ def _engine(
     for i in range(n_in):
         if kinds[i] == IN_DECAY:
             for k in range(int(par[i, 7])):
-                pc = db_sigmoid(0.5 * (edges[i, k] + edges[i, k + 1]))
+                pc = sigmoid(0.5 * (edges[i, k] + edges[i, k + 1]))
                 x1[i, k] = math.log(pc)
                 x2[i, k] = -math.log1p(-pc)
     w3 = np.empty(3)

@@ -12,6 +12,7 @@ Nothing here knows a calibrator. Every function is ``@njit(inline="always")`` (o
   copy of its polynomial, within 1 ulp of libm's log (2 ulp for log10);
   :func:`exp_core` / :func:`exp_fast` -- fdlibm's exp (``e_exp.c``), within 1 ulp. Being
   straight-line arithmetic, loops of them vectorise, which a libm call prevents;
+* :func:`sigmoid` -- the logistic function, evaluated without overflow on either side;
 * :func:`tree_sum` -- a sum in a fixed halving order (deterministic, log2 n dependent adds);
 * :func:`cholesky_solve` -- the small SPD solve of the Newton fits and of calibrated regression;
 * :func:`take_stream`, :func:`next_stream`, :func:`steps_to_first_end` -- the refill and step count of the
@@ -231,6 +232,16 @@ def ln_ok(x):
     b = f64_bits(x)
     ex = b & _EXP_MASK
     return (b > 0) & (ex != 0) & (ex != _EXP_MASK)
+
+
+@njit(cache=True, inline="always")
+def sigmoid(z):
+    """1 / (1 + e^-z), through e^z / (1 + e^z) for negative z so that no exp overflows: the
+    link of Platt, beta and decay-beta scaling and of the lanes kernel's inputs."""
+    if z >= 0.0:
+        return 1.0 / (1.0 + math.exp(-z))
+    e = math.exp(z)
+    return e / (1.0 + e)
 
 
 @njit(cache=True, inline="always")

@@ -74,7 +74,7 @@ import math
 import numpy as np
 from numba import njit
 
-from calpipe.kernels.numeric import cholesky_solve
+from calpipe.kernels.numeric import cholesky_solve, sigmoid
 from calpipe.kernels.ops import OP_FORECAST, OP_UPDATE
 
 MODEL_PLATT, MODEL_BETA, MODEL_VECTOR, MODEL_NONE = 0, 1, 2, 3
@@ -120,14 +120,6 @@ def _binary_features(p, model, clip, u):
         u[0] = math.log(q)
         u[1] = -math.log(1.0 - q)
         u[2] = 1.0
-
-
-@njit(cache=True)
-def sigmoid_kernel(z):
-    if z >= 0.0:
-        return 1.0 / (1.0 + math.exp(-z))
-    e = math.exp(z)
-    return e / (1.0 + e)
 
 
 @njit(cache=True)
@@ -304,7 +296,7 @@ def _online_scaling(
                     zz = 0.0
                     for i in range(d):
                         zz += theta[i] * u[i]
-                    f = sigmoid_kernel(zz)
+                    f = sigmoid(zz)
                 forecast = f
                 b = min(int(f * n_bins), n_bins - 1)
                 if calibeat == CALIBEAT_TRACKING:
@@ -385,6 +377,29 @@ def ons_step(t0, t1, t2, a00, a01, a11, a02, a12, a22, r, u0, u1, beta, gamma):
     return t0, t1, t2, a00, a01, a11, a02, a12, a22, norm2
 
 
+@njit(cache=True, inline="always")
+def store_iterate(theta, a, t0, t1, t2, a00, a01, a11, a02, a12, a22, beta):
+    """The iterate held in scalars (:func:`ons_step`) into the vector ``theta`` and the
+    symmetric matrix ``a`` (d = 2, or 3 with ``beta``)."""
+    theta[0], theta[1] = t0, t1
+    a[0, 0], a[0, 1], a[1, 0], a[1, 1] = a00, a01, a01, a11
+    if beta:
+        theta[2] = t2
+        a[0, 2], a[2, 0], a[1, 2], a[2, 1], a[2, 2] = a02, a02, a12, a12, a22
+
+
+@njit(cache=True, inline="always")
+def project_scalars(
+    t0, t1, t2, a00, a01, a11, a02, a12, a22, beta, radius, theta, a, shifted, rhs, lower, z, out
+):
+    """:func:`project_kernel` of the iterate held in scalars, through the scratch ``theta`` and
+    ``a`` (d = 2, or 3 with ``beta``): the projected theta (the per-stream kernel and the lanes
+    kernel project so, operation for operation)."""
+    store_iterate(theta, a, t0, t1, t2, a00, a01, a11, a02, a12, a22, beta)
+    project_kernel(theta, a, radius, shifted, rhs, lower, z, out)
+    return theta[0], theta[1], theta[2] if beta else t2
+
+
 @njit(cache=True)
 def _ons_binary(x, y, op_event, op_kind, op_offsets, theta0, a0, model, gamma, radius, clip):
     """:func:`_online_scaling` for binary Platt (d = 2) and beta (d = 3) scaling without
@@ -424,7 +439,7 @@ def _ons_binary(x, y, op_event, op_kind, op_offsets, theta0, a0, model, gamma, r
                 u0 = math.log(q / (1.0 - q))
                 u1 = 1.0
                 z = t0 * u0 + t1
-            f = sigmoid_kernel(z)
+            f = sigmoid(z)
             if kind != OP_UPDATE:
                 p_out[e] = f
             if kind == OP_FORECAST:
@@ -433,20 +448,11 @@ def _ons_binary(x, y, op_event, op_kind, op_offsets, theta0, a0, model, gamma, r
                 t0, t1, t2, a00, a01, a11, a02, a12, a22, f - y[e], u0, u1, beta, gamma
             )
             if norm2 > radius * radius:  # the generalised projection on the ball
-                th[0], th[1] = t0, t1
-                a[0, 0], a[0, 1], a[1, 0], a[1, 1] = a00, a01, a01, a11
-                if beta:
-                    th[2] = t2
-                    a[0, 2], a[2, 0], a[1, 2], a[2, 1], a[2, 2] = a02, a02, a12, a12, a22
-                project_kernel(th, a, radius, shifted, rhs, lower, zz, out)
-                t0, t1 = th[0], th[1]
-                if beta:
-                    t2 = th[2]
-        th[0], th[1] = t0, t1
-        a[0, 0], a[0, 1], a[1, 0], a[1, 1] = a00, a01, a01, a11
-        if beta:
-            th[2] = t2
-            a[0, 2], a[2, 0], a[1, 2], a[2, 1], a[2, 2] = a02, a02, a12, a12, a22
+                t0, t1, t2 = project_scalars(
+                    t0, t1, t2, a00, a01, a11, a02, a12, a22, beta, radius,
+                    th, a, shifted, rhs, lower, zz, out,
+                )  # fmt: skip
+        store_iterate(th, a, t0, t1, t2, a00, a01, a11, a02, a12, a22, beta)
     return p_out, theta_all, a_all
 
 
