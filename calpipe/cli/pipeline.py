@@ -20,7 +20,7 @@ import duckdb
 import polars as pl
 
 from calpipe import config, paths, pipeline, storage
-from calpipe.cli import progress, ui_guard
+from calpipe.cli import progress
 from calpipe.cli.options import add_method_options, method_params
 from calpipe.pipeline.html_report import REPORT_MAX_STREAMS
 from calpipe.pipeline.inputs import ReplayRequired
@@ -249,10 +249,11 @@ def _run(con, source, labels, args, settings, t0: float) -> int:
 def ui_command(
     db: Path, *, events: str | None = None, port: int = UI_PORT
 ) -> tuple[list[str], dict[str, str]]:
-    """The ``dagster dev`` command line and environment ``calpipe ui`` runs: loopback host and
-    ``port`` (an internal one: users reach it through :mod:`calpipe.cli.ui_guard`), the
-    database's own DAGSTER_HOME (:func:`dagster_home`), and the code location configured from
-    the database's chain."""
+    """The command line and environment ``calpipe ui`` runs: dagster's UI served in one process
+    behind :mod:`calpipe.cli.ui_guard` on 127.0.0.1:``port``, its only TCP port
+    (``calpipe.dagster_project.webserver``, which also creates and migrates the instance, then
+    starts the daemon and the sync), the database's own DAGSTER_HOME (:func:`dagster_home`), and
+    the code location configured from the database's chain."""
     env = {
         "DAGSTER_HOME": str(dagster_home(db)),
         "DAGSTER_DISABLE_TELEMETRY": "1",
@@ -282,16 +283,19 @@ def ui_command(
     if meta.get("labels"):
         env["CALPIPE_LABELS"] = meta["labels"]  # type: ignore[assignment]
     cmd = [
-        sys.executable, "-m", "dagster", "dev", "-h", UI_HOST, "-p", str(port),
-        "-m", "calpipe.dagster_project.definitions",
+        sys.executable, "-m", "calpipe.dagster_project.webserver", "--port", str(port),
+        "--db", str(db),
     ]  # fmt: skip
     return cmd, env
 
 
+#: How long ``calpipe ui`` waits for the UI to stop after Ctrl-C before it is terminated (s).
+UI_STOP_SECONDS: float = 30.0
+
+
 def _cmd_ui(args: argparse.Namespace) -> int:
     db = Path(args.db).expanduser().resolve()
-    inner = ui_guard.free_port(UI_HOST)
-    cmd, env = ui_command(db, events=args.events, port=inner)
+    cmd, env = ui_command(db, events=args.events, port=args.port)
     if not db.exists():
         src = env.get("CALPIPE_EVENTS", "the landing folder beside it")
         print(f"note: {db} does not exist yet: the UI shows no partition materialized, and "
@@ -300,7 +304,6 @@ def _cmd_ui(args: argparse.Namespace) -> int:
         for k, v in sorted(env.items()):
             print(f"{k}={v}")
         print(" ".join(cmd))
-        print(f"guard: http://{UI_HOST}:{args.port} -> 127.0.0.1:{inner} (calpipe.cli.ui_guard)")
         return 0
     home = dagster_home(db)
     home.mkdir(parents=True, exist_ok=True)
@@ -309,28 +312,44 @@ def _cmd_ui(args: argparse.Namespace) -> int:
         yaml.write_text(DAGSTER_YAML)
     print(
         f"dagster UI on http://{UI_HOST}:{args.port} (DAGSTER_HOME={home}; foreign Host "
-        "and Origin headers and GraphQL mutations over GET are refused); Ctrl-C stops it"
+        "and Origin headers and GraphQL mutations over GET are refused); Ctrl-C stops it",
+        flush=True,
     )
+    # one child, in this process group: a Ctrl-C at the terminal reaches it (and the daemon and
+    # the sync it starts) too; it stops them and exits
     proc = subprocess.Popen(cmd, env=os.environ | env, cwd=db.parent)
-    # days computed by calpipe run / demo become materializations the UI shows (in the
-    # background: the first sync of a long history takes a while, the UI need not wait for it)
-    sync = None
-    if db.exists():
-        sync = subprocess.Popen(
-            [sys.executable, "-m", "calpipe.dagster_project.sync", "--db", str(db)],
-            env=os.environ | env, cwd=db.parent,
-        )  # fmt: skip
     try:
-        ui_guard.serve(args.port, inner)  # until Ctrl-C (uvicorn handles the signal)
-    finally:
-        if sync is not None and sync.poll() is None:
-            sync.terminate()  # what it reported so far stays; the next start reports the rest
+        code = proc.wait()
+    except KeyboardInterrupt:
+        _settle_interrupt()
+        _stop_ui(proc)
+        print("calpipe ui: stopped (Ctrl-C): the UI, its daemon and the sync have exited",
+              file=sys.stderr)  # fmt: skip
+        return 130
+    if code != 0:
+        print(f"calpipe: error: the UI exited with code {code} (its log is above)", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _stop_ui(proc: subprocess.Popen) -> None:
+    """After Ctrl-C: the UI got the signal too when it came from the terminal; if it came to
+    this process alone (``kill -INT``), pass it on. Terminated, then killed, if it lingers."""
+    try:
+        proc.wait(timeout=2.0)
+        return
+    except subprocess.TimeoutExpired:
+        pass
+    proc.send_signal(signal.SIGINT)  # uvicorn stops on the first one, or forces on a second
+    try:
+        proc.wait(timeout=UI_STOP_SECONDS)
+    except subprocess.TimeoutExpired:
         proc.terminate()
         try:
-            proc.wait(timeout=30)
+            proc.wait(timeout=UI_STOP_SECONDS)
         except subprocess.TimeoutExpired:
             proc.kill()
-    return proc.wait()
+            proc.wait()
 
 
 # ----------------------------------------------------------------------------------------------
