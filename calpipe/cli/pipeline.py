@@ -21,6 +21,7 @@ import polars as pl
 
 from calpipe import config, paths, pipeline, storage
 from calpipe.cli import progress
+from calpipe.cli.interrupts import INTERRUPTS, is_interrupt, settle
 from calpipe.cli.options import add_method_options, method_params
 from calpipe.pipeline.html_report import REPORT_MAX_STREAMS
 from calpipe.pipeline.inputs import ReplayRequired
@@ -99,10 +100,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     try:
         res = pipeline.demo(args.db, log=lambda m: print(f"  {m}", flush=True), progress=bar)
         _print_demo(res, t0)
-    except _INTERRUPTS as exc:  # while running, or while printing what it did
-        if not _is_interrupt(exc):
+    except INTERRUPTS as exc:  # while running, or while printing what it did
+        if not is_interrupt(exc):
             raise
-        _settle_interrupt()
+        settle()
         # the open transaction was rolled back on the way out
         print(_demo_interrupted(Path(args.db)), file=sys.stderr)
         return 130
@@ -136,23 +137,6 @@ def _print_demo(res, t0: float) -> None:
     for q in EXAMPLE_QUERIES:
         print(f'  {prog} sql{db_opt} "{q}"')
     print(f"\ndone in {time.perf_counter() - t0:.1f} s")
-
-
-#: How Ctrl-C surfaces: Python's KeyboardInterrupt, or DuckDB's own when it lands mid-query
-#: (duckdb.InterruptException, or a RuntimeError "Query interrupted" from a catalog query).
-_INTERRUPTS = (KeyboardInterrupt, duckdb.InterruptException, RuntimeError)
-
-
-def _is_interrupt(exc: BaseException) -> bool:
-    if isinstance(exc, RuntimeError) and not isinstance(exc, duckdb.InterruptException):
-        return "interrupted" in str(exc).lower()
-    return True
-
-
-def _settle_interrupt() -> None:
-    """After the first Ctrl-C, ignore SIGINT while the command looks up what is committed, says
-    it and exits 130: a second Ctrl-C then cannot turn the one-line message into a traceback."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _demo_interrupted(db: Path) -> str:
@@ -192,10 +176,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     con = storage.connect(args.db, lock_wait=args.lock_wait)
     try:
         return _run(con, source, labels, args, settings, t0)
-    except _INTERRUPTS as exc:
-        if not _is_interrupt(exc):
+    except INTERRUPTS as exc:
+        if not is_interrupt(exc):
             raise
-        _settle_interrupt()
+        settle()
         # the open transaction was rolled back on the way out
         print(_interrupted(con, args), file=sys.stderr)
         return 130  # the shell's code for a command ended by SIGINT
@@ -321,7 +305,7 @@ def _cmd_ui(args: argparse.Namespace) -> int:
     try:
         code = proc.wait()
     except KeyboardInterrupt:
-        _settle_interrupt()
+        settle()
         _stop_ui(proc)
         print("calpipe ui: stopped (Ctrl-C): the UI, its daemon and the sync have exited",
               file=sys.stderr)  # fmt: skip
