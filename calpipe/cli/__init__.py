@@ -74,6 +74,10 @@ def interrupted(args: argparse.Namespace) -> str:
         done = "the report was not written"
     elif args.command == "sql" and getattr(args, "write", False):
         done = "the statement in progress was rolled back"
+    elif args.command == "spark-run":  # Parquet has no transaction across tables (docs/spark.md)
+        return (f"calpipe spark-run: interrupted (Ctrl-C): the nights written before it stay "
+                f"under {args.out}; re-run the night in progress, whose tables may be partly "
+                "replaced")  # fmt: skip
     else:
         done = "nothing was written"
     return f"calpipe {args.command}: interrupted (Ctrl-C): {done}"
