@@ -36,11 +36,17 @@ import asyncio
 import contextlib
 import io
 import logging
+import os
 import signal
 import subprocess
 import sys
 import sysconfig
 from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: no lock, one start at a time is up to the user
+    fcntl = None
 
 from dagster import DagsterInstance
 from dagster._core.workspace.context import WorkspaceProcessContext  # private: see above
@@ -65,10 +71,16 @@ STOP_SECONDS = 30.0
 def prepare_instance() -> DagsterInstance:
     """The instance of ``DAGSTER_HOME``, created and migrated to dagster's current schema in
     this process, before any other process opens it (what it prints while migrating is
-    dropped: a new instance has nothing to report)."""
-    instance = DagsterInstance.get()
-    with contextlib.redirect_stdout(io.StringIO()):
-        instance.upgrade()
+    dropped: a new instance has nothing to report). Two ``calpipe ui`` starting at once on the
+    same new folder take turns (a lock file in it)."""
+    home = Path(os.environ.get("DAGSTER_HOME") or ".")
+    home.mkdir(parents=True, exist_ok=True)
+    with open(home / ".calpipe-ui.lock", "a") as lock:
+        if fcntl is not None:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        instance = DagsterInstance.get()
+        with contextlib.redirect_stdout(io.StringIO()):
+            instance.upgrade()
     return instance
 
 
@@ -91,6 +103,10 @@ async def _lifespan(app):
     (dagster-webserver's own lifespan does the same)."""
     with contextlib.suppress(asyncio.CancelledError):
         yield
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:
@@ -136,9 +152,12 @@ def serve(port: int, db: Path | None) -> int:
             app = create_app_from_workspace_process_context(
                 context, "", LIVE_DATA_POLL_MS, lifespan=_lifespan
             )
-            ui_guard.serve(app, port)  # until Ctrl-C (uvicorn handles SIGINT and SIGTERM)
-            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C: no traceback
+            # until Ctrl-C or SIGTERM: uvicorn handles them, then raises the signal again once it
+            # has stopped, which main's handlers turn into KeyboardInterrupt
+            ui_guard.serve(app, port)
     finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):  # stopping: another signal is no traceback
+            signal.signal(sig, signal.SIG_IGN)
         _stop(children)
         instance.dispose()
     return 0
@@ -152,9 +171,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--db", type=Path, help="calpipe database whose stored days to sync")
     args = ap.parse_args(argv)
     logging.getLogger("alembic").setLevel(logging.WARNING)
+    # calpipe ui starts this process deaf to Ctrl-C, so that an interrupt while it imports
+    # dagster prints no traceback (calpipe ui then terminates it); imported, it stops on either
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         return serve(args.port, args.db)
-    except KeyboardInterrupt:  # Ctrl-C before the server took over the signal: calpipe ui says it
+    except KeyboardInterrupt:  # stopped: calpipe ui says so, in one line
         return 130
 
 

@@ -20,7 +20,7 @@ import duckdb
 import polars as pl
 
 from calpipe import config, paths, pipeline, storage
-from calpipe.cli import progress
+from calpipe.cli import progress, ui_guard
 from calpipe.cli.interrupts import INTERRUPTS, is_interrupt, settle
 from calpipe.cli.options import add_method_options, method_params
 from calpipe.pipeline.html_report import REPORT_MAX_STREAMS
@@ -273,8 +273,9 @@ def ui_command(
     return cmd, env
 
 
-#: How long ``calpipe ui`` waits for the UI to stop after Ctrl-C before it is terminated (s).
-UI_STOP_SECONDS: float = 30.0
+#: How long ``calpipe ui`` waits for the UI to stop after Ctrl-C before it is killed (s): its
+#: daemon and sync get 30 s each (calpipe.dagster_project.webserver.STOP_SECONDS).
+UI_STOP_SECONDS: float = 90.0
 
 
 def _cmd_ui(args: argparse.Namespace) -> int:
@@ -289,6 +290,10 @@ def _cmd_ui(args: argparse.Namespace) -> int:
             print(f"{k}={v}")
         print(" ".join(cmd))
         return 0
+    if not ui_guard.port_free(UI_HOST, args.port):
+        print(f"calpipe: error: port {args.port} of {UI_HOST} is in use (another calpipe ui?); "
+              "choose another with --port", file=sys.stderr)  # fmt: skip
+        return 2
     home = dagster_home(db)
     home.mkdir(parents=True, exist_ok=True)
     yaml = home / "dagster.yaml"
@@ -299,9 +304,13 @@ def _cmd_ui(args: argparse.Namespace) -> int:
         "and Origin headers and GraphQL mutations over GET are refused); Ctrl-C stops it",
         flush=True,
     )
-    # one child, in this process group: a Ctrl-C at the terminal reaches it (and the daemon and
-    # the sync it starts) too; it stops them and exits
-    proc = subprocess.Popen(cmd, env=os.environ | env, cwd=db.parent)
+    # one child, in this process group, started deaf to Ctrl-C (no traceback while it imports
+    # dagster); once it serves, the terminal's Ctrl-C stops it, and this process terminates it
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        proc = subprocess.Popen(cmd, env=os.environ | env, cwd=db.parent)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     try:
         code = proc.wait()
     except KeyboardInterrupt:
@@ -317,23 +326,14 @@ def _cmd_ui(args: argparse.Namespace) -> int:
 
 
 def _stop_ui(proc: subprocess.Popen) -> None:
-    """After Ctrl-C: the UI got the signal too when it came from the terminal; if it came to
-    this process alone (``kill -INT``), pass it on. Terminated, then killed, if it lingers."""
-    try:
-        proc.wait(timeout=2.0)
-        return
-    except subprocess.TimeoutExpired:
-        pass
-    proc.send_signal(signal.SIGINT)  # uvicorn stops on the first one, or forces on a second
+    """After Ctrl-C: terminate the UI's process (it stops its daemon and the sync first; a
+    SIGTERM while it shuts down already is ignored), killed if it lingers."""
+    proc.terminate()
     try:
         proc.wait(timeout=UI_STOP_SECONDS)
     except subprocess.TimeoutExpired:
-        proc.terminate()
-        try:
-            proc.wait(timeout=UI_STOP_SECONDS)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        proc.kill()
+        proc.wait()
 
 
 # ----------------------------------------------------------------------------------------------

@@ -72,6 +72,18 @@ def serve(app, port: int) -> None:
     uvicorn.run(Guard(app, port), host="127.0.0.1", port=port, log_level="warning")
 
 
+def port_free(host: str, port: int) -> bool:
+    """Whether ``host``:``port`` can be listened on now (a port another process listens on
+    cannot; one only in TIME_WAIT can, as uvicorn binds it with SO_REUSEADDR)."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port free on ``host`` now (the OS picks it)."""
     with socket.socket() as sock:

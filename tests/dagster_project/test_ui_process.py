@@ -17,8 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
+import socket
 import sqlite3
+import subprocess
+import sys
+import time
 
 import httpx
 import pytest
@@ -26,7 +31,7 @@ import websockets
 
 from calpipe import cli, generate, storage
 from calpipe.generate import StreamSpec
-from tests.ui_client import RunningUI, listening_sockets
+from tests.ui_client import RunningUI, listening_sockets, process_tree
 
 pytestmark = pytest.mark.slow
 
@@ -141,3 +146,53 @@ def test_first_starts_at_once_left_two_alembic_heads(tmp_path):
     finally:
         for running in uis:
             running.stop()
+
+
+def test_ctrl_c_while_the_ui_starts_printed_tracebacks(tmp_path):
+    """Ctrl-C at the terminal (SIGINT to the process group) while the UI's process still
+    imports dagster: one line, exit 130, no traceback, and no process of the UI left."""
+    db = _database(tmp_path)
+    ui = RunningUI(db, cwd=tmp_path)
+    t0 = time.monotonic()
+    while len(process_tree(ui.proc.pid)) < 2:  # the UI's process has started: it is importing
+        assert ui.proc.poll() is None and time.monotonic() - t0 < 60, ui.log_tail()
+        time.sleep(0.05)
+    time.sleep(1.0)
+    pids = process_tree(ui.proc.pid)
+    out = ui.stop()
+    assert ui.proc.returncode == 130, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    assert out.rstrip().splitlines()[-1].startswith("calpipe ui: stopped (Ctrl-C)"), out[-3000:]
+    deadline = time.monotonic() + 60
+    while alive := [p for p in pids if os.path.exists(f"/proc/{p}") and _not_zombie(p)]:
+        assert time.monotonic() < deadline, alive
+        time.sleep(0.5)
+
+
+def _not_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_port_in_use_started_dagster_for_nothing(tmp_path):
+    """The UI's port is taken: one line naming it, exit 2, before anything starts (no
+    instance folder is made)."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {k: v for k, v in os.environ.items() if k != "DAGSTER_HOME"}
+        res = subprocess.run(
+            [sys.executable, "-m", "calpipe.cli", "ui", "--db", str(tmp_path / "x.duckdb"),
+             "--port", str(port)],
+            capture_output=True, text=True, env=env, timeout=120,
+        )  # fmt: skip
+    assert res.returncode == 2, res.stderr
+    assert res.stderr == (
+        f"calpipe: error: port {port} of 127.0.0.1 is in use (another calpipe ui?); choose "
+        "another with --port\n"
+    )
+    assert not (tmp_path / "x.dagster").exists()
