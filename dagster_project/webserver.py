@@ -138,11 +138,12 @@ def serve(port: int, db: Path | None) -> int:
     127.0.0.1:``port`` until Ctrl-C; then stop the children."""
     instance = prepare_instance()
     instance.optimize_for_webserver(*WEBSERVER_DB)
-    # the daemon stops cleanly on SIGINT (the terminal's Ctrl-C) and on SIGTERM (from _stop)
-    children = [subprocess.Popen(daemon_command())]
-    if db is not None and db.exists():
-        children.append(_start_deaf_to_ctrl_c(sync_command(db)))
+    children: list[subprocess.Popen] = []
     try:
+        # the daemon stops cleanly on SIGINT (the terminal's Ctrl-C) and on SIGTERM (from _stop)
+        children.append(subprocess.Popen(daemon_command()))
+        if db is not None and db.exists():
+            children.append(_start_deaf_to_ctrl_c(sync_command(db)))
         target = ModuleTarget(
             module_name=DEFINITIONS, attribute=None, working_directory=None, location_name=None
         )
