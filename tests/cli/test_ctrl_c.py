@@ -100,9 +100,11 @@ def test_ctrl_c_while_waiting_for_a_held_database_printed_a_traceback(tmp_path):
         while not _mapped(child.pid, "duckdb"):
             assert child.poll() is None and time.monotonic() - t0 < 60, child.communicate()
             time.sleep(0.05)
-        ticks = -1
-        while ticks != (ticks := _cpu_ticks(child.pid)):
+        # (two idle seconds in a row: a loaded machine may starve an import for one)
+        seen = [-3, -2, -1]
+        while seen[-1] != seen[-2] or seen[-2] != seen[-3]:
             assert child.poll() is None and time.monotonic() - t0 < 90, child.communicate()
+            seen.append(_cpu_ticks(child.pid))
             time.sleep(1.0)
         _, err = _interrupt(child)
     finally:
@@ -145,7 +147,7 @@ def test_ctrl_c_in_calpipe_protect_printed_a_35_line_traceback(tmp_path):
         seen += chunk
     os.close(master)
     err = seen.decode(errors="replace")
-    assert child.returncode == 130, err[-2000:]
+    assert child.returncode == 130, (child.returncode, err[-300:])
     assert "Traceback" not in err, err[-4000:]
     last = err.replace("\r", "\n").rstrip().splitlines()[-1]
     assert last.endswith(f"calpipe protect: interrupted (Ctrl-C): {out} was not written"), last
