@@ -6,6 +6,10 @@ Brier, ECE, smooth ECE, CORP as polars expressions), the calibrator objects
 (:mod:`calpipe.calibrators`), and :func:`methods` (what can be run).
 """
 
+# first: Ctrl-C while the calpipe command imports is one line and exit 130
+from calpipe import _starting  # noqa: F401
+
+# isort: split
 from calpipe import _numba_cache, metrics  # noqa: F401 (_numba_cache first: NUMBA_CACHE_DIR)
 from calpipe.calibrators import (
     METHODS,

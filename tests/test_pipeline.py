@@ -950,8 +950,8 @@ def test_cli_run_sql_and_ui(small, capsys):
     assert cli.main(["sql", "--db", str(db), "SELECT * FROM nowhere"]) == 2
     assert cli.main(["ui", "--db", str(db), "--dry-run", "--port", "3999"]) == 0
     out = capsys.readouterr().out
-    assert "-h 127.0.0.1 -p " in out  # dagster on an internal port, behind the guard on 3999
-    assert "guard: http://127.0.0.1:3999 -> 127.0.0.1:" in out
+    # dagster's app served behind the guard in one process, on 3999 only (no internal port)
+    assert "-m calpipe.dagster_project.webserver --port 3999 --db " in out
     # one dagster instance per database, beside it: another database's runs never show
     assert f"DAGSTER_HOME={db.resolve().with_name(db.stem + '.dagster')}" in out
     other = db.resolve().parent / "other.duckdb"

@@ -22,7 +22,7 @@ from pathlib import Path
 from calpipe.cli.ui_guard import free_port
 from calpipe.pipeline import ASSET_TABLES
 
-#: How long a client of ``calpipe ui`` waits for it to answer: dagster dev starts a webserver, a code server and a daemon, which once took over 2 minutes on a
+#: How long a client of ``calpipe ui`` waits for it to answer: it starts a webserver, code servers and a daemon, which once took over 2 minutes on a
 #: loaded 2-core CI machine.
 UI_START_SECONDS: float = 360.0
 
@@ -30,6 +30,71 @@ UI_START_SECONDS: float = 360.0
 LOCATION = "calpipe.dagster_project.definitions"
 ASSET_JOB = "__ASSET_JOB"
 _FINAL = ("SUCCESS", "FAILURE", "CANCELED")
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and every live descendant of it (read from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += children.get(p, [])
+    return out
+
+
+def _socket_inodes(pid: int) -> set[int]:
+    found = set()
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return found
+    for fd in fds:
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            found.add(int(link[8:-1]))
+    return found
+
+
+def _address(hex_addr: str) -> str:
+    """``0100007F:0BB8`` -> ``127.0.0.1:3000`` (IPv4; IPv6 as [hex]:port)."""
+    host, port = hex_addr.split(":")
+    if len(host) == 8:
+        ip = ".".join(str(int(host[i : i + 2], 16)) for i in (6, 4, 2, 0))
+    else:
+        ip = f"[{host}]"
+    return f"{ip}:{int(port, 16)}"
+
+
+def listening_sockets(pid: int) -> list[tuple[str, str, int]]:
+    """Every listening socket a process of ``pid``'s tree holds: ``(kind, address, pid)``,
+    kind ``tcp``, ``tcp6`` or ``unix`` (from /proc/net and /proc/PID/fd, as ``ss -lp`` does)."""
+    owner = {ino: p for p in process_tree(pid) for ino in _socket_inodes(p)}
+    found = []
+    for kind in ("tcp", "tcp6"):
+        with open(f"/proc/{pid}/net/{kind}") as f:
+            for line in f.read().splitlines()[1:]:
+                cols = line.split()
+                if cols[3] == "0A" and int(cols[9]) in owner:  # state LISTEN
+                    found.append((kind, _address(cols[1]), owner[int(cols[9])]))
+    with open(f"/proc/{pid}/net/unix") as f:
+        for line in f.read().splitlines()[1:]:
+            cols = line.split()
+            # flags __SO_ACCEPTCON (listening), the inode, the path
+            if cols[3] == "00010000" and int(cols[6]) in owner:
+                found.append(("unix", cols[7] if len(cols) > 7 else "", owner[int(cols[6])]))
+    return found
 
 
 def wait_for(what: str, fn, timeout: float):

@@ -21,6 +21,7 @@ import polars as pl
 
 from calpipe import config, paths, pipeline, storage
 from calpipe.cli import progress, ui_guard
+from calpipe.cli.interrupts import INTERRUPTS, is_interrupt, settle
 from calpipe.cli.options import add_method_options, method_params
 from calpipe.pipeline.html_report import REPORT_MAX_STREAMS
 from calpipe.pipeline.inputs import ReplayRequired
@@ -99,10 +100,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     try:
         res = pipeline.demo(args.db, log=lambda m: print(f"  {m}", flush=True), progress=bar)
         _print_demo(res, t0)
-    except _INTERRUPTS as exc:  # while running, or while printing what it did
-        if not _is_interrupt(exc):
+    except INTERRUPTS as exc:  # while running, or while printing what it did
+        if not is_interrupt(exc):
             raise
-        _settle_interrupt()
+        settle()
         # the open transaction was rolled back on the way out
         print(_demo_interrupted(Path(args.db)), file=sys.stderr)
         return 130
@@ -136,23 +137,6 @@ def _print_demo(res, t0: float) -> None:
     for q in EXAMPLE_QUERIES:
         print(f'  {prog} sql{db_opt} "{q}"')
     print(f"\ndone in {time.perf_counter() - t0:.1f} s")
-
-
-#: How Ctrl-C surfaces: Python's KeyboardInterrupt, or DuckDB's own when it lands mid-query
-#: (duckdb.InterruptException, or a RuntimeError "Query interrupted" from a catalog query).
-_INTERRUPTS = (KeyboardInterrupt, duckdb.InterruptException, RuntimeError)
-
-
-def _is_interrupt(exc: BaseException) -> bool:
-    if isinstance(exc, RuntimeError) and not isinstance(exc, duckdb.InterruptException):
-        return "interrupted" in str(exc).lower()
-    return True
-
-
-def _settle_interrupt() -> None:
-    """After the first Ctrl-C, ignore SIGINT while the command looks up what is committed, says
-    it and exits 130: a second Ctrl-C then cannot turn the one-line message into a traceback."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _demo_interrupted(db: Path) -> str:
@@ -192,10 +176,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     con = storage.connect(args.db, lock_wait=args.lock_wait)
     try:
         return _run(con, source, labels, args, settings, t0)
-    except _INTERRUPTS as exc:
-        if not _is_interrupt(exc):
+    except INTERRUPTS as exc:
+        if not is_interrupt(exc):
             raise
-        _settle_interrupt()
+        settle()
         # the open transaction was rolled back on the way out
         print(_interrupted(con, args), file=sys.stderr)
         return 130  # the shell's code for a command ended by SIGINT
@@ -249,10 +233,11 @@ def _run(con, source, labels, args, settings, t0: float) -> int:
 def ui_command(
     db: Path, *, events: str | None = None, port: int = UI_PORT
 ) -> tuple[list[str], dict[str, str]]:
-    """The ``dagster dev`` command line and environment ``calpipe ui`` runs: loopback host and
-    ``port`` (an internal one: users reach it through :mod:`calpipe.cli.ui_guard`), the
-    database's own DAGSTER_HOME (:func:`dagster_home`), and the code location configured from
-    the database's chain."""
+    """The command line and environment ``calpipe ui`` runs: dagster's UI served in one process
+    behind :mod:`calpipe.cli.ui_guard` on 127.0.0.1:``port``, its only TCP port
+    (``calpipe.dagster_project.webserver``, which also creates and migrates the instance, then
+    starts the daemon and the sync), the database's own DAGSTER_HOME (:func:`dagster_home`), and
+    the code location configured from the database's chain."""
     env = {
         "DAGSTER_HOME": str(dagster_home(db)),
         "DAGSTER_DISABLE_TELEMETRY": "1",
@@ -282,16 +267,20 @@ def ui_command(
     if meta.get("labels"):
         env["CALPIPE_LABELS"] = meta["labels"]  # type: ignore[assignment]
     cmd = [
-        sys.executable, "-m", "dagster", "dev", "-h", UI_HOST, "-p", str(port),
-        "-m", "calpipe.dagster_project.definitions",
+        sys.executable, "-m", "calpipe.dagster_project.webserver", "--port", str(port),
+        "--db", str(db),
     ]  # fmt: skip
     return cmd, env
 
 
+#: How long ``calpipe ui`` waits for the UI to stop after Ctrl-C before it is killed (s): its
+#: daemon and sync get 30 s each (calpipe.dagster_project.webserver.STOP_SECONDS).
+UI_STOP_SECONDS: float = 90.0
+
+
 def _cmd_ui(args: argparse.Namespace) -> int:
     db = Path(args.db).expanduser().resolve()
-    inner = ui_guard.free_port(UI_HOST)
-    cmd, env = ui_command(db, events=args.events, port=inner)
+    cmd, env = ui_command(db, events=args.events, port=args.port)
     if not db.exists():
         src = env.get("CALPIPE_EVENTS", "the landing folder beside it")
         print(f"note: {db} does not exist yet: the UI shows no partition materialized, and "
@@ -300,8 +289,11 @@ def _cmd_ui(args: argparse.Namespace) -> int:
         for k, v in sorted(env.items()):
             print(f"{k}={v}")
         print(" ".join(cmd))
-        print(f"guard: http://{UI_HOST}:{args.port} -> 127.0.0.1:{inner} (calpipe.cli.ui_guard)")
         return 0
+    if not ui_guard.port_free(UI_HOST, args.port):
+        print(f"calpipe: error: port {args.port} of {UI_HOST} is in use (another calpipe ui?); "
+              "choose another with --port", file=sys.stderr)  # fmt: skip
+        return 2
     home = dagster_home(db)
     home.mkdir(parents=True, exist_ok=True)
     yaml = home / "dagster.yaml"
@@ -309,28 +301,39 @@ def _cmd_ui(args: argparse.Namespace) -> int:
         yaml.write_text(DAGSTER_YAML)
     print(
         f"dagster UI on http://{UI_HOST}:{args.port} (DAGSTER_HOME={home}; foreign Host "
-        "and Origin headers and GraphQL mutations over GET are refused); Ctrl-C stops it"
+        "and Origin headers and GraphQL mutations over GET are refused); Ctrl-C stops it",
+        flush=True,
     )
-    proc = subprocess.Popen(cmd, env=os.environ | env, cwd=db.parent)
-    # days computed by calpipe run / demo become materializations the UI shows (in the
-    # background: the first sync of a long history takes a while, the UI need not wait for it)
-    sync = None
-    if db.exists():
-        sync = subprocess.Popen(
-            [sys.executable, "-m", "calpipe.dagster_project.sync", "--db", str(db)],
-            env=os.environ | env, cwd=db.parent,
-        )  # fmt: skip
+    # one child, in this process group, started deaf to Ctrl-C (no traceback while it imports
+    # dagster); once it serves, the terminal's Ctrl-C stops it, and this process terminates it
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        ui_guard.serve(args.port, inner)  # until Ctrl-C (uvicorn handles the signal)
+        proc = subprocess.Popen(cmd, env=os.environ | env, cwd=db.parent)
     finally:
-        if sync is not None and sync.poll() is None:
-            sync.terminate()  # what it reported so far stays; the next start reports the rest
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-    return proc.wait()
+        signal.signal(signal.SIGINT, previous)
+    try:
+        code = proc.wait()
+    except KeyboardInterrupt:
+        settle()
+        _stop_ui(proc)
+        print("calpipe ui: stopped (Ctrl-C): the UI, its daemon and the sync have exited",
+              file=sys.stderr)  # fmt: skip
+        return 130
+    if code != 0:
+        print(f"calpipe: error: the UI exited with code {code} (its log is above)", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _stop_ui(proc: subprocess.Popen) -> None:
+    """After Ctrl-C: terminate the UI's process (it stops its daemon and the sync first; a
+    SIGTERM while it shuts down already is ignored), killed if it lingers."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=UI_STOP_SECONDS)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 # ----------------------------------------------------------------------------------------------

@@ -84,8 +84,12 @@ def _protect(events: pl.DataFrame, args: argparse.Namespace) -> pl.DataFrame:
 
 def _write(out: pl.DataFrame, args: argparse.Namespace) -> None:
     tmp = Path(args.output).with_suffix(".parquet.tmp")
-    out.write_parquet(tmp)
-    tmp.replace(args.output)  # atomic: OUTPUT is either complete or untouched
+    try:
+        out.write_parquet(tmp)
+        tmp.replace(args.output)  # atomic: OUTPUT is either complete or untouched
+    except BaseException:  # Ctrl-C or a full disk while writing: no partial file left either
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _summarise(events: pl.DataFrame, out: pl.DataFrame, args, t0: float) -> int:

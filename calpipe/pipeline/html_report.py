@@ -190,6 +190,10 @@ def write_report(
     finally:
         con.close()
     tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(page, encoding="utf-8")
-    tmp.replace(out)
+    try:
+        tmp.write_text(page, encoding="utf-8")
+        tmp.replace(out)  # the page is complete or not there
+    except BaseException:  # Ctrl-C or a full disk while writing: no partial file left
+        tmp.unlink(missing_ok=True)
+        raise
     return out

@@ -1,0 +1,47 @@
+"""How Ctrl-C surfaces in a command, and how a command settles after it.
+
+Each command ends an interruption with one line on standard error and exit code 130 (the
+shell's code for SIGINT); :func:`calpipe.cli.main` does it for the commands without their own
+message. While the command is still importing, :mod:`calpipe._starting` does it (its
+:data:`STARTING_MESSAGE`, :func:`is_the_command` and :func:`hand_back` are here).
+"""
+
+from __future__ import annotations
+
+import signal
+
+import duckdb
+
+from calpipe._starting import MESSAGE as STARTING_MESSAGE
+from calpipe._starting import hand_back, is_the_command
+
+#: How Ctrl-C surfaces: Python's KeyboardInterrupt, DuckDB's own when it lands mid-query
+#: (duckdb.InterruptException, or a RuntimeError "Query interrupted" from a catalog query), or
+#: a SystemError raised over a KeyboardInterrupt that landed inside a C extension's call
+#: (numba's dispatcher: "CPUDispatcher(...) returned a result with an exception set").
+INTERRUPTS = (KeyboardInterrupt, duckdb.InterruptException, RuntimeError, SystemError)
+
+
+def is_interrupt(exc: BaseException) -> bool:
+    """Whether ``exc`` (one of :data:`INTERRUPTS`) is Ctrl-C."""
+    if isinstance(exc, SystemError):
+        return isinstance(exc.__cause__ or exc.__context__, KeyboardInterrupt)
+    if isinstance(exc, RuntimeError) and not isinstance(exc, duckdb.InterruptException):
+        return "interrupted" in str(exc).lower()
+    return isinstance(exc, INTERRUPTS)
+
+
+def settle() -> None:
+    """After the first Ctrl-C, ignore SIGINT while the command looks up what is committed, says
+    it and exits 130: a second Ctrl-C then cannot turn the one-line message into a traceback."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+__all__ = [
+    "INTERRUPTS",
+    "STARTING_MESSAGE",
+    "hand_back",
+    "is_interrupt",
+    "is_the_command",
+    "settle",
+]

@@ -1,0 +1,186 @@
+"""The dagster UI as ``calpipe ui`` serves it: one process, one TCP port, behind the guard.
+
+``python -m calpipe.dagster_project.webserver --port PORT [--db DB]`` (``calpipe ui`` runs it,
+with the database's ``DAGSTER_HOME``):
+
+1. creates and migrates the dagster instance, once, before anything else opens it
+   (:func:`prepare_instance`): the webserver, the daemon and the sync starting at once on a new
+   instance folder each created its SQLite storages, and ``schedules.db`` sometimes ended with
+   two alembic heads (every page then answered 500 until the folder was deleted);
+2. starts the dagster daemon (its public ``dagster-daemon run`` command: schedules, sensors,
+   the run queue) and, when the database exists, the sync of days computed outside dagster
+   (:mod:`calpipe.dagster_project.sync`);
+3. serves dagster's own ASGI app (the Starlette app ``dagster-webserver`` builds) *in this
+   process*, wrapped in :class:`calpipe.cli.ui_guard.Guard`, on ``127.0.0.1:PORT``. There is no
+   other TCP port: ``calpipe ui`` used to run ``dagster dev``, whose webserver listened on an
+   internal loopback port without the guard, so a request sent there directly (a foreign
+   Host, a cross-site Origin, a GraphQL mutation over GET) launched a run. The code servers
+   dagster starts for the webserver and the daemon listen on Unix sockets.
+
+Two names here are dagster's private API, because dagster has no public way to build its
+webserver's app without binding a TCP port of its own: ``dagster-webserver`` (the documented
+entry point) always ends in ``uvicorn.run(app, host, port)``, with no Unix-socket option and no
+hook to wrap the app. The app itself comes from the public
+``dagster_webserver.app.create_app_from_workspace_process_context``, but its argument, the
+process's workspace, is ``dagster._core.workspace.context.WorkspaceProcessContext`` over a
+``dagster._core.workspace.load_target.ModuleTarget``; this module builds them exactly as the
+``dagster-webserver`` command does. The architecture tests allow these two imports in this
+module only (``tests/test_architecture.py``); a dagster upgrade that moves them fails loudly
+at start, and ``tests/dagster_project/test_ui_process.py`` checks the listening sockets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import io
+import logging
+import os
+import signal
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: no lock, one start at a time is up to the user
+    fcntl = None
+
+from dagster import DagsterInstance
+from dagster._core.workspace.context import WorkspaceProcessContext  # private: see above
+from dagster._core.workspace.load_target import ModuleTarget  # private: see above
+from dagster_webserver.app import create_app_from_workspace_process_context
+from dagster_webserver.version import __version__
+
+from calpipe.cli import ui_guard
+
+#: The code location the UI and the daemon load (the same name, so the daemon finds the
+#: location of a run the UI queued).
+DEFINITIONS = "calpipe.dagster_project.definitions"
+#: How often the UI polls for fresh asset data (ms): dagster-webserver's default.
+LIVE_DATA_POLL_MS = 2000
+#: Database settings of a long-running webserver: dagster-webserver's defaults (statement
+#: timeout ms, pool recycle s, pool max overflow).
+WEBSERVER_DB = (15_000, 3_600, 20)
+#: How long the daemon and the sync get to stop before they are killed (s).
+STOP_SECONDS = 30.0
+
+
+def prepare_instance() -> DagsterInstance:
+    """The instance of ``DAGSTER_HOME``, created and migrated to dagster's current schema in
+    this process, before any other process opens it (what it prints while migrating is
+    dropped: a new instance has nothing to report). Two ``calpipe ui`` starting at once on the
+    same new folder take turns (a lock file in it)."""
+    home = Path(os.environ.get("DAGSTER_HOME") or ".")
+    home.mkdir(parents=True, exist_ok=True)
+    with open(home / ".calpipe-ui.lock", "a") as lock:
+        if fcntl is not None:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        instance = DagsterInstance.get()
+        with contextlib.redirect_stdout(io.StringIO()):
+            instance.upgrade()
+    return instance
+
+
+def daemon_command() -> list[str]:
+    """The public ``dagster-daemon run`` command over the same code location, warnings only
+    (its sensor ticks would log a line every 30 s)."""
+    exe = Path(sysconfig.get_path("scripts")) / "dagster-daemon"
+    return [str(exe), "run", "-m", DEFINITIONS, "--log-level", "warning",
+            "--code-server-log-level", "warning"]  # fmt: skip
+
+
+def sync_command(db: Path) -> list[str]:
+    """The sync of the days ``calpipe run`` / ``calpipe demo`` computed (:mod:`.sync`)."""
+    return [sys.executable, "-m", "calpipe.dagster_project.sync", "--db", str(db)]
+
+
+@contextlib.asynccontextmanager
+async def _lifespan(app):
+    """Ctrl-C cancels the server's lifespan task: that is the normal way to stop, not an error
+    (dagster-webserver's own lifespan does the same)."""
+    with contextlib.suppress(asyncio.CancelledError):
+        yield
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=STOP_SECONDS)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def _start_deaf_to_ctrl_c(cmd: list[str]) -> subprocess.Popen:
+    """``cmd`` started with SIGINT ignored (Python keeps an inherited SIG_IGN): the terminal's
+    Ctrl-C, which reaches the whole process group, does not print its traceback; it stops when
+    :func:`_stop` terminates it (what the sync reported so far stays; the next start reports
+    the rest)."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        return subprocess.Popen(cmd)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def serve(port: int, db: Path | None) -> int:
+    """Prepare the instance, start the daemon (and the sync), serve the guarded UI on
+    127.0.0.1:``port`` until Ctrl-C; then stop the children."""
+    instance = prepare_instance()
+    instance.optimize_for_webserver(*WEBSERVER_DB)
+    children: list[subprocess.Popen] = []
+    try:
+        # the daemon stops cleanly on SIGINT (the terminal's Ctrl-C) and on SIGTERM (from _stop)
+        children.append(subprocess.Popen(daemon_command()))
+        if db is not None and db.exists():
+            children.append(_start_deaf_to_ctrl_c(sync_command(db)))
+        target = ModuleTarget(
+            module_name=DEFINITIONS, attribute=None, working_directory=None, location_name=None
+        )
+        with WorkspaceProcessContext(
+            instance, target, version=__version__, code_server_log_level="WARNING"
+        ) as context:
+            app = create_app_from_workspace_process_context(
+                context, "", LIVE_DATA_POLL_MS, lifespan=_lifespan
+            )
+            # until Ctrl-C or SIGTERM: uvicorn handles them, then raises the signal again once it
+            # has stopped, which main's handlers turn into KeyboardInterrupt
+            ui_guard.serve(app, port)
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):  # stopping: another signal is no traceback
+            signal.signal(sig, signal.SIG_IGN)
+        _stop(children)
+        instance.dispose()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m calpipe.dagster_project.webserver", description=__doc__.split("\n")[0]
+    )
+    ap.add_argument("--port", type=int, required=True, help="the one port, on 127.0.0.1")
+    ap.add_argument("--db", type=Path, help="calpipe database whose stored days to sync")
+    args = ap.parse_args(argv)
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    # calpipe ui starts this process deaf to Ctrl-C, so that an interrupt while it imports
+    # dagster prints no traceback (calpipe ui then terminates it); imported, it stops on either
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        return serve(args.port, args.db)
+    except KeyboardInterrupt:  # stopped: calpipe ui says so, in one line
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

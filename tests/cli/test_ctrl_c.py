@@ -1,0 +1,180 @@
+"""Ctrl-C in every command: one line on standard error, exit 130, nothing half-written (#36
+item 15). SIGINT sent to the real command, at points where it once printed a traceback:
+
+* while it imports (polars, numba, DuckDB: a KeyboardInterrupt traceback from inside an import,
+  once ``SystemError: CPUDispatcher(...) returned a result with an exception set``, exit 1);
+* while ``storage.connect`` waits for a database another process holds;
+* while ``calpipe protect`` computes (a 35-line traceback), its output then not written.
+
+Ctrl-C in the middle of ``calpipe run`` and ``calpipe demo``: ``tests/test_faults.py``; in
+``calpipe ui``: ``tests/dagster_project/test_ui_process.py``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pty
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from calpipe import generate, storage
+from calpipe.cli.interrupts import STARTING_MESSAGE, is_interrupt, is_the_command
+from calpipe.generate import StreamSpec
+from tests.test_faults import hold_database
+
+COMMAND = [sys.executable, "-m", "calpipe.cli"]
+SCRIPT = Path(sys.executable).with_name("calpipe")  # the console script beside this Python
+
+
+def _mapped(pid: int, name: str) -> bool:
+    """Whether the process has loaded a library whose path contains ``name``."""
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            return name in f.read()
+    except OSError:
+        return False
+
+
+def _cpu_ticks(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        cols = f.read().rsplit(")", 1)[1].split()
+    return int(cols[11]) + int(cols[12])  # utime + stime
+
+
+def _interrupt(child: subprocess.Popen) -> tuple[str, str]:
+    child.send_signal(signal.SIGINT)
+    out, err = child.communicate(timeout=120)
+    assert child.returncode == 130, (child.returncode, err)
+    assert "Traceback" not in err, err
+    return out, err
+
+
+@pytest.mark.parametrize(
+    ("command", "library"),
+    [(COMMAND, "polars"), (COMMAND, "duckdb"), ([str(SCRIPT)], "numba")],
+    ids=["python-m-polars", "python-m-duckdb", "console-script-numba"],
+)
+def test_ctrl_c_while_importing_printed_a_traceback(tmp_path, command, library):
+    """SIGINT once the command has loaded ``library`` (its imports go on for seconds): exactly
+    the one starting line, exit 130, no database created."""
+    if not SCRIPT.exists() and command[0] == str(SCRIPT):
+        pytest.skip("no calpipe console script beside this Python")
+    db = tmp_path / "never.duckdb"
+    child = subprocess.Popen(
+        [*command, "run", "--events", str(tmp_path), "--db", str(db)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    t0 = time.monotonic()
+    while not _mapped(child.pid, library):
+        assert child.poll() is None and time.monotonic() - t0 < 60, child.communicate()
+        time.sleep(0.005)
+    out, err = _interrupt(child)
+    assert err == STARTING_MESSAGE + "\n" and out == ""
+    assert not db.exists()
+
+
+def test_ctrl_c_while_waiting_for_a_held_database_printed_a_traceback(tmp_path):
+    """`calpipe run` waiting in ``storage.connect`` for a database a notebook holds: one line,
+    exit 130, the database file byte for byte as it was."""
+    events = generate.generate(n_days=2, streams=(StreamSpec("a", events_per_day=10),), seed=3)
+    storage.write_landing(events, tmp_path / "landing")
+    db = tmp_path / "held.duckdb"
+    storage.connect(db).close()
+    before = hashlib.sha256(db.read_bytes()).hexdigest()
+    holder = hold_database(db, 120)
+    try:
+        child = subprocess.Popen(
+            [*COMMAND, "run", "--events", str(tmp_path / "landing"), "--db", str(db),
+             "--lock-wait", "100", "--no-progress"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        # imported (DuckDB loaded) and then idle: sleeping between attempts to open the file
+        t0 = time.monotonic()
+        while not _mapped(child.pid, "duckdb"):
+            assert child.poll() is None and time.monotonic() - t0 < 60, child.communicate()
+            time.sleep(0.05)
+        # (two idle seconds in a row: a loaded machine may starve an import for one)
+        seen = [-3, -2, -1]
+        while seen[-1] != seen[-2] or seen[-2] != seen[-3]:
+            assert child.poll() is None and time.monotonic() - t0 < 90, child.communicate()
+            seen.append(_cpu_ticks(child.pid))
+            time.sleep(1.0)
+        _, err = _interrupt(child)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert err == "calpipe run: interrupted (Ctrl-C): nothing was written\n", err
+    assert hashlib.sha256(db.read_bytes()).hexdigest() == before
+
+
+def test_ctrl_c_in_calpipe_protect_printed_a_35_line_traceback(tmp_path):
+    """`calpipe protect` at a terminal, interrupted while it protects 2M events: its last line
+    says the output was not written, exit 130, and neither the output nor its temporary file
+    exists."""
+    streams = tuple(StreamSpec(f"s{i}", events_per_day=20_000) for i in range(10))
+    src = tmp_path / "big.parquet"
+    generate.generate(n_days=10, streams=streams, seed=1).write_parquet(src)
+    out = tmp_path / "out.parquet"
+    master, terminal = pty.openpty()  # standard error a terminal: its progress line is shown
+    child = subprocess.Popen(
+        [*COMMAND, "protect", str(src), str(out), "--order-by", "event_time", "event_id"],
+        stdout=subprocess.PIPE, stderr=terminal, text=True,
+    )  # fmt: skip
+    os.close(terminal)
+    seen = b""
+    t0 = time.monotonic()
+    while b"protecting" not in seen:  # imported, read: it is computing now (~8 s of work)
+        assert child.poll() is None and time.monotonic() - t0 < 120, seen
+        if select.select([master], [], [], 1.0)[0]:
+            seen += os.read(master, 4096)
+    time.sleep(0.5)
+    child.send_signal(signal.SIGINT)
+    stdout, _ = child.communicate(timeout=120)
+    while select.select([master], [], [], 0.5)[0]:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # the terminal's other end closed
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(master)
+    err = seen.decode(errors="replace")
+    assert child.returncode == 130, (child.returncode, err[-300:])
+    assert "Traceback" not in err, err[-4000:]
+    last = err.replace("\r", "\n").rstrip().splitlines()[-1]
+    assert last.endswith(f"calpipe protect: interrupted (Ctrl-C): {out} was not written"), last
+    assert stdout == ""
+    assert not out.exists() and not out.with_suffix(".parquet.tmp").exists()
+
+
+def test_only_the_command_gets_the_starting_handler():
+    """The starting handler is for the calpipe command's process alone, never for a program or
+    a notebook that imports calpipe."""
+    assert is_the_command(["x"], ["python", "-m", "calpipe.cli", "run"])
+    assert is_the_command(["/venv/bin/calpipe", "run"], ["/venv/bin/python", "x"])
+    assert not is_the_command(["-c"], ["python", "-c", "import calpipe"])
+    assert not is_the_command(["x"], ["python", "-m", "pytest", "-m", "slow"])
+    assert not is_the_command(["nb.py"], ["python", "nb.py", "-m"])
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # here, under pytest
+
+
+def test_a_systemerror_over_a_keyboardinterrupt_is_ctrl_c():
+    """numba's dispatcher turned a Ctrl-C into ``SystemError(... returned a result with an
+    exception set)``: it is an interruption (one line, 130), other SystemErrors are not."""
+    try:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as inner:
+            raise SystemError("CPUDispatcher returned a result with an exception set") from inner
+    except SystemError as exc:
+        assert is_interrupt(exc)
+    assert not is_interrupt(SystemError("something else"))
+    assert is_interrupt(KeyboardInterrupt()) and not is_interrupt(RuntimeError("boom"))
