@@ -14,7 +14,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from calpipe import storage
+from calpipe import cli, storage
 from calpipe.errors import InputError
 from calpipe.storage.session import DUCKDB_MEMORY_LIMIT
 
@@ -469,8 +469,32 @@ def test_a_day_folder_without_dashes_was_read_as_an_empty_day(con, tmp_path):
     (tmp_path / "landing" / "date=20240301").mkdir(parents=True)
     raw_events([D1]).write_parquet(tmp_path / "landing" / "date=20240301" / "e.parquet")
     src = storage.EventSource.parse(str(tmp_path / "landing"))
-    with pytest.raises(storage.StoreError, match=r"date=20240301: not date=YYYY-MM-DD"):
+    with pytest.raises(
+        storage.StoreError, match=r"folder 'date=20240301' is not a day folder date=YYYY-MM-DD"
+    ):
         src.date_range(con)
+
+
+@pytest.mark.parametrize("name", ["Date=2024-03-01", "dt=2024-03-01", "2024-03-01", "notes.txt"])
+def test_a_misnamed_day_folder_was_skipped_and_its_day_committed_empty(tmp_path, name, capsys):
+    """Date=, dt= or a bare date beside the day folders was skipped, its day committed empty
+    with exit 0. Now any entry that is not date=YYYY-MM-DD (or _/. prefixed) is refused,
+    naming it, and the run writes nothing (no database file)."""
+    land = tmp_path / "landing"
+    storage.write_landing(raw_events([D1, D3], n=4), land)
+    wrong = land / name
+    if name.endswith(".txt"):
+        wrong.write_text("x")
+    else:
+        wrong.mkdir()
+        raw_events([D2], n=4).write_parquet(wrong / "e.parquet")
+    (land / "_SUCCESS").write_text("")  # markers stay skipped
+    (land / ".hidden").mkdir()
+    db = tmp_path / "db.duckdb"
+    assert cli.main(["run", "--events", str(land), "--db", str(db), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"{name!r} is not a day folder date=YYYY-MM-DD" in err
+    assert not db.exists()
 
 
 @pytest.mark.parametrize(
@@ -648,13 +672,54 @@ def test_a_users_own_duckdb_file_was_given_calpipes_tables(tmp_path):
     path = tmp_path / "mine.duckdb"
     _user_database(path)
     with pytest.raises(
-        storage.StoreError, match=r"is not a calpipe database: it has 2 tables/views"
+        storage.StoreError, match=r"is not a calpipe database: it has 2 objects of its own"
     ):
         storage.connect(path)
     raw = duckdb.connect(str(path), read_only=True)
     assert raw.execute("SELECT mine FROM v_alarms").fetchone() == (42,)
     assert raw.execute("SELECT count(*) FROM duckdb_tables()").fetchone() == (1,)
     raw.close()
+
+
+@pytest.mark.parametrize(
+    "ddl",
+    ["CREATE MACRO add_one(x) AS x + 1", "CREATE SEQUENCE my_ids",
+     "CREATE TYPE mood AS ENUM ('ok', 'not ok')"],
+)  # fmt: skip
+def test_a_duckdb_file_holding_only_a_macro_or_sequence_was_adopted(tmp_path, ddl):
+    """A file with no table or view but a user's macro, sequence or type was taken for a new
+    one and calpipe's schema installed into it. Refused now, the file unchanged."""
+    path = tmp_path / "mine.duckdb"
+    raw = duckdb.connect(str(path))
+    raw.execute(ddl)
+    raw.close()
+    before = path.read_bytes()
+    with pytest.raises(storage.StoreError, match=r"is not a calpipe database: it has 1 objects"):
+        storage.connect(path)
+    assert path.read_bytes() == before
+    raw = duckdb.connect(str(path), read_only=True)
+    assert raw.execute("SELECT count(*) FROM duckdb_tables()").fetchone() == (0,)
+    raw.close()
+
+
+def test_a_schema_version_that_is_no_number_was_an_int_traceback(tmp_path):
+    """schema_version = '11a': ValueError: invalid literal for int(). Now a StoreError naming
+    the value, for a read-write and a read-only connection alike; nothing changed."""
+    path = tmp_path / "db.duckdb"
+    storage.connect(path).close()
+    con = duckdb.connect(str(path))
+    con.execute("UPDATE calpipe_meta SET value = '11a' WHERE key = 'schema_version'")
+    con.close()
+    before = path.read_bytes()
+    with pytest.raises(storage.StoreError, match=r"calpipe_meta.schema_version is '11a', not a"):
+        storage.connect(path)
+    con = storage.connect(path, read_only=True)
+    try:
+        with pytest.raises(storage.StoreError, match=r"schema_version is '11a'"):
+            storage.require_calpipe(con)
+    finally:
+        con.close()
+    assert path.read_bytes() == before
 
 
 def test_a_database_of_a_newer_calpipe_was_migrated_backwards(tmp_path):

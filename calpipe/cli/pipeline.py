@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import decimal
+import json
 import os
 import shlex
 import signal
@@ -173,7 +175,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
             stream=columns.stream, event_id=args.id_col, label=args.label_col,
             label_time=args.label_time_col,
         ))  # fmt: skip
-    con = storage.connect(args.db, lock_wait=args.lock_wait)
+    if args.start and args.end and args.start > args.end:
+        raise storage.StoreError(
+            f"--start {args.start} is after --end {args.end}: nothing to run (nothing was written)"
+        )
+    db = Path(args.db).expanduser().resolve()
+    new = not db.exists()
+    con = storage.connect(db, lock_wait=args.lock_wait)
     try:
         return _run(con, source, labels, args, settings, t0)
     except INTERRUPTS as exc:
@@ -187,7 +195,20 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"calpipe: error: database {args.db}: {exc}", file=sys.stderr)
         return 2
     finally:
+        kept = not new or _has_days(con)
         con.close()
+        if not kept:  # a new file without a committed day: as if the run had not started
+            for f in (db, db.with_name(db.name + ".wal")):
+                f.unlink(missing_ok=True)
+
+
+def _has_days(con) -> bool:
+    """Whether the database holds a committed day (a run that committed none leaves no new
+    file behind: a failed first run left an empty database, ``--events nope`` created one)."""
+    try:
+        return storage.fetch_one(con, "SELECT count(*) FROM pipeline_days")[0] > 0
+    except (duckdb.Error, KeyboardInterrupt):
+        return True  # unsure: keep it
 
 
 def _interrupted(con, args) -> str:
@@ -208,6 +229,7 @@ def _run(con, source, labels, args, settings, t0: float) -> int:
             con, source, args.start, args.end, settings,
             log=lambda m: print(f"  {m}", flush=True), replay=not args.no_replay,
             labels=labels, on_unknown_label=args.on_unknown_label,
+            replay_deleted=args.replay_deleted,
             progress=progress.DayBar("calpipe run", show=progress.enabled(args.no_progress)),
         )  # fmt: skip
     except ReplayRequired as exc:
@@ -247,6 +269,7 @@ def ui_command(
     if db.exists():
         con = storage.connect(db, read_only=True)
         try:
+            storage.require_calpipe(con)
             keys = ("events", "first_day", "last_day", "settings", "columns", "labels")
             meta = {k: storage.get_meta(con, k) for k in keys}
             if meta["first_day"] is None:
@@ -360,10 +383,27 @@ def _cmd_sql(args: argparse.Namespace) -> int:
     finally:
         con.close()
     if args.csv:
-        sys.stdout.write(df.write_csv())
+        sys.stdout.write(_json_nested(df).write_csv())
     else:
         _print_frame(df, args.max_rows)
     return 0
+
+
+def _json_nested(df: pl.DataFrame) -> pl.DataFrame:
+    """``df`` with its list, array and struct columns as JSON text (CSV has no nested values:
+    polars refused to write them, a traceback for any ``calibrate_scores`` result); a null
+    stays an empty cell."""
+    nested = [c for c, t in df.schema.items() if t.is_nested()]
+    return df.with_columns(
+        pl.Series(c, [None if v is None else json.dumps(v, default=_json_value) for v in df[c].to_list()],
+                  dtype=pl.String)
+        for c in nested
+    )  # fmt: skip
+
+
+def _json_value(v):
+    """What JSON has no type for: a decimal as its number, dates and times as ISO text."""
+    return float(v) if isinstance(v, decimal.Decimal) else str(v)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -414,6 +454,10 @@ def register(sub) -> None:
     r.add_argument("--no-replay", action="store_true",
                    help="refuse (with the command to run) instead of replaying stored days whose "
                         "inputs changed since they ran, or that an earlier re-run made stale")  # fmt: skip
+    r.add_argument("--replay-deleted", action="store_true",
+                   help="recompute stored days whose input files were removed since they ran "
+                        "(default: keep their stored rows, e.g. after a retention policy "
+                        "deleted old landing folders)")  # fmt: skip
     r.add_argument("--labels", metavar="LABELS",
                    help="label feed: labels that land after their events, as a landing folder "
                         "(date=YYYY-MM-DD/ = the arrival day), Parquet file/glob or table of "

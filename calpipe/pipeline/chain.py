@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import datetime as dt
 
+import numpy as np
 import polars as pl
 
 from calpipe import storage
 from calpipe.errors import StateError
+from calpipe.night.chain import chain_hash, state_digests
 from calpipe.night.settings import Settings, as_date
 from calpipe.pipeline.classes import stored_n_classes
 
@@ -92,6 +94,8 @@ def state_before(con, day: dt.date, settings: Settings, first_day: dt.date) -> p
             f"{first_day} into a new database"
         )
     state = state_as_of(con, prev)
+    if state.height:
+        _verify_state_chain(con, day, state["date"].min(), prev, first_day)
     if state.height != n_streams:
         raise StateError(
             f"cannot run day {day}: calibrator_state holds {state.height} streams up to {prev}, "
@@ -112,6 +116,61 @@ JOIN (SELECT stream, max(date) AS date FROM calibrator_state WHERE date <= $1 GR
   USING (stream, date)
 ORDER BY s.stream
 """
+
+
+#: The stored chain of [$1, $2]: each day's hashes and its number of state rows.
+_CHAIN_SQL = """
+SELECT date, state_hash, prev_state_hash, n_state_rows FROM pipeline_days
+WHERE date BETWEEN $1 AND $2 ORDER BY date
+"""
+
+
+def _verify_state_chain(con, day: dt.date, lo: dt.date, prev: dt.date, first_day) -> None:
+    """StateError naming the first day of [lo, prev] whose stored ``calibrator_state`` rows do
+    not hash to the ``state_hash`` that ``pipeline_days`` recorded for it (rows deleted,
+    changed or added outside calpipe, even with its counts altered to match), or whose
+    ``prev_state_hash`` is not the day before's ``state_hash``.
+
+    ``lo`` is the oldest day a row of the state loaded at the end of ``prev`` comes from: a row
+    that this state would have read and that was deleted or changed is on a day of [lo, prev],
+    so those days are the ones whose rows are hashed (one read, one digest a day,
+    :func:`calpipe.night.chain.state_digests`; no per-stream loop). Days computed before calpipe
+    recorded the hash (``state_hash`` null) are not checked. A hash names no stream: the error
+    names the day and the streams whose state the run would have loaded from it."""
+    days = storage.query(con, _CHAIN_SQL, [lo, prev])
+    known = days.filter(pl.col("state_hash").is_null())
+    if known.height:  # the days after the last one without a hash
+        days = days.filter(pl.col("date") > known["date"].max())
+    if days.height == 0:
+        return
+    lo = days["date"][0]
+    rows = storage.query(
+        con, "SELECT * FROM calibrator_state WHERE date BETWEEN ? AND ?", [lo, prev]
+    ).sort("date", "stream")
+    per_day = rows.group_by("date").len()
+    counts = days.select("date").join(per_day, on="date", how="left")["len"].fill_null(0).to_numpy()
+    bounds = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    digests = state_digests(rows, bounds)
+    h = days["prev_state_hash"][0]
+    for d, stored, before, digest in zip(
+        days["date"], days["state_hash"], days["prev_state_hash"], digests, strict=True
+    ):
+        if before != h:
+            bad = f"its prev_state_hash is not the state_hash of {d - dt.timedelta(days=1)}"
+        elif chain_hash(h, digest) != stored:
+            bad = "its calibrator_state rows do not hash to its recorded state_hash"
+        else:
+            h = stored
+            continue
+        of_day = rows.filter(pl.col("date") == d)["stream"]
+        streams = ", ".join(repr(x) for x in of_day.head(5).to_list())
+        more = f" and {of_day.len() - 5} more" if of_day.len() > 5 else ""
+        named = f" (its stored rows are of the streams {streams}{more})" if streams else ""
+        raise StateError(
+            f"cannot run day {day}: the stored state of day {d} was altered outside calpipe: "
+            f"{bad}{named}; a row was deleted, changed or added; restore the database, or "
+            f"re-run from the chain's first day {first_day} into a new database"
+        )
 
 
 def state_hash_before(con, day: dt.date) -> str | None:

@@ -181,6 +181,9 @@ def check_state_continuity(con, start: dt.date, end: dt.date) -> CheckOutcome:
                 f"{r['prev_known'] or 0} + {r['n_day_labelled']} labels of the day (in its "
                 "scores rows and arrived)"
             )
+    gone = missing_rows(con, lo, end)
+    if gone is not None:
+        problems.append(f"{gone[1]}: run the days again from it (calpipe run --start {gone[0]})")
     stale = storage.query(
         con,
         """SELECT date FROM (SELECT date, prev_state_hash,
@@ -201,6 +204,58 @@ def check_state_continuity(con, start: dt.date, end: dt.date) -> CheckOutcome:
         f"the chain has no gap from {lo} to {end}" if ok else "; ".join(problems),
         jumps if jumps.height else None, values={"problems": len(problems)},
     )  # fmt: skip
+
+
+#: Per stored day whose rows are missing: the first table whose row count differs from what
+#: ``pipeline_days`` recorded for it (protected_scores and scored_events: ``n_events``;
+#: calibrator_state: ``n_state_rows``). One aggregate over the date columns only.
+_MISSING_ROWS_SQL = """
+WITH p AS (SELECT event_date AS date, count(*) AS n FROM protected_scores
+           WHERE event_date BETWEEN $1 AND $2 GROUP BY 1),
+     e AS (SELECT event_date AS date, count(*) AS n FROM scored_events
+           WHERE event_date BETWEEN $1 AND $2 GROUP BY 1),
+     s AS (SELECT date, count(*) AS n FROM calibrator_state
+           WHERE date BETWEEN $1 AND $2 GROUP BY 1)
+SELECT d.date, coalesce(p.n, 0) AS p, coalesce(e.n, 0) AS e, coalesce(s.n, 0) AS s,
+       d.n_events, d.n_state_rows
+FROM pipeline_days d LEFT JOIN p USING (date) LEFT JOIN e USING (date) LEFT JOIN s USING (date)
+WHERE d.date BETWEEN $1 AND $2
+  AND (coalesce(p.n, 0) <> d.n_events OR coalesce(e.n, 0) <> d.n_events
+       OR coalesce(s.n, 0) <> d.n_state_rows)
+ORDER BY d.date LIMIT 1
+"""
+
+
+def missing_rows(con, start: dt.date, end: dt.date) -> tuple[dt.date, str] | None:
+    """The first stored day of [start, end] whose rows differ from the counts ``pipeline_days``
+    recorded (rows deleted or added outside calpipe, e.g. ``calpipe sql --write "DELETE FROM
+    protected_scores"``) and what is wrong with it (the table and both counts); None if every
+    day is whole."""
+    row = storage.fetch_one(con, _MISSING_ROWS_SQL, [start, end])
+    if row is None:
+        return None
+    d, p, e, st, n_events, n_state = row
+    for table, n, want, what in (
+        ("protected_scores", p, n_events, "events"), ("scored_events", e, n_events, "events"),
+        ("calibrator_state", st, n_state, "streams whose state changed"),
+    ):  # fmt: skip
+        if n != want:
+            return d, (
+                f"day {d}: {table} has {n} rows, but pipeline_days recorded {want} {what} that "
+                "day (rows were changed outside calpipe)"
+            )
+    return None  # (unreachable: the query returned a differing day)
+
+
+#: Streams an alarm warning names (the rest are counted: a night of 1,000 alarms printed 1,000
+#: names on one line; ``martingale_alarms`` lists them all).
+ALARM_NAMES_SHOWN: int = 10
+
+
+def _names(streams: list[str]) -> str:
+    shown = ", ".join(streams[:ALARM_NAMES_SHOWN])
+    rest = len(streams) - ALARM_NAMES_SHOWN
+    return f"{shown} and {rest} more (all in martingale_alarms)" if rest > 0 else shown
 
 
 def check_alarms(con, start: dt.date, end: dt.date) -> CheckOutcome:
@@ -224,7 +279,7 @@ def check_alarms(con, start: dt.date, end: dt.date) -> CheckOutcome:
         "no_martingale_alarm", ok,
         (f"no stream reached log10 S >= 2 on {span}{earlier}" if ok
          else f"{new.height} stream(s) reached the alarm level (S >= 100) on {span}: "
-              f"{', '.join(new['stream'].to_list())}{earlier}"),
+              f"{_names(new['stream'].to_list())}{earlier}"),
         new, warning=True,
         values={"new_alarms": new.height, "streams_in_alarm": new.height + int(before)},
     )  # fmt: skip

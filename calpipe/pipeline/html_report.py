@@ -186,6 +186,7 @@ def write_report(
     out = Path(out) if out else db.with_name(f"{db.stem}.report.html")
     con = storage.connect(db, read_only=True, lock_wait=lock_wait)
     try:
+        storage.require_calpipe(con)
         page = html_report(con, title=str(db), **kw)
     finally:
         con.close()

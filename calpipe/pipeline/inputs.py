@@ -152,28 +152,47 @@ def recorded_inputs(con, start: dt.date, end: dt.date) -> pl.DataFrame:
     return storage.read_partitions(con, "pipeline_inputs", start, end).cast(_INPUT_SCHEMA)
 
 
-def _changes(recorded: pl.DataFrame, current: pl.DataFrame, days: list[dt.date]) -> dict:
-    """Per day of ``days`` whose inputs differ: why (the first differing file)."""
+def _changes(
+    recorded: pl.DataFrame, current: pl.DataFrame, days: list[dt.date]
+) -> tuple[dict, dict]:
+    """Per day of ``days`` whose inputs differ: why (the first differing file); split into the
+    days with a changed or new input, and the days whose inputs were only removed."""
     key = ["date", "kind", "file"]
     j = recorded.select(*key, pl.col("content_hash").alias("was")).join(
         current.select(*key, pl.col("content_hash").alias("now")),
         on=key, how="full", coalesce=True, nulls_equal=True,
     ).filter(pl.col("date").is_in(days) & pl.col("was").ne_missing(pl.col("now")))  # fmt: skip
-    out: dict[dt.date, str] = {}
+    changed: dict[dt.date, str] = {}
+    removed: dict[dt.date, str] = {}
     for r in j.sort(key).iter_rows(named=True):
         what = f"{r['kind']} file {r['file']!r}" if r["file"] else f"{r['kind']} rows"
         if r["was"] is None:
-            why = f"{what} appeared after the day ran"
+            changed.setdefault(r["date"], f"{what} appeared after the day ran")
         elif r["now"] is None:
-            why = f"{what} was removed after the day ran"
+            removed.setdefault(r["date"], f"{what} was removed after the day ran")
         else:
-            why = f"{what} changed after the day ran"
-        out.setdefault(r["date"], why)
-    return out
+            changed.setdefault(r["date"], f"{what} changed after the day ran")
+    return changed, {d: why for d, why in removed.items() if d not in changed}
+
+
+class SourceRemoved(StateError):
+    """A replay would recompute stored days whose inputs were removed since they ran (a
+    retention policy deleted old landing folders): their stored rows would be lost. ``days``:
+    the first such day and why. Refused unless the run is told ``--replay-deleted``."""
+
+    def __init__(self, day: dt.date, why: str, message: str):
+        self.day, self.why = day, why
+        super().__init__(message)
 
 
 def replay_start(
-    con, source: EventSource, first_day: dt.date, current: pl.DataFrame
+    con,
+    source: EventSource,
+    first_day: dt.date,
+    current: pl.DataFrame,
+    *,
+    replay_deleted: bool = False,
+    log=None,
 ) -> tuple[dt.date, str] | None:
     """The earliest stored day to recompute, and why: its inputs differ from what it was
     computed from (``current``: :func:`source_inputs` over the stored days), or it is stale (day
@@ -189,7 +208,21 @@ def replay_start(
     found: list[tuple[dt.date, str]] = []
     if tracked.height:
         lo, hi = tracked["date"].min(), tracked["date"].max()
-        changes = _changes(recorded_inputs(con, lo, hi), current, tracked["date"].to_list())
+        changes, removed = _changes(
+            recorded_inputs(con, lo, hi), current, tracked["date"].to_list()
+        )
+        if replay_deleted:
+            changes |= removed
+        elif removed:
+            # a source that disappeared (retention) keeps its stored days: recomputing them
+            # would delete their rows and redo every later day
+            d0, why = min(removed.items())
+            if log is not None:
+                log(
+                    f"{len(removed)} stored day(s) from {d0} on have inputs that were removed "
+                    f"({why}): their stored rows are kept (--replay-deleted recomputes them "
+                    "without those inputs)"
+                )
         found += sorted(changes.items())[:1]
     stale = tracked.filter(
         pl.col("prev_state_hash").is_not_null() & pl.col("before").is_not_null()
@@ -200,4 +233,17 @@ def replay_start(
         found.append(
             (d, f"it ran from a state of {d - dt.timedelta(days=1)} that was recomputed since")
         )
-    return min(found) if found else None
+    if not found:
+        return None
+    start = min(found)
+    if not replay_deleted and tracked.height and removed:
+        later = sorted(d for d in removed if d >= start[0])
+        if later:
+            raise SourceRemoved(
+                later[0], removed[later[0]],
+                f"day {start[0]}: {start[1]}; replaying from it would recompute day {later[0]}, "
+                f"whose inputs were removed ({removed[later[0]]}), and delete its stored rows: "
+                f"restore those inputs, or run with --replay-deleted to recompute the days "
+                f"without them (nothing was written)",
+            )  # fmt: skip
+    return start

@@ -156,11 +156,13 @@ def read_arrivals(
         )  # fmt: skip
 
     if not raw.schema[cm.label_time].is_temporal():
-        raise InputError(cm.label_time, None, f"labels {source.describe()}: label_time must be a "
+        where = _typed_file(source, day, cm.label_time, _temporal)
+        raise InputError(cm.label_time, None, f"labels {where}: label_time must be a "
                          f"Date or Datetime (got {raw.schema[cm.label_time]})")  # fmt: skip
     lab = raw.schema[cm.label]
-    if not (lab.is_integer() or lab.is_float() or lab == pl.Boolean):
-        raise InputError(cm.label, None, f"labels {source.describe()}: labels must be 0/1 "
+    if not _numeric(lab):
+        where = _typed_file(source, day, cm.label, _numeric)
+        raise InputError(cm.label, None, f"labels {where}: labels must be 0/1 "
                          f"(got {lab})")  # fmt: skip
     stream = pl.col(cm.stream).cast(pl.String) if cm.stream else pl.lit(storage.DEFAULT_STREAM)
     return raw.select(
@@ -170,6 +172,26 @@ def read_arrivals(
         pl.col(cm.label_time).cast(pl.Datetime("us")).alias("label_time"),
         pl.col(FILE_COLUMN).alias("file"),
     )
+
+
+def _numeric(t) -> bool:
+    return t.is_integer() or t.is_float() or t == pl.Boolean
+
+
+def _temporal(t) -> bool:
+    return t.is_temporal()
+
+
+def _typed_file(source: EventSource, day: dt.date, column: str, ok) -> str:
+    """Where a label-feed column of the wrong type comes from: for a landing folder the first
+    file of ``day`` whose ``column`` is not ``ok`` (read from its Parquet schema, no rows), else
+    the source."""
+    if source.kind == "landing":
+        for f in storage.day_files(Path(source.location) / f"date={day.isoformat()}"):
+            schema = pl.read_parquet_schema(f)
+            if column in schema and not ok(schema[column]):
+                return f"file {f} ({source.describe()}, day {day})"
+    return f"{source.describe()}, day {day}"
 
 
 #: For the night's labels (registered as ``_calpipe_label_keys``, with their row ``i``): the

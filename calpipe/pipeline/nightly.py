@@ -41,6 +41,7 @@ from calpipe.pipeline.checks import (
     check_probabilities,
     check_row_counts,
     check_state_continuity,
+    missing_rows,
 )
 from calpipe.pipeline.classes import ensure_n_classes, stored_n_classes
 from calpipe.pipeline.events import check_history_duplicates, read_source
@@ -145,7 +146,10 @@ def _check_label_feed(con, labels: EventSource | None) -> None:
         )
 
 
-def _replay_range(con, source: EventSource, labels: EventSource | None, end: dt.date | None):
+def _replay_range(
+    con, source: EventSource, labels: EventSource | None, end: dt.date | None,
+    replay_deleted: bool = False, log: Callable[[str], None] | None = None,
+):  # fmt: skip
     """((first day to recompute, last day), why, the sources' inputs over them) if a stored day
     changed since it ran (:func:`calpipe.pipeline.inputs.replay_start`), else None."""
     first = chain_first_day(con)
@@ -158,7 +162,7 @@ def _replay_range(con, source: EventSource, labels: EventSource | None, end: dt.
     last = max(row[0], rng[1]) if rng is not None else row[0]
     last = end or last
     current = run_inputs(con, source, labels, first, last)
-    found = replay_start(con, source, first, current)
+    found = replay_start(con, source, first, current, replay_deleted=replay_deleted, log=log)
     if found is None:
         return None
     return (found[0], last), found[1], current
@@ -409,6 +413,10 @@ class _Nights:
                         self._night(writer, each, day, first=each == d)
                         day = None  # free the day before reading the next one
                 self._finish(writer)
+            if self.labels is not None and d == start:
+                # the feed the committed days were computed with (after their commit: a run
+                # that failed before its first day recorded it, and calpipe ui then used it)
+                storage.set_meta(self.con, labels=self.labels.location)
             for table, n in writer.rows.items():
                 rows[table] += n
             storage.drop_block_cache(self.con)  # the days just committed are not read again
@@ -545,6 +553,7 @@ def run_range(
     progress: DayProgress | None = None,
     spans: bool = True,
     raise_on_failed_check: bool = True,
+    replay_deleted: bool = False,
 ) -> RunSummary:
     """The nightly job (``calpipe run``, the dagster ``night`` asset): every table of the days
     [start, end], then the data checks. Defaults: see :func:`default_range`; the chain's first day is the one stored,
@@ -568,6 +577,13 @@ def run_range(
     read, one validation and one engine pass over its days, a kernel call per day), which writes
     the same rows; ``spans=False`` runs every day on its own (what the span is tested against).
 
+    Stored days whose inputs were removed since they ran (a retention policy) keep their rows:
+    they are not replayed, and a replay from an earlier day that would recompute them is a
+    :class:`~calpipe.pipeline.inputs.SourceRemoved` error; ``replay_deleted=True`` recomputes
+    them without those inputs. A stored day whose rows differ from what ``pipeline_days``
+    recorded (deleted outside calpipe) is a :class:`~calpipe.pipeline.inputs.ReplayRequired`
+    naming it, whatever ``replay`` says (:func:`calpipe.pipeline.checks.missing_rows`).
+
     ``progress`` (e.g. the command line's bar) is told the number of days, then each day as
     it is done with its number of events, then that the run stopped (also on an error).
 
@@ -579,7 +595,8 @@ def run_range(
     _check_label_feed(con, labels)
     inputs = None
     if start is None:
-        found = _replay_range(con, source, labels, end)
+        _check_stored_rows(con)
+        found = _replay_range(con, source, labels, end, replay_deleted, say)
         if found is not None:
             (start, end_replay), why, inputs = found
             if not replay:
@@ -606,8 +623,6 @@ def run_range(
     first = as_date(first_day or chain_first_day(con) or start)
     if inputs is None:
         inputs = run_inputs(con, source, labels, start, end)
-    if labels is not None:
-        storage.set_meta(con, labels=labels.location)
     chain = Chain(
         settings, first, state_before(con, start, settings, first), state_hash_before(con, start),
         stored_n_classes(con),
@@ -652,6 +667,19 @@ def run_range(
         start, end, days, rows["scored_events"], checks, dict(rows), sorted(empty_days),
         chain.fp,
     )  # fmt: skip
+
+
+def _check_stored_rows(con) -> None:
+    """ReplayRequired naming the first stored day whose rows are missing (or extra) against the
+    counts of ``pipeline_days``: a plain run said "up to date" after ``DELETE FROM
+    protected_scores``. One aggregate over the date columns."""
+    row = storage.fetch_one(con, "SELECT min(date), max(date) FROM pipeline_days")
+    if row is None or row[0] is None:
+        return
+    gone = missing_rows(con, row[0], row[1])
+    if gone is not None:
+        d, why = gone
+        raise ReplayRequired(d, why, f"{why}; recompute the stored days from {d} (--start {d})")
 
 
 def _data_checks(con, start: dt.date, end: dt.date) -> list[CheckOutcome]:

@@ -53,6 +53,7 @@ from calpipe.storage.schema import (
     connect,
     get_meta,
     install_sql,
+    require_calpipe,
     set_meta,
     sql_files,
 )
@@ -120,6 +121,7 @@ __all__ = [
     "read_partitions",
     "replace_partitions",
     "replacing_partitions",
+    "require_calpipe",
     "rollback",
     "set_meta",
     "sql_files",

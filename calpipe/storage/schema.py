@@ -92,6 +92,51 @@ def _sql_hash(files: list[Path], sql_dir: Path = SQL_DIR) -> str:
     return h.hexdigest()[:16]
 
 
+#: Objects a user made in a database (tables, views, macros, sequences, types): a file with any
+#: of them and no ``calpipe_meta`` is not calpipe's (a file holding only a macro or a sequence
+#: was adopted, the schema installed into it).
+_USER_OBJECTS_SQL = """
+SELECT (SELECT count(*) FROM duckdb_tables() WHERE NOT internal)
+     + (SELECT count(*) FROM duckdb_views() WHERE NOT internal)
+     + (SELECT count(*) FROM duckdb_functions() WHERE NOT internal
+          AND function_type IN ('macro', 'table_macro'))
+     + (SELECT count(*) FROM duckdb_sequences() WHERE NOT temporary)
+     + (SELECT count(*) FROM duckdb_types() WHERE NOT internal)
+"""
+
+
+def schema_version(con: duckdb.DuckDBPyConnection, meta: dict[str, str]) -> int:
+    """The schema version ``calpipe_meta`` records (1 when none is); StoreError naming the
+    database and the value when it is not a whole number (a traceback of ``int()`` before)."""
+    text = meta.get(_META_SCHEMA, "1")
+    try:
+        return int(text)
+    except (TypeError, ValueError):
+        raise StoreError(
+            f"{db_name(con)}: calpipe_meta.schema_version is {text!r}, not a whole number; "
+            "the meta table was altered outside calpipe (nothing was changed)"
+        ) from None
+
+
+def require_calpipe(con: duckdb.DuckDBPyConnection) -> None:
+    """StoreError unless ``con``'s database is calpipe's (it has ``calpipe_meta`` with a schema
+    version this calpipe reads): what a read-only command (``report``, ``ui``) checks before its
+    queries, which failed with DuckDB's CatalogException traceback on a foreign file."""
+    try:
+        meta = dict(con.execute("SELECT key, value FROM calpipe_meta").fetchall())
+    except duckdb.CatalogException:
+        raise StoreError(
+            f"{db_name(con)} is not a calpipe database (no calpipe_meta table); give the file "
+            "calpipe run or calpipe demo wrote"
+        ) from None
+    version = schema_version(con, meta)
+    if version > SCHEMA_VERSION:
+        raise StoreError(
+            f"{db_name(con)} was written by a newer calpipe (schema version {version}; this "
+            f"calpipe knows {SCHEMA_VERSION}): upgrade calpipe"
+        )
+
+
 def install_sql(con: duckdb.DuckDBPyConnection, *, force: bool = False) -> bool:
     """Install the tables, views and macros of ``sql/`` into ``con``'s database.
 
@@ -113,17 +158,16 @@ def install_sql(con: duckdb.DuckDBPyConnection, *, force: bool = False) -> bool:
     if meta is None:
         others = fetch_one(
             con,
-            "SELECT (SELECT count(*) FROM duckdb_tables() WHERE NOT internal) + "
-            "(SELECT count(*) FROM duckdb_views() WHERE NOT internal)",
+            _USER_OBJECTS_SQL,
         )[0]
         if others:
             raise StoreError(
-                f"{db_name(con)} is not a calpipe database: it has {others} tables/views of its "
-                "own and no calpipe_meta; calpipe installs its schema only into a new file or "
+                f"{db_name(con)} is not a calpipe database: it has {others} objects of its "
+                "own (tables, views, macros, sequences, types) and no calpipe_meta; calpipe installs its schema only into a new file or "
                 "its own databases (nothing was changed)"
             )
     else:
-        version = int(meta.get(_META_SCHEMA, 1))
+        version = schema_version(con, meta)
         if version > SCHEMA_VERSION:
             raise StoreError(
                 f"{db_name(con)} was written by a newer calpipe (schema version {version}; "

@@ -153,14 +153,25 @@ class EventSource:
             raise StoreError(f"landing folder {root} does not exist")
         out = []
         for sub in root.iterdir():
-            if sub.is_dir() and sub.name.startswith("date="):
-                # exactly date=YYYY-MM-DD: fromisoformat also takes 20240102, a folder the
-                # reader (which looks for date=2024-01-02) then never read
-                m = _DAY_FOLDER.fullmatch(sub.name)
-                try:
-                    out.append((dt.date.fromisoformat(m.group(1)), sub))
-                except (AttributeError, ValueError):
-                    raise StoreError(f"landing folder {sub}: not date=YYYY-MM-DD") from None
+            if sub.name.startswith(("_", ".")):  # markers (_SUCCESS), hidden files
+                continue
+            # exactly date=YYYY-MM-DD: fromisoformat also takes 20240102, a folder the reader
+            # (which looks for date=2024-01-02) then never read; any other entry is refused,
+            # naming it: a misnamed day folder (Date=, dt=, a bare date) was skipped and its
+            # day committed empty
+            m = _DAY_FOLDER.fullmatch(sub.name)
+            try:
+                day = dt.date.fromisoformat(m.group(1)) if m else None
+            except ValueError:
+                day = None
+            if day is None or not sub.is_dir():
+                what = "folder" if sub.is_dir() else "file"
+                raise StoreError(
+                    f"landing folder {root}: {what} {sub.name!r} is not a day folder "
+                    "date=YYYY-MM-DD; rename it, move it out, or prefix it with '_' or '.' "
+                    "to have it skipped (nothing was read)"
+                )
+            out.append((day, sub))
         return sorted(out)
 
     def landing_day_files(self, start: dt.date, end: dt.date) -> list[tuple[dt.date, Path]]:

@@ -14,7 +14,7 @@ import polars as pl
 import pytest
 
 import calpipe
-from calpipe import pipeline, storage
+from calpipe import cli, pipeline, storage
 from calpipe.errors import StateError
 from calpipe.pipeline import Settings
 
@@ -136,6 +136,9 @@ def test_a_database_with_a_state_row_for_every_stream_and_day_upgrades_and_conti
     ])  # fmt: skip
     storage.replace_partitions(con, _day(0), _day(4), {"calibrator_state": dense})
     con.execute("ALTER TABLE pipeline_days DROP COLUMN n_state_rows")
+    # (nor did version 3 record the state's hash chain: schema version 5 brought it)
+    con.execute("ALTER TABLE pipeline_days DROP COLUMN state_hash")
+    con.execute("ALTER TABLE pipeline_days DROP COLUMN prev_state_hash")
     con.execute("UPDATE calpipe_meta SET value = '3' WHERE key = 'schema_version'")
     path = storage.query(con, "SELECT path FROM duckdb_databases() WHERE NOT internal")["path"][0]
     con.close()
@@ -152,3 +155,70 @@ def test_a_database_with_a_state_row_for_every_stream_and_day_upgrades_and_conti
         assert (j["protected_score"] - j["protected_score_c"]).abs().max() <= TOL
     finally:
         con.close()
+
+
+def test_a_deleted_state_row_with_its_count_altered_resumed_from_an_older_state(idle):
+    """Deleting s0's state row of day 3 and lowering pipeline_days.n_state_rows to match passed
+    every check: day 5 resumed s0 from its day-2 state. The stored hash chain now refuses it,
+    naming the day, before anything is written."""
+    con, source, _ = idle
+    pipeline.run_range(con, source, _day(0), _day(4))
+    con.execute("DELETE FROM calibrator_state WHERE date = ? AND stream = 's0'", [_day(3)])
+    con.execute("UPDATE pipeline_days SET n_state_rows = 0 WHERE date = ?", [_day(3)])
+    before = {
+        t: storage.query(con, f"SELECT * FROM {t} ORDER BY ALL") for t in storage.PARTITION_COLUMN
+    }
+    with pytest.raises(StateError, match=rf"the stored state of day {_day(3)} was altered "
+                                         r"outside calpipe: its calibrator_state rows do not "
+                                         r"hash to its recorded state_hash"):  # fmt: skip
+        pipeline.run_range(con, source, _day(5), _day(5))
+    for t, frame in before.items():
+        assert storage.query(con, f"SELECT * FROM {t} ORDER BY ALL").equals(frame), t
+
+
+def test_a_changed_state_value_resumed_its_stream_from_it(idle):
+    """An edited martingale in s0's last state row (counts untouched): refused, naming the day
+    and its stream."""
+    con, source, _ = idle
+    pipeline.run_range(con, source, _day(0), _day(4))
+    con.execute(
+        "UPDATE calibrator_state SET log10_martingale = 0 WHERE date = ? AND stream = 's0'",
+        [_day(4)],
+    )
+    with pytest.raises(StateError, match=rf"day {_day(4)} was altered .* of the streams 's0'"):
+        pipeline.run_range(con, source, _day(5), _day(5))
+    # untouched, the chain verifies and resumes
+    con2 = storage.connect(con.sql("SELECT path FROM duckdb_databases() WHERE NOT internal")
+                           .fetchall()[0][0].replace("db.duckdb", "db2.duckdb"))  # fmt: skip
+    try:
+        pipeline.run_range(con2, source, _day(0), _day(4))
+        assert pipeline.run_range(con2, source, _day(5), _day(5)).days == 1
+    finally:
+        con2.close()
+
+
+def test_deleted_protected_scores_left_a_plain_run_up_to_date(idle, capsys):
+    """After DELETE FROM protected_scores a plain run said "up to date". Now the stored days
+    whose rows are missing (counts against pipeline_days) are named, with the repair."""
+    con, source, _ = idle
+    pipeline.run_range(con, source)
+    db = con.sql("SELECT path FROM duckdb_databases() WHERE NOT internal").fetchall()[0][0]
+    con.close()
+    assert cli.main(["sql", "--db", db, "--write", "DELETE FROM protected_scores"]) == 0
+    with storage.connect(db) as c:
+        before = {t: storage.query(c, f"SELECT * FROM {t} ORDER BY ALL")
+                  for t in storage.PARTITION_COLUMN}  # fmt: skip
+    argv = ["run", "--events", source.location, "--db", db, "--no-progress"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"day {_day(0)}: protected_scores has 0 rows, but pipeline_days recorded" in err
+    assert f"--start {_day(0)}" in err
+    with storage.connect(db) as c:
+        for t, frame in before.items():
+            assert storage.query(c, f"SELECT * FROM {t} ORDER BY ALL").equals(frame), t
+        outcome = pipeline.check_state_continuity(c, _day(0), _day(5))
+    assert not outcome.passed and "protected_scores has 0 rows" in outcome.description
+    # the repair it names
+    assert cli.main([*argv, "--start", _day(0).isoformat()]) == 0
+    assert "nothing to run" in (capsys.readouterr(), cli.main(argv),
+                                capsys.readouterr().out)[2]  # fmt: skip

@@ -16,7 +16,7 @@ import pytest
 from calpipe import cli, generate, pipeline, storage
 from calpipe.errors import InputError
 from calpipe.generate import StreamSpec
-from calpipe.pipeline.inputs import ReplayRequired
+from calpipe.pipeline.inputs import ReplayRequired, SourceRemoved
 
 STREAMS = (StreamSpec("a", events_per_day=40), StreamSpec("b", events_per_day=25))
 N_DAYS = 10
@@ -161,7 +161,7 @@ def test_a_removed_file_and_a_changed_table_source_are_replayed(chain, tmp_path)
     con, source, tmp = chain
     _file(tmp / "landing", 8).unlink()
     with pytest.raises(ReplayRequired, match=rf"day {day(8)}: scores file .* was removed"):
-        pipeline.run_range(con, source, replay=False)
+        pipeline.run_range(con, source, replay=False, replay_deleted=True)
     # a table source: one changed score on day 3
     events = generate.generate(n_days=N_DAYS, streams=STREAMS, seed=11)
     tcon = storage.connect(tmp_path / "table.duckdb")
@@ -181,6 +181,69 @@ def test_a_removed_file_and_a_changed_table_source_are_replayed(chain, tmp_path)
         assert pipeline.run_range(tcon, tsource).start == day(3)
     finally:
         tcon.close()
+
+
+def _db_of(con) -> str:
+    return storage.query(con, "SELECT path FROM duckdb_databases() WHERE NOT internal")["path"][0]
+
+
+def test_a_deleted_old_landing_folder_deleted_its_stored_day_and_recomputed_every_later_one(
+    chain, capsys
+):
+    """A retention policy deleting day 2's folder made the next run delete day 2's rows and
+    recompute days 2-9 with one info line. Now the stored history is kept (the run says so and
+    is up to date); recomputing without the folder is the named choice --replay-deleted."""
+    con, source, tmp = chain
+    db = _db_of(con)
+    con.close()
+    with storage.connect(db) as c:
+        before = _everything(c)
+    folder = tmp / "landing" / f"date={day(2).isoformat()}"
+    _file(tmp / "landing", 2).unlink()
+    folder.rmdir()
+    assert cli.main(["run", "--events", source.location, "--db", db, "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert f"1 stored day(s) from {day(2)} on have inputs that were removed" in out
+    assert "their stored rows are kept (--replay-deleted recomputes them" in out
+    assert "nothing to run" in out
+    with storage.connect(db) as c:
+        after = _everything(c)
+    assert all(after[t].equals(before[t]) for t in before)
+    # a correction of a later day replays from it: day 2 is before it, kept
+    _correct_labels(_file(tmp / "landing", 6))
+    with storage.connect(db) as c:
+        assert pipeline.run_range(c, source).start == day(6)
+        assert storage.query(c, "SELECT * FROM scored_events WHERE event_date = ? ORDER BY ALL",
+                             [day(2)]).equals(before["scored_events"].filter(
+                                 pl.col("event_date") == day(2)))  # fmt: skip
+    # the named choice: recompute the days without the removed inputs
+    assert cli.main(["run", "--events", source.location, "--db", db, "--no-progress",
+                     "--replay-deleted"]) == 0  # fmt: skip
+    assert f"ran {N_DAYS - 2} day(s) {day(2)} .. {day(N_DAYS - 1)}" in capsys.readouterr().out
+    with storage.connect(db) as c:
+        assert (
+            storage.fetch_one(
+                c, "SELECT count(*) FROM scored_events WHERE event_date = ?", [day(2)]
+            )[0]
+            == 0
+        )
+
+
+def test_a_replay_over_a_day_whose_folder_was_deleted_would_have_lost_its_rows(chain, capsys):
+    """A corrected day 3 replays days 3-9; day 5's folder was deleted: the replay would
+    recompute day 5 empty. Refused, naming both days and --replay-deleted; nothing written."""
+    con, source, tmp = chain
+    _correct_labels(_file(tmp / "landing", 3))
+    _file(tmp / "landing", 5).unlink()
+    before = _everything(con)
+    with pytest.raises(SourceRemoved) as info:
+        pipeline.run_range(con, source)
+    msg = str(info.value)
+    assert f"day {day(3)}: scores file 'date={day(3)}/events.parquet' changed" in msg
+    assert f"would recompute day {day(5)}, whose inputs were removed" in msg
+    assert "--replay-deleted" in msg and "(nothing was written)" in msg
+    after = _everything(con)
+    assert all(after[t].equals(before[t]) for t in before)
 
 
 def test_an_event_resent_on_another_day_was_stored_twice(chain):

@@ -23,6 +23,7 @@ from calpipe.errors import InputError, StateError
 from calpipe.generate import StreamSpec
 from calpipe.pipeline import Settings
 from calpipe.pipeline import labels as label_feed
+from calpipe.pipeline.inputs import ReplayRequired
 from calpipe.pipeline.labels import label_source
 
 from .stored import ARRIVED_SQL, assert_derived_tables_match
@@ -321,8 +322,12 @@ def test_a_label_of_an_event_the_database_holds_twice_is_refused_not_misplaced(t
         schema={"stream": pl.String, "event_id": pl.Int64, "label": pl.Int32,
                 "label_time": pl.Datetime("us")},
     ).write_parquet(folder / "late.parquet")  # fmt: skip
-    with pytest.raises(storage.StoreError, match="found 2 rows for 1 labels"):
+    # a plain run finds the stored day with a row more than pipeline_days recorded first
+    with pytest.raises(ReplayRequired, match=rf"day {day(1)}: scored_events has \d+ rows"):
         pipeline.run_range(con, src, labels=lsrc)
+    # the night itself (its day given): the label lookup refuses it
+    with pytest.raises(storage.StoreError, match="found 2 rows for 1 labels"):
+        pipeline.run_range(con, src, day(2), labels=lsrc)
     after = _snapshot(con)
     for t in before:
         assert after[t].equals(before[t]), t
@@ -396,6 +401,54 @@ def test_a_label_outside_the_classes(two_days):
     err = _bad_night(two_days, [{"stream": e["stream"], "event_id": e["event_id"], "label": 2,
                                  "label_time": T2}])  # fmt: skip
     assert "label outside the classes" in str(err)
+
+
+@pytest.mark.parametrize(("column", "value", "rule"), [
+    ("label", "yes", "labels must be 0/1 (got String)"),
+    ("label_time", "late", "label_time must be a Date or Datetime (got String)"),
+])  # fmt: skip
+def test_a_label_feed_of_the_wrong_type_did_not_name_its_file(two_days, column, value, rule):
+    """ "labels must be 0/1 (got String)" named the feed, not the file among a night's files.
+    Now the error names the file (and the day); nothing is written."""
+    con, src, lsrc, scores, _, tmp = two_days
+    e = _event(scores, 1, labelled=False)
+    row = {"stream": e["stream"], "event_id": e["event_id"], "label": 1, "label_time": T2}
+    row[column] = value
+    folder = tmp / "labels" / f"date={day(2).isoformat()}"
+    folder.mkdir(parents=True, exist_ok=True)
+    pl.DataFrame([row]).write_parquet(folder / "typo.parquet")
+    before = _snapshot(con)
+    with pytest.raises(InputError) as err:
+        pipeline.run_range(con, src, labels=lsrc)
+    msg = str(err.value)
+    assert f"column {column!r}" in msg and rule in msg, msg
+    assert f"file {folder / 'typo.parquet'}" in msg and f"day {day(2)}" in msg, msg
+    after = _snapshot(con)
+    assert all(after[t].equals(before[t]) for t in before)
+    assert storage.get_meta(con, "labels") == lsrc.location  # (recorded by the first run)
+
+
+def test_a_failed_first_run_recorded_its_label_feed(tmp_path, events):
+    """A run that failed before its first day recorded its --labels path in calpipe_meta (and
+    calpipe ui then used it). Now the feed is recorded with the first committed day."""
+    scores = events.filter(pl.col("event_time").dt.date() <= day(1))
+    storage.write_landing(scores, tmp_path / "scores")
+    folder = tmp_path / "labels" / f"date={day(0).isoformat()}"
+    folder.mkdir(parents=True)
+    pl.DataFrame({"stream": ["x"], "event_id": [1], "label": ["no"],
+                  "label_time": [dt.datetime.combine(day(0), dt.time(3))]}).write_parquet(
+        folder / "bad.parquet")  # fmt: skip
+    con = storage.connect(tmp_path / "db.duckdb")
+    try:
+        with pytest.raises(InputError, match="labels must be 0/1"):
+            pipeline.run_range(
+                con, storage.EventSource.parse(str(tmp_path / "scores")),
+                labels=label_source(str(tmp_path / "labels")),
+            )  # fmt: skip
+        assert storage.get_meta(con, "labels") is None
+        assert storage.fetch_one(con, "SELECT count(*) FROM pipeline_days")[0] == 0
+    finally:
+        con.close()
 
 
 def test_running_without_the_feed_after_running_with_it_is_refused(two_days):
