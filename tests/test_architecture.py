@@ -316,7 +316,8 @@ SETTINGS_WALK = (
         ("calpipe.engine.driver", "protect_with_state", "_protect_frame("),
         ("calpipe.engine.driver", "_protect_frame", "_run("),
         ("calpipe.engine.driver", "_run", "cal.run_batch("),
-        ("calpipe.calibrators.protected", "run_batch", "mixture.mixture_binary("),
+        ("calpipe.calibrators.base", "run_batch", "self.run_unchecked("),
+        ("calpipe.calibrators.protected", "run_unchecked", "mixture.mixture_binary("),
         ("calpipe.kernels.mixture", "mixture_binary", "_binary_lanes("),
     ),
 )

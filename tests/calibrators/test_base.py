@@ -137,7 +137,7 @@ def test_run_refuses_a_state_with_a_nan_or_negative_weight(value, rule):
     with pytest.raises(StateError, match=rule):
         cal.run(np.array([0.4]), np.array([1]), state=bad)
     zero = dataclasses.replace(state, weights=[0.0] * len(state.weights))
-    with pytest.raises(StateError, match="positive total"):
+    with pytest.raises(StateError, match="sum to 1"):
         cal.run(np.array([0.4]), np.array([1]), state=zero)
 
 
