@@ -69,6 +69,17 @@ def apply_serving_map(
     stream: str = "stream",
 ) -> pl.DataFrame:
     """:func:`serving_map` with a calibrator object."""
+    for frame, what, names in (
+        (scores, "scores", (stream, score)),
+        (state, "state", (stream, "method", "weights", "log10_martingale", "config_fingerprint")),
+    ):
+        for name in names:
+            if name not in frame.columns:
+                raise InputError(
+                    name, None, f"the {what} frame has no column {name!r} (it has "
+                    f"{list(frame.columns)[:20]}); serving_map(state, scores, stream=..., "
+                    "score=...) names the stream and score columns"
+                )  # fmt: skip
     multiclass = isinstance(scores.schema[score], pl.List | pl.Array)
     out_name = "protected_scores" if multiclass else "protected_score"
     joined = scores.with_row_index("__row").join(

@@ -211,7 +211,13 @@ def validate_frame(df: pl.DataFrame, cols: Columns, *, check_duplicates: bool = 
             *probability_rules(name, lst, multiclass=True),
         ]  # fmt: skip
 
-    y = pl.col(cols.label).cast(pl.Int64, strict=False)  # NaN / inf float labels: rules above
+    # NaN / inf float labels: rules above; integers compared as they are (a UInt64 2**64 - 1
+    # cast to Int64 is null: it passed as "unknown" and failed later in a polars cast)
+    y = (
+        pl.col(cols.label)
+        if lab_dtype.is_integer()
+        else pl.col(cols.label).cast(pl.Int64, strict=False)
+    )
     rules.append(
         Rule(cols.label, f"label outside the classes 0..{n_classes - 1}",
              y.is_not_null() & ((y < 0) | (y >= n_classes)))
