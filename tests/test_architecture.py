@@ -298,7 +298,7 @@ def test_every_package_is_in_the_wheel():
 #: it: each step is (module, function, the call it makes to the next step). Two chains: the
 #: run builds the calibrator once (cli -> nightly -> the chain -> the settings -> the registry),
 #: then each batch of a night hands that object down (nightly -> the chain -> the engine -> the
-#: calibrator -> its kernel). 14 steps in 9 files; within a chain every call goes to the same
+#: calibrator -> its kernel). 15 steps in 10 files; within a chain every call goes to the same
 #: layer or a lower one.
 SETTINGS_WALK = (
     (
