@@ -16,6 +16,7 @@ import calpipe
 from calpipe.calibrators import PROTECTED_METHODS as METHODS
 from calpipe.calibrators import CompositeJumper, Jumper, MeanJumper, StreamState
 from calpipe.errors import ParameterError, StateError
+from calpipe.kernels.ops import OP_FORECAST, OP_STEP
 
 FAST = settings(
     max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True
@@ -167,7 +168,8 @@ def test_brier_binary_scores_equal_the_two_column_k_class_path(seed, n):
     cal = CompositeJumper(loss="brier")
     p, y = stream(seed, n, 2)
     p[: min(n, 3)] = [0.0, 1.0, 0.5][: min(n, 3)]  # Brier mode clips nothing
-    args = (y, np.arange(n), np.zeros(n, np.int8), np.array([0, n]))
+    kind = np.where(y < 0, OP_FORECAST, OP_STEP).astype(np.int8)
+    args = (np.maximum(y, 0), np.arange(n), kind, np.array([0, n]))
     fast, fast_state = cal.run_batch(p, *args, cal.initial_state(1, 2))
     two = np.column_stack([1.0 - p, p])
     ref, ref_state = cal.run_unchecked(two, *args, cal.initial_state(1, 2))
