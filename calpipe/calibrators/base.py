@@ -483,8 +483,8 @@ class Calibrator(Generic[StateT]):
 
     A method is a subclass that sets the class attributes below and implements
     :meth:`initial_state`, :meth:`state_from_flat` (if its state is not a plain
-    :class:`FlatState`) and :meth:`run_unchecked` (what :meth:`run_batch` runs once it checked the batch); everything else has a default that is right for
-    most methods. :func:`calpipe.calibrators.checks.check_calibrator` verifies the invariants
+    :class:`FlatState`) and :meth:`run_unchecked` (what :meth:`run_batch` runs once it has
+    checked the batch); everything else has a default that is right for most methods. :func:`calpipe.calibrators.checks.check_calibrator` verifies the invariants
     of the protocol on any method (prequential forecasts, chunks = one pass, streams independent,
     valid outputs, state round trips, the serving map).
 
