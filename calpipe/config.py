@@ -19,6 +19,11 @@ DEFAULT_CLIP_EPS: float = 1e-3
 #: Multiclass score vectors must sum to 1 within this absolute tolerance. Float32 softmax outputs
 #: routinely miss 1 by ~1e-7; anything further off is a different vector, not a rounding error.
 SCORES_SUM_TOL: float = 1e-6
+#: How far a carried mixture state's weights (passive + active) may sum from 1. The kernels
+#: renormalise them after every step (rounding: ~1e-15 a step, and each step renormalises
+#: again), so a state off by more was not written by them: 1e308 overflows the next sum to inf
+#: and 1e-320 (subnormal) divides into inf/NaN (issue 36 item 8).
+STATE_WEIGHTS_SUM_TOL: float = 1e-6
 
 
 # --- Protected predictors and their families (calibrators/protected.py, families.py, kernels/mixture.py) ---

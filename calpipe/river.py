@@ -75,7 +75,7 @@ class _OnlineStream:
 
     def _run(self, p, y: int, kind: int):
         scores = self.cal.prepare_scores(np.asarray([p], dtype=np.float64))
-        return self.cal.run_batch(
+        return self.cal.run_unchecked(
             scores, np.full(1, y, dtype=np.int64), _EVENT0, _KINDS[kind], _ONE, self.state
         )
 

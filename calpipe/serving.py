@@ -36,8 +36,10 @@ def serving_map(
     that :func:`calpipe.protect` refuses is an :class:`~calpipe.errors.InputError` naming its
     row (the maps would clip or renormalise it silently): binary, outside [0, 1]; K classes,
     another number of classes than the state's, a class probability outside [0, 1], a sum off
-    1 by more than :data:`calpipe.config.SCORES_SUM_TOL`; also score vectors against a state
-    of binary forecasts. A null or NaN score (or one inside a vector) is no forecast. Returns
+    1 by more than :data:`calpipe.config.SCORES_SUM_TOL`. Two-class vectors ``[p0, p1]``
+    against a binary state are the binary p1 (as :func:`calpipe.protect` takes them): mapped
+    as p1, given back as ``[1 - p', p']``. A null or NaN score (or one inside a vector) is no
+    forecast. Returns
     ``scores`` with ``protected_score`` (or ``protected_scores``), null for streams without
     state: what an unlabelled event with that score would be forecast, learning nothing. Uses
     the calibrator's own :meth:`~calpipe.calibrators.base.Calibrator.serving_map` (the kernel),
@@ -67,6 +69,17 @@ def apply_serving_map(
     stream: str = "stream",
 ) -> pl.DataFrame:
     """:func:`serving_map` with a calibrator object."""
+    for frame, what, names in (
+        (scores, "scores", (stream, score)),
+        (state, "state", (stream, "method", "weights", "log10_martingale", "config_fingerprint")),
+    ):
+        for name in names:
+            if name not in frame.columns:
+                raise InputError(
+                    name, None, f"the {what} frame has no column {name!r} (it has "
+                    f"{list(frame.columns)[:20]}); serving_map(state, scores, stream=..., "
+                    "score=...) names the stream and score columns"
+                )  # fmt: skip
     multiclass = isinstance(scores.schema[score], pl.List | pl.Array)
     out_name = "protected_scores" if multiclass else "protected_score"
     joined = scores.with_row_index("__row").join(
@@ -137,9 +150,6 @@ def _check_scores(
     (:func:`calpipe.engine.contract.probability_rules`, infinities included; K classes, also another
     number of classes than ``k``, the state's) among the ``usable`` rows: null and NaN scores
     (a null or NaN inside a vector) are no forecast, not an error (null out, as in SQL)."""
-    if multiclass and k == 2:
-        raise InputError(score, None, "score vectors against a state of binary forecasts: give "
-                         "each row's probability of class 1 as a float score")  # fmt: skip
     x = _as_list(scores, score) if multiclass else pl.col(score).cast(pl.Float64)
     rules = probability_rules(score, x, multiclass=multiclass)
     if multiclass:

@@ -43,3 +43,32 @@ def test_metrics_is_reachable_from_the_top_level():
     frame = pl.DataFrame({"p": [0.2, 0.9], "y": [0, 1]})
     got = frame.select(calpipe.metrics.log_loss("p", "y")).item()
     assert got == pytest.approx(-(np.log(0.8) + np.log(0.9)) / 2)
+
+
+def _state():
+    ev = pl.DataFrame({"stream": ["a"] * 3, "event_time": [1, 2, 3], "event_id": [1, 2, 3],
+                       "score": [0.2, 0.7, 0.4], "label": [0, 1, 1]})  # fmt: skip
+    return calpipe.protect_with_state(ev).state
+
+
+@pytest.mark.parametrize(
+    ("fresh", "column"),
+    [({"s": ["a"], "score": [0.5]}, "stream"), ({"stream": ["a"], "p": [0.5]}, "score")],
+)
+def test_a_missing_stream_or_score_column_named_an_internal_column(fresh, column):
+    # issue 36 item 16: polars' ColumnNotFoundError naming '__row', or KeyError: 'score'
+    from calpipe.errors import InputError
+
+    with pytest.raises(InputError) as e:
+        calpipe.serving_map(_state(), pl.DataFrame(fresh))
+    assert e.value.column == column
+    assert "__row" not in str(e.value) and f"has no column {column!r}" in str(e.value)
+
+
+def test_two_class_vectors_are_served_as_the_binary_p1():
+    # issue 36 item 3: K = 2 vectors are the binary p1 wherever scores go in
+    st = _state()
+    one = calpipe.serving_map(st, pl.DataFrame({"stream": ["a"], "score": [0.3]}))
+    two = calpipe.serving_map(st, pl.DataFrame({"stream": ["a"], "score": [[0.7, 0.3]]}))
+    p = one["protected_score"][0]
+    assert two["protected_scores"].to_list() == [[1.0 - p, p]]

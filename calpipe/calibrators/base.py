@@ -38,7 +38,13 @@ from numba import njit
 
 from calpipe import config
 from calpipe.calibrators._params import Param, number_in, validate
-from calpipe.errors import InputError, ParameterError, StateError
+from calpipe.calibrators.inputs import (  # noqa: F401 (check_arrays, check_mixture_weights: here since before)
+    check_arrays,
+    check_batch,
+    check_mixture_weights,
+    check_serving_scores,
+)
+from calpipe.errors import ParameterError, StateError
 from calpipe.kernels.ops import OP_FORECAST, OP_STEP
 
 
@@ -103,7 +109,58 @@ class StreamState:
 
     @classmethod
     def from_json(cls, text: str) -> StreamState:
-        return cls(**json.loads(text))
+        """The state :meth:`to_json` wrote; StateError naming the field and the rule when the
+        text is not one: not JSON, not an object, a missing or unknown field, a field of the
+        wrong type, a count below 0, a non-finite number. (Whether the weights fit a method
+        is checked when the state is loaded: :meth:`Calibrator.run`.)"""
+        try:
+            data = json.loads(text)
+        except (TypeError, ValueError) as exc:
+            raise StateError(f"StreamState.from_json: not JSON text ({exc})") from None
+        if not isinstance(data, dict):
+            raise StateError(f"StreamState.from_json: a JSON object is needed, got "
+                             f"{type(data).__name__}")  # fmt: skip
+        fields = _STATE_FIELDS
+        missing = sorted(
+            set(fields)
+            - set(data)
+            - {"weights", "n_events", "n_labelled", "log10_martingale", "log10_martingale_max"}
+        )
+        unknown = sorted(set(data) - set(fields))
+        if missing or unknown:
+            raise StateError(f"StreamState.from_json: missing fields {missing}, unknown fields "
+                             f"{unknown}; a state has {list(fields)}")  # fmt: skip
+        for name, value in data.items():
+            kind = fields[name]
+            ok = (
+                isinstance(value, str) if kind == "str"
+                else isinstance(value, int) and not isinstance(value, bool) and value >= 0
+                if kind == "count"
+                else _finite_number(value) if kind == "float"
+                else isinstance(value, list) and all(_finite_number(v) for v in value)
+            )  # fmt: skip
+            if not ok:
+                rule = {"str": "a string", "count": "an integer >= 0",
+                        "float": "a finite number",
+                        "list": "a list of finite numbers"}[kind]  # fmt: skip
+                raise StateError(
+                    f"StreamState.from_json: field {name!r} must be {rule}, got {value!r:.60}"
+                )
+        if data["n_classes"] < 2:
+            raise StateError("StreamState.from_json: field 'n_classes' must be >= 2")
+        return cls(**data)
+
+
+#: The fields of a StreamState's JSON form and their kinds (:meth:`StreamState.from_json`).
+_STATE_FIELDS = {
+    "method": "str", "config_fingerprint": "str", "n_classes": "count", "n_events": "count",
+    "n_labelled": "count", "log10_martingale": "float", "log10_martingale_max": "float",
+    "weights": "list",
+}  # fmt: skip
+
+
+def _finite_number(v) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and np.isfinite(v)
 
 
 @dataclass
@@ -426,8 +483,8 @@ class Calibrator(Generic[StateT]):
 
     A method is a subclass that sets the class attributes below and implements
     :meth:`initial_state`, :meth:`state_from_flat` (if its state is not a plain
-    :class:`FlatState`) and :meth:`run_batch`; everything else has a default that is right for
-    most methods. :func:`calpipe.calibrators.checks.check_calibrator` verifies the invariants
+    :class:`FlatState`) and :meth:`run_unchecked` (what :meth:`run_batch` runs once it has
+    checked the batch); everything else has a default that is right for most methods. :func:`calpipe.calibrators.checks.check_calibrator` verifies the invariants
     of the protocol on any method (prequential forecasts, chunks = one pass, streams independent,
     valid outputs, state round trips, the serving map).
 
@@ -575,16 +632,28 @@ class Calibrator(Generic[StateT]):
     ) -> tuple[RunOutput, StateT]:
         """All streams of a batch in one call: ``(RunOutput, new state)``.
 
-        ``scores`` (n,) or (n, K) are prepared (:meth:`prepare_scores`); ``labels`` (n,) int64
-        class indices, read only at update operations; the operations (``op_event`` indexes the
-        event arrays, ``op_kind`` is ``OP_STEP`` / ``OP_FORECAST`` / ``OP_UPDATE`` of
-        :mod:`calpipe.kernels.ops`) are grouped by stream, stream s's (at least one) in
+        ``scores`` (n,) or (n, K >= 3) are prepared (:meth:`prepare_scores`); ``labels`` (n,)
+        integer class indices, read only at update operations; the operations (``op_event``
+        indexes the event arrays, ``op_kind`` is ``OP_STEP`` / ``OP_FORECAST`` / ``OP_UPDATE``
+        of :mod:`calpipe.kernels.ops`) are grouped by stream, stream s's in
         ``op_offsets[s]:op_offsets[s + 1]`` in replay order, starting from stream s of
         ``state``; ``inputs`` maps :meth:`input_columns` keys to event arrays. Row i of each
         output belongs to event i, written by its forecast (``OP_STEP`` or ``OP_FORECAST``)
         operation: a forecast uses only labels of earlier updates; the log10 martingale is the
         one after that operation. ``state`` is not modified.
+
+        The arguments are checked first (:func:`check_batch`, vectorized, O(n + m)): a
+        violation is an :class:`~calpipe.errors.InputError` naming the argument, the first
+        offending position and the rule, never a kernel reading out of bounds. K = 2 vectors
+        are refused here: the public callers (:func:`calpipe.protect`, :meth:`run`) turn them
+        into the binary p1. A method implements :meth:`run_unchecked`, which trusts its arguments
+        (and is what a method calls for its inner calibrators).
         """
+        check_batch(self, scores, labels, op_event, op_kind, op_offsets, state, inputs)
+        return self.run_unchecked(scores, labels, op_event, op_kind, op_offsets, state, inputs)
+
+    def run_unchecked(self, scores, labels, op_event, op_kind, op_offsets, state, inputs=None):
+        """:meth:`run_batch` on checked arguments: what each method implements."""
         raise NotImplementedError
 
     def sql_form(self, n_classes: int = 2) -> str | None:
@@ -637,7 +706,20 @@ class Calibrator(Generic[StateT]):
         score would be forecast, learning nothing (``state`` is not modified). This default runs
         forecast-only operations through :meth:`run_batch`; a method may compute the same values
         more directly. A method that reads :meth:`input_columns` has no map of the score alone.
+
+        ``scores`` are checked first (:func:`check_serving_scores`): one row per stream of
+        ``state``, finite probabilities (K classes: summing to 1), as :func:`calpipe.serving_map`
+        requires; two-class vectors (S, n, 2) are mapped as the binary p1 and given back as
+        ``[1 - p', p']``. A method implements :meth:`serving_map_unchecked` on checked scores.
         """
+        scores = check_serving_scores(scores, state)
+        if scores.ndim == 3 and scores.shape[2] == 2:  # two-class vectors: the binary p1
+            p = self.serving_map_unchecked(state, np.ascontiguousarray(scores[:, :, 1]))
+            return np.stack([1.0 - p, p], axis=2)
+        return self.serving_map_unchecked(state, scores)
+
+    def serving_map_unchecked(self, state: StateT, scores: np.ndarray) -> np.ndarray:
+        """:meth:`serving_map` on checked scores (the default: forecast-only operations)."""
         if self.input_columns():
             raise ParameterError(
                 f"method {self.name!r} reads {sorted(self.input_columns().values())}: its "
@@ -645,7 +727,7 @@ class Calibrator(Generic[StateT]):
             )
         s, n = scores.shape[:2]
         flat = np.ascontiguousarray(scores.reshape((s * n, *scores.shape[2:])))
-        out, _ = self.run_batch(
+        out, _ = self.run_unchecked(
             self.prepare_scores(flat), np.zeros(s * n, dtype=np.int64),
             np.arange(s * n, dtype=np.int64), np.full(s * n, OP_FORECAST, dtype=np.int8),
             np.arange(0, s * n + 1, n, dtype=np.int64), state,
@@ -657,8 +739,16 @@ class Calibrator(Generic[StateT]):
 
         Returns ``(RunOutput, StreamState)``; pass the state back in to resume exactly where the
         stream stopped (k chunks with state carried = one pass).
+
+        Two-class vectors ``[[p0, p1], ...]`` are the binary scores p1 (after the vectors'
+        checks: values in [0, 1], sums 1): the run is the binary run of p1, bit for bit, its
+        forecasts given back as vectors ``[1 - p', p']`` (:func:`two_class_output`) and its
+        state a binary one (K = 2).
         """
         scores, labels = check_arrays(scores, labels)
+        if scores.ndim == 2 and scores.shape[1] == 2:
+            out, new_state = self.run(scores[:, 1].copy(), labels, state=state)
+            return two_class_output(out), new_state
         n_classes = 2 if scores.ndim == 1 else scores.shape[1]
         self.check_classes(n_classes)
         if state is None:
@@ -691,67 +781,18 @@ class Calibrator(Generic[StateT]):
         )
 
 
-def check_arrays(scores, labels) -> tuple[np.ndarray, np.ndarray]:
-    """``(scores, labels)`` of :meth:`Calibrator.run` as float64 / int64 arrays, or InputError
-    naming the first offending row: the rules of the data contract (docs/ARCHITECTURE.md §3) in
-    array form. ``scores`` (n,) in [0, 1] or (n, K >= 2) rows summing to 1; ``labels`` (n,)
-    integers in 0..K-1, or -1 for "not known yet"."""
-    scores = np.asarray(scores, dtype=np.float64)
-    raw = np.asarray(labels)
-    if scores.ndim not in (1, 2) or (scores.ndim == 2 and scores.shape[1] < 2):
-        raise InputError("scores", None, f"scores must be (n,) or (n, K >= 2); got {scores.shape}")
-    if raw.ndim != 1 or raw.shape[0] != scores.shape[0]:
-        raise InputError(
-            "labels", None, f"labels must be (n,) with n = {scores.shape[0]} (the scores' rows); "
-            f"got shape {raw.shape}"
-        )  # fmt: skip
-    if raw.size and not np.issubdtype(raw.dtype, np.integer) and raw.dtype != np.bool_:
-        frac = np.flatnonzero(~np.isfinite(raw.astype(float)) | (raw != np.round(raw)))
-        if frac.size:
-            raise InputError(
-                "labels", int(frac[0]), f"label {raw[frac[0]].item()!r} is not an integer"
-            )
-    labels = raw.astype(np.int64)
-    k = 2 if scores.ndim == 1 else scores.shape[1]
-    bad = np.flatnonzero((labels < -1) | (labels >= k))
-    if bad.size:
-        raise InputError(
-            "labels", int(bad[0]), f"label {labels[bad[0]]} outside the classes 0..{k - 1} "
-            "(or -1: not known yet)"
-        )  # fmt: skip
-    finite = np.isfinite(scores)
-    bad = np.flatnonzero(~(finite if scores.ndim == 1 else finite.all(axis=1)))
-    if bad.size:
-        raise InputError("scores", int(bad[0]), "score is NaN or infinite")
-    rows = scores if scores.ndim == 1 else scores.min(axis=1)
-    top = scores if scores.ndim == 1 else scores.max(axis=1)
-    bad = np.flatnonzero((rows < 0) | (top > 1))
-    if bad.size:
-        raise InputError("scores", int(bad[0]), "score outside [0, 1]")
-    if scores.ndim == 2:
-        bad = np.flatnonzero(np.abs(scores.sum(axis=1) - 1.0) > config.SCORES_SUM_TOL)
-        if bad.size:
-            raise InputError(
-                "scores", int(bad[0]), f"scores do not sum to 1 (tolerance {config.SCORES_SUM_TOL:g})"
-            )  # fmt: skip
-    return np.ascontiguousarray(scores), np.ascontiguousarray(labels)
+def two_class_output(out: RunOutput) -> RunOutput:
+    """A binary run's outputs for two-class vector input: the forecast (and each ``*_score``
+    extra output, a stack's ``base_method_score``) as rows ``[1 - p, p]``; ``p_lower`` /
+    ``p_upper`` and the martingales unchanged. The one rule for K = 2 vectors: they are the
+    binary p1 (docs/ARCHITECTURE.md §3), whoever runs them (:meth:`Calibrator.run`,
+    :func:`calpipe.protect`, :func:`calpipe.serving_map`)."""
 
+    def vec(p: np.ndarray) -> np.ndarray:
+        return np.column_stack([1.0 - p, p])
 
-def check_mixture_weights(method: str, passive: np.ndarray, active: np.ndarray) -> None:
-    """StateError unless every stream's mixture weights (passive (S,), active (S, ...)) are
-    >= 0 with a positive total: the kernels divide by the total and bet with the weights."""
-    if passive.shape[0] == 0:  # no streams (reshape(0, -1) is ambiguous)
-        return
-    act = active.reshape(passive.shape[0], -1)
-    bad = np.flatnonzero((passive < 0) | (act < 0).any(axis=1) | (passive + act.sum(axis=1) <= 0))
-    if bad.size:
-        s = int(bad[0])
-        raise StateError(
-            f"method {method!r}: state vector {s} has mixture weights (passive {passive[s]}, "
-            f"smallest active {act[s].min() if act.shape[1] else 'none'}); they must be >= 0 "
-            "with a positive total",
-            stream=s,
-        )
+    extra = {k: vec(v) if k.endswith("_score") else v for k, v in out.extra.items()}
+    return RunOutput(vec(out.protected), out.log10_martingale, extra)
 
 
 def _jsonable(v):

@@ -20,7 +20,10 @@ of the protocol of :mod:`calpipe.calibrators.base` on small generated streams, s
 * **unlabelled events learn nothing** -- forecast-only operations leave the state unchanged;
 * **serving map** -- ``serving_map(state, p)`` is the stream's next forecast of p;
 * **run and StreamState** -- :meth:`~calpipe.calibrators.base.Calibrator.run` in chunks, the
-  state carried through its JSON form, equals one ``run``.
+  state carried through its JSON form, equals one ``run``;
+* **two-class vectors** -- ``run`` and ``serving_map`` of ``[1 - p, p]`` equal the binary calls
+  of p bit for bit (forecasts given back as ``[1 - p', p']``), and ``run_batch`` refuses
+  (n, 2) scores (issue 36 item 3: they gave rows summing to 0.5, or NaN).
 
 Every comparison is exact (bit for bit; NaN equals NaN). A broken invariant raises
 AssertionError naming the method, its parameters, K and the invariant.
@@ -36,7 +39,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from calpipe.calibrators.base import Calibrator, RunOutput, StreamState
-from calpipe.errors import ParameterError
+from calpipe.errors import InputError, ParameterError
 from calpipe.kernels.ops import OP_FORECAST, OP_STEP, OP_UPDATE
 
 #: Streams of the wide batch: more than twice the 64 lanes of the binary mixture kernels'
@@ -302,6 +305,8 @@ class _Check:
             start = self.cal.initial_state(wide.n_streams, self.k)
             self.serving(wide, (start, np.zeros(wide.n_streams, np.int64)), wide_out)
             self.run_and_stream_state(main)
+            if self.k == 2:
+                self.two_class_vectors(main, mid)
 
     def valid_outputs(self, b: _Batch):
         inv = "valid outputs"
@@ -484,6 +489,42 @@ class _Check:
             self.same_rows(inv, part, np.arange(sl.size), out, sl)
         if st2 != st:
             self.fail(inv, f"end state {st2!r} != {st!r}")
+
+    def two_class_vectors(self, b: _Batch, mid) -> None:
+        """Two-class vectors ``[1 - p, p]`` are the binary p (docs/ARCHITECTURE.md §3): ``run``
+        and ``serving_map`` on them equal the binary calls bit for bit, forecasts given back
+        as ``[1 - p', p']``; ``run_batch``, which trusts no caller, refuses (n, 2) scores."""
+        inv = "two-class vectors: [1 - p, p] is not the binary p"
+        ops = b.stream_ops(0)
+        events = b.op_event[ops[b.op_kind[ops] != OP_UPDATE]]
+        known = np.isin(events, b.op_event[ops[b.op_kind[ops] != OP_FORECAST]])
+        x, y = b.raw[events], np.where(known, b.labels[events], -1)
+        two = np.column_stack([1.0 - x, x])
+        x1 = two[:, 1]  # 1 - (1 - p) may differ from p in the last bit: the binary p1 is this
+        out, st = self.cal.run(x1, y)
+        vec, vst = self.cal.run(two, y)
+        if vst != st:
+            self.fail(inv, f"end state {vst!r} != {st!r}")
+        for name, want in self.columns(out).items():
+            got = self.columns(vec)[name]
+            if name == "forecast" or name.endswith("_score"):
+                want = np.column_stack([1.0 - want, want])
+            if not np.array_equal(got, want, equal_nan=True):
+                self.fail(inv, f"output {name!r} differs from the binary run's")
+        state = mid[0]
+        p = b.raw[self.rng.integers(0, b.raw.shape[0], (b.n_streams, 3))]
+        both = self.cal.serving_map(state, np.ascontiguousarray(np.stack([1.0 - p, p], axis=2)))
+        p1 = np.stack([1.0 - p, p], axis=2)[:, :, 1]
+        one = self.cal.serving_map(state, np.ascontiguousarray(p1))
+        if not np.array_equal(both, np.stack([1.0 - one, one], axis=2), equal_nan=True):
+            self.fail(inv, "serving_map of [1 - p, p] differs from the binary map of p")
+        try:
+            self.cal.run_batch(np.ascontiguousarray(np.column_stack([1.0 - b.scores, b.scores])),
+                               b.labels, b.op_event, b.op_kind, b.op_offsets,
+                               self.cal.initial_state(b.n_streams, 2), b.inputs or None)  # fmt: skip
+        except InputError:
+            return
+        self.fail(inv, "run_batch took (n, 2) score vectors (K = 2 garbage) instead of refusing")
 
 
 def _equal_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:

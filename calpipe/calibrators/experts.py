@@ -512,7 +512,7 @@ class CompositeExperts(Calibrator[FlatState]):
         new_head = np.concatenate([pw[:, None], a.reshape(n_streams, -1)], axis=1)
         return RunOutput(p, lm), self._join(new_head, new_subs, lm_end)
 
-    def run_batch(self, scores, labels, op_event, op_kind, op_offsets, state, inputs=None):
+    def run_unchecked(self, scores, labels, op_event, op_kind, op_offsets, state, inputs=None):
         n = scores.shape[0]
         n_classes = 2 if scores.ndim == 1 else scores.shape[1]
         fam = self.family(n_classes)
@@ -539,7 +539,7 @@ class CompositeExperts(Calibrator[FlatState]):
         cols = [x]
         new_subs = []
         for cal, sub in zip(self._inputs(n_classes), subs, strict=True):
-            out, new_sub = cal.run_batch(
+            out, new_sub = cal.run_unchecked(
                 cal.prepare_scores(x), y, ext_event, ext_kind, ext_offsets, sub
             )
             cols.append(self.prepare_scores(out.protected))

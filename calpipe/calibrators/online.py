@@ -94,7 +94,7 @@ class OnlineCalibrator(Calibrator[FlatState]):
         st = super().state_from_flat(values, offsets, log10m, n_classes)
         return check_state_length(st, self._state_size(n_classes), self.name, n_classes)
 
-    def run_batch(self, scores, labels, op_event, op_kind, op_offsets, state, inputs=None):
+    def run_unchecked(self, scores, labels, op_event, op_kind, op_offsets, state, inputs=None):
         inputs = inputs or {}
         n = scores.shape[0]
         n_classes = 2 if scores.ndim == 1 else scores.shape[1]

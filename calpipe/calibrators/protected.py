@@ -292,7 +292,7 @@ class ProtectedCalibrator(Calibrator[BatchState]):
             clip_probabilities(scores, self.params["clip"]), dtype=np.float64
         )
 
-    def run_batch(
+    def run_unchecked(
         self,
         scores: np.ndarray,
         labels: np.ndarray,
@@ -510,9 +510,9 @@ class CompositeJumper(ProtectedCalibrator):
             return super().prepare_scores(scores)
         return np.ascontiguousarray(scores, dtype=np.float64)  # Brier mode clips nothing
 
-    def run_batch(self, scores, labels, op_event, op_kind, op_offsets, state, inputs=None):
+    def run_unchecked(self, scores, labels, op_event, op_kind, op_offsets, state, inputs=None):
         if self.loss == "log":
-            return super().run_batch(scores, labels, op_event, op_kind, op_offsets, state)
+            return super().run_unchecked(scores, labels, op_event, op_kind, op_offsets, state)
         binary = scores.ndim == 1
         fam = self.family(2 if binary else scores.shape[1])
         # Binary: the fast two-class kernel (same recursion, libm-free exp/log, SIMD lanes);

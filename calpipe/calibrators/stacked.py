@@ -122,20 +122,20 @@ class Stacked(Calibrator[FlatState]):
     def n_categories_input(self) -> int | None:
         return self.base.n_categories_input() or self.top.n_categories_input()
 
-    def run_batch(self, scores, labels, op_event, op_kind, op_offsets, state, inputs=None):
+    def run_unchecked(self, scores, labels, op_event, op_kind, op_offsets, state, inputs=None):
         n_classes = 2 if scores.ndim == 1 else scores.shape[1]
         bst, tst = self.split_state(state, n_classes)
         args = (labels, op_event, op_kind, op_offsets)
-        bout, bnew = self.base.run_batch(scores, *args, bst, inputs)
+        bout, bnew = self.base.run_unchecked(scores, *args, bst, inputs)
         top_in = self.top.prepare_scores(bout.protected)
-        tout, tnew = self.top.run_batch(top_in, *args, tst, inputs)
+        tout, tnew = self.top.run_unchecked(top_in, *args, tst, inputs)
         extra = {**tout.extra, "base_method_score": bout.protected}
         return RunOutput(tout.protected, tout.log10_martingale, extra), self._join(bnew, tnew)
 
-    def serving_map(self, state: FlatState, scores: np.ndarray) -> np.ndarray:
+    def serving_map_unchecked(self, state: FlatState, scores: np.ndarray) -> np.ndarray:
         """The base method's current map, then the top's, applied to ``scores``."""
         n_classes = 2 if scores.ndim == 2 else scores.shape[2]
         bst, tst = self.split_state(state, n_classes)
         # The top's serving map prepares the base's forecasts itself, as run_batch does once:
         # preparing twice is not the identity for K classes (floor and renormalise).
-        return self.top.serving_map(tst, self.base.serving_map(bst, scores))
+        return self.top.serving_map_unchecked(tst, self.base.serving_map_unchecked(bst, scores))

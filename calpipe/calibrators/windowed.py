@@ -170,7 +170,7 @@ class WindowedCalibrator(Calibrator[FlatState]):
                 stacklevel=2,
             )
 
-    def run_batch(
+    def run_unchecked(
         self, scores, labels, op_event, op_kind, op_offsets, state: FlatState, inputs=None
     ):
         n_classes = 2 if scores.ndim == 1 else scores.shape[1]
@@ -371,7 +371,7 @@ class WindowedCalibrator(Calibrator[FlatState]):
             out.append(None if fitted.size == 0 else type(self).k_tables_of(fitted))
         return out
 
-    def serving_map(self, state: FlatState, scores: np.ndarray) -> np.ndarray:
+    def serving_map_unchecked(self, state: FlatState, scores: np.ndarray) -> np.ndarray:
         """Each stream's current map applied to ``scores`` (S, n) or (S, n, K)."""
         n_classes = 2 if scores.ndim == 2 else scores.shape[2]
         c = 1 if n_classes == 2 else n_classes

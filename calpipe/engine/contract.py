@@ -161,6 +161,7 @@ def validate_frame(df: pl.DataFrame, cols: Columns, *, check_duplicates: bool = 
     where strictly increasing event ids prove it in one vectorised pass (:func:`_check_unique`).
     """
     schema = df.schema
+    check_time_keys(schema, cols.order_by)
     rules = [
         Rule(c, "null in a stream or order key", pl.col(c).is_null())
         for c in (*cols.by, *cols.order_by)
@@ -210,7 +211,13 @@ def validate_frame(df: pl.DataFrame, cols: Columns, *, check_duplicates: bool = 
             *probability_rules(name, lst, multiclass=True),
         ]  # fmt: skip
 
-    y = pl.col(cols.label).cast(pl.Int64, strict=False)  # NaN / inf float labels: rules above
+    # NaN / inf float labels: rules above; integers compared as they are (a UInt64 2**64 - 1
+    # cast to Int64 is null: it passed as "unknown" and failed later in a polars cast)
+    y = (
+        pl.col(cols.label)
+        if lab_dtype.is_integer()
+        else pl.col(cols.label).cast(pl.Int64, strict=False)
+    )
     rules.append(
         Rule(cols.label, f"label outside the classes 0..{n_classes - 1}",
              y.is_not_null() & ((y < 0) | (y >= n_classes)))
@@ -236,6 +243,22 @@ def validate_frame(df: pl.DataFrame, cols: Columns, *, check_duplicates: bool = 
         rules.append(_duplicate_rule(cols))
     check_rules(df, rules)
     return n_classes
+
+
+def check_time_keys(schema: pl.Schema, order_by: Sequence[str]) -> None:
+    """InputError unless every order key before the last (the event time: ``event_time``) is
+    a Date/Datetime or a number: text (``"2020-1-9"``, ``"tuesday"``) would replay in text
+    order (``"2020-1-10"`` before ``"2020-1-9"``), so it is refused, never parsed with a guessed
+    format. The last key (the event id) may be text: it only breaks ties."""
+    for name in order_by[:-1]:
+        dtype = schema[name]
+        if not (dtype.is_temporal() or (dtype.is_numeric() and not dtype.is_decimal())):
+            raise InputError(
+                name, None,
+                f"the replay order's time column must be a Date/Datetime (or a number), got "
+                f"{dtype}: text times would replay in text order ('2020-1-10' before '2020-1-9'); "
+                "parse it first, e.g. pl.col(...).str.to_datetime(FORMAT)",
+            )  # fmt: skip
 
 
 def _duplicate_rule(cols: Columns) -> Rule:

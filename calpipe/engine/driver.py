@@ -34,7 +34,7 @@ import polars as pl
 
 from calpipe import config
 from calpipe.calibrators import Calibrator, make_calibrator
-from calpipe.calibrators.base import output_column, weights_series
+from calpipe.calibrators.base import RunOutput, output_column, two_class_output, weights_series
 from calpipe.engine.contract import (
     TIME_US,
     Columns,
@@ -396,9 +396,15 @@ def _run(
 
 
 def base_array(events: pl.DataFrame, cols: Columns, n_classes: int) -> np.ndarray:
-    """The base forecasts of ``events`` as a contiguous float64 array: (n,) binary, (n, K)."""
+    """The base forecasts of ``events`` as a contiguous float64 array: (n,) binary, (n, K).
+    Two-class vectors ``[p0, p1]`` (validated as vectors) are the binary p1: the run is the
+    binary run, bit for bit, and :func:`output_columns` gives its forecasts back as vectors."""
     if cols.score is not None:
         base = events[cols.score].cast(pl.Float64).to_numpy()
+    elif n_classes == 2:
+        v = pl.col(cols.scores)
+        p1 = v.arr.get(1) if isinstance(events.schema[cols.scores], pl.Array) else v.list.get(1)
+        base = events.select(p1.cast(pl.Float64)).to_series().to_numpy()
     else:
         v = pl.col(cols.scores)
         as_arr = (
@@ -418,7 +424,11 @@ def output_columns(
 ) -> list[pl.Series]:
     """The output columns of the engine's values at their input rows: the forecast (K classes:
     a vector of the input's kind, Array or List), ``log10_martingale`` and the method's extra
-    outputs (``extra``: name -> values)."""
+    outputs (``extra``: name -> values). Two-class vector input ran as the binary p1
+    (:func:`base_array`): its forecasts come back as vectors ``[1 - p', p']``."""
+    if cols.score is None and n_classes == 2 and protected.ndim == 1:
+        two = two_class_output(RunOutput(protected, log10m, extra))
+        protected, extra = two.protected, two.extra
     out_series = pl.Series(cols.out, protected)
     if cols.score is None:
         out_series = out_series.cast(pl.Array(pl.Float64, n_classes))

@@ -8,7 +8,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from calpipe.calibrators.base import FlatState, ragged_concat, ragged_take, weights_series
+from calpipe.calibrators.base import (
+    FlatState,
+    StreamState,
+    ragged_concat,
+    ragged_take,
+    weights_series,
+)
 
 
 def ragged(lengths, start):
@@ -137,7 +143,7 @@ def test_run_refuses_a_state_with_a_nan_or_negative_weight(value, rule):
     with pytest.raises(StateError, match=rule):
         cal.run(np.array([0.4]), np.array([1]), state=bad)
     zero = dataclasses.replace(state, weights=[0.0] * len(state.weights))
-    with pytest.raises(StateError, match="positive total"):
+    with pytest.raises(StateError, match="sum to 1"):
         cal.run(np.array([0.4]), np.array([1]), state=zero)
 
 
@@ -154,3 +160,23 @@ def test_protect_with_state_refuses_a_stored_nan_weight():
     with pytest.raises(StateError, match="holds nan at position 5"):
         calpipe.protect_with_state(later, order_by="event_id", method="composite-experts",
                                    state=bad)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("{", "not JSON text"),
+        ("[1]", "a JSON object is needed, got list"),
+        ('{"method": 1}', "missing fields ['config_fingerprint', 'n_classes']"),
+        ('{"method": "a", "config_fingerprint": "b", "n_classes": 2, "x": 1}', "unknown fields ['x']"),
+        ('{"method": "a", "config_fingerprint": "b", "n_classes": "2"}', "'n_classes' must be an integer >= 0"),
+        ('{"method": "a", "config_fingerprint": "b", "n_classes": 2, "weights": [1, "a"]}', "'weights' must be a list of finite numbers"),
+        ('{"method": "a", "config_fingerprint": "b", "n_classes": 2, "log10_martingale": NaN}', "'log10_martingale' must be a finite number"),
+    ],
+)  # fmt: skip
+def test_malformed_stream_state_json_gave_index_or_type_error(text, words):
+    from calpipe.errors import StateError
+
+    with pytest.raises(StateError) as e:
+        StreamState.from_json(text)
+    assert words in str(e.value)

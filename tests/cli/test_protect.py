@@ -388,3 +388,18 @@ def test_a_directory_as_output_was_a_traceback_after_the_work(binary_file, tmp_p
     assert main(["protect", str(binary_file), str(tmp_path / "out")]) == 2
     assert "is a directory; name a Parquet file" in capsys.readouterr().err
     assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_protect_two_class_scores_wrote_nan_rows_with_exit_0(binary_file, tmp_path, capsys):
+    """issue 36 item 3: --scores with [p0, p1] vectors wrote NaN rows and exited 0; they are
+    the binary p1 (docs/ARCHITECTURE.md §3): the binary run's forecasts as [1 - p', p']."""
+    df, _ = binary_file
+    vec = df.with_columns(pl.concat_list(1.0 - pl.col("score"), pl.col("score")).alias("scores"))
+    vec = vec.with_columns(pl.col("scores").list.get(1).alias("score"))
+    path, out_path = tmp_path / "two.parquet", tmp_path / "out.parquet"
+    vec.drop("score").write_parquet(path)
+    assert main(["protect", str(path), str(out_path), "--scores", "scores"]) == 0
+    got = pl.read_parquet(out_path)["protected_scores"].to_list()
+    want = calpipe.protect(vec.drop("scores"))["protected_score"].to_list()
+    assert got == [[1.0 - p, p] for p in want]
+    assert "nan" not in capsys.readouterr().out.lower()

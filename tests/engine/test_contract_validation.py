@@ -297,6 +297,24 @@ def test_label_time_needs_a_temporal_event_time():
     assert_input_error(e.value, "event_time", None, "Date/Datetime")
 
 
+@pytest.mark.parametrize(
+    "times", [["2020-1-9", "2020-1-10"] * 3, ["tuesday", "monday"] * 3], ids=["dates", "days"]
+)
+def test_a_text_event_time_is_refused_not_replayed_in_text_order(times):
+    # issue 36 item 3: "2020-1-10" sorted before "2020-1-9" and "tuesday" was accepted
+    df = binary_frame().with_columns(pl.Series("event_time", times))
+    for call in (calpipe.protect, calpipe.protect_with_state):
+        with pytest.raises(InputError) as e:
+            call(df)
+        assert_input_error(e.value, "event_time", None, "time column", "Date/Datetime", "String")
+        assert "text order" in str(e.value)
+
+
+def test_a_numeric_event_time_is_still_a_replay_order():
+    df = binary_frame().with_columns(pl.col("event_time").dt.hour().cast(pl.Int64))
+    assert calpipe.protect(df).height == df.height
+
+
 def test_an_output_column_already_in_the_input_is_rejected():
     with pytest.raises(InputError) as e:
         calpipe.protect(binary_frame().with_columns(pl.lit(0.0).alias("log10_martingale")))

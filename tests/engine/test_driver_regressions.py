@@ -63,3 +63,30 @@ def test_state_errors_named_the_streams_position_in_the_batch_not_its_key(method
     with pytest.raises(StateError, match=r"state row of stream='gamma': method") as info:
         calpipe.protect_with_state(later, method=method, state=bad)
     assert info.value.stream is not None
+
+
+@pytest.mark.parametrize("method", ["jumper", "mean-jumper", "composite-jumper",
+                                    "composite-experts", "platt", "venn-abers"])  # fmt: skip
+def test_two_class_score_vectors_gave_rows_summing_to_half_or_nan(method):
+    """issue 36 item 3: [[p0, p1], ...] ran the K-class kernels at K = 2 (composite-jumper:
+    rows summing to 0.5; jumper, mean-jumper: [0, 0] then NaN). They are the binary p1: the
+    binary path's forecasts (as [1 - p', p']), martingale and state, bit for bit."""
+    import warnings
+
+    rng = np.random.default_rng(3)
+    n = 40
+    p = rng.uniform(0.05, 0.95, n)
+    ev = pl.DataFrame({"stream": ["a", "b"] * (n // 2), "event_time": np.arange(n),
+                       "event_id": np.arange(n), "score": p,
+                       "label": (rng.uniform(size=n) < p).astype(np.int64)})  # fmt: skip
+    vec = ev.with_columns(pl.concat_list(1.0 - pl.col("score"), pl.col("score")).alias("scores"))
+    vec = vec.with_columns(pl.col("scores").list.get(1).alias("score"))  # p1 exactly
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        one = calpipe.protect_with_state(vec.drop("scores"), method=method)
+        two = calpipe.protect_with_state(vec.drop("score"), scores="scores", method=method)
+    got = np.array(two.scores["protected_scores"].to_list())
+    want = one.scores["protected_score"].to_numpy()
+    assert np.array_equal(got[:, 1], want) and np.array_equal(got[:, 0], 1.0 - want)
+    assert np.array_equal(two.scores["log10_martingale"], one.scores["log10_martingale"])
+    assert two.state.drop("last_event_time").equals(one.state.drop("last_event_time"))

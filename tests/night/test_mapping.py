@@ -581,9 +581,11 @@ def test_a_score_outside_0_1_is_an_error_naming_where_it_is(tmp_path):
     fresh = pl.DataFrame({"stream": ["a", "b", "a"], "score": [0.3, float("nan"), -1e-9]})
     with pytest.raises(InputError, match=r"column 'score', row 2: score outside \[0, 1\]"):
         pipeline.serving_map(state, fresh, settings)
+    # two-class vectors are the binary p1 (issue 36 item 3), as calpipe.protect takes them
     vectors = pl.DataFrame({"stream": ["a"], "score": [[0.7, 0.3]]})
-    with pytest.raises(InputError, match=r"score vectors against a state of binary forecasts"):
-        pipeline.serving_map(state, vectors, settings)
+    got = pipeline.serving_map(state, vectors, settings)["protected_scores"].to_list()
+    one = pipeline.serving_map(state, fresh[:1], settings)["protected_score"][0]
+    assert got == [[1.0 - one, one]]
 
 
 def test_a_stream_given_as_a_number_is_its_text(tmp_path):
