@@ -453,9 +453,10 @@ class _Nights:
         resumes a stored one, the open transaction has changed nothing they consult (only the
         days from ``d`` on, and the id type and classes are stored already), so they go
         through a second connection (:func:`calpipe.storage.committed_reader`) while the
-        writer inserts the part before: they do not wait for it (8 s of a 10M + 10M-label
-        night's 53 s were waits, BENCHMARKS.md §19), and each part is read in a thread while
-        the part before runs (DuckDB and polars release the GIL; one part ahead at most).
+        writer inserts the part before: they do not wait for it, and each part is read in a
+        thread while the part before runs (DuckDB and polars release the GIL; one part ahead
+        at most; BENCHMARKS.md §19: a 10M + 10M-label night 5-12 % faster, its peak 10-14 %
+        lower).
         Otherwise each part waits for the writer's pending INSERTs (the days before ``d`` in
         this transaction are visible to its own connection only). Either way the parts come,
         and a bad one fails the night, in order."""
