@@ -10,6 +10,12 @@
 -- (calpipe.contract): another number of classes than `k` (the database's: the maps answered a
 -- vector of the given length), a class probability outside [0, 1], or a sum off 1 by more than
 -- config.SCORES_SUM_TOL, 1e-06 (the maps renormalised it).
+-- A score vector as an error message shows it: the whole vector up to 8 values, else its first
+-- 8 and its length (a 100,000-value list was echoed whole: 700 KB in one message).
+CREATE OR REPLACE MACRO calpipe_kshow(kp) AS
+    CASE WHEN len(kp) <= 8 THEN CAST(kp AS VARCHAR)
+         ELSE concat(rtrim(CAST(kp[1:8] AS VARCHAR), ']'), ', ... (', len(kp), ' values)]') END;
+
 CREATE OR REPLACE MACRO calpipe_kscores(p, k, what) AS
     list_transform([CAST(p AS DOUBLE[])], lambda kp:
         CASE WHEN k = 2
@@ -18,13 +24,13 @@ CREATE OR REPLACE MACRO calpipe_kscores(p, k, what) AS
              WHEN kp IS NULL OR list_bool_or(list_transform(kp, lambda x: x IS NULL OR isnan(x)))
              THEN NULL
              WHEN len(kp) <> k
-             THEN error(concat(what, ': scores ', CAST(kp AS VARCHAR), ' hold ', len(kp),
+             THEN error(concat(what, ': scores ', calpipe_kshow(kp), ' hold ', len(kp),
                                ' classes, and the forecasts of this database ', k))
              WHEN list_bool_or(list_transform(kp, lambda x: x < 0 OR x > 1))
-             THEN error(concat(what, ': scores ', CAST(kp AS VARCHAR), ' hold a class ',
+             THEN error(concat(what, ': scores ', calpipe_kshow(kp), ' hold a class ',
                                'probability outside [0, 1] (scores are base probabilities)'))
              WHEN abs(list_sum(kp) - 1) > 1e-06
-             THEN error(concat(what, ': scores ', CAST(kp AS VARCHAR), ' do not sum to 1 ',
+             THEN error(concat(what, ': scores ', calpipe_kshow(kp), ' do not sum to 1 ',
                                '(tolerance 1e-06)'))
              ELSE kp END)[1];
 

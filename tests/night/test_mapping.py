@@ -643,3 +643,20 @@ def test_calibrate_table_from_parquet_to_parquet_with_calpipe_sql(tmp_path, caps
     got = out.filter(known)["protected_score"]
     assert np.max(np.abs(got.to_numpy() - want.to_numpy())) <= TOL
     assert out.filter(~known)["protected_score"].null_count() == (~known).sum()
+
+
+def test_calibrate_scores_echoed_a_100000_value_list_whole_in_its_message(tmp_path):
+    """issue 36 item 16: a bad vector's message showed the whole list (700 KB for 100,000
+    values); it shows the first 8 and the length."""
+    con = storage.connect(tmp_path / "db.duckdb")
+    try:
+        big = "list_transform(range(100000), lambda i: 0.00001)"
+        with pytest.raises(duckdb.InvalidInputException) as e:
+            con.execute(f"SELECT calpipe_kscores({big}, 3, 'calibrate_scores')").fetchall()
+        msg = str(e.value)
+        assert len(msg) < 300, msg
+        assert "... (100000 values)] hold 100000 classes" in msg
+        with pytest.raises(duckdb.InvalidInputException, match=r"scores \[0.5, 0.6\] hold 2"):
+            con.execute("SELECT calpipe_kscores([0.5, 0.6], 3, 'calibrate_scores')").fetchall()
+    finally:
+        con.close()
