@@ -185,6 +185,35 @@ class SourceRemoved(StateError):
         super().__init__(message)
 
 
+def check_removed_inputs(
+    con, current: pl.DataFrame, start: dt.date, end: dt.date, *, replay_deleted: bool = False
+) -> None:
+    """:class:`SourceRemoved` if a run over [start, end] given explicitly (``calpipe run
+    --start``, a dagster partition), with the sources' inputs ``current`` (:func:`run_inputs`),
+    would recompute a stored day whose inputs were only removed since it ran: its stored rows
+    would be lost as silently as by a replay (:func:`replay_start`). ``replay_deleted``: the
+    named choice to recompute such days without those inputs."""
+    if replay_deleted:
+        return
+    days = storage.query(
+        con,
+        "SELECT date FROM pipeline_days WHERE date BETWEEN ? AND ? AND state_hash IS NOT NULL",
+        [start, end],
+    )["date"].to_list()
+    if not days:
+        return
+    _, removed = _changes(recorded_inputs(con, start, end), current, days)
+    if removed:
+        d = min(removed)
+        raise SourceRemoved(
+            d, removed[d],
+            f"days {start} .. {end}: recomputing day {d}, whose inputs were removed "
+            f"({removed[d]}), would delete its stored rows: restore those inputs, start after "
+            f"it, or run with --replay-deleted to recompute the days without them (nothing was "
+            f"written)",
+        )  # fmt: skip
+
+
 def replay_start(
     con,
     source: EventSource,

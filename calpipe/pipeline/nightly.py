@@ -46,7 +46,14 @@ from calpipe.pipeline.checks import (
 from calpipe.pipeline.classes import ensure_n_classes, stored_n_classes
 from calpipe.pipeline.events import check_history_duplicates, read_source
 from calpipe.pipeline.ids import ensure_id_type
-from calpipe.pipeline.inputs import LABELS, SCORES, ReplayRequired, replay_start, run_inputs
+from calpipe.pipeline.inputs import (
+    LABELS,
+    SCORES,
+    ReplayRequired,
+    check_removed_inputs,
+    replay_start,
+    run_inputs,
+)
 from calpipe.pipeline.labels import night_arrivals
 from calpipe.pipeline.tables import TABLES, write_phase
 from calpipe.storage import EventSource
@@ -622,8 +629,9 @@ def run_range(
     if end < start:
         return RunSummary(None, None, 0, 0)
     first = as_date(first_day or chain_first_day(con) or start)
-    if inputs is None:
+    if inputs is None:  # (a replay's inputs were checked by replay_start)
         inputs = run_inputs(con, source, labels, start, end)
+        check_removed_inputs(con, inputs, start, end, replay_deleted=replay_deleted)
     chain = Chain(
         settings, first, state_before(con, start, settings, first), state_hash_before(con, start),
         stored_n_classes(con),

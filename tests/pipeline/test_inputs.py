@@ -246,6 +246,29 @@ def test_a_replay_over_a_day_whose_folder_was_deleted_would_have_lost_its_rows(c
     assert all(after[t].equals(before[t]) for t in before)
 
 
+def test_an_explicit_start_over_a_day_whose_folder_was_deleted_would_have_lost_its_rows(chain):
+    """``--start`` day 3 with day 5's folder deleted recomputed day 5 empty, deleting its stored
+    rows, where a replay refuses: the explicit range is refused the same way, naming the day
+    and --replay-deleted, and nothing is written; with ``replay_deleted`` it runs."""
+    con, source, tmp = chain
+    _file(tmp / "landing", 5).unlink()
+    before = _everything(con)
+    with pytest.raises(SourceRemoved) as info:
+        pipeline.run_range(con, source, start=day(3))
+    msg = str(info.value)
+    assert f"recomputing day {day(5)}, whose inputs were removed" in msg, msg
+    assert "--replay-deleted" in msg and "(nothing was written)" in msg
+    after = _everything(con)
+    assert all(after[t].equals(before[t]) for t in before)
+    # a range that ends before it, or starts after it, runs
+    assert pipeline.run_range(con, source, start=day(3), end=day(4)).start == day(3)
+    assert pipeline.run_range(con, source, start=day(6)).start == day(6)
+    # the named choice
+    pipeline.run_range(con, source, start=day(3), replay_deleted=True)
+    n = storage.fetch_one(con, "SELECT count(*) FROM scored_events WHERE event_date = ?", [day(5)])
+    assert n[0] == 0
+
+
 def test_an_event_resent_on_another_day_was_stored_twice(chain):
     """An event of day 2 landed again in day 9's folder (with day 9's time): both paths refuse
     it, naming the day it is stored on, and write nothing."""
