@@ -457,7 +457,7 @@ class _Nights:
 
         A part's reads consult the history before day ``d`` (the events' duplicate check, the
         labels' lookup). When ``d`` is the ``first`` day of its transaction and the chain
-        resumes a stored one, the open transaction has changed nothing they consult (only the
+        resumes stored state rows, the open transaction has changed nothing they consult (only the
         days from ``d`` on, and the id type and classes are stored already), so they go
         through a second connection (:func:`calpipe.storage.committed_reader`) while the
         writer inserts the part before: they do not wait for it, and each part is read in a
@@ -470,9 +470,11 @@ class _Nights:
         if day.parts == 1:
             yield day
             return
-        reader = (
-            storage.committed_reader(self.con) if first and self.chain.state is not None else None
-        )
+        # (stored state rows, not only a stored chain: one of empty days has stored no id type
+        # nor classes yet, which the first part's read would then write through the reader,
+        # outside the night's transaction, and change the chain from the reading thread)
+        resumed = self.chain.state is not None and self.chain.state.height > 0
+        reader = storage.committed_reader(self.con) if first and resumed else None
 
         def read(i: int) -> _DayEvents:
             return self._read(d, (i, day.parts), reader)
