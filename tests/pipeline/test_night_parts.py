@@ -29,6 +29,7 @@ from tests.pipeline.test_labels import (
     run_nights,
     split_feed,
     with_classes,
+    write_day,
 )
 
 #: More streams than the labels tests' three, so that every night has several non-empty parts.
@@ -240,5 +241,35 @@ def test_a_float_stream_column_that_duckdb_spells_otherwise_is_refused(tmp_path,
         after = _tables(con)
         for t in before:
             assert after[t].equals(before[t]), t
+    finally:
+        con.close()
+
+
+def test_a_big_night_after_a_stored_chain_of_empty_days_sets_its_types_in_its_transaction(
+    tmp_path, events, parts
+):
+    """A chain whose stored days had no events has no id type stored yet: its first big night
+    (string ids, in parts) sets it. The parts' reads once went through the committed reader,
+    which then altered the id column outside the night's transaction (a DuckDB transaction
+    conflict on the night's first INSERT)."""
+    ids = events.with_columns(pl.format("e-{}", "event_id").alias("event_id"))
+    landing = tmp_path / "scores"
+    empty = landing / f"date={day(0).isoformat()}"
+    empty.mkdir(parents=True)
+    ids.head(0).write_parquet(empty / "events.parquet")
+    write_day(ids, landing, day(1), "event_time")
+    con = storage.connect(tmp_path / "db.duckdb")
+    try:
+        src = storage.EventSource.parse(str(landing))
+        pipeline.run_range(con, src, end=day(0))
+        assert storage.query(con, "SELECT count(*) AS n FROM calibrator_state")["n"][0] == 0
+        pipeline.run_range(con, src)
+        assert parts[-1] >= 2, parts  # (the night ran in parts)
+        n = storage.query(con, "SELECT count(*) AS n FROM scored_events")["n"][0]
+        assert n == ids.filter(pl.col("event_time").dt.date() == day(1)).height
+        assert (
+            storage.query(con, "SELECT typeof(event_id) AS t FROM scored_events LIMIT 1")["t"][0]
+            == "VARCHAR"
+        )
     finally:
         con.close()
