@@ -12,7 +12,7 @@ three ways in one process, alternating (floor, before, ..., after, floor, ...), 
 
 The floor is issue #33's: a numpy pass that only evaluates the default's 105 Cox terms (5 inputs
 x 21 functions) on the same number of events, the cheapest honest numpy form
-(:func:`benchmarks.run.cox_floor`'s, per input). All three give the same bits
+(:func:`benchmarks.run.cox_floor` over the five input columns). All three give the same bits
 (tests/calibrators/test_experts_engines.py); the table checks it on the run itself.
 """
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from benchmarks.run import SEED, Table, best_of, event_frame, fmt_rate
+from benchmarks.run import SEED, Table, best_of, cox_floor, event_frame, fmt_rate
 
 #: (events, streams) of the measurement.
 SIZES = {"smoke": (100_000, 100), "full": (1_000_000, 1_000)}
@@ -29,30 +29,6 @@ ENGINES = (
     ("inputs' own kernels, mixture in lanes", "per-input"),
     ("after: inputs and mixture in one lanes kernel (the default)", "fused"),
 )
-
-
-def cox_floor_experts(q: np.ndarray, alphas, betas, chunk: int = 1 << 20) -> None:
-    """The default's Cox terms f = c^b e^a / (c^b e^a + (1 - c)^b) of every input column c of
-    ``q`` (I, n) for every (a, b) of the grid: per input and chunk, c^b and (1 - c)^b for
-    b in {1, 0.5, 2} once (sqrt and square, no general pow), then one multiply, add and divide
-    per function (:func:`benchmarks.run.cox_floor` over I inputs and the default's grid)."""
-    n_fun = len(alphas) * len(betas)
-    n = q.shape[1]
-    out = np.empty((min(chunk, n), n_fun))
-    exp_alphas = [float(np.exp(a)) for a in alphas]
-    for c in q:
-        for i in range(0, n, chunk):
-            x = c[i : i + chunk]
-            r = 1.0 - x
-            o = out[: x.shape[0]]
-            pairs = {1.0: (x, r), 0.5: (np.sqrt(x), np.sqrt(r)), 2.0: (x * x, r * r)}
-            j = 0
-            for ea in exp_alphas:
-                for b in betas:
-                    a1, a0 = pairs[b]
-                    num = a1 * ea
-                    np.divide(num, num + a0, out=o[:, j])
-                    j += 1
 
 
 def measure(size_name: str, repeat: int) -> Table:
@@ -79,7 +55,7 @@ def measure(size_name: str, repeat: int) -> Table:
             CompositeExperts.engine = engine
             calpipe.protect(df.head(5_000))
         for _ in range(repeat):  # alternating, so that every row sees the same machine load
-            times["floor"].append(best_of(lambda: cox_floor_experts(q, alphas, betas), 1))
+            times["floor"].append(best_of(lambda: cox_floor(q, alphas, betas), 1))
             for _, engine in ENGINES:
                 CompositeExperts.engine = engine
                 res = {}
