@@ -18,6 +18,7 @@ from calpipe import storage
 from calpipe.errors import StateError
 from calpipe.night.chain import chain_hash, state_digests
 from calpipe.night.settings import Settings, as_date
+from calpipe.pipeline.checks import missing_rows
 from calpipe.pipeline.classes import stored_n_classes
 
 
@@ -84,9 +85,9 @@ def state_before(con, day: dt.date, settings: Settings, first_day: dt.date) -> p
             f"{want} ({settings.to_json()}); loading a state under another "
             "configuration is an error: use the same method options, or a new database"
         )
-    altered = _state_rows_missing(con, first_day, prev)
+    altered = missing_rows(con, first_day, prev, ("calibrator_state",))
     if altered is not None:  # deleted rows would resume those streams from an older state
-        d, n_rows, n_recorded = altered
+        d, n_rows, n_recorded = altered.day, altered.rows, altered.recorded
         raise StateError(
             f"cannot run day {day}: calibrator_state of {d} has {n_rows} rows, but "
             f"pipeline_days recorded {n_recorded} streams whose state changed that day; the state "
@@ -136,7 +137,7 @@ def _verify_state_chain(con, day: dt.date, lo: dt.date, prev: dt.date, first_day
     so those days are the ones whose rows are hashed (one read, one digest a day,
     :func:`calpipe.night.chain.state_digests`; no per-stream loop). Days computed before calpipe
     recorded the hash (``state_hash`` null) are not checked. A hash names no stream: the error
-    names the day and the streams whose state the run would have loaded from it."""
+    names the day and its streams (:func:`_streams_of_altered_day`)."""
     days = storage.query(con, _CHAIN_SQL, [lo, prev])
     known = days.filter(pl.col("state_hash").is_null())
     if known.height:  # the days after the last one without a hash
@@ -162,15 +163,45 @@ def _verify_state_chain(con, day: dt.date, lo: dt.date, prev: dt.date, first_day
         else:
             h = stored
             continue
-        of_day = rows.filter(pl.col("date") == d)["stream"]
-        streams = ", ".join(repr(x) for x in of_day.head(5).to_list())
-        more = f" and {of_day.len() - 5} more" if of_day.len() > 5 else ""
-        named = f" (its stored rows are of the streams {streams}{more})" if streams else ""
+        named = _streams_of_altered_day(con, d, rows.filter(pl.col("date") == d)["stream"])
         raise StateError(
             f"cannot run day {day}: the stored state of day {d} was altered outside calpipe: "
             f"{bad}{named}; a row was deleted, changed or added; restore the database, or "
             f"re-run from the chain's first day {first_day} into a new database"
         )
+
+
+#: Streams an altered day's message names (the rest are counted).
+_NAMED = 5
+
+
+def _names(streams: list) -> str:
+    more = f" and {len(streams) - _NAMED} more" if len(streams) > _NAMED else ""
+    return ", ".join(repr(x) for x in streams[:_NAMED]) + more
+
+
+def _streams_of_altered_day(con, d: dt.date, stored: pl.Series) -> str:
+    """What an altered day's message says of its streams: those whose state row of ``d`` is
+    missing (a stream with events or arriving labels that day has one: :func:`state_rows`),
+    those with a row but neither, and otherwise the streams of its stored rows (a value
+    changed in one of them)."""
+    expected = storage.query(
+        con,
+        """SELECT DISTINCT stream FROM protected_scores WHERE event_date = $1
+           UNION SELECT DISTINCT stream FROM event_labels WHERE date = $1""",
+        [d],
+    )["stream"].cast(stored.dtype)
+    missing = sorted(set(expected.to_list()) - set(stored.to_list()))
+    extra = sorted(set(stored.to_list()) - set(expected.to_list()))
+    if missing:
+        return (f" (no state row for the streams {_names(missing)}, which have events or "
+                "labels that day)")  # fmt: skip
+    if extra:
+        return (f" (a state row for the streams {_names(extra)}, which have no events or "
+                "labels that day)")  # fmt: skip
+    if stored.len():
+        return f" (its stored rows are of the streams {_names(sorted(stored.to_list()))})"
+    return ""
 
 
 def state_hash_before(con, day: dt.date) -> str | None:
@@ -188,19 +219,3 @@ def state_as_of(con, day: dt.date) -> pl.DataFrame:
     before ``day``. What :func:`calpipe.pipeline.serving_map` takes to serve the map in force
     then, and what the ``calibrate_score_as_of`` macro evaluates in SQL."""
     return storage.query(con, _STATE_AS_OF_SQL, [as_date(day)])
-
-
-def _state_rows_missing(con, first_day: dt.date, last: dt.date) -> tuple | None:
-    """The first day of [first_day, last] whose ``calibrator_state`` row count differs from the
-    ``n_state_rows`` that ``pipeline_days`` recorded: (day, rows, recorded), or None. Reads the
-    date column only (a stream's rows are sparse: a deleted row would go unnoticed by the state
-    as of a later day, which would quietly resume that stream from an older row)."""
-    return storage.fetch_one(
-        con,
-        """SELECT d.date, coalesce(c.n, 0), d.n_state_rows FROM pipeline_days d
-           LEFT JOIN (SELECT date, count(*) AS n FROM calibrator_state
-                      WHERE date BETWEEN $1 AND $2 GROUP BY date) c USING (date)
-           WHERE d.date BETWEEN $1 AND $2 AND coalesce(c.n, 0) <> d.n_state_rows
-           ORDER BY d.date LIMIT 1""",
-        [first_day, last],
-    )

@@ -183,7 +183,8 @@ def check_state_continuity(con, start: dt.date, end: dt.date) -> CheckOutcome:
             )
     gone = missing_rows(con, lo, end)
     if gone is not None:
-        problems.append(f"{gone[1]}: run the days again from it (calpipe run --start {gone[0]})")
+        problems.append(f"{gone.message}: run the days again from it (calpipe run --start "
+                        f"{gone.day})")  # fmt: skip
     stale = storage.query(
         con,
         """SELECT date FROM (SELECT date, prev_state_hash,
@@ -206,45 +207,72 @@ def check_state_continuity(con, start: dt.date, end: dt.date) -> CheckOutcome:
     )  # fmt: skip
 
 
-#: Per stored day whose rows are missing: the first table whose row count differs from what
-#: ``pipeline_days`` recorded for it (protected_scores and scored_events: ``n_events``;
-#: calibrator_state: ``n_state_rows``). One aggregate over the date columns only.
-_MISSING_ROWS_SQL = """
-WITH p AS (SELECT event_date AS date, count(*) AS n FROM protected_scores
-           WHERE event_date BETWEEN $1 AND $2 GROUP BY 1),
-     e AS (SELECT event_date AS date, count(*) AS n FROM scored_events
-           WHERE event_date BETWEEN $1 AND $2 GROUP BY 1),
-     s AS (SELECT date, count(*) AS n FROM calibrator_state
-           WHERE date BETWEEN $1 AND $2 GROUP BY 1)
-SELECT d.date, coalesce(p.n, 0) AS p, coalesce(e.n, 0) AS e, coalesce(s.n, 0) AS s,
-       d.n_events, d.n_state_rows
-FROM pipeline_days d LEFT JOIN p USING (date) LEFT JOIN e USING (date) LEFT JOIN s USING (date)
-WHERE d.date BETWEEN $1 AND $2
-  AND (coalesce(p.n, 0) <> d.n_events OR coalesce(e.n, 0) <> d.n_events
-       OR coalesce(s.n, 0) <> d.n_state_rows)
-ORDER BY d.date LIMIT 1
-"""
+#: The tables whose rows ``pipeline_days`` counts for each stored day: (table, its date
+#: column, the ``pipeline_days`` column holding the count, what that column counts).
+DAY_COUNTED: tuple[tuple[str, str, str, str], ...] = (
+    ("protected_scores", "event_date", "n_events", "events"),
+    ("scored_events", "event_date", "n_events", "events"),
+    ("calibrator_state", "date", "n_state_rows", "streams whose state changed"),
+)
 
 
-def missing_rows(con, start: dt.date, end: dt.date) -> tuple[dt.date, str] | None:
-    """The first stored day of [start, end] whose rows differ from the counts ``pipeline_days``
-    recorded (rows deleted or added outside calpipe, e.g. ``calpipe sql --write "DELETE FROM
-    protected_scores"``) and what is wrong with it (the table and both counts); None if every
-    day is whole."""
-    row = storage.fetch_one(con, _MISSING_ROWS_SQL, [start, end])
+@dataclass(frozen=True)
+class MissingRows:
+    """A stored day whose rows in ``table`` differ from the count ``pipeline_days`` recorded."""
+
+    day: dt.date
+    table: str
+    rows: int
+    recorded: int
+    what: str
+
+    @property
+    def message(self) -> str:
+        return (
+            f"day {self.day}: {self.table} has {self.rows} rows, but pipeline_days recorded "
+            f"{self.recorded} {self.what} that day (rows were changed outside calpipe)"
+        )
+
+
+def missing_rows(
+    con, start: dt.date, end: dt.date, tables: tuple[str, ...] | None = None
+) -> MissingRows | None:
+    """The first stored day of [start, end] whose rows in one of ``tables`` (default: every
+    table of :data:`DAY_COUNTED`, in that order) differ from the counts ``pipeline_days``
+    recorded: rows deleted or added outside calpipe, e.g. ``calpipe sql --write "DELETE FROM
+    protected_scores"``. None if every day is whole.
+
+    One aggregate over the date columns only: a stream's state rows are sparse, so a deleted
+    row would go unnoticed by the state as of a later day, which would quietly resume that
+    stream from an older row; the counts notice it.
+    """
+    chosen = [t for t in DAY_COUNTED if tables is None or t[0] in tables]
+    if tables is not None and len(chosen) != len(tables):
+        raise ValueError(f"tables must be among {[t[0] for t in DAY_COUNTED]}, got {tables}")
+    ctes = ",\n".join(
+        f"c{i} AS (SELECT {col} AS date, count(*) AS n FROM {table} "
+        f"WHERE {col} BETWEEN $1 AND $2 GROUP BY 1)"
+        for i, (table, col, _, _) in enumerate(chosen)
+    )
+    counts = ", ".join(f"coalesce(c{i}.n, 0)" for i in range(len(chosen)))
+    joins = " ".join(f"LEFT JOIN c{i} USING (date)" for i in range(len(chosen)))
+    differs = " OR ".join(
+        f"coalesce(c{i}.n, 0) <> d.{recorded}" for i, (_, _, recorded, _) in enumerate(chosen)
+    )
+    recorded = ", ".join(f"d.{t[2]}" for t in chosen)
+    row = storage.fetch_one(
+        con,
+        f"WITH {ctes} SELECT d.date, {counts}, {recorded} FROM pipeline_days d {joins} "
+        f"WHERE d.date BETWEEN $1 AND $2 AND ({differs}) ORDER BY d.date LIMIT 1",
+        [start, end],
+    )
     if row is None:
         return None
-    d, p, e, st, n_events, n_state = row
-    for table, n, want, what in (
-        ("protected_scores", p, n_events, "events"), ("scored_events", e, n_events, "events"),
-        ("calibrator_state", st, n_state, "streams whose state changed"),
-    ):  # fmt: skip
+    k = len(chosen)
+    for (table, _, _, what), n, want in zip(chosen, row[1 : 1 + k], row[1 + k :], strict=True):
         if n != want:
-            return d, (
-                f"day {d}: {table} has {n} rows, but pipeline_days recorded {want} {what} that "
-                "day (rows were changed outside calpipe)"
-            )
-    return None  # (unreachable: the query returned a differing day)
+            return MissingRows(row[0], table, int(n), int(want), what)
+    raise AssertionError("unreachable: the query returned a day whose counts all match")
 
 
 #: Streams an alarm warning names (the rest are counted: a night of 1,000 alarms printed 1,000

@@ -689,7 +689,7 @@ def _check_stored_rows(con) -> None:
         return
     gone = missing_rows(con, row[0], row[1])
     if gone is not None:
-        d, why = gone
+        d, why = gone.day, gone.message
         raise ReplayRequired(d, why, f"{why}; recompute the stored days from {d} (--start {d})")
 
 

@@ -170,10 +170,37 @@ def test_a_deleted_state_row_with_its_count_altered_resumed_from_an_older_state(
     }
     with pytest.raises(StateError, match=rf"the stored state of day {_day(3)} was altered "
                                          r"outside calpipe: its calibrator_state rows do not "
-                                         r"hash to its recorded state_hash"):  # fmt: skip
+                                         r"hash to its recorded state_hash \(no state row for "
+                                         r"the streams 's0', which have events"):  # fmt: skip
         pipeline.run_range(con, source, _day(5), _day(5))
     for t, frame in before.items():
         assert storage.query(con, f"SELECT * FROM {t} ORDER BY ALL").equals(frame), t
+
+
+def test_an_added_state_row_named_only_the_day_and_all_its_streams(idle):
+    """A state row copied onto a day its stream has no events (its count raised to match): the
+    refusal names the stream whose row should not be there, not only the day."""
+    con, source, _ = idle
+    pipeline.run_range(con, source, _day(0), _day(4))
+    idle_stream = storage.query(
+        con,
+        """SELECT DISTINCT stream FROM calibrator_state WHERE stream NOT IN
+           (SELECT stream FROM protected_scores WHERE event_date = $1) ORDER BY 1 LIMIT 1""",
+        [_day(3)],
+    )["stream"]
+    assert idle_stream.len() == 1, "the fixture needs a stream idle on day 3"
+    con.execute(
+        """INSERT INTO calibrator_state SELECT * REPLACE ($1::DATE AS date) FROM calibrator_state
+           WHERE stream = $2 AND date = (SELECT max(date) FROM calibrator_state
+                                         WHERE stream = $2 AND date < $1)""",
+        [_day(3), idle_stream[0]],
+    )
+    con.execute(
+        "UPDATE pipeline_days SET n_state_rows = n_state_rows + 1 WHERE date = ?", [_day(3)]
+    )
+    with pytest.raises(StateError, match=rf"day {_day(3)} was altered .*\(a state row for the "
+                                         rf"streams '{idle_stream[0]}', which have no events"):  # fmt: skip
+        pipeline.run_range(con, source, _day(5), _day(5))
 
 
 def test_a_changed_state_value_resumed_its_stream_from_it(idle):
