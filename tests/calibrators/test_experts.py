@@ -260,3 +260,34 @@ def test_an_inputs_logistic_map_is_its_serving_map(spec):
     c = np.clip(p, eps, 1 - eps)
     got = 1 / (1 + np.exp(-(w1 * np.log(c) - w2 * np.log(1 - c) + w0)))
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-13)
+
+
+def test_the_default_reads_its_state_in_place_and_refuses_what_departs_from_its_layout():
+    """The default's fused run reads the state as an (S, L) matrix (CompositeExperts._uniform):
+    a state that departs from the fixed layout (a value short or extra, a length field edited
+    with the total kept, a negative weight) is refused with _split's messages, and a valid
+    state resumes to the same bits as one pass."""
+    rng = np.random.default_rng(10)
+    x = rng.uniform(0.05, 0.95, 120)
+    y = rng.integers(0, 2, 120)
+    cal = make_calibrator("composite-experts")
+    assert cal.lane_inputs() is not None  # the fused engine's inputs
+    whole, _ = cal.run(x, y)
+    first, st = cal.run(x[:70], y[:70])
+    rest, _ = cal.run(x[70:], y[70:], state=st)
+    np.testing.assert_array_equal(np.concatenate([first.protected, rest.protected]),
+                                  whole.protected)  # fmt: skip
+    with pytest.raises(StateError, match="impossible length"):
+        cal.run(x, y, state=dataclasses.replace(st, weights=st.weights[:-1]))
+    with pytest.raises(StateError, match="1 values after the last input"):
+        cal.run(x, y, state=dataclasses.replace(st, weights=[*st.weights, 0.0]))
+    h = 1 + len(cal.rates) * (1 + len(cal.input_specs(2))) * cal.family(2).size  # [P, A]
+    edited = list(st.weights)
+    assert edited[h] == 6  # the first input's (OPS) length field
+    edited[h] -= 1  # one less, the total kept: its last value would read as the next input's
+    with pytest.raises(StateError, match=r"'ops': state weights have length 5\.\.5, its state"):
+        cal.run(x, y, state=dataclasses.replace(st, weights=edited))
+    negative = list(st.weights)
+    negative[1] = -negative[1]
+    with pytest.raises(StateError, match="mixture weights"):
+        cal.run(x, y, state=dataclasses.replace(st, weights=negative))
