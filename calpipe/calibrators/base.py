@@ -193,19 +193,32 @@ class FlatState:
         return cls(np.ascontiguousarray(values, dtype=np.float64), offsets, log10m)
 
     def scatter(self, idx: np.ndarray, loaded: FlatState) -> FlatState:
-        """This state with streams ``idx`` replaced by the streams of ``loaded`` (in order)."""
-        # Vector s comes from `loaded` (at src[s] in the concatenation [self.values,
-        # loaded.values]) or from self: one gather over the concatenation, no loop over streams.
-        lengths = np.diff(self.offsets)
-        src = self.offsets[:-1].copy()
-        lengths[idx] = np.diff(loaded.offsets)
-        src[idx] = self.values.shape[0] + loaded.offsets[:-1]
-        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-        take = np.repeat(src - offsets[:-1], lengths) + np.arange(offsets[-1], dtype=np.int64)
-        values = np.concatenate([self.values, loaded.values])[take]
+        """This state with streams ``idx`` (distinct) replaced by the streams of ``loaded`` (in
+        order)."""
+        # Two compiled ragged copies into the new values (the kept streams, the loaded ones),
+        # no Python loop over streams and no index array of every value: a gather through one
+        # took 2.4 s for 100,000 default-method streams resumed from their stored rows.
+        n = self.n_streams
+        idx = np.asarray(idx, dtype=np.int64)
+        new_lengths = np.diff(loaded.offsets)
         log10m = self.log10m.copy()
         log10m[idx] = loaded.log10m
-        return FlatState(np.ascontiguousarray(values, dtype=np.float64), offsets, log10m)
+        if idx.shape[0] == n and np.array_equal(idx, np.arange(n)):  # every stream, in order
+            return FlatState(np.ascontiguousarray(loaded.values, dtype=np.float64),
+                             np.asarray(loaded.offsets, dtype=np.int64).copy(), log10m)  # fmt: skip
+        lengths = np.diff(self.offsets)
+        keep = np.ones(n, dtype=bool)
+        keep[idx] = False
+        kept = np.flatnonzero(keep)
+        lengths[idx] = new_lengths
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        values = np.empty(int(offsets[-1]))
+        _copy_segments(np.ascontiguousarray(self.values, dtype=np.float64),
+                       self.offsets[kept], lengths[kept], values, offsets[kept])  # fmt: skip
+        _copy_segments(np.ascontiguousarray(loaded.values, dtype=np.float64),
+                       np.asarray(loaded.offsets[:-1], dtype=np.int64), new_lengths, values,
+                       offsets[idx])  # fmt: skip
+        return FlatState(values, offsets, log10m)
 
 
 @njit(cache=True)

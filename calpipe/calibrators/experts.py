@@ -513,10 +513,10 @@ class CompositeExperts(Calibrator[FlatState]):
         the inputs' states side by side, each input's test martingale from its forecast at
         every op (``likelihood_gale``'s operations, as the input computes it run alone).
 
-        The state is read in place as an (S, L) matrix (:meth:`_uniform`) and the new state
-        written once into a new one, column block by column block: the same values as
-        :meth:`_split`, the kernel and :meth:`_join`, without their copies (with 100,000
-        streams of ~760 values, the copies took 3.5 times the kernel's time)."""
+        The state is read in place as an (S, L) matrix (:meth:`_uniform`) and copied once, by
+        the kernel: the same values as :meth:`_split`, the kernel and :meth:`_join`, without
+        their copies (with 100,000 streams of ~760 values, the copies took 3.5 times the
+        kernel's time)."""
         uniform = self._uniform(state, 2)
         if uniform is None:  # _split names what departs from the layout; else no streams
             head, subs = self._split(state, 2)
@@ -527,18 +527,17 @@ class CompositeExperts(Calibrator[FlatState]):
         n_streams, h = m.shape[0], self._head_size(2)
         kinds, par, edges = codes
         cals = self._inputs(2)
-        widths = [c.state_size(2) for c in cals]
-        cols = np.array([sum(widths[:i]) for i in range(len(widths))], dtype=np.int64)
-        spans = [np.arange(at + 2, at + 2 + w) for at, w in zip(starts, widths, strict=True)]
-        in_state = m[:, np.concatenate(spans)] if spans else np.zeros((n_streams, 0))
+        # The kernel's input state is the whole (S, L) matrix, each input's vector at its
+        # column (after its length and log10 S): the kernel's copy of it is the new state,
+        # whose inputs the kernel has updated; the head and the inputs' log10 S are written
+        # into it after (one copy of the state, no gather of the inputs' columns).
+        cols = np.array([at + 2 for at in starts], dtype=np.int64)
         fam = self.family(2)
         active = m[:, 1:h].reshape(n_streams, len(self.rates), -1)
-        p, lm, pw, a, lm_end, st, fin = EL.composite_experts_binary(
+        p, lm, pw, a, lm_end, new, fin = EL.composite_experts_binary(
             x[:, None], labels, op_event, op_kind, op_offsets, kinds, cols, par, edges,
-            fam.params, self.rates, self.params["clip"], m[:, 0], active, state.log10m,
-            in_state,
+            fam.params, self.rates, self.params["clip"], m[:, 0], active, state.log10m, m,
         )  # fmt: skip
-        new = np.empty_like(m)
         new[:, 0] = pw
         new[:, 1:h] = a.reshape(n_streams, -1)
         # each input's own test martingale, from its forecast at every op; inputs sharing a
@@ -554,9 +553,6 @@ class CompositeExperts(Calibrator[FlatState]):
             )  # fmt: skip
             for row, i in enumerate(idx):
                 new[:, starts[i] + 1] = got[row]
-        for at, w, c in zip(starts, widths, cols, strict=True):
-            new[:, at] = w
-            new[:, at + 2 : at + 2 + w] = st[:, c : c + w]
         return RunOutput(p, lm), FlatState(new.ravel(), state.offsets.copy(), lm_end)
 
     def _run_fused_empty(self, x, op_event, op_kind, op_offsets, state):

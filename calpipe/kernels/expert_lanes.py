@@ -476,8 +476,9 @@ def composite_experts_binary(
     params : (T, 2) Cox (alpha, beta) of the functions; rates (R,); clip: an input's forecast
         joins the mixture clipped to [clip, 1 - clip] (0: as it is).
     passive (S,), active (S, R, (1 + I) T), log10m (S,): the mixture state (expert
-        k = i T + t is function t of input i, input 0 the base); in_state (S, W): the inputs'
-        states side by side (OPS/OBS: theta then A row-major; decay-beta: its vector).
+        k = i T + t is function t of input i, input 0 the base); in_state (S, W): each
+        input's state from its column ``cols[i]`` on (OPS/OBS: theta then A row-major;
+        decay-beta: its vector); other columns are carried unchanged into ``in_state_end``.
         Inputs are not modified.
     input_forecasts : return ``fin`` (I, m), every input's raw forecast at every op (what its
         own test martingale reads); else an empty (I, 0) array.

@@ -42,6 +42,20 @@ def test_scatter_replaces_exactly_the_chosen_streams(lengths, data):
     assert got.offsets[0] == 0 and got.offsets[-1] == got.values.shape[0]
 
 
+@pytest.mark.parametrize("idx", [[0, 1, 2], [2, 0, 1], [1]])
+def test_scatter_of_every_stream_in_order_is_the_loaded_state(idx):
+    """Every stream replaced in order (a chain resuming all its streams) takes the loaded
+    state as it is; in another order, or some streams, each goes where ``idx`` says."""
+    base = ragged([3, 0, 2], 0.0)
+    loaded = ragged([1, 4, 2][: len(idx)], 0.5)
+    got = base.scatter(np.array(idx), loaded)
+    for j, s in enumerate(idx):
+        assert got.vector(s).tolist() == loaded.vector(j).tolist()
+        assert got.log10m[s] == loaded.log10m[j]
+    for s in set(range(3)) - set(idx):
+        assert got.vector(s).tolist() == base.vector(s).tolist()
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.integers(0, 4), min_size=0, max_size=8), st.booleans())
 def test_weights_series_holds_each_vector(lengths, equal):
