@@ -524,22 +524,19 @@ class CompositeExperts(Calibrator[FlatState]):
             if uniform is None:
                 return self._run_fused_empty(x, op_event, op_kind, op_offsets, state)
         m, starts = uniform
-        n_streams, h = m.shape[0], self._head_size(2)
         kinds, par, edges = codes
         cals = self._inputs(2)
-        # The kernel's input state is the whole (S, L) matrix, each input's vector at its
-        # column (after its length and log10 S): the kernel's copy of it is the new state,
-        # whose inputs the kernel has updated; the head and the inputs' log10 S are written
-        # into it after (one copy of the state, no gather of the inputs' columns).
+        # The kernel's state is the whole (S, L) matrix (packed: P, A, then each input's
+        # vector at its column, after its length and log10 S): the kernel's one copy of it is
+        # the new state, P, A and the inputs updated in place; the inputs' log10 S are written
+        # into it after.
         cols = np.array([at + 2 for at in starts], dtype=np.int64)
         fam = self.family(2)
-        active = m[:, 1:h].reshape(n_streams, len(self.rates), -1)
-        p, lm, pw, a, lm_end, new, fin = EL.composite_experts_binary(
+        p, lm, _, _, lm_end, new, fin = EL.composite_experts_binary(
             x[:, None], labels, op_event, op_kind, op_offsets, kinds, cols, par, edges,
-            fam.params, self.rates, self.params["clip"], m[:, 0], active, state.log10m, m,
+            fam.params, self.rates, self.params["clip"], None, None, state.log10m, m,
+            packed=True,
         )  # fmt: skip
-        new[:, 0] = pw
-        new[:, 1:h] = a.reshape(n_streams, -1)
         # each input's own test martingale, from its forecast at every op; inputs sharing a
         # clip in one pass (base term once)
         base = x[op_event]

@@ -458,6 +458,7 @@ def lanes_fit(n_streams: int) -> bool:
 def composite_experts_binary(
     q, y, op_event, op_kind, op_offsets, kinds, cols, par, edges, params, rates, clip,
     passive, active, log10m, in_state, *, input_forecasts: bool = True, lanes: bool | None = None,
+    packed: bool = False,
 ):  # fmt: skip
     """Binary Composite Jumper over experts with its inputs learnt in the same pass.
 
@@ -483,6 +484,11 @@ def composite_experts_binary(
     input_forecasts : return ``fin`` (I, m), every input's raw forecast at every op (what its
         own test martingale reads); else an empty (I, 0) array.
     lanes : force the lanes (True) or one stream at a time (False); None: by the batch size.
+    packed : ``in_state`` (S, L) holds the mixture state too: P in column 0 and A (R x E,
+        row-major) in columns 1 to R E (``passive`` and ``active`` are then None). Its one
+        copy is the new state: the returned P and A are views into the returned
+        ``in_state_end``, which holds the whole new state (a calibrator's state vectors as
+        they are stored, read and written without splitting them).
     """
     q = np.ascontiguousarray(q, dtype=np.float64)
     op_offsets = np.ascontiguousarray(op_offsets, dtype=np.int64)
@@ -499,6 +505,21 @@ def composite_experts_binary(
     rates = np.ascontiguousarray(rates, dtype=np.float64)
     n_streams = op_offsets.shape[0] - 1
     n_exp = (1 + kinds.shape[0]) * params.shape[0]
+    if packed:
+        if passive is not None or active is not None:
+            raise ValueError(
+                "packed: the mixture state is in in_state; passive and active are None"
+            )
+        st = np.array(in_state, dtype=np.float64)  # the one copy: the new state
+        head = 1 + rates.shape[0] * n_exp
+        if st.ndim != 2 or st.shape[0] != n_streams or st.shape[1] < head:
+            raise ValueError(
+                f"packed in_state must be (S = {n_streams}, >= {head}); got {st.shape}"
+            )
+        passive = st[:, 0]
+        active = st[:, 1:head].reshape(n_streams, rates.shape[0], n_exp)
+        if not np.may_share_memory(active, st):  # the kernel must write the new state's A
+            raise AssertionError("packed: A is not a view of the state")
     if q.ndim != 2 or y.shape[0] != q.shape[0]:
         raise ValueError(f"q must be (n, G) and y (n,); got {q.shape} and {y.shape}")
     if (
@@ -517,10 +538,13 @@ def composite_experts_binary(
         ~given & ((cols < 0) | (cols >= max(np.shape(in_state)[-1], 1)))
     ):  # fmt: skip
         raise ValueError("an input's column is outside q or in_state")
-    passive = np.array(passive, dtype=np.float64)
-    active = np.array(active, dtype=np.float64)
+    if packed and np.any(~given & (cols < 1 + rates.shape[0] * n_exp)):
+        raise ValueError("packed: an input's column is inside the mixture state (P, A)")
+    if not packed:
+        passive = np.array(passive, dtype=np.float64)
+        active = np.array(active, dtype=np.float64)
+        st = np.array(in_state, dtype=np.float64).reshape(n_streams, -1)
     log10m = np.array(log10m, dtype=np.float64)
-    st = np.array(in_state, dtype=np.float64).reshape(n_streams, -1)
     for i in np.flatnonzero((kinds == IN_OPS) | (kinds == IN_OBS)):
         # _ons_binary reads A's upper triangle and writes A back symmetric for every stream
         d = 2 if kinds[i] == IN_OPS else 3
