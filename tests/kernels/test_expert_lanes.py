@@ -323,3 +323,45 @@ def test_arguments_are_checked():
     run_fused((x, y, ev, kd, off), inputs, (passive, active, log10m, inputs.state), True)
     np.testing.assert_array_equal(inputs.state, before[0])  # inputs are not modified
     np.testing.assert_array_equal(active, before[1])
+
+
+@pytest.mark.parametrize("n_streams", [1, 65])
+@pytest.mark.parametrize("lanes", [True, False])
+def test_packed_state_gives_the_bits_of_the_split_state(n_streams, lanes):
+    """packed=True (P, A and the inputs in one (S, L) matrix, as a calibrator stores its
+    state, with a gap of carried columns before each input): the same outputs and new state
+    as the split arguments, the packed matrix not modified, its columns outside P, A and the
+    inputs carried unchanged."""
+    batch = make_batch(5 + n_streams, n_streams)
+    inputs = Inputs(DEFAULT_KINDS, n_streams)
+    passive, active, log10m, in_state = fresh_state(inputs, n_streams)
+    want = run_fused(batch, inputs, (passive, active, log10m, in_state), lanes)
+    head = 1 + active[0].size
+    gap = np.full((n_streams, 2), 7.5)  # e.g. an input's stored length and log10 S
+    packed = np.hstack([passive[:, None], active.reshape(n_streams, -1), gap, in_state])
+    before = packed.copy()
+    x, y, ev, kd, off = batch
+    got = EL.composite_experts_binary(
+        x[:, None], y, ev, kd, off, inputs.kinds, inputs.cols + head + 2, inputs.par,
+        inputs.edges, binary_family("cox2", GRID).params, RATES, CLIP, None, None, log10m,
+        packed, lanes=lanes, packed=True,
+    )  # fmt: skip
+    np.testing.assert_array_equal(packed, before)
+    new = got[5]
+    np.testing.assert_array_equal(new[:, head : head + 2], gap)
+    got_split = (*got[:2], new[:, 0], new[:, 1:head].reshape(active.shape), got[4],
+                 new[:, head + 2 :], got[6])  # fmt: skip
+    assert_same(got_split, want)
+    np.testing.assert_array_equal(got[2], new[:, 0])  # P and A are views of the new state
+    with pytest.raises(ValueError, match="inside the mixture state"):
+        EL.composite_experts_binary(
+            x[:, None], y, ev, kd, off, inputs.kinds, inputs.cols, inputs.par, inputs.edges,
+            binary_family("cox2", GRID).params, RATES, CLIP, None, None, log10m, packed,
+            packed=True,
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="passive and active are None"):
+        EL.composite_experts_binary(
+            x[:, None], y, ev, kd, off, inputs.kinds, inputs.cols + head + 2, inputs.par,
+            inputs.edges, binary_family("cox2", GRID).params, RATES, CLIP, passive, active,
+            log10m, packed, packed=True,
+        )  # fmt: skip
