@@ -656,6 +656,7 @@ def main(argv=None) -> None:
         from benchmarks import experts_floor
 
         emit(experts_floor.measure(args.size, args.repeat))
+        emit(experts_floor.measure_tiny(args.size, args.repeat))
     total = f"Suite wall time: {time.perf_counter() - t_suite:.0f} s (`--size {args.size}`).\n"
     print(total, flush=True)
     parts.append(total)
