@@ -7,7 +7,8 @@ each day of ``pipeline_days`` that the instance has no materialization of, or th
 sync reported with another state hash (the day was recomputed since), gets a runless
 materialization of every asset with that day's own row count (``dagster/row_count``), the
 method and the state hash, the facts of the run that computed it (the command, when it finished,
-its days, events and duration: :func:`calpipe.pipeline.record_run_facts`), then the result of each asset check on that day: the data checks
+its days, events and duration, from the run log beside the database:
+:func:`calpipe.pipeline.record_run_facts`), then the result of each asset check on that day: the data checks
 of :func:`calpipe.pipeline.data_checks` computed on the database for that day alone (what the
 run's checks compute for its days), as check evaluations of the day's partition aimed at those
 materializations. Days dagster materialized itself are left as they are.
@@ -108,9 +109,9 @@ def report_stored_days(instance: DagsterInstance, db: str | Path) -> int:
     con = storage.connect(db, read_only=True)
     try:
         checks = {row["date"]: pipeline.data_checks(con, row["date"], row["date"]) for row in todo}
-        runs = pipeline.run_facts(con)
     finally:
         con.close()
+    runs = pipeline.run_facts(db)
     for row in todo:
         facts = _run_of(runs, row["date"])
         if facts is None:  # a database from before the runs' facts were recorded

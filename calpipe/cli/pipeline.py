@@ -241,7 +241,8 @@ def _run(con, source, labels, args, settings, t0: float) -> int:
         print(f"nothing to run: {args.db} is up to date with {source.describe()}")
         return 0
     # the run's facts, for the dagster UI's asset history (calpipe ui reports them)
-    pipeline.record_run_facts(con, summary, time.perf_counter() - t0, "calpipe run")
+    pipeline.record_run_facts(args.db, summary, settings.method, time.perf_counter() - t0,
+                              "calpipe run")  # fmt: skip
     print(f"ran {summary.days} day(s) {summary.start} .. {summary.end}: {summary.events:,} events")
     for c in summary.checks:
         status = "ok" if c.passed else ("WARNING" if c.warning else "FAILED")

@@ -101,7 +101,8 @@ def demo(
         run = run_range(
             con, source, first, last, Settings(), first_day=first, log=log, progress=progress
         )
-        record_run_facts(con, run, time.perf_counter() - t0, "calpipe demo")
+        storage.set_meta(con, last_day=last.isoformat())  # the rest: run_range's record
+        record_run_facts(db_path, run, Settings().method, time.perf_counter() - t0, "calpipe demo")
         truth = generate.drift_table().select("stream", "drift_date")
         summary = stream_summary(con).join(truth, on="stream", how="left")
     finally:

@@ -13,6 +13,7 @@ import json
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 import duckdb
@@ -700,36 +701,39 @@ def run_range(
     )  # fmt: skip
 
 
-#: The ``calpipe_meta`` keys of the runs' facts: ``run/`` + the UTC time the run finished.
-RUN_FACTS_PREFIX = "run/"
+def run_facts_file(db: str | Path) -> Path:
+    """The run log beside the database ``db`` (``demo.duckdb`` -> ``demo.runs.jsonl``)."""
+    p = Path(db).expanduser().resolve()
+    return p.with_name(p.stem + ".runs.jsonl")
 
 
-def record_run_facts(con, summary: RunSummary, seconds: float, runner: str) -> None:
-    """Record what a run outside dagster did (``calpipe run``, ``calpipe demo``) in
-    ``calpipe_meta``, one key per run: its days, events, method and duration. The dagster
-    code location reports them with the days they computed (calpipe never imports dagster,
-    so the database carries them); :func:`run_facts` reads them back."""
+def record_run_facts(db: str | Path, summary: RunSummary, method: str, seconds: float,
+                     runner: str) -> None:  # fmt: skip
+    """Append what a run outside dagster did (``calpipe run``, ``calpipe demo``) to the run log
+    beside the database (:func:`run_facts_file`), one JSON line per run that computed a day:
+    the command, when it finished (UTC), its days, events, method and duration. The dagster
+    code location reports them with the days they computed (calpipe never imports dagster).
+    A file, not a table: the facts are wall-clock times and durations, not results, and the
+    database's tables are results, equal run after run (``tests/test_golden_tables.py``)."""
     if summary.days == 0:
         return
     finished = dt.datetime.now(dt.UTC).replace(tzinfo=None).isoformat(timespec="milliseconds")
-    method = storage.fetch_one(
-        con, "SELECT method FROM pipeline_days WHERE date = ?", [summary.end]
-    )
     facts = {
         "runner": runner, "finished": finished, "start": summary.start.isoformat(),
         "end": summary.end.isoformat(), "days": summary.days, "events": summary.events,
-        "method": None if method is None else method[0], "seconds": round(seconds, 3),
+        "method": method, "seconds": round(seconds, 3),
     }  # fmt: skip
-    storage.set_meta(con, **{RUN_FACTS_PREFIX + finished: json.dumps(facts)})
+    with open(run_facts_file(db), "a") as f:
+        f.write(json.dumps(facts) + "\n")
 
 
-def run_facts(con) -> list[dict]:
-    """The facts :func:`record_run_facts` recorded, oldest run first."""
-    rows = con.execute(
-        "SELECT value FROM calpipe_meta WHERE starts_with(key, ?) ORDER BY key",
-        [RUN_FACTS_PREFIX],
-    ).fetchall()
-    return [json.loads(r[0]) for r in rows]
+def run_facts(db: str | Path) -> list[dict]:
+    """The facts :func:`record_run_facts` recorded beside ``db``, oldest run first (none for a
+    database without a run log)."""
+    path = run_facts_file(db)
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def _check_stored_rows(con) -> None:
