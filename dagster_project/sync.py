@@ -6,12 +6,12 @@ asset 0 % materialized although the tables held every day. ``calpipe ui`` runs t
 each day of ``pipeline_days`` that the instance has no materialization of, or that a previous
 sync reported with another state hash (the day was recomputed since), gets a runless
 materialization of every asset with that day's own row count (``dagster/row_count``), the
-method and the state hash, the facts of the run that computed it (the command, when it finished,
-its days, events and duration, from the run log beside the database:
-:func:`calpipe.pipeline.record_run_facts`), then the result of each asset check on that day: the data checks
-of :func:`calpipe.pipeline.data_checks` computed on the database for that day alone (what the
-run's checks compute for its days), as check evaluations of the day's partition aimed at those
-materializations. Days dagster materialized itself are left as they are.
+method, the state hash and the facts of the run that computed it (the command, when it
+finished, its days, events and duration: the run log beside the database,
+:func:`calpipe.pipeline.record_run_facts`); then the result of each asset check on that day,
+:func:`calpipe.pipeline.data_checks` computed on the database for that day alone (the checks a
+run computes for its days), as a check evaluation of the day's partition aimed at its
+materialization. Days dagster materialized itself are left as they are.
 """
 
 from __future__ import annotations
