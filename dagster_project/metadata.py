@@ -1,6 +1,7 @@
 """How the assets describe what they wrote: dagster metadata from calpipe's frames and counts.
 
-Not definitions (``defs/`` holds those): the helpers the assets share, formatting only.
+Not definitions (``defs/`` holds those): the helpers the assets, the sensors and the sync share
+(formatting, and the check results of a day aimed at its materializations).
 """
 
 from __future__ import annotations
@@ -8,7 +9,23 @@ from __future__ import annotations
 import base64
 from pathlib import Path
 
-from dagster import MetadataValue, TableColumn, TableRecord, TableSchema
+from dagster import (
+    AssetCheckEvaluation,
+    AssetCheckSeverity,
+    AssetKey,
+    AssetRecordsFilter,
+    DagsterInstance,
+    MetadataValue,
+    TableColumn,
+    TableRecord,
+    TableSchema,
+)
+
+# private: dagster exports no other way to aim a reported check result at a materialization
+# (the reason: tests/test_architecture.py::ALLOWED_PRIVATE)
+from dagster._core.definitions.asset_checks.asset_check_evaluation import (
+    AssetCheckEvaluationTargetMaterializationData,
+)
 
 from calpipe import pipeline, plots
 
@@ -80,4 +97,81 @@ def plot_metadata(con, folder: Path, start, end) -> dict:
         if (end - start).days + 1 <= EMBED_PLOTS_MAX_DAYS:
             out[name] = _png_md(png, name)
         out[f"{name}_file"] = MetadataValue.path(str(path))
+    return out
+
+
+#: The asset of each data check of :func:`calpipe.pipeline.data_checks` (its spec is in
+#: ``defs/checks.py``; the sync reports its results without loading the definitions).
+CHECK_ASSETS: dict[str, str] = {
+    "probabilities_valid": "protected_scores",
+    "rows_in_equal_rows_out": "protected_scores",
+    "state_continuity": "calibrator_state",
+    "no_martingale_alarm": "martingale_alarms",
+}
+
+
+def check_metadata(outcome: pipeline.CheckOutcome) -> dict:
+    """A check outcome's numbers, its summary and its first offending rows, as metadata."""
+    metadata = {"summary": MetadataValue.text(outcome.description)}
+    metadata.update({k: MetadataValue.int(int(v)) if float(v).is_integer()
+                     else MetadataValue.float(float(v)) for k, v in outcome.values.items()})  # fmt: skip
+    if outcome.details is not None and outcome.details.height:
+        metadata["details"] = MetadataValue.md(pipeline.markdown_table(outcome.details.head(20)))
+    return metadata
+
+
+def check_severity(outcome: pipeline.CheckOutcome) -> AssetCheckSeverity:
+    return AssetCheckSeverity.WARN if outcome.warning else AssetCheckSeverity.ERROR
+
+
+#: Materializations read back per request when finding each partition's latest one.
+PAGE = 10_000
+
+
+def latest_materializations(instance: DagsterInstance, assets) -> dict[tuple[str, str], object]:
+    """(asset, partition) -> the record of the partition's latest materialization, for every
+    partition of ``assets`` (a few paged reads instead of one query per day and check)."""
+    out: dict[tuple[str, str], object] = {}
+    for asset in assets:
+        cursor = None
+        while True:
+            res = instance.fetch_materializations(AssetKey(asset), limit=PAGE, cursor=cursor)
+            for rec in res.records:  # newest first: the first seen of a partition is its latest
+                key = (asset, rec.partition_key)
+                if rec.partition_key is not None and key not in out:
+                    out[key] = rec
+            if not res.has_more:
+                break
+            cursor = res.cursor
+    return out
+
+
+def day_check_evaluations(
+    instance: DagsterInstance, day: str, outcomes: list[pipeline.CheckOutcome], latest=None
+) -> list[AssetCheckEvaluation]:
+    """The evaluations of the checks of partition ``day`` (``outcomes``: :func:`calpipe.pipeline
+    .data_checks` of that day alone), each aimed at its asset's latest materialization of the
+    day (from ``latest``, :func:`latest_materializations`, or read here): dagster shows a
+    partition's check result only while it targets the partition's latest materialization (a
+    result without a partition, as a range run's, shows on no partition)."""
+    out = []
+    for outcome in outcomes:
+        asset = CHECK_ASSETS[outcome.name]
+        if latest is not None:
+            rec = latest.get((asset, day))
+        else:
+            recs = instance.fetch_materializations(
+                AssetRecordsFilter(asset_key=AssetKey(asset), asset_partitions=[day]), limit=1
+            ).records
+            rec = recs[0] if recs else None
+        target = None
+        if rec is not None:
+            target = AssetCheckEvaluationTargetMaterializationData(
+                storage_id=rec.storage_id, run_id=rec.run_id, timestamp=rec.timestamp
+            )
+        out.append(AssetCheckEvaluation(
+            asset_key=AssetKey(asset), check_name=outcome.name, passed=outcome.passed,
+            metadata=check_metadata(outcome), target_materialization_data=target,
+            severity=check_severity(outcome), description=outcome.description, partition=day,
+        ))  # fmt: skip
     return out

@@ -187,9 +187,15 @@ PUBLIC_UNDERSCORE = {"_replace", "_asdict", "_fields", "_make", "_field_defaults
 #: to build its webserver's app without binding a TCP port of its own (the dagster-webserver
 #: command always calls ``uvicorn.run(app, host, port)``): ``calpipe ui`` serves that app in
 #: its guarded process, so it builds the workspace the app takes as the command does (#36).
+#: The public ``dagster.AssetCheckEvaluation`` aims at a materialization only through
+#: ``AssetCheckEvaluationTargetMaterializationData``, which dagster does not export: a check
+#: result reported for a day ``calpipe run`` computed (or for each day of a range run) without
+#: it shows as not evaluated, since dagster shows a partition's result only while it targets
+#: the partition's latest materialization (#37).
 ALLOWED_PRIVATE = {
     ("dagster_project.webserver", "dagster._core.workspace.context"),
     ("dagster_project.webserver", "dagster._core.workspace.load_target"),
+    ("dagster_project.metadata", "dagster._core.definitions.asset_checks.asset_check_evaluation"),
 }
 
 

@@ -240,6 +240,9 @@ def _run(con, source, labels, args, settings, t0: float) -> int:
     if summary.days == 0:
         print(f"nothing to run: {args.db} is up to date with {source.describe()}")
         return 0
+    # the run's facts, for the dagster UI's asset history (calpipe ui reports them)
+    pipeline.record_run_facts(args.db, summary, settings.method, time.perf_counter() - t0,
+                              "calpipe run")  # fmt: skip
     print(f"ran {summary.days} day(s) {summary.start} .. {summary.end}: {summary.events:,} events")
     for c in summary.checks:
         status = "ok" if c.passed else ("WARNING" if c.warning else "FAILED")
@@ -270,19 +273,15 @@ def ui_command(
         con = storage.connect(db, read_only=True)
         try:
             storage.require_calpipe(con)
-            keys = ("events", "first_day", "last_day", "settings", "columns", "labels")
+            keys = ("events", "settings", "columns", "labels")
             meta = {k: storage.get_meta(con, k) for k in keys}
-            if meta["first_day"] is None:
-                first = pipeline.chain_first_day(con)
-                meta["first_day"] = first.isoformat() if first else None
         finally:
             con.close()
     ev = events or meta.get("events")
     if ev:
         env["CALPIPE_EVENTS"] = ev
-    if meta.get("first_day"):
-        env["CALPIPE_START_DATE"] = meta["first_day"]  # type: ignore[assignment]
-        env["CALPIPE_END_DATE"] = meta.get("last_day") or "none"
+    # no CALPIPE_START_DATE / CALPIPE_END_DATE: the partitions span the database's days and
+    # its landed ones, read each time the location loads (a meta value froze the last day)
     if meta.get("settings"):
         env["CALPIPE_SETTINGS"] = meta["settings"]  # type: ignore[assignment]
     if meta.get("columns"):

@@ -70,6 +70,7 @@ from calpipe.pipeline.checks import (
     check_probabilities,
     check_row_counts,
     check_state_continuity,
+    data_checks,
 )
 from calpipe.pipeline.classes import stored_n_classes
 from calpipe.pipeline.demo_job import (
@@ -86,7 +87,15 @@ from calpipe.pipeline.demo_job import (
     demo_events,
 )
 from calpipe.pipeline.html_report import html_report, write_report
-from calpipe.pipeline.nightly import RunSummary, default_range, pending_range, run_range
+from calpipe.pipeline.nightly import (
+    RunSummary,
+    data_span,
+    default_range,
+    pending_range,
+    record_run_facts,
+    run_facts,
+    run_range,
+)
 from calpipe.pipeline.reports import (
     ASSET_TABLES,
     day_report,
@@ -122,6 +131,8 @@ __all__ = [
     "check_row_counts",
     "check_state_continuity",
     "daily_metrics",
+    "data_checks",
+    "data_span",
     "day_report",
     "default_range",
     "demo",
@@ -131,7 +142,9 @@ __all__ = [
     "map_weights",
     "markdown_table",
     "pending_range",
+    "record_run_facts",
     "reliability_frame",
+    "run_facts",
     "run_range",
     "serving_map",
     "state_as_of",

@@ -311,3 +311,15 @@ def check_alarms(con, start: dt.date, end: dt.date) -> CheckOutcome:
         new, warning=True,
         values={"new_alarms": new.height, "streams_in_alarm": new.height + int(before)},
     )  # fmt: skip
+
+
+def data_checks(con, start: dt.date, end: dt.date) -> list[CheckOutcome]:
+    """Every data check of the days [start, end]: what :func:`calpipe.pipeline.run_range` runs
+    after a run, and what the dagster code location reports for each day of a range run or of
+    a ``calpipe run`` (the same queries, a day at a time)."""
+    return [
+        check_probabilities(con, start, end),
+        check_row_counts(con, start, end),
+        check_state_continuity(con, start, end),
+        check_alarms(con, start, end),
+    ]

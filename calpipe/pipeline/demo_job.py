@@ -8,6 +8,7 @@ daily Parquet folders and runs every partition with :func:`calpipe.pipeline.nigh
 from __future__ import annotations
 
 import datetime as dt
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,7 @@ from calpipe import generate, paths, storage
 from calpipe.errors import StateError
 from calpipe.night.settings import Settings
 from calpipe.pipeline.chain import chain_first_day
-from calpipe.pipeline.nightly import DayProgress, RunSummary, run_range
+from calpipe.pipeline.nightly import DayProgress, RunSummary, record_run_facts, run_range
 from calpipe.pipeline.reports import stream_summary
 from calpipe.storage import EventSource
 
@@ -96,10 +97,12 @@ def demo(
             raise StateError(
                 f"{db_path} holds a chain starting on {recorded}, not the demo's {first}"
             )
+        t0 = time.perf_counter()
         run = run_range(
             con, source, first, last, Settings(), first_day=first, log=log, progress=progress
         )
         storage.set_meta(con, last_day=last.isoformat())  # the rest: run_range's record
+        record_run_facts(db_path, run, Settings().method, time.perf_counter() - t0, "calpipe demo")
         truth = generate.drift_table().select("stream", "drift_date")
         summary = stream_summary(con).join(truth, on="stream", how="left")
     finally:

@@ -9,9 +9,11 @@ data checks. The dagster ``night`` asset runs it too, over its partitions.
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 import duckdb
@@ -35,14 +37,7 @@ from calpipe.night.phases import Span, Transaction, night_day, night_part
 from calpipe.night.settings import Settings, as_date
 from calpipe.pipeline import transactions
 from calpipe.pipeline.chain import chain_first_day, state_before, state_hash_before
-from calpipe.pipeline.checks import (
-    CheckOutcome,
-    check_alarms,
-    check_probabilities,
-    check_row_counts,
-    check_state_continuity,
-    missing_rows,
-)
+from calpipe.pipeline.checks import CheckOutcome, data_checks, missing_rows
 from calpipe.pipeline.classes import ensure_n_classes, stored_n_classes
 from calpipe.pipeline.events import check_history_duplicates, read_source
 from calpipe.pipeline.ids import ensure_id_type
@@ -109,6 +104,32 @@ def default_range(
     row = storage.fetch_one(con, "SELECT max(date) FROM pipeline_days")
     start = rng[0] if row is None or row[0] is None else row[0] + dt.timedelta(days=1)
     return (start, rng[1]) if start <= rng[1] else None
+
+
+def data_span(con, source: EventSource | None, labels: EventSource | None = None):
+    """The days a database and its sources span, ``(first, last)``, or None when there is no
+    day: from the stored chain's first day (else the first landed day) through the last day
+    stored or landed (scores or labels). What the dagster code location's partitions cover
+    (not the calendar, not a value frozen when the chain started). ``con`` is None for a
+    database that does not exist yet (``source`` and ``labels`` are then read on a connection
+    of their own); ``source`` None when there is none to read."""
+    stored = None
+    if con is not None:
+        stored = storage.fetch_one(con, "SELECT min(first_day), max(date) FROM pipeline_days")
+    if source is None:
+        landed = None
+    elif con is None:
+        with duckdb.connect() as mem:
+            storage.configure_session(mem)
+            landed = _date_range(mem, source, labels)
+    else:
+        landed = _date_range(con, source, labels)
+    if stored is not None and stored[0] is None:  # a database without a day yet
+        stored = None
+    spans = [r for r in (stored, landed) if r is not None]
+    if not spans:
+        return None
+    return (stored or landed)[0], max(r[1] for r in spans)
 
 
 def _read_day(
@@ -663,10 +684,10 @@ def run_range(
     # more than that pool run again at the default one (the days are committed already)
     storage.drop_block_cache(con, storage.session.CHECKS_MEMORY_LIMIT)
     try:
-        checks = _data_checks(con, start, end)
+        checks = data_checks(con, start, end)
     except duckdb.OutOfMemoryException:
         storage.drop_block_cache(con)
-        checks = _data_checks(con, start, end)
+        checks = data_checks(con, start, end)
     finally:
         storage.drop_block_cache(con)
     for c in checks:
@@ -680,6 +701,41 @@ def run_range(
     )  # fmt: skip
 
 
+def run_facts_file(db: str | Path) -> Path:
+    """The run log beside the database ``db`` (``demo.duckdb`` -> ``demo.runs.jsonl``)."""
+    p = Path(db).expanduser().resolve()
+    return p.with_name(p.stem + ".runs.jsonl")
+
+
+def record_run_facts(db: str | Path, summary: RunSummary, method: str, seconds: float,
+                     runner: str) -> None:  # fmt: skip
+    """Append what a run outside dagster did (``calpipe run``, ``calpipe demo``) to the run log
+    beside the database (:func:`run_facts_file`), one JSON line per run that computed a day:
+    the command, when it finished (UTC), its days, events, method and duration. The dagster
+    code location reports them with the days they computed (calpipe never imports dagster).
+    A file, not a table: the facts are wall-clock times and durations, not results, and the
+    database's tables are results, equal run after run (``tests/test_golden_tables.py``)."""
+    if summary.days == 0:
+        return
+    finished = dt.datetime.now(dt.UTC).replace(tzinfo=None).isoformat(timespec="milliseconds")
+    facts = {
+        "runner": runner, "finished": finished, "start": summary.start.isoformat(),
+        "end": summary.end.isoformat(), "days": summary.days, "events": summary.events,
+        "method": method, "seconds": round(seconds, 3),
+    }  # fmt: skip
+    with open(run_facts_file(db), "a") as f:
+        f.write(json.dumps(facts) + "\n")
+
+
+def run_facts(db: str | Path) -> list[dict]:
+    """The facts :func:`record_run_facts` recorded beside ``db``, oldest run first (none for a
+    database without a run log)."""
+    path = run_facts_file(db)
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
 def _check_stored_rows(con) -> None:
     """ReplayRequired naming the first stored day whose rows are missing (or extra) against the
     counts of ``pipeline_days``: a plain run said "up to date" after ``DELETE FROM
@@ -691,16 +747,6 @@ def _check_stored_rows(con) -> None:
     if gone is not None:
         d, why = gone.day, gone.message
         raise ReplayRequired(d, why, f"{why}; recompute the stored days from {d} (--start {d})")
-
-
-def _data_checks(con, start: dt.date, end: dt.date) -> list[CheckOutcome]:
-    """The data checks of the days [start, end] that :func:`run_range` ran."""
-    return [
-        check_probabilities(con, start, end),
-        check_row_counts(con, start, end),
-        check_state_continuity(con, start, end),
-        check_alarms(con, start, end),
-    ]
 
 
 def _record_run(con, source: EventSource, settings: Settings, first: dt.date) -> None:

@@ -10,21 +10,24 @@ day's result on that day (a range run's result on each day of its range).
 
 from __future__ import annotations
 
-from dagster import AssetCheckResult, AssetCheckSeverity, AssetCheckSpec, MetadataValue
+from dagster import AssetCheckResult, AssetCheckSpec
 
-from calpipe.pipeline import CheckOutcome, markdown_table
+from calpipe.pipeline import CheckOutcome
 
+from ..metadata import CHECK_ASSETS, check_metadata, check_severity
 from .partitions import daily
 
 #: Every check, each on its asset (the names are :class:`calpipe.pipeline.CheckOutcome`'s).
 CHECKS = (
-    AssetCheckSpec("probabilities_valid", asset="protected_scores", partitions_def=daily,
+    AssetCheckSpec("probabilities_valid", asset=CHECK_ASSETS["probabilities_valid"], partitions_def=daily,
                    description="every protected score is a finite probability in [0, 1]"),
-    AssetCheckSpec("rows_in_equal_rows_out", asset="protected_scores", partitions_def=daily,
+    AssetCheckSpec("rows_in_equal_rows_out", asset=CHECK_ASSETS["rows_in_equal_rows_out"],
+                   partitions_def=daily,
                    description="one protected row per scored event, per day and stream"),
-    AssetCheckSpec("state_continuity", asset="calibrator_state", partitions_def=daily,
+    AssetCheckSpec("state_continuity", asset=CHECK_ASSETS["state_continuity"], partitions_def=daily,
                    description="no gap in the chain of daily states; counts follow the events"),
-    AssetCheckSpec("no_martingale_alarm", asset="martingale_alarms", partitions_def=daily,
+    AssetCheckSpec("no_martingale_alarm", asset=CHECK_ASSETS["no_martingale_alarm"],
+                   partitions_def=daily,
                    description="warns for the streams whose test martingale first reached 100 "
                    "on the run's days (earlier alarms are counted in its metadata)"),
 )  # fmt: skip
@@ -40,17 +43,13 @@ def check_asset(name: str) -> str:
 
 
 def to_result(outcome: CheckOutcome, asset_key: str) -> AssetCheckResult:
-    """A dagster check result from a calpipe :class:`~calpipe.pipeline.CheckOutcome`."""
-    metadata = {"summary": MetadataValue.text(outcome.description)}
-    metadata.update({k: MetadataValue.int(int(v)) if float(v).is_integer()
-                     else MetadataValue.float(float(v)) for k, v in outcome.values.items()})  # fmt: skip
-    if outcome.details is not None and outcome.details.height:
-        metadata["details"] = MetadataValue.md(markdown_table(outcome.details.head(20)))
+    """A dagster check result from a calpipe :class:`~calpipe.pipeline.CheckOutcome` (a
+    one-partition run: dagster gives it the run's partition)."""
     return AssetCheckResult(
         check_name=outcome.name,
         asset_key=asset_key,
         passed=outcome.passed,
-        severity=AssetCheckSeverity.WARN if outcome.warning else AssetCheckSeverity.ERROR,
+        severity=check_severity(outcome),
         description=outcome.description,
-        metadata=metadata,
+        metadata=check_metadata(outcome),
     )

@@ -11,8 +11,9 @@ variable                      meaning (default)
 ``CALPIPE_COLUMNS``           the data-contract columns' names in the source, as JSON
 ============================  ===============================================================
 
-(The partitions read ``CALPIPE_START_DATE`` and ``CALPIPE_END_DATE``: ``partitions.py``; the
-Spark assets ``CALPIPE_SPARK_OUT`` and ``CALPIPE_SPARK_MASTER``: ``spark.py``.)
+(The partitions span the days of this database and its sources, unless ``CALPIPE_START_DATE``
+and ``CALPIPE_END_DATE`` say otherwise: ``partitions.py``; the Spark assets read
+``CALPIPE_SPARK_OUT`` and ``CALPIPE_SPARK_MASTER``: ``spark.py``.)
 """
 
 from __future__ import annotations

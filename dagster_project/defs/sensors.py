@@ -111,7 +111,7 @@ def range_metadata_sensor(context: RunStatusSensorContext, duckdb: DuckDBResourc
         return SkipReason("the run materialized no calpipe table")
     n = report_range_days(
         context.instance, duckdb.database, dt.date.fromisoformat(start),
-        dt.date.fromisoformat(end), run.run_id, assets,
+        dt.date.fromisoformat(end), run, assets,
     )  # fmt: skip
     context.log.info(f"run {run.run_id}: each of {n} day(s) got its own metadata")
     return SkipReason(f"reported the metadata of {n} day(s) of {', '.join(assets)}")

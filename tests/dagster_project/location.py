@@ -44,7 +44,7 @@ def load_fresh() -> Definitions:
 def location(
     db: str | Path,
     events: str,
-    first_day: dt.date,
+    first_day: dt.date | None,
     last_day: dt.date | None = None,
     settings: pipeline.Settings | None = None,
     labels: str = "",
@@ -53,14 +53,17 @@ def location(
     spark_master: str = "local[*]",
 ) -> Definitions:
     """The location over one DuckDB file and one event source, from ``first_day`` through
-    ``last_day`` (None: up to yesterday); with ``spark_out``, the Spark assets too. Only this
+    ``last_day`` (None: up to yesterday; ``first_day`` None: the days of the data, as ``calpipe
+    ui`` loads it, neither variable set); with ``spark_out``, the Spark assets too. Only this
     configuration counts (the caller's ``CALPIPE_*`` variables are set aside while loading);
     the modules are forgotten once loaded (the definitions keep what they need)."""
     env = {
         "CALPIPE_DB": str(db),
         "CALPIPE_EVENTS": events,
-        "CALPIPE_START_DATE": first_day.isoformat(),
-        "CALPIPE_END_DATE": "none" if last_day is None else last_day.isoformat(),
+        "CALPIPE_START_DATE": None if first_day is None else first_day.isoformat(),
+        "CALPIPE_END_DATE": (
+            None if first_day is None else "none" if last_day is None else last_day.isoformat()
+        ),
         "CALPIPE_SETTINGS": settings.to_json() if settings else None,
         "CALPIPE_LABELS": labels or None,
         "CALPIPE_COLUMNS": columns.to_json() if columns else None,

@@ -32,7 +32,12 @@ CHECKS = {("protected_scores", "probabilities_valid"), ("protected_scores", "row
           ("calibrator_state", "state_continuity"), ("martingale_alarms", "no_martingale_alarm")}  # fmt: skip
 
 
-def test_module_definitions_load_with_the_demo_defaults():
+def test_module_definitions_load_with_the_default_database():
+    """Without variables: the default database (the demo's), its partitions the days of that
+    database and its landing folder (none before ``calpipe demo``: no partition)."""
+    from calpipe.dagster_project.defs.partitions import span
+
+    expected = span(paths.DEFAULT_DB)
     defs = definitions.defs
     graph = defs.resolve_asset_graph()
     assert {k.to_user_string() for k in graph.get_all_asset_keys()} == ASSETS
@@ -40,9 +45,11 @@ def test_module_definitions_load_with_the_demo_defaults():
     for key in graph.get_all_asset_keys():
         node = graph.get(key)
         assert node.backfill_policy == BackfillPolicy.single_run()
-        pd = node.partitions_def
-        assert pd.start.date() == pipeline.DEMO_FIRST_DAY
-        assert pd.get_last_partition_key() == pipeline.DEMO_LAST_DAY.isoformat()
+        keys = node.partitions_def.get_partition_keys()
+        if expected is None:
+            assert keys == []
+        else:
+            assert (keys[0], keys[-1]) == tuple(d.isoformat() for d in expected)
     state = graph.get(AssetKey("calibrator_state"))
     assert state.has_self_dependency
     mapping = graph.get_partition_mapping(
@@ -133,8 +140,9 @@ def test_every_asset_carries_its_table_s_column_schema():
 def test_no_private_dagster_module_is_imported():
     """The location and its tests use dagster's public API only: a private module changes
     without notice (the range run's tag names came from ``dagster._core.storage.tags``). The
-    one exception is the UI's process, which builds dagster's webserver app without a TCP port
-    of dagster's own (its reason: ``tests/test_architecture.py::ALLOWED_PRIVATE``)."""
+    exceptions: the UI's process, which builds dagster's webserver app without a TCP port of
+    dagster's own, and the check results aimed at a materialization (their reasons:
+    ``tests/test_architecture.py::ALLOWED_PRIVATE``)."""
     from tests.test_architecture import ALLOWED_PRIVATE
 
     root = Path(__file__).resolve().parents[2]

@@ -9,8 +9,10 @@ import numpy as np
 import polars as pl
 import pytest
 from dagster import (
+    AssetCheckKey,
     AssetCheckSeverity,
     AssetKey,
+    AssetRecordsFilter,
     DagsterInstance,
     build_run_status_sensor_context,
     materialize,
@@ -21,6 +23,7 @@ import calpipe
 from calpipe import config, generate, storage
 from calpipe.dagster_project.defs.partitions import RANGE_END_TAG, RANGE_START_TAG
 from calpipe.dagster_project.defs.sensors import range_metadata_sensor
+from calpipe.dagster_project.metadata import CHECK_ASSETS
 from calpipe.generate import StreamSpec
 
 from .location import location
@@ -304,6 +307,36 @@ def test_checks_are_partitioned_like_their_assets(setup):
     assert {c.partition for c in evals} == {day(2)}
 
 
+def test_a_range_run_gives_each_partition_its_own_check_results(setup, instance):
+    """Regression (#37): after a backfill every partition's check said "Skipped" (a range run's
+    check results have no partition); now each day gets the checks computed on it alone, aimed
+    at that partition's materialization by the run."""
+    run, db, _, _ = setup
+    assert run(day(0)).success
+    r = run(day(1), day(3))
+    assert r.success, failure_messages(r)
+    # the range's results (dagster requires one per check: no partition, so the UI shows none
+    # of them on a partition), then each day's
+    every = r.get_asset_check_evaluations()
+    assert {e.check_name for e in every if e.partition is None} == set(CHECK_ASSETS)
+    evals = [e for e in every if e.partition is not None]
+    con = storage.connect(db, read_only=True)
+    try:
+        expected = {(day(i), c.name): c.passed for i in (1, 2, 3)
+                    for c in calpipe.pipeline.data_checks(con, START + dt.timedelta(days=i),
+                                                          START + dt.timedelta(days=i))}  # fmt: skip
+    finally:
+        con.close()
+    assert {(e.partition, e.check_name): e.passed for e in evals} == expected
+    assert len(evals) == len(expected)
+    for e in evals:  # each aimed at its own partition's materialization of this run
+        rec = instance.fetch_materializations(
+            AssetRecordsFilter(asset_key=e.asset_key, asset_partitions=[e.partition]), limit=1
+        ).records[0]
+        assert e.target_materialization_data.storage_id == rec.storage_id
+        assert rec.run_id == r.dagster_run.run_id
+
+
 def test_after_a_range_run_each_partition_has_its_own_metadata(setup, instance):
     """dagster gives a range run's partitions the run's one metadata; the range metadata sensor
     then reports each day's own counts as its partitions' latest materialization."""
@@ -330,6 +363,21 @@ def test_after_a_range_run_each_partition_has_its_own_metadata(setup, instance):
         assert mat.metadata["dagster/row_count"].value == per_day[d] > 0
         assert mat.metadata["run"].value == r.dagster_run.run_id
         assert "rows_in_run" not in mat.metadata
+    # each day's check results are the run's again, aimed at those materializations (a result
+    # aimed at an older one shows as "not evaluated")
+    for name, asset in CHECK_ASSETS.items():
+        history = instance.event_log_storage.get_asset_check_execution_history(
+            AssetCheckKey(AssetKey(asset), name), limit=100
+        )
+        for d in (day(1), day(2), day(3)):
+            rec = next(h for h in history if h.partition == d)  # newest first
+            assert rec.run_id == r.dagster_run.run_id
+            latest = instance.fetch_materializations(
+                AssetRecordsFilter(asset_key=AssetKey(asset), asset_partitions=[d]), limit=1
+            ).records[0]
+            assert latest.run_id == ""  # the sensor's
+            target = rec.event.dagster_event.event_specific_data.target_materialization_data
+            assert target.storage_id == latest.storage_id, (name, d)
     # a one-partition run has its own metadata already: nothing to report
     single = run(day(3))
     context = build_run_status_sensor_context(

@@ -11,7 +11,8 @@ The specs keep the lineage a reader expects: ``scored_events`` + ``event_labels`
 ``protected_scores`` + ``calibrator_state`` (the state of day d depends on its own day d - 1)
 -> ``calibration_daily``, ``calibration_arrivals``, ``martingale_alarms``, ``calibration_map``.
 Each asset gets its own metadata (its rows, and what it is about), and each check its
-partition's result (``../checks.py``).
+partition's result (``../checks.py``): a range run's checks run over the range (a failure
+names its day) and again on each day alone, reported on each partition.
 """
 
 from dagster import AssetDep, AssetExecutionContext, AssetSpec, MaterializeResult, multi_asset
@@ -19,7 +20,7 @@ from dagster_duckdb import DuckDBResource
 
 from calpipe import pipeline, storage
 
-from ...metadata import columns, plot_metadata, row_metadata, table
+from ...metadata import columns, day_check_evaluations, plot_metadata, row_metadata, table
 from ..checks import CHECKS, check_asset, to_result
 from ..partitions import FIRST_DAY, PREVIOUS_DAY, daily, partition_range
 from ..resources import CalpipeResource, calpipe_connection
@@ -74,6 +75,11 @@ def night(context: AssetExecutionContext, duckdb: DuckDBResource, calpipe: Calpi
         report = table(pipeline.day_report(con, start, end))
         alarms = storage.read_partitions(con, "martingale_alarms", start, end)
         plots = plot_metadata(con, calpipe.plots_folder(duckdb.database), start, end)
+        # a range run's check results have no partition (dagster shows "Skipped" on each): each
+        # day gets the same checks computed on that day alone
+        per_day = {} if start == end else {
+            d: pipeline.data_checks(con, d, d) for d in pipeline.stored_days(con, start, end)["date"]
+        }  # fmt: skip
     rows = run.rows
     context.log.info(
         f"{start}..{end}: {rows['scored_events']:,} events protected by {settings.method} "
@@ -99,5 +105,7 @@ def night(context: AssetExecutionContext, duckdb: DuckDBResource, calpipe: Calpi
             asset_key=name,
             metadata={**row_metadata(rows[name], start, end), **extra.get(name, {})},
         )
-    for outcome in run.checks:
+    for outcome in run.checks:  # (dagster requires a result of each check's output)
         yield to_result(outcome, check_asset(outcome.name))
+    for d, outcomes in per_day.items():
+        yield from day_check_evaluations(context.instance, d.isoformat(), outcomes)
