@@ -8,7 +8,8 @@ wrapped in :class:`Guard` (an ASGI middleware, :func:`serve`), on the one TCP po
 (:mod:`calpipe.dagster_project.webserver`); the guard refuses with 403, before anything
 reaches dagster:
 
-* a ``Host`` header other than ``127.0.0.1:PORT`` / ``localhost:PORT`` (DNS rebinding);
+* a ``Host`` header other than ``127.0.0.1:PORT`` / ``localhost:PORT`` (DNS rebinding),
+  in any case, and a request with two ``Host`` or two ``Origin`` headers;
 * an ``Origin`` header of another site (cross-site POSTs and WebSockets);
 * a GraphQL ``mutation`` sent with GET or HEAD (a link or an ``<img>`` could send it).
 
@@ -26,13 +27,17 @@ _MUTATION = re.compile(rb"\bmutation\b", re.IGNORECASE)
 
 def refusal(scope: dict, port: int) -> str | None:
     """Why the request of ASGI ``scope`` must not reach dagster, or None if it may."""
-    headers = {k.lower(): v for k, v in scope.get("headers", [])}
+    pairs = [(k.lower(), v) for k, v in scope.get("headers", [])]
+    for name in (b"host", b"origin"):  # a second one could be read instead of the one checked
+        if sum(k == name for k, _ in pairs) > 1:
+            return f"the request has several {name.decode().title()} headers"
+    headers = dict(pairs)
     hosts = {f"127.0.0.1:{port}".encode(), f"localhost:{port}".encode()}
-    host = headers.get(b"host", b"")
+    host = headers.get(b"host", b"").lower()  # host names are case-insensitive
     if host not in hosts:
         return f"Host {host.decode(errors='replace')!r} is not this UI (127.0.0.1:{port})"
     origin = headers.get(b"origin")
-    if origin is not None and origin not in {b"http://" + h for h in hosts}:
+    if origin is not None and origin.lower() not in {b"http://" + h for h in hosts}:
         return f"Origin {origin.decode(errors='replace')!r} is another site"
     if scope["type"] == "http" and scope.get("method") in ("GET", "HEAD"):
         query = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("query", [])

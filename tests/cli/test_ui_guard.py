@@ -76,3 +76,16 @@ def test_refusal_rules():
     assert refusal(scope, PORT) is None
     scope["query_string"] = b"query=MUTATION%20%7B%20x%20%7D"
     assert "mutation" in refusal(scope, PORT)
+
+
+def test_a_second_host_header_passed_and_an_upper_case_host_was_refused():
+    """Two Host headers (a foreign one first) passed, the last one read; LOCALHOST:PORT was
+    refused although host names are case-insensitive (found by review)."""
+    scope = {"type": "http", "method": "GET", "query_string": b"",
+             "headers": [(b"host", b"evil:3999"), (b"host", b"127.0.0.1:3999")]}  # fmt: skip
+    assert "several Host headers" in refusal(scope, PORT)
+    scope["headers"] = [(b"host", b"127.0.0.1:3999"), (b"origin", b"http://127.0.0.1:3999"),
+                        (b"origin", b"https://evil.example")]  # fmt: skip
+    assert "several Origin headers" in refusal(scope, PORT)
+    scope["headers"] = [(b"host", b"LOCALHOST:3999"), (b"origin", b"http://LocalHost:3999")]
+    assert refusal(scope, PORT) is None
