@@ -42,6 +42,7 @@ LAYERS = {
     "calpipe.calibrators": 2,
     "calpipe.engine": 3,  # contract, ordering, state, operation lists, the one driver
     "calpipe.metrics": 3,
+    "calpipe.estimates": 3,  # performance expected of calibrated forecasts, before labels (#35)
     "calpipe.generate": 3,
     "calpipe.plots": 3,
     "calpipe.serving": 3,  # the serving map in polars (the pipeline's SQL form is in mapping)
