@@ -6,17 +6,18 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 export DAGSTER_HOME := $(CURDIR)/.dagster_home
 export DAGSTER_DISABLE_TELEMETRY := 1
-export NUMBA_CACHE_DIR := $(CURDIR)/.venv/numba_cache
 
 .PHONY: setup setup-dev demo test docs lint format check-defs bench bench-spark bench-labels quality clean
 
+# .venv/numba_cache: the venv's kernel cache, which every calpipe run from .venv uses
+# (calpipe/_numba_cache.py): make's commands and .venv/bin/calpipe share one cache.
 $(VENV)/.runtime: requirements/runtime.lock pyproject.toml
 	$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "calpipe needs Python 3.11"'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -r requirements/runtime.lock
 	$(BIN)/python -m pip install --quiet --no-deps -e .
-	mkdir -p $(DAGSTER_HOME) && touch $@
+	mkdir -p $(DAGSTER_HOME) $(VENV)/numba_cache && touch $@
 
 $(VENV)/.dev: $(VENV)/.runtime requirements/dev.lock
 	$(BIN)/python -m pip install --quiet -r requirements/dev.lock

@@ -1,4 +1,5 @@
-"""calpipe/_numba_cache.py: without NUMBA_CACHE_DIR the kernels are cached in the user's cache
+"""calpipe/_numba_cache.py: without NUMBA_CACHE_DIR the kernels are cached in the venv's own
+``numba_cache`` folder when it has one (``make setup``'s ``.venv``), else in the user's cache
 directory (an installed package's folder may be read-only: #14's wheel found the caches inside
 site-packages, or rebuilt them silently in every process); a set NUMBA_CACHE_DIR wins."""
 
@@ -7,6 +8,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+
+from calpipe._numba_cache import VENV_FOLDER, numba_cache_dir
 
 CODE = (
     "import numba, calpipe, os; print(numba.config.CACHE_DIR); print(os.environ['NUMBA_CACHE_DIR'])"
@@ -19,14 +22,18 @@ def _run(env: dict[str, str], code: str = CODE) -> list[str]:
     return out.stdout.split()
 
 
-def test_the_user_cache_directory_is_the_default(tmp_path):
+#: Run as if from no virtual environment (the rule reads sys.prefix against sys.base_prefix).
+NO_VENV = "import sys; sys.prefix = sys.base_prefix; "
+
+
+def test_the_user_cache_directory_is_the_default_outside_a_venv_with_its_own(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
     env["XDG_CACHE_HOME"] = str(tmp_path)
     want = str(tmp_path / "calpipe" / "numba")
     # numba imported before calpipe (its configuration already read) gets it too
-    assert _run(env) == [want, want]
-    protect = "import calpipe, polars as pl; calpipe.protect(pl.DataFrame({'stream': ['a'], " \
-              "'event_time': [1], 'event_id': [1], 'score': [0.5], 'label': [1]}))"  # fmt: skip
+    assert _run(env, NO_VENV + CODE) == [want, want]
+    protect = NO_VENV + "import calpipe, polars as pl; calpipe.protect(pl.DataFrame({'stream': " \
+              "['a'], 'event_time': [1], 'event_id': [1], 'score': [0.5], 'label': [1]}))"  # fmt: skip
     subprocess.run([sys.executable, "-c", protect], env=env, check=True, capture_output=True)
     assert any((tmp_path / "calpipe" / "numba").rglob("*.nbi"))  # the index of a cached kernel
 
@@ -34,3 +41,27 @@ def test_the_user_cache_directory_is_the_default(tmp_path):
 def test_a_set_numba_cache_dir_wins(tmp_path):
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "mine")}
     assert _run(env) == [str(tmp_path / "mine")] * 2
+
+
+def test_make_demo_s_cache_was_not_the_one_venv_calpipe_used(tmp_path):
+    """make exported NUMBA_CACHE_DIR=.venv/numba_cache, while .venv/bin/calpipe run by the user
+    (no such variable) used the user's cache: the demo's suggested commands compiled every
+    kernel again (13.3 s for a first calpipe protect). A venv with a numba_cache folder now
+    caches there whoever runs it."""
+    venv = tmp_path / "venv"
+    assert numba_cache_dir(str(venv), "/usr").endswith(os.path.join("calpipe", "numba"))
+    (venv / VENV_FOLDER).mkdir(parents=True)
+    assert numba_cache_dir(str(venv), "/usr") == str(venv / VENV_FOLDER)
+    assert numba_cache_dir(str(venv), str(venv)).endswith("numba")  # not a venv: the user's
+    assert numba_cache_dir(str(venv), str(venv)) != str(venv / VENV_FOLDER)
+    (venv / VENV_FOLDER).chmod(0o500)  # read-only: not a cache
+    try:
+        if not os.access(venv / VENV_FOLDER, os.W_OK):  # (root writes anyway)
+            assert numba_cache_dir(str(venv), "/usr").endswith(os.path.join("calpipe", "numba"))
+    finally:
+        (venv / VENV_FOLDER).chmod(0o700)
+    if sys.prefix != sys.base_prefix and os.path.isdir(os.path.join(sys.prefix, VENV_FOLDER)):
+        # this very venv (make setup's): a fresh process without the variable uses its folder
+        env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+        want = os.path.join(sys.prefix, VENV_FOLDER)
+        assert _run(env) == [want, want]
