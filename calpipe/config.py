@@ -343,6 +343,17 @@ MAX_RELIABILITY_PANELS: int = 12
 #: Panels per row of the reliability diagram: four 3.2-inch panels fit a laptop-wide UI column.
 RELIABILITY_PANELS_PER_ROW: int = 4
 
+#: Panels of the trajectory figure (one per stream, each its own y range): the streams with
+#: the highest log10 S are shown (the alarmed ones first), the rest counted in the title.
+MAX_TRAJECTORY_PANELS: int = 12
+
+#: Panels per row of the trajectory figure: three 3.6-inch panels fit a laptop-wide UI column.
+TRAJECTORY_PANELS_PER_ROW: int = 3
+
+#: The reliability panels' axes reach this far beyond [0, 1], so that a bin's marker at a mean
+#: forecast or frequency of exactly 0 or 1 is drawn whole, not cut by the frame.
+RELIABILITY_MARGIN: float = 0.03
+
 #: Figure resolution: sharp in the dagster UI, small enough (~50-150 kB) to embed in metadata.
 PLOT_DPI: int = 100
 

@@ -85,31 +85,64 @@ def martingale_trajectory(
     title: str = "Test martingale per stream (end of day)",
     ax: Axes | None = None,
 ) -> Figure:
-    """log10 S per stream over time, with the alarm level log10 S = 2 (S = 100) drawn.
+    """log10 S over time, with the alarm level log10 S = 2 (S = 100) drawn: one panel per
+    stream, each with its own linear y range and a shared time axis.
 
     ``trajectory`` has one row per (stream, date), or is :func:`calpipe.protect`'s output (one
-    row per event: ``event_time`` is the x axis when there is no ``date`` column). The y axis is
-    linear: the values are already log10 S. ``ax``: draw into these axes (their figure is
-    returned) instead of a new figure.
+    row per event: ``event_time`` is the x axis when there is no ``date`` column). The values
+    are already log10 S, so each axis is linear (a log axis over them is a log of a log).
+    Panels, not one axis: on one axis a stream at log10 S = 4,000 (the demo's bank stream)
+    flattened every other stream onto zero. At most
+    :data:`calpipe.config.MAX_TRAJECTORY_PANELS` panels, for the streams with the highest
+    log10 S (the alarmed ones first; the title counts the others). ``ax``: draw every stream
+    into these axes (their figure is returned, a legend beside them) instead.
     """
     date = _first_present(trajectory, date, "event_time")
-    if ax is None:
-        fig = Figure(figsize=(9, 4.5))
-        ax = fig.subplots()
-    streams = trajectory[stream].unique().sort().to_list()
-    for s in streams:
-        part = trajectory.filter(pl.col(stream) == s).sort(date)
-        ax.plot(part[date].to_list(), part[value].to_list(), label=str(s), linewidth=1.4)
-    ax.axhline(config.ALARM_LOG10_THRESHOLD, color="red", linestyle="--", linewidth=1,
-               label="alarm: S = 100")  # fmt: skip
-    ax.set_xlabel(date)
-    ax.set_ylabel("log10 test martingale")
-    ax.set_title(title)
-    ax.grid(True, alpha=0.3)
-    if streams:
-        _legend(ax)
-    ax.figure.autofmt_xdate()
-    return ax.figure
+    alarm = config.ALARM_LOG10_THRESHOLD
+    if ax is not None:
+        streams = trajectory[stream].unique().sort().to_list()
+        for s in streams:
+            part = trajectory.filter(pl.col(stream) == s).sort(date)
+            ax.plot(part[date].to_list(), part[value].to_list(), label=str(s), linewidth=1.4)
+        ax.axhline(alarm, color="red", linestyle="--", linewidth=1, label="alarm: S = 100")
+        ax.set_xlabel(date)
+        ax.set_ylabel("log10 test martingale")
+        ax.set_title(title)
+        ax.grid(True, alpha=0.3)
+        if streams:
+            _legend(ax)
+        ax.figure.autofmt_xdate()
+        return ax.figure
+    peaks = trajectory.group_by(stream).agg(pl.col(value).max().alias("peak"))
+    peaks = peaks.sort(["peak", stream], descending=[True, False], nulls_last=True)
+    shown = peaks[stream].head(config.MAX_TRAJECTORY_PANELS).sort().to_list()
+    n = max(1, len(shown))
+    cols = min(config.TRAJECTORY_PANELS_PER_ROW, n)
+    rows = math.ceil(n / cols)
+    fig = Figure(figsize=(3.6 * cols + 0.4, 2.4 * rows + 0.8))
+    axes = list(fig.subplots(rows, cols, squeeze=False, sharex=True).ravel())
+    more = peaks.height - len(shown)
+    fig.suptitle(title + (f" ({len(shown)} of {peaks.height} streams, highest log10 S shown)"
+                          if more > 0 else ""))  # fmt: skip
+    for i, panel in enumerate(axes):
+        if i >= len(shown):
+            panel.axis("off")
+            continue
+        part = trajectory.filter(pl.col(stream) == shown[i]).sort(date)
+        panel.plot(part[date].to_list(), part[value].to_list(), linewidth=1.4)
+        panel.axhline(alarm, color="red", linestyle="--", linewidth=1, label="alarm: S = 100")
+        if len(shown) > 1:  # one stream: the figure's title says it all
+            panel.set_title(str(shown[i]), fontsize=9)
+        panel.grid(True, alpha=0.3)
+        panel.tick_params(labelsize=7)
+        if i % cols == 0:
+            panel.set_ylabel("log10 S", fontsize=8)
+    if not shown:
+        axes[0].axis("on")
+        axes[0].text(0.5, 0.5, "no streams", ha="center", transform=axes[0].transAxes)
+    fig.autofmt_xdate()
+    fig.tight_layout()
+    return fig
 
 
 def reliability_diagram(
@@ -161,8 +194,9 @@ def reliability_diagram(
             panel.plot(tab["mean_forecast"].to_list(), tab["observed"].to_list(), style,
                        marker="o", markersize=3, label=f"{name} (ECE {ece:.3f})")  # fmt: skip
         panel.set_title(f"{streams[i]} ({part.height} labelled)", fontsize=9)
-        panel.set_xlim(0, 1)
-        panel.set_ylim(0, 1)
+        m = config.RELIABILITY_MARGIN
+        panel.set_xlim(-m, 1 + m)
+        panel.set_ylim(-m, 1 + m)
         panel.set_xlabel("mean forecast", fontsize=8)
         panel.set_ylabel("observed frequency", fontsize=8)
         panel.legend(fontsize=7, loc="upper left")

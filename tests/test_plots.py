@@ -43,34 +43,62 @@ def decode(png: bytes) -> np.ndarray:
     return mpimg.imread(io.BytesIO(png), format="png")
 
 
-def test_trajectory_has_one_line_per_stream_and_the_alarm_level():
+def test_trajectory_has_a_panel_per_stream_with_the_alarm_level():
     fig = plots.martingale_trajectory(trajectory())
-    ax = fig.axes[0]
-    labels = [line.get_label() for line in ax.get_lines()]
-    assert labels[:2] == ["a", "b"]
-    alarm = [line for line in ax.get_lines() if line.get_label().startswith("alarm")]
-    assert len(alarm) == 1 and set(alarm[0].get_ydata()) == {config.ALARM_LOG10_THRESHOLD}
-    np.testing.assert_allclose(ax.get_lines()[0].get_ydata(), np.linspace(0, 3, 10))
-    png = plots.to_png(fig)
-    assert png.startswith(PNG_MAGIC)
-    img = decode(png)
-    assert img.shape[0] > 200 and img.shape[1] > 400
-    assert img[..., :3].std() > 0.05  # not a blank canvas
+    panels = [ax for ax in fig.axes if ax.get_visible() and ax.axison]
+    assert [ax.get_title() for ax in panels] == ["a", "b"]
+    for ax in panels:
+        alarm = [line for line in ax.get_lines() if line.get_label().startswith("alarm")]
+        assert len(alarm) == 1 and set(alarm[0].get_ydata()) == {config.ALARM_LOG10_THRESHOLD}
+        assert len(ax.get_lines()) == 2  # the stream and the alarm level
 
 
 def test_trajectory_axis_is_linear_as_the_values_are_already_log10():
     """Regression: a symlog axis over log10 S was a log of a log."""
     big = trajectory().with_columns(pl.col("log10_martingale") * 1000)
-    assert plots.martingale_trajectory(big).axes[0].get_yscale() == "linear"
+    assert {ax.get_yscale() for ax in plots.martingale_trajectory(big).axes} == {"linear"}
 
 
-def test_a_legend_of_fifty_streams_sits_beside_the_plot_and_is_capped():
+def test_one_axis_flattened_every_stream_but_the_bank_s():
+    """#37 item 6: on one axis the demo's bank stream (log10 S ~ 4,000) flattened every other
+    stream onto zero. Each stream now has its own panel and y range: a small stream's line
+    spans most of its panel's height."""
+    days = [dt.date(2024, 1, 1) + dt.timedelta(days=i) for i in range(30)]
+    traj = pl.DataFrame({
+        "date": days * 2, "stream": ["bank"] * 30 + ["calm"] * 30,
+        "log10_martingale": list(np.linspace(0, 4086, 30)) + list(np.sin(np.arange(30)) * 1.5),
+    })  # fmt: skip
+    fig = plots.martingale_trajectory(traj)
+    calm = next(ax for ax in fig.axes if ax.get_title() == "calm")
+    lo, hi = calm.get_ylim()
+    line = calm.get_lines()[0].get_ydata()
+    assert (max(line) - min(line)) / (hi - lo) > 0.5
+
+
+def test_trajectory_panels_are_capped_at_the_highest_streams():
+    days = [dt.date(2024, 1, 1) + dt.timedelta(days=i) for i in range(5)]
+    many = pl.DataFrame({
+        "date": days * 50, "stream": np.repeat([f"s{i:02d}" for i in range(50)], 5),
+        "log10_martingale": np.linspace(0, 3, 250),  # s49 ends highest
+    })  # fmt: skip
+    fig = plots.martingale_trajectory(many)
+    titles = [ax.get_title() for ax in fig.axes if ax.axison]
+    cap = config.MAX_TRAJECTORY_PANELS
+    assert titles == [f"s{i:02d}" for i in range(50 - cap, 50)]
+    assert f"{cap} of 50 streams" in fig.get_suptitle()
+    assert plots.to_png(fig).startswith(PNG_MAGIC)
+
+
+def test_a_legend_of_fifty_streams_drawn_into_one_axis_sits_beside_it_and_is_capped():
+    from matplotlib.figure import Figure
+
     days = [dt.date(2024, 1, 1) + dt.timedelta(days=i) for i in range(5)]
     many = pl.DataFrame({
         "date": days * 50, "stream": np.repeat([f"s{i:02d}" for i in range(50)], 5),
         "log10_martingale": np.linspace(0, 3, 250),
     })  # fmt: skip
-    ax = plots.martingale_trajectory(many).axes[0]
+    ax = Figure().subplots()
+    plots.martingale_trajectory(many, ax=ax)
     texts = [t.get_text() for t in ax.get_legend().get_texts()]
     assert len(texts) == config.MAX_LEGEND_ENTRIES
     assert texts[-2] == f"... and {50 - (config.MAX_LEGEND_ENTRIES - 2)} more"
@@ -150,3 +178,18 @@ def test_save_png_writes_a_file(tmp_path):
 def test_trajectory_of_nothing_is_still_a_png(n_streams):
     empty = trajectory().head(n_streams)
     assert plots.to_png(plots.martingale_trajectory(empty)).startswith(PNG_MAGIC)
+
+
+def test_a_bin_at_0_or_1_was_drawn_half_outside_the_reliability_panel():
+    """#37 item 6: the base curve's markers at a mean forecast or frequency of 0 or 1 sat on
+    the frame (limits exactly [0, 1]) and were cut by it. Every point is now inside the axes
+    with room for its marker."""
+    frame = pl.DataFrame({
+        "stream": ["s"] * 6, "base_score": [0.0, 0.01, 0.5, 0.55, 0.99, 1.0],
+        "protected_score": [0.1, 0.1, 0.5, 0.5, 0.9, 0.9], "label": [0, 0, 1, 0, 1, 1],
+    })  # fmt: skip
+    ax = plots.reliability_diagram(frame).axes[0]
+    (x0, x1), (y0, y1) = ax.get_xlim(), ax.get_ylim()
+    for line in ax.get_lines():
+        xs, ys = np.asarray(line.get_xdata()), np.asarray(line.get_ydata())
+        assert (xs > x0).all() and (xs < x1).all() and (ys > y0).all() and (ys < y1).all()
