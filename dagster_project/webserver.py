@@ -41,6 +41,8 @@ import signal
 import subprocess
 import sys
 import sysconfig
+import threading
+import time
 from pathlib import Path
 
 try:
@@ -134,12 +136,24 @@ def _start_deaf_to_ctrl_c(cmd: list[str]) -> subprocess.Popen:
 
 
 def serve(port: int, db: Path | None) -> int:
-    """Prepare the instance, start the daemon (and the sync), serve the guarded UI on
-    127.0.0.1:``port`` until Ctrl-C; then stop the children."""
-    instance = prepare_instance()
-    instance.optimize_for_webserver(*WEBSERVER_DB)
+    """Open the guarded port on 127.0.0.1:``port`` at once with the starting page
+    (:class:`calpipe.cli.ui_guard.Starting`), prepare the instance, start the daemon (and the
+    sync), load the code location, then serve dagster's app on the same port until Ctrl-C or
+    SIGTERM; then stop the server and the children. The server runs in a thread and this one
+    waits, so a signal is main's KeyboardInterrupt at any step."""
+    starting = ui_guard.Starting()
+    server = ui_guard.server(starting, port)
+    thread = threading.Thread(target=server.run, name="calpipe-ui-server", daemon=True)
+    thread.start()
+    while not server.started:  # the port is open before anything slow starts
+        if not thread.is_alive():  # uvicorn could not bind it (it logged why)
+            return 2
+        time.sleep(0.02)
+    instance = None
     children: list[subprocess.Popen] = []
     try:
+        instance = prepare_instance()
+        instance.optimize_for_webserver(*WEBSERVER_DB)
         # the daemon stops cleanly on SIGINT (the terminal's Ctrl-C) and on SIGTERM (from _stop)
         children.append(subprocess.Popen(daemon_command()))
         if db is not None and db.exists():
@@ -150,17 +164,19 @@ def serve(port: int, db: Path | None) -> int:
         with WorkspaceProcessContext(
             instance, target, version=__version__, code_server_log_level="WARNING"
         ) as context:
-            app = create_app_from_workspace_process_context(
+            starting.serve_app(create_app_from_workspace_process_context(
                 context, "", LIVE_DATA_POLL_MS, lifespan=_lifespan
-            )
-            # until Ctrl-C or SIGTERM: uvicorn handles them, then raises the signal again once it
-            # has stopped, which main's handlers turn into KeyboardInterrupt
-            ui_guard.serve(app, port)
+            ))  # fmt: skip
+            while thread.is_alive():  # until Ctrl-C or SIGTERM (main's KeyboardInterrupt)
+                thread.join(0.5)
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):  # stopping: another signal is no traceback
             signal.signal(sig, signal.SIG_IGN)
+        server.should_exit = True
+        thread.join(STOP_SECONDS)
         _stop(children)
-        instance.dispose()
+        if instance is not None:
+            instance.dispose()
     return 0
 
 

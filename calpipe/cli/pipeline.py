@@ -16,6 +16,8 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import duckdb
@@ -295,6 +297,11 @@ def ui_command(
     return cmd, env
 
 
+#: How often ``calpipe ui`` asks whether the UI serves its page while it starts (s).
+UI_POLL_SECONDS: float = 0.5
+#: How long one such request may take (s): a loaded machine's first GraphQL-backed page.
+UI_REQUEST_SECONDS: float = 10.0
+
 #: How long ``calpipe ui`` waits for the UI to stop after Ctrl-C before it is killed (s): its
 #: daemon and sync get 30 s each (calpipe.dagster_project.webserver.STOP_SECONDS).
 UI_STOP_SECONDS: float = 90.0
@@ -321,8 +328,9 @@ def _cmd_ui(args: argparse.Namespace) -> int:
     yaml = home / "dagster.yaml"
     if not yaml.exists():
         yaml.write_text(DAGSTER_YAML)
+    url = f"http://{UI_HOST}:{args.port}"
     print(
-        f"dagster UI on http://{UI_HOST}:{args.port} (DAGSTER_HOME={home}; foreign Host "
+        f"calpipe ui: starting the dagster UI on {url} (DAGSTER_HOME={home}; foreign Host "
         "and Origin headers and GraphQL mutations over GET are refused); Ctrl-C stops it",
         flush=True,
     )
@@ -334,6 +342,8 @@ def _cmd_ui(args: argparse.Namespace) -> int:
     finally:
         signal.signal(signal.SIGINT, previous)
     try:
+        if _wait_until_served(proc, url):
+            print(f"calpipe ui: ready: {url}", flush=True)
         code = proc.wait()
     except KeyboardInterrupt:
         settle()
@@ -345,6 +355,22 @@ def _cmd_ui(args: argparse.Namespace) -> int:
         print(f"calpipe: error: the UI exited with code {code} (its log is above)", file=sys.stderr)
         return 1
     return 0
+
+
+def _wait_until_served(proc: subprocess.Popen, url: str) -> bool:
+    """Whether the UI's own page answers (True) before its process exits (False). Until then
+    its port answers the starting page (503) or is not open yet: "ready" is said only when a
+    browser opened on ``url`` gets the UI."""
+    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # no proxy: loopback
+    while proc.poll() is None:
+        try:
+            with direct.open(url + "/server_info", timeout=UI_REQUEST_SECONDS) as resp:
+                if resp.status == 200:
+                    return True
+        except (urllib.error.URLError, OSError):  # the starting page's 503, or not open yet
+            pass
+        time.sleep(UI_POLL_SECONDS)
+    return False
 
 
 def _stop_ui(proc: subprocess.Popen) -> None:

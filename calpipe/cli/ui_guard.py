@@ -68,13 +68,52 @@ class Guard:
         await self.app(scope, receive, send)
 
 
-def serve(app, port: int) -> None:
-    """Serve ASGI ``app`` behind :class:`Guard` on 127.0.0.1:``port`` (blocking, until SIGINT or
-    SIGTERM). The one TCP port of ``calpipe ui``: dagster's app runs in the same process
-    (:mod:`calpipe.dagster_project.webserver`), not behind a proxy to a port of its own."""
+#: What every request gets while the UI starts: 503 with a retry hint, and a page that reloads
+#: itself (a browser opened on the URL meanwhile lands on the UI, not on an error).
+STARTING_PAGE = (
+    b"<!doctype html><html><head><meta charset=utf-8><meta http-equiv=refresh content=1>"
+    b"<title>calpipe ui: starting</title></head><body style='font-family:sans-serif'>"
+    b"<p>calpipe ui is starting: loading dagster and the code location. This page reloads "
+    b"itself.</p></body></html>"
+)
+
+
+class Starting:
+    """ASGI app of the port while the UI starts: :data:`STARTING_PAGE` (503) to every HTTP
+    request, a refused handshake to a WebSocket; :meth:`serve_app` then hands every later
+    request to the real app. The port is open from the start, so nothing between "calpipe ui"
+    and a ready UI is a 500 or a refused connection."""
+
+    def __init__(self):
+        self.app = None
+
+    def serve_app(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if self.app is not None:
+            await self.app(scope, receive, send)
+        elif scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1013, "reason": "starting"})
+        elif scope["type"] == "http":
+            await send({"type": "http.response.start", "status": 503,
+                        "headers": [(b"content-type", b"text/html; charset=utf-8"),
+                                    (b"retry-after", b"1"), (b"cache-control", b"no-store"),
+                                    (b"content-length", str(len(STARTING_PAGE)).encode())]})  # fmt: skip
+            await send({"type": "http.response.body", "body": STARTING_PAGE})
+
+
+def server(app, port: int):
+    """A uvicorn server of ASGI ``app`` behind :class:`Guard` on 127.0.0.1:``port`` (the one
+    TCP port of ``calpipe ui``: dagster's app runs in the same process,
+    :mod:`calpipe.dagster_project.webserver`, not behind a proxy to a port of its own). Run it
+    with ``.run()`` (in a thread it installs no signal handler: the caller stops it by setting
+    ``should_exit``); no lifespan events (the apps it serves need none)."""
     import uvicorn
 
-    uvicorn.run(Guard(app, port), host="127.0.0.1", port=port, log_level="warning")
+    config = uvicorn.Config(Guard(app, port), host="127.0.0.1", port=port,
+                            log_level="warning", lifespan="off")  # fmt: skip
+    return uvicorn.Server(config)
 
 
 def port_free(host: str, port: int) -> bool:

@@ -196,3 +196,36 @@ def test_a_port_in_use_started_dagster_for_nothing(tmp_path):
         "another with --port\n"
     )
     assert not (tmp_path / "x.dagster").exists()
+
+
+def test_the_browser_got_500s_after_ready_was_printed(tmp_path):
+    """#37 item 5: for 10-30 s after `calpipe ui` said where the UI was, the browser got
+    "Internal Server Error". Now the port answers a starting page (503, Retry-After, a page that
+    reloads itself) from the moment it opens until dagster's app serves, and `calpipe ui` says
+    "ready" only once the UI's page answers: polled from the start, the port never answers
+    anything else, and nothing is a traceback."""
+    db = _database(tmp_path)
+    with RunningUI(db, cwd=tmp_path) as ui:
+        seen: list[int] = []
+        deadline = time.monotonic() + 300
+        while not seen or seen[-1] != 200:
+            assert ui.proc.poll() is None and time.monotonic() < deadline, ui.log_tail()
+            try:
+                r = httpx.get(f"{ui.base}/server_info", timeout=30)
+            except httpx.TransportError:  # not open yet: the process still imports
+                time.sleep(0.1)
+                continue
+            seen.append(r.status_code)
+            if r.status_code == 503:
+                assert r.headers["retry-after"] == "1"
+                assert "calpipe ui is starting" in r.text and "http-equiv=refresh" in r.text
+            time.sleep(0.1)
+        assert set(seen) <= {503, 200}, seen
+        assert 503 in seen  # the starting page was served (the port opens before dagster loads)
+        ready = f"calpipe ui: ready: {ui.base}"
+        t0 = time.monotonic()
+        while ready not in ui.log_tail():
+            assert time.monotonic() - t0 < 30, ui.log_tail()
+            time.sleep(0.2)
+        assert ui.gql("{ repositoriesOrError { __typename } }")
+        assert "Traceback" not in ui.log_tail(100_000)
