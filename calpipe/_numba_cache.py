@@ -34,11 +34,14 @@ def numba_cache_dir(prefix: str | None = None, base_prefix: str | None = None) -
     return str(user_dir("cache") / "numba")
 
 
-#: Whether calpipe chose the directory (the user did not): then there is nothing to hand on to
-#: other machines' processes (a Spark executor importing calpipe chooses its own).
-DEFAULTED = not os.environ.get("NUMBA_CACHE_DIR")
-
-if DEFAULTED:
+_CHOSEN = not os.environ.get("NUMBA_CACHE_DIR")  # the user did not set it
+if _CHOSEN:
     os.environ["NUMBA_CACHE_DIR"] = numba_cache_dir()
     if "numba" in sys.modules:  # numba read its configuration when it was imported
         sys.modules["numba"].config.CACHE_DIR = os.environ["NUMBA_CACHE_DIR"]
+
+#: Whether calpipe chose the user's cache directory (the user set no folder and the venv has
+#: none of its own): then there is nothing to hand on to other machines' processes (a Spark
+#: executor importing calpipe chooses its own user's). A folder the user set, or the venv's
+#: own (the executors run this interpreter, so its path exists for them), is handed on.
+DEFAULTED = _CHOSEN and os.environ["NUMBA_CACHE_DIR"] == str(user_dir("cache") / "numba")

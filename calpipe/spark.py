@@ -128,8 +128,9 @@ def session(master: str = "local[*]", app: str = "calpipe", **conf: str):
 def executor_env() -> dict[str, str]:
     """Spark settings that hand this process's ``NUMBA_CACHE_DIR`` on to the executors when the
     user set one (a shared folder: workers load the compiled kernels instead of compiling
-    them); none when calpipe chose the user's cache directory, which each executor chooses for
-    itself on its own machine."""
+    them) or it is the venv's own folder (the executors run this interpreter); none when
+    calpipe chose the user's cache directory, which each executor chooses for itself on its
+    own machine."""
     from calpipe import _numba_cache
 
     cache = os.environ.get("NUMBA_CACHE_DIR")

@@ -65,3 +65,18 @@ def test_make_demo_s_cache_was_not_the_one_venv_calpipe_used(tmp_path):
         env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
         want = os.path.join(sys.prefix, VENV_FOLDER)
         assert _run(env) == [want, want]
+
+
+def test_the_venv_s_cache_is_handed_on_to_spark_executors_and_the_user_s_is_not(tmp_path):
+    """The standalone-cluster test saw executors without the driver's cache once make stopped
+    exporting NUMBA_CACHE_DIR: a venv's own folder is handed on (the executors run this
+    interpreter, whose venv it is), the user's cache directory is not (each machine has its
+    own), a folder the user set is."""
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    env["XDG_CACHE_HOME"] = str(tmp_path)
+    code = "import calpipe.spark as s, calpipe._numba_cache as n; print(n.DEFAULTED, " \
+           "bool(s.executor_env()))"  # fmt: skip
+    assert _run(env, NO_VENV + code) == ["True", "False"]
+    if sys.prefix != sys.base_prefix and os.path.isdir(os.path.join(sys.prefix, VENV_FOLDER)):
+        assert _run(env, code) == ["False", "True"]
+    assert _run({**env, "NUMBA_CACHE_DIR": str(tmp_path / "mine")}, code) == ["False", "True"]
