@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 export DAGSTER_HOME := $(CURDIR)/.dagster_home
 export DAGSTER_DISABLE_TELEMETRY := 1
 
-.PHONY: setup setup-dev demo test docs lint format check-defs bench bench-spark bench-labels quality clean
+.PHONY: setup setup-dev demo test test-ui docs lint format check-defs bench bench-spark bench-labels quality clean
 
 # .venv/numba_cache: the venv's kernel cache, which every calpipe run from .venv uses
 # (calpipe/_numba_cache.py): make's commands and .venv/bin/calpipe share one cache.
@@ -49,6 +49,9 @@ test: setup-dev lint docs        ## set up, lint, build the docs, run the whole 
 	$(BIN)/python -m benchmarks.quality --size smoke --out $(VENV)/QUALITY.smoke.md
 	$(BIN)/python -W ignore -m benchmarks.spark --size smoke --out $(VENV)/SPARK.smoke.md
 	$(BIN)/python -W ignore -m benchmarks.label_night --size smoke --out $(VENV)/LABELS.smoke.md
+
+test-ui: setup-dev               ## the 14-minute walk-through of the dagster UI (#37's Done-when), skipped by make test
+	CALPIPE_UI_LONG=1 $(BIN)/pytest tests/dagster_project/test_ui_data.py
 
 bench: setup-dev                 ## full benchmark suite (items 1-9, 13-16 + Venn-ABERS) -> BENCHMARKS.md
 	$(BIN)/python -m benchmarks.run --size full --out BENCHMARKS.md

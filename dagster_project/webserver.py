@@ -8,7 +8,7 @@ with the database's ``DAGSTER_HOME``):
    instance folder each created its SQLite storages, and ``schedules.db`` sometimes ended with
    two alembic heads (every page then answered 500 until the folder was deleted);
 2. starts the dagster daemon (its public ``dagster-daemon run`` command: schedules, sensors,
-   the run queue) and, when the database exists, the sync of days computed outside dagster
+   the run queue; its output in ``DAGSTER_HOME/daemon.log``) and, when the database exists, the sync of days computed outside dagster
    (:mod:`calpipe.dagster_project.sync`);
 3. serves dagster's own ASGI app (the Starlette app ``dagster-webserver`` builds) *in this
    process*, wrapped in :class:`calpipe.cli.ui_guard.Guard`, on ``127.0.0.1:PORT``. There is no
@@ -66,6 +66,8 @@ LIVE_DATA_POLL_MS = 2000
 #: Database settings of a long-running webserver: dagster-webserver's defaults (statement
 #: timeout ms, pool recycle s, pool max overflow).
 WEBSERVER_DB = (15_000, 3_600, 20)
+#: The daemon's log (its warnings and errors, and its code servers'), in DAGSTER_HOME.
+DAEMON_LOG = "daemon.log"
 #: How long the daemon and the sync get to stop before they are killed (s).
 STOP_SECONDS = 30.0
 
@@ -151,11 +153,17 @@ def serve(port: int, db: Path | None) -> int:
         time.sleep(0.02)
     instance = None
     children: list[subprocess.Popen] = []
+    home = Path(os.environ.get("DAGSTER_HOME") or ".")
+    home.mkdir(parents=True, exist_ok=True)
+    daemon_log = open(home / DAEMON_LOG, "a")  # closed in the finally below
     try:
         instance = prepare_instance()
         instance.optimize_for_webserver(*WEBSERVER_DB)
-        # the daemon stops cleanly on SIGINT (the terminal's Ctrl-C) and on SIGTERM (from _stop)
-        children.append(subprocess.Popen(daemon_command()))
+        # the daemon stops cleanly on SIGINT (the terminal's Ctrl-C) and on SIGTERM (from _stop);
+        # its output goes to DAGSTER_HOME/daemon.log: a Ctrl-C while its code server still
+        # loaded the location (seconds after "ready") printed that server's traceback
+        children.append(subprocess.Popen(daemon_command(), stdout=daemon_log,
+                                         stderr=subprocess.STDOUT))  # fmt: skip
         if db is not None and db.exists():
             children.append(_start_deaf_to_ctrl_c(sync_command(db)))
         target = ModuleTarget(
@@ -175,6 +183,7 @@ def serve(port: int, db: Path | None) -> int:
         server.should_exit = True
         thread.join(STOP_SECONDS)
         _stop(children)
+        daemon_log.close()
         if instance is not None:
             instance.dispose()
     return 0

@@ -1193,18 +1193,18 @@ def test_checks_that_outgrow_their_small_pool_run_again_at_the_default_one(small
     a 60-night run at the default pool); a check that needs more memory than that is run again
     at the default pool (the days are committed already), and the connection keeps the default
     pool afterwards."""
-    from calpipe.pipeline import nightly
+    from calpipe.pipeline import checks
 
     con, source, _, _ = small
     default = storage.fetch_one(con, "SELECT current_setting('memory_limit')")[0]
     limits = []
-    real = nightly.check_probabilities
+    real = checks.check_probabilities
 
     def probabilities_at(con, start, end):  # the pool each attempt ran at
         limits.append(storage.fetch_one(con, "SELECT current_setting('memory_limit')")[0])
         return real(con, start, end)
 
-    monkeypatch.setattr(nightly, "check_probabilities", probabilities_at)
+    monkeypatch.setattr(checks, "check_probabilities", probabilities_at)
     monkeypatch.setattr(storage.session, "CHECKS_MEMORY_LIMIT", "1MB")  # too small for the checks
     s = pipeline.run_range(con, source)
     assert all(c.passed or c.warning for c in s.checks)

@@ -10,6 +10,7 @@ and a database ``calpipe run`` made (as many partitions as days, not one per day
 from __future__ import annotations
 
 import datetime as dt
+import os
 import shutil
 
 import polars as pl
@@ -21,7 +22,15 @@ from tests.ui_client import LOCATION, RunningUI, wait_for
 
 from .conftest import CLI_STREAMS
 
-pytestmark = pytest.mark.slow
+pytestmark = [
+    pytest.mark.slow,
+    # 14 min on the 2-core machine (the sync of the demo's 892 days into dagster): with it the
+    # clean-clone CI took 80 of its 90 minutes; run it with `make test-ui` (CALPIPE_UI_LONG=1)
+    pytest.mark.skipif(
+        not os.environ.get("CALPIPE_UI_LONG"),
+        reason="the 14-minute UI walk-through: make test-ui runs it",
+    ),
+]
 
 #: dagster's words for a check result that holds for its partition.
 RESULT = {True: "SUCCEEDED", False: "FAILED"}
