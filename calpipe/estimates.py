@@ -46,7 +46,7 @@ Example
 
 from __future__ import annotations
 
-import math
+from statistics import NormalDist
 
 import numpy as np
 
@@ -103,15 +103,7 @@ def normal_quantile(level: float) -> float:
     """
     if not 0.0 < level < 1.0:
         raise ValueError(f"level must be in (0, 1), got {level}")
-    # the inverse of erf by bisection: exact to rounding, no scipy at import
-    lo, hi = 0.0, 10.0
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        if math.erf(mid / math.sqrt(2.0)) < level:
-            lo = mid
-        else:
-            hi = mid
-    return 0.5 * (lo + hi)
+    return NormalDist().inv_cdf((1.0 + level) / 2.0)
 
 
 def grouped_estimates(

@@ -401,7 +401,8 @@ class CompositeExperts(Calibrator[FlatState]):
 
     def state_from_flat(self, values, offsets, log10m, n_classes: int) -> FlatState:
         st = super().state_from_flat(values, offsets, log10m, n_classes)
-        self._split(st, n_classes)  # validates the layout and every input's part
+        if self._uniform(st, n_classes) is None:  # the fixed layout checks without copies
+            self._split(st, n_classes)  # validates the layout and every input's part, naming it
         return st
 
     # -- the serving map's SQL form -------------------------------------------------------------

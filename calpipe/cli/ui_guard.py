@@ -4,7 +4,7 @@
 the user visits could launch a run or a backfill through the user's browser (a forged request
 to ``http://127.0.0.1:3000/graphql?query=mutation...``, or DNS rebinding to a name that
 resolves to 127.0.0.1). ``calpipe ui`` therefore serves dagster's own ASGI app in one process
-wrapped in :class:`Guard` (an ASGI middleware, :func:`serve`), on the one TCP port it opens
+wrapped in :class:`Guard` (an ASGI middleware, :func:`server`), on the one TCP port it opens
 (:mod:`calpipe.dagster_project.webserver`); the guard refuses with 403, before anything
 reaches dagster:
 
