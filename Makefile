@@ -10,7 +10,7 @@ export DAGSTER_DISABLE_TELEMETRY := 1
 .PHONY: setup setup-dev demo test test-ui docs lint format check-defs bench bench-spark bench-labels quality clean
 
 # .venv/numba_cache: the venv's kernel cache, which every calpipe run from .venv uses
-# (calpipe/_numba_cache.py): make's commands and .venv/bin/calpipe share one cache.
+# (calpipe/numba_cache.py): make's commands and .venv/bin/calpipe share one cache.
 $(VENV)/.runtime: requirements/runtime.lock pyproject.toml
 	$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "calpipe needs Python 3.11"'
 	$(PYTHON) -m venv $(VENV)

@@ -10,7 +10,10 @@ Brier, ECE, smooth ECE, CORP as polars expressions), the calibrator objects
 from calpipe import _starting  # noqa: F401
 
 # isort: split
-from calpipe import _numba_cache, metrics  # noqa: F401 (_numba_cache first: NUMBA_CACHE_DIR)
+from calpipe import numba_cache  # noqa: F401 (first: sets NUMBA_CACHE_DIR before numba loads)
+
+# isort: split
+from calpipe import metrics
 from calpipe.calibrators import (
     METHODS,
     CompositeJumper,

@@ -5,7 +5,7 @@ In a checkout (an editable install) the defaults sit in the repository (``sql/``
 git-ignored ``.calpipe/``); an installed wheel carries ``sql/`` and ``data/`` inside the package
 (``calpipe/_sql``, ``calpipe/_data``: pyproject.toml maps them) and keeps what it writes in the
 user's directories, since an installed package's folder may be read-only or shared.
-Standard library only: :mod:`calpipe._numba_cache` reads it before anything else is imported.
+Standard library only: :mod:`calpipe.numba_cache` reads it before anything else is imported.
 """
 
 from __future__ import annotations

@@ -131,10 +131,10 @@ def executor_env() -> dict[str, str]:
     them) or it is the venv's own folder (the executors run this interpreter); none when
     calpipe chose the user's cache directory, which each executor chooses for itself on its
     own machine."""
-    from calpipe import _numba_cache
+    from calpipe import numba_cache
 
     cache = os.environ.get("NUMBA_CACHE_DIR")
-    if cache and not _numba_cache.DEFAULTED:
+    if cache and not numba_cache.DEFAULTED:
         return {"spark.executorEnv.NUMBA_CACHE_DIR": cache}
     return {}
 

@@ -35,7 +35,7 @@ LAYERS = {
     "calpipe.config": 0,
     "calpipe.errors": 0,
     "calpipe.paths": 0,  # where files live (standard library only)
-    "calpipe._numba_cache": 0,  # set before numba loads (reads calpipe.paths)
+    "calpipe.numba_cache": 0,  # set before numba loads (reads calpipe.paths)
     "calpipe._starting": 0,  # Ctrl-C while the command starts (standard library only)
     "calpipe.kernels": 1,
     "calpipe.families": 1,

@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 
-from calpipe._numba_cache import VENV_FOLDER, numba_cache_dir
+from calpipe.numba_cache import VENV_FOLDER, numba_cache_dir
 
 CODE = (
     "import numba, calpipe, os; print(numba.config.CACHE_DIR); print(os.environ['NUMBA_CACHE_DIR'])"
@@ -71,7 +71,7 @@ def test_the_venv_s_cache_is_handed_on_to_spark_executors_and_the_user_s_is_not(
     own), a folder the user set is."""
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
     env["XDG_CACHE_HOME"] = str(tmp_path)
-    code = "import calpipe.spark as s, calpipe._numba_cache as n; print(n.DEFAULTED, " \
+    code = "import calpipe.spark as s, calpipe.numba_cache as n; print(n.DEFAULTED, " \
            "bool(s.executor_env()))"  # fmt: skip
     assert _run(env, NO_VENV + code) == ["True", "False"]
     if sys.prefix != sys.base_prefix and os.path.isdir(os.path.join(sys.prefix, VENV_FOLDER)):
