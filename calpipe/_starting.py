@@ -4,9 +4,9 @@ Before a command runs, ``calpipe`` imports polars, numba, DuckDB and its kernels
 seconds). A Ctrl-C then printed a KeyboardInterrupt traceback from deep inside an import, and
 once, landing inside numba's dispatcher, ``SystemError: CPUDispatcher(...) returned a result
 with an exception set`` (exit 1). ``calpipe/__init__.py`` imports this module first; in the
-``calpipe`` command's own process only (the console script, or ``python -m calpipe.cli``; never
-when a program or a notebook imports calpipe, and not when SIGINT is ignored, as in a
-background job) it makes SIGINT print :data:`MESSAGE` and end the process with exit code 130
+``calpipe`` command's own process only (the console script, ``python -m calpipe`` or
+``python -m calpipe.cli``; never when a program or a notebook imports calpipe, and not when
+SIGINT is ignored, as in a background job) it makes SIGINT print :data:`MESSAGE` and end the process with exit code 130
 at once: nothing was opened yet, so nothing can be half-written. :func:`calpipe.cli.main`
 hands Ctrl-C back to Python (:func:`hand_back`) once everything is imported; each command
 then says what its interruption left.
@@ -23,12 +23,12 @@ MESSAGE = "calpipe: interrupted while starting (Ctrl-C): nothing was read or wri
 
 
 def is_the_command(argv: list[str] | None = None, orig_argv: list[str] | None = None) -> bool:
-    """Whether this process is the ``calpipe`` command: ``python -m calpipe.cli ...`` or the
-    ``calpipe`` console script."""
+    """Whether this process is the ``calpipe`` command: ``python -m calpipe.cli ...``,
+    ``python -m calpipe ...`` or the ``calpipe`` console script."""
     orig = list(sys.orig_argv if orig_argv is None else orig_argv)
     argv = list(sys.argv if argv is None else argv)
     if "-m" in orig[:-1]:
-        return orig[orig.index("-m") + 1] == "calpipe.cli"
+        return orig[orig.index("-m") + 1] in ("calpipe", "calpipe.cli")
     return bool(argv) and os.path.basename(argv[0]) in ("calpipe", "calpipe.exe")
 
 

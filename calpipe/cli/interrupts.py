@@ -23,12 +23,28 @@ INTERRUPTS = (KeyboardInterrupt, duckdb.InterruptException, RuntimeError, System
 
 
 def is_interrupt(exc: BaseException) -> bool:
-    """Whether ``exc`` (one of :data:`INTERRUPTS`) is Ctrl-C."""
+    """Whether ``exc`` (one of :data:`INTERRUPTS`) is Ctrl-C. A ``SystemError`` is one when a
+    KeyboardInterrupt is anywhere in its chain of causes and contexts: numba, loading a cached
+    kernel when Ctrl-C landed, raised over an error that was itself raised over the
+    KeyboardInterrupt (only the first link was looked at: exit 1 and a traceback)."""
     if isinstance(exc, SystemError):
-        return isinstance(exc.__cause__ or exc.__context__, KeyboardInterrupt)
+        return any(isinstance(e, KeyboardInterrupt) for e in _chain(exc))
     if isinstance(exc, RuntimeError) and not isinstance(exc, duckdb.InterruptException):
         return "interrupted" in str(exc).lower()
     return isinstance(exc, INTERRUPTS)
+
+
+def _chain(exc: BaseException):
+    """``exc`` and every exception it was raised from or during (each once: a chain can loop)."""
+    seen: set[int] = set()
+    todo = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e
+        todo += [e.__cause__, e.__context__]
 
 
 def settle() -> None:

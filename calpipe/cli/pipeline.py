@@ -101,6 +101,7 @@ def _print_frame(df: pl.DataFrame, max_rows: int = SQL_PRINT_MAX_ROWS) -> None:
 def _cmd_demo(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     bar = progress.DayBar("calpipe demo", show=progress.enabled(args.no_progress))
+    res = None
     try:
         res = pipeline.demo(args.db, log=lambda m: print(f"  {m}", flush=True), progress=bar)
         _print_demo(res, t0)
@@ -108,8 +109,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         if not is_interrupt(exc):
             raise
         settle()
-        # the open transaction was rolled back on the way out
-        print(_demo_interrupted(Path(args.db)), file=sys.stderr)
+        # the open transaction was rolled back on the way out (none is open once res is set)
+        print(_demo_interrupted(Path(args.db), committed=res is not None), file=sys.stderr)
         return 130
     return 0
 
@@ -143,9 +144,10 @@ def _print_demo(res, t0: float) -> None:
     print(f"\ndone in {time.perf_counter() - t0:.1f} s")
 
 
-def _demo_interrupted(db: Path) -> str:
+def _demo_interrupted(db: Path, committed: bool) -> str:
     """One line for Ctrl-C in the demo: what is committed, and that running it again redoes it
-    whole (the demo replaces every partition; it is idempotent)."""
+    whole (the demo replaces every partition; it is idempotent); once the demo's run has
+    committed (``committed``: it was printing), that nothing was rolled back."""
     last = None
     try:
         con = storage.connect(db, read_only=True, lock_wait=0)
@@ -155,9 +157,12 @@ def _demo_interrupted(db: Path) -> str:
             con.close()
     except (duckdb.Error, storage.StoreError, KeyboardInterrupt, RuntimeError):
         pass
+    if committed:
+        return (f"calpipe demo: interrupted (Ctrl-C) after its run committed (the days up to "
+                f"{last}): {db} is whole")  # fmt: skip
     done = f"the days up to {last} are committed" if last else "no day is committed yet"
-    return (f"calpipe demo: interrupted: {done} (the transaction in progress was rolled back). "
-            f"Run it again to run it whole:\n  {_prog()} demo")  # fmt: skip
+    return (f"calpipe demo: interrupted (Ctrl-C): {done}, the day in progress was rolled "
+            f"back; to run it whole, run it again: {_prog()} demo")  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------
@@ -214,15 +219,20 @@ def _has_days(con) -> bool:
 
 
 def _interrupted(con, args) -> str:
-    """One line for Ctrl-C: what is committed and how to resume (no traceback)."""
+    """One line for Ctrl-C: what is committed and how to resume (no traceback). A Ctrl-C once
+    the run had committed (while it printed its report) rolled nothing back: the line says so,
+    not that a transaction was rolled back."""
     try:
         last = con.sql("SELECT max(date) FROM pipeline_days").fetchall()[0][0]
     except (duckdb.Error, KeyboardInterrupt, RuntimeError):
         last = None
+    if getattr(args, "committed", False):
+        return (f"calpipe run: interrupted (Ctrl-C) after the run committed (the days up to "
+                f"{last}): nothing to resume")  # fmt: skip
     again = shlex.join([_prog(), *(args.argv or [])])
     done = f"the days up to {last} are committed" if last else "no day is committed yet"
-    return (f"calpipe: interrupted: {done} (the transaction in progress was rolled back). "
-            f"Run the same command to resume:\n  {again}")  # fmt: skip
+    return (f"calpipe run: interrupted (Ctrl-C): {done}, the day in progress was rolled back; "
+            f"to resume, run the same command: {again}")  # fmt: skip
 
 
 def _run(con, source, labels, args, settings, t0: float) -> int:
@@ -234,6 +244,7 @@ def _run(con, source, labels, args, settings, t0: float) -> int:
             replay_deleted=args.replay_deleted,
             progress=progress.DayBar("calpipe run", show=progress.enabled(args.no_progress)),
         )  # fmt: skip
+        args.committed = True  # every day of the run: a Ctrl-C from here on rolls nothing back
     except ReplayRequired as exc:
         argv = [a for a in (args.argv or []) if a != "--no-replay"]
         command = shlex.join([_prog(), *argv, "--start", exc.day.isoformat()])

@@ -166,6 +166,7 @@ def test_only_the_command_gets_the_starting_handler():
     """The starting handler is for the calpipe command's process alone, never for a program or
     a notebook that imports calpipe."""
     assert is_the_command(["x"], ["python", "-m", "calpipe.cli", "run"])
+    assert is_the_command(["x"], ["python", "-m", "calpipe", "run"])  # calpipe/__main__.py
     assert is_the_command(["/venv/bin/calpipe", "run"], ["/venv/bin/python", "x"])
     assert not is_the_command(["-c"], ["python", "-c", "import calpipe"])
     assert not is_the_command(["x"], ["python", "-m", "pytest", "-m", "slow"])
@@ -185,3 +186,80 @@ def test_a_systemerror_over_a_keyboardinterrupt_is_ctrl_c():
         assert is_interrupt(exc)
     assert not is_interrupt(SystemError("something else"))
     assert is_interrupt(KeyboardInterrupt()) and not is_interrupt(RuntimeError("boom"))
+
+
+def test_a_systemerror_two_links_above_a_keyboardinterrupt_was_a_traceback():
+    """Ctrl-C while numba loaded a cached kernel: its SystemError was raised over another error
+    that was raised over the KeyboardInterrupt, and only the first link was looked at (exit 1
+    and a traceback). The whole chain is followed now, also when it loops."""
+    try:
+        try:
+            try:
+                raise KeyboardInterrupt
+            except KeyboardInterrupt:
+                raise EOFError("the cache file was cut short")  # noqa: B904 (its context)
+        except EOFError as inner:
+            raise SystemError("CPUDispatcher returned a result with an exception set") from inner
+    except SystemError as exc:
+        assert is_interrupt(exc)
+    a, b = SystemError("a"), ValueError("b")
+    a.__context__, b.__context__ = b, a  # a loop without a KeyboardInterrupt: answered, no hang
+    assert not is_interrupt(a)
+
+
+@pytest.fixture
+def sigint_restored():
+    """The commands ignore SIGINT once interrupted (``interrupts.settle``); in this process,
+    pytest's own handler comes back after the test."""
+    previous = signal.getsignal(signal.SIGINT)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_ctrl_c_after_the_run_committed_said_it_was_rolled_back(tmp_path, monkeypatch,
+                                                                capsys, sigint_restored):  # fmt: skip
+    """Ctrl-C while `calpipe run` printed its report, every day committed: the message said the
+    transaction in progress was rolled back, and how to resume, on two lines. It says, in one
+    line, that the run committed and there is nothing to resume."""
+    from calpipe import cli, pipeline
+
+    events = generate.generate(n_days=3, streams=(StreamSpec("a", events_per_day=20),), seed=4)
+    storage.write_landing(events, tmp_path / "landing")
+    db = tmp_path / "c.duckdb"
+
+    def report(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline, "day_report", report)
+    argv = ["run", "--events", str(tmp_path / "landing"), "--db", str(db), "--no-progress"]
+    assert cli.main(argv) == 130
+    err = capsys.readouterr().err
+    last = max(events["event_time"]).date()
+    assert err == (f"calpipe run: interrupted (Ctrl-C) after the run committed (the days up to "
+                   f"{last}): nothing to resume\n")  # fmt: skip
+
+
+def test_ctrl_c_after_the_demo_committed_said_it_was_rolled_back(tmp_path, monkeypatch,
+                                                                 capsys, sigint_restored):  # fmt: skip
+    """The same for `calpipe demo`: a Ctrl-C while it printed says its database is whole."""
+    from calpipe import cli, pipeline
+
+    class Printing:  # the demo's result: reading it to print it is where Ctrl-C lands
+        @property
+        def run(self):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline, "demo", lambda *a, **k: Printing())
+    db = tmp_path / "demo.duckdb"
+    assert cli.main(["demo", "--db", str(db), "--no-progress"]) == 130
+    err = capsys.readouterr().err
+    assert err.startswith("calpipe demo: interrupted (Ctrl-C) after its run committed"), err
+    assert err.endswith(f"{db} is whole\n") and "rolled back" not in err, err
+
+
+def test_python_m_calpipe_was_no_command():
+    """`python -m calpipe` said "No module named calpipe.__main__"; it is the calpipe command."""
+    res = subprocess.run([sys.executable, "-m", "calpipe", "--help"], capture_output=True,
+                         text=True, timeout=300)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("usage: calpipe [-h] {protect,"), res.stdout
