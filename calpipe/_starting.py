@@ -6,8 +6,8 @@ once, landing inside numba's dispatcher, ``SystemError: CPUDispatcher(...) retur
 with an exception set`` (exit 1). ``calpipe/__init__.py`` imports this module first; in the
 ``calpipe`` command's own process only (the console script, ``python -m calpipe`` or
 ``python -m calpipe.cli``; never when a program or a notebook imports calpipe, and not when
-SIGINT is ignored, as in a background job) it makes SIGINT print :data:`MESSAGE` and end the process with exit code 130
-at once: nothing was opened yet, so nothing can be half-written. :func:`calpipe.cli.main`
+SIGINT is ignored, as in a background job) it makes SIGINT print :data:`MESSAGE` and end the
+process with exit code 130 at once: nothing was opened yet, so nothing can be half-written. :func:`calpipe.cli.main`
 hands Ctrl-C back to Python (:func:`hand_back`) once everything is imported; each command
 then says what its interruption left.
 """
