@@ -109,8 +109,39 @@ async def _lifespan(app):
         yield
 
 
-def _interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt
+#: Set by SIGINT and SIGTERM (and by the death of ``calpipe ui``, see :func:`watch_parent`):
+#: the process stops at its next step. The handler only sets it: raising KeyboardInterrupt
+#: from the handler once landed inside a weakref callback of sqlalchemy's, where Python prints
+#: and drops exceptions; the stop was lost, and ``calpipe ui`` killed this process after 90 s,
+#: leaving its daemon and sync running.
+STOP = threading.Event()
+
+
+def _request_stop(signum, frame) -> None:
+    STOP.set()
+
+
+def _parent_gone(parent: int | None) -> bool:
+    return parent is not None and os.getppid() != parent
+
+
+def _check(parent: int | None) -> None:
+    """Between the steps of a start: stop (main's KeyboardInterrupt) if asked to."""
+    if STOP.is_set() or _parent_gone(parent):
+        raise KeyboardInterrupt
+
+
+def watch_parent(parent: int | None) -> None:
+    """Stop when ``calpipe ui`` (process ``parent``) dies, even by SIGKILL: on Linux the kernel
+    sends this process SIGTERM then (``PR_SET_PDEATHSIG``); elsewhere, and for a death before
+    that was set, the serving loop compares its parent's pid with ``parent``. Without it a
+    killed ``calpipe ui`` left the UI, its daemon and the sync running and listening."""
+    if parent is None or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1  # <linux/prctl.h>
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM))
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:
@@ -137,12 +168,13 @@ def _start_deaf_to_ctrl_c(cmd: list[str]) -> subprocess.Popen:
         signal.signal(signal.SIGINT, previous)
 
 
-def serve(port: int, db: Path | None) -> int:
+def serve(port: int, db: Path | None, parent: int | None = None) -> int:
     """Open the guarded port on 127.0.0.1:``port`` at once with the starting page
     (:class:`calpipe.cli.ui_guard.Starting`), prepare the instance, start the daemon (and the
     sync), load the code location, then serve dagster's app on the same port until Ctrl-C or
-    SIGTERM; then stop the server and the children. The server runs in a thread and this one
-    waits, so a signal is main's KeyboardInterrupt at any step."""
+    SIGTERM (or until ``parent``, the ``calpipe ui`` process, is gone); then stop the server and
+    the children. The server runs in a thread; this one checks :data:`STOP` between the steps
+    of the start and while it waits."""
     starting = ui_guard.Starting()
     server = ui_guard.server(starting, port)
     thread = threading.Thread(target=server.run, name="calpipe-ui-server", daemon=True)
@@ -157,8 +189,10 @@ def serve(port: int, db: Path | None) -> int:
     home.mkdir(parents=True, exist_ok=True)
     daemon_log = open(home / DAEMON_LOG, "a")  # closed in the finally below
     try:
+        _check(parent)
         instance = prepare_instance()
         instance.optimize_for_webserver(*WEBSERVER_DB)
+        _check(parent)
         # the daemon stops cleanly on SIGINT (the terminal's Ctrl-C) and on SIGTERM (from _stop);
         # its output goes to DAGSTER_HOME/daemon.log: a Ctrl-C while its code server still
         # loaded the location (seconds after "ready") printed that server's traceback
@@ -166,17 +200,20 @@ def serve(port: int, db: Path | None) -> int:
                                          stderr=subprocess.STDOUT))  # fmt: skip
         if db is not None and db.exists():
             children.append(_start_deaf_to_ctrl_c(sync_command(db)))
+        _check(parent)
         target = ModuleTarget(
             module_name=DEFINITIONS, attribute=None, working_directory=None, location_name=None
         )
         with WorkspaceProcessContext(
             instance, target, version=__version__, code_server_log_level="WARNING"
         ) as context:
+            _check(parent)
             starting.serve_app(create_app_from_workspace_process_context(
                 context, "", LIVE_DATA_POLL_MS, lifespan=_lifespan
             ))  # fmt: skip
-            while thread.is_alive():  # until Ctrl-C or SIGTERM (main's KeyboardInterrupt)
-                thread.join(0.5)
+            # until Ctrl-C, SIGTERM, or calpipe ui's death
+            while thread.is_alive() and not STOP.wait(0.5) and not _parent_gone(parent):
+                pass
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):  # stopping: another signal is no traceback
             signal.signal(sig, signal.SIG_IGN)
@@ -186,7 +223,7 @@ def serve(port: int, db: Path | None) -> int:
         daemon_log.close()
         if instance is not None:
             instance.dispose()
-    return 0
+    return 130 if STOP.is_set() or _parent_gone(parent) else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -195,14 +232,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--port", type=int, required=True, help="the one port, on 127.0.0.1")
     ap.add_argument("--db", type=Path, help="calpipe database whose stored days to sync")
+    ap.add_argument("--parent", type=int, help="stop when this process (calpipe ui) is gone")
     args = ap.parse_args(argv)
+    watch_parent(args.parent)
     logging.getLogger("alembic").setLevel(logging.WARNING)
-    # calpipe ui starts this process deaf to Ctrl-C, so that an interrupt while it imports
-    # dagster prints no traceback (calpipe ui then terminates it); imported, it stops on either
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, _interrupt)
+    # calpipe ui starts this process in a session of its own (the terminal's Ctrl-C reaches
+    # calpipe ui alone, which terminates it); run by hand, it stops on either signal
+    signal.signal(signal.SIGINT, _request_stop)
+    signal.signal(signal.SIGTERM, _request_stop)
     try:
-        return serve(args.port, args.db)
+        return serve(args.port, args.db, args.parent)
     except KeyboardInterrupt:  # stopped: calpipe ui says so, in one line
         return 130
 

@@ -7,6 +7,7 @@ runs without a dagster daemon; ``ui`` starts the dagster UI on 127.0.0.1 over th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import decimal
 import json
@@ -345,23 +346,41 @@ def _cmd_ui(args: argparse.Namespace) -> int:
         "and Origin headers and GraphQL mutations over GET are refused); Ctrl-C stops it",
         flush=True,
     )
-    # one child, in this process group, started deaf to Ctrl-C (no traceback while it imports
-    # dagster); once it serves, the terminal's Ctrl-C stops it, and this process terminates it
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        proc = subprocess.Popen(cmd, env=os.environ | env, cwd=db.parent)
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    # One child, in a session of its own: the terminal's Ctrl-C reaches this process alone,
+    # which terminates the UI (one path to stop it, whatever signal came); the UI stops by
+    # itself if this process dies, even by SIGKILL (--parent: webserver.watch_parent).
+    # SIGTERM and SIGHUP (a closed terminal) stop it as Ctrl-C does: they used to end this
+    # process and leave the UI, its daemon and the sync running and listening.
+    stopped_by: list[str] = []
+
+    def stop_on(signum, frame):
+        stopped_by.append(signal.Signals(signum).name)
+        raise KeyboardInterrupt
+
+    proc = subprocess.Popen([*cmd, "--parent", str(os.getpid())], env=os.environ | env,
+                            cwd=db.parent, start_new_session=True)  # fmt: skip
+    previous = {sig: signal.signal(sig, stop_on) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         if _wait_until_served(proc, url):
             print(f"calpipe ui: ready: {url}", flush=True)
         code = proc.wait()
     except KeyboardInterrupt:
         settle()
-        _stop_ui(proc)
-        print("calpipe ui: stopped (Ctrl-C): the UI, its daemon and the sync have exited",
-              file=sys.stderr)  # fmt: skip
-        return 130
+        for sig in previous:
+            signal.signal(sig, signal.SIG_IGN)  # stopping: a second signal is no traceback
+        why = stopped_by[0] if stopped_by else "Ctrl-C"
+        if _stop_ui(proc):
+            print(f"calpipe ui: stopped ({why}): the UI, its daemon and the sync have exited",
+                  file=sys.stderr)  # fmt: skip
+        else:
+            print(f"calpipe ui: stopped ({why}): the UI did not exit within "
+                  f"{UI_STOP_SECONDS:.0f} s; it and every process it started were killed",
+                  file=sys.stderr)  # fmt: skip
+        return 130 if not stopped_by else 128 + getattr(signal, stopped_by[0])
+    finally:
+        for sig, handler in previous.items():
+            if signal.getsignal(sig) is stop_on:
+                signal.signal(sig, handler)
     if code != 0:
         print(f"calpipe: error: the UI exited with code {code} (its log is above)", file=sys.stderr)
         return 1
@@ -384,15 +403,19 @@ def _wait_until_served(proc: subprocess.Popen, url: str) -> bool:
     return False
 
 
-def _stop_ui(proc: subprocess.Popen) -> None:
-    """After Ctrl-C: terminate the UI's process (it stops its daemon and the sync first; a
-    SIGTERM while it shuts down already is ignored), killed if it lingers."""
+def _stop_ui(proc: subprocess.Popen) -> bool:
+    """Terminate the UI's process (it stops its daemon and the sync first; a SIGTERM while it
+    shuts down already is ignored); whether it exited in time (True), else it and its session,
+    every process it started, were killed (False)."""
     proc.terminate()
     try:
         proc.wait(timeout=UI_STOP_SECONDS)
+        return True
     except subprocess.TimeoutExpired:
-        proc.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # its own session: pgid == pid
         proc.wait()
+        return False
 
 
 # ----------------------------------------------------------------------------------------------

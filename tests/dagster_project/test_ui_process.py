@@ -19,6 +19,7 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import socket
 import sqlite3
 import subprocess
@@ -229,3 +230,50 @@ def test_the_browser_got_500s_after_ready_was_printed(tmp_path):
             time.sleep(0.2)
         assert ui.gql("{ repositoriesOrError { __typename } }")
         assert "Traceback" not in ui.log_tail(100_000)
+
+
+def _gone(pids: list[int], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while alive := [p for p in pids if os.path.exists(f"/proc/{p}") and _not_zombie(p)]:
+        assert time.monotonic() < deadline, alive
+        time.sleep(0.5)
+
+
+def _closed(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_sigterm_or_sigkill_to_calpipe_ui_left_the_ui_listening(tmp_path):
+    """#36 review: SIGTERM to `calpipe ui` (a service manager's stop, `kill PID`) ended it and
+    left its webserver, daemon, sync and code servers running, the port still answering; so did
+    SIGKILL. Now SIGTERM stops everything as Ctrl-C does (one line, exit 143), and after a
+    SIGKILL the UI notices its parent is gone and stops with all it started."""
+    db = _database(tmp_path)
+    ui = RunningUI(db, cwd=tmp_path)
+    try:
+        ui.wait_ready()
+        pids = process_tree(ui.proc.pid)
+        assert len(pids) >= 3, pids  # calpipe ui, the UI's process, the daemon (and the sync)
+        ui.proc.send_signal(signal.SIGTERM)  # to calpipe ui alone, not its group
+        assert ui.proc.wait(timeout=120) == 128 + signal.SIGTERM
+        out = ui.stop()
+        assert out.rstrip().splitlines()[-1] == (
+            "calpipe ui: stopped (SIGTERM): the UI, its daemon and the sync have exited"
+        ), out[-3000:]
+        assert "Traceback" not in out, out[-3000:]
+        _gone(pids, 60)
+        assert _closed(ui.port)
+    finally:
+        ui.stop()
+
+    ui = RunningUI(db, cwd=tmp_path)
+    try:
+        ui.wait_ready()
+        pids = process_tree(ui.proc.pid)
+        ui.proc.kill()
+        ui.proc.wait()
+        _gone(pids, 90)  # the UI's process got SIGTERM from the kernel, and stopped the rest
+        assert _closed(ui.port)
+    finally:
+        ui.stop()
