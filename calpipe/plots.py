@@ -1,4 +1,5 @@
-"""Matplotlib figures of the pipeline: martingale trajectories and reliability diagrams.
+"""Matplotlib figures of the pipeline: martingale trajectories, reliability diagrams and
+performance estimated before labels beside its realized values.
 
 Figures are :class:`matplotlib.figure.Figure` objects made without pyplot, so importing this
 module neither switches matplotlib's backend nor registers figures with pyplot (a notebook's
@@ -205,4 +206,52 @@ def reliability_diagram(
         axes[0].text(0.5, 0.5, "no labelled events", ha="center")
     if ax is None:
         fig.tight_layout()
+    return fig
+
+
+def performance_estimates(
+    rows: pl.DataFrame,
+    *,
+    loss: str = "log_loss",
+    title: str | None = None,
+    ax: Axes | None = None,
+) -> Figure:
+    """One stream's nights: the ``loss`` its protected forecasts were expected to have if
+    calibrated (line, with its interval shaded) and the one realized on the labels known now
+    (dots), beside the base's expectation (dashed) and realization (crosses): a base estimate
+    far from its realized values is a miscalibrated base (issue #35).
+
+    ``rows``: ``v_performance_estimates`` rows of one stream (``date``, ``expected_<loss>``,
+    its ``_low`` / ``_high``, ``realized_<loss>`` and the ``base_`` columns). ``ax``: draw into
+    these axes (their figure is returned).
+    """
+    if "stream" in rows.columns and rows["stream"].n_unique() > 1:
+        raise ParameterError(
+            f"performance_estimates draws one stream; these rows have "
+            f"{rows['stream'].n_unique()} (filter them to one)"
+        )
+    if ax is None:
+        fig = Figure(figsize=(6.0, 3.4))
+        ax = fig.subplots()
+    else:
+        fig = ax.figure
+    rows = rows.sort("date")
+    d = rows["date"].to_list()
+    e = f"expected_{loss}"
+    ax.fill_between(d, rows[f"{e}_low"].fill_null(float("nan")).to_list(),
+                    rows[f"{e}_high"].fill_null(float("nan")).to_list(), color="tab:blue",
+                    alpha=0.18, linewidth=0, label="90 % interval")  # fmt: skip
+    ax.plot(d, rows[e].to_list(), color="tab:blue", linewidth=1.2, label="protected, expected")
+    ax.plot(d, rows[f"realized_{loss}"].to_list(), "o", color="tab:blue", markersize=2.5,
+            label="protected, realized")  # fmt: skip
+    ax.plot(d, rows[f"base_{e}"].to_list(), "--", color="tab:orange", linewidth=1.0,
+            label="base, expected")  # fmt: skip
+    ax.plot(d, rows[f"base_realized_{loss}"].to_list(), "x", color="tab:orange", markersize=3,
+            label="base, realized")  # fmt: skip
+    ax.set_ylabel(loss.replace("_", " "), fontsize=8)
+    ax.tick_params(labelsize=7)
+    if title:
+        ax.set_title(title, fontsize=9)
+    _legend(ax)
+    fig.autofmt_xdate()
     return fig

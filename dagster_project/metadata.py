@@ -105,6 +105,7 @@ def plot_metadata(con, folder: Path, start, end) -> dict:
 CHECK_ASSETS: dict[str, str] = {
     "probabilities_valid": "protected_scores",
     "rows_in_equal_rows_out": "protected_scores",
+    "estimates_valid": "performance_estimates",
     "state_continuity": "calibrator_state",
     "no_martingale_alarm": "martingale_alarms",
 }

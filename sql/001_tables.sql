@@ -187,6 +187,36 @@ CREATE TABLE IF NOT EXISTS calibration_daily (
 );
 -- Migrations: 003 (the smooth ECE and CORP columns of an older database).
 
+-- Performance per stream and night estimated from the forecasts alone, before any label
+-- (issue #35; calpipe/estimates.py, calpipe/night/performance.py): the mean log loss, Brier
+-- score and accuracy the night's forecasts would have if they were calibrated (each label drawn
+-- from its forecast), with a 90 % normal interval (NULL below 20 events), for the protected
+-- forecasts and for the base's (base_*). Only what the night knows: the realized values, which
+-- later labels fill in, are the view v_performance_estimates.
+CREATE TABLE IF NOT EXISTS performance_estimates (
+    date                        DATE    NOT NULL,  -- the night of the forecasts
+    stream                      VARCHAR NOT NULL,
+    events                      BIGINT  NOT NULL,
+    expected_log_loss           DOUBLE,  -- mean natural log loss (probabilities floored at 1e-15)
+    expected_log_loss_low       DOUBLE,
+    expected_log_loss_high      DOUBLE,
+    expected_brier              DOUBLE,  -- K classes: the multiclass Brier score
+    expected_brier_low          DOUBLE,
+    expected_brier_high         DOUBLE,
+    expected_accuracy           DOUBLE,  -- the top class (binary: p >= 0.5 guesses 1)
+    expected_accuracy_low       DOUBLE,
+    expected_accuracy_high      DOUBLE,
+    base_expected_log_loss      DOUBLE,
+    base_expected_log_loss_low  DOUBLE,
+    base_expected_log_loss_high DOUBLE,
+    base_expected_brier         DOUBLE,
+    base_expected_brier_low     DOUBLE,
+    base_expected_brier_high    DOUBLE,
+    base_expected_accuracy      DOUBLE,
+    base_expected_accuracy_low  DOUBLE,
+    base_expected_accuracy_high DOUBLE
+);
+
 -- First crossing of log10 S >= threshold per stream: the row sits in the partition of its date.
 CREATE TABLE IF NOT EXISTS martingale_alarms (
     date             DATE      NOT NULL,

@@ -53,3 +53,55 @@ SELECT m.*
 FROM calibration_map m
 JOIN (SELECT stream, max(date) AS date FROM calibration_map GROUP BY stream) l
   USING (stream, date);
+
+-- Performance estimated from the forecasts (performance_estimates) beside the performance
+-- realized on the labels known now: the label in the event's row or the one the label feed
+-- brought later (event_labels), so the realized columns fill in as labels arrive, night after
+-- night; `labelled` counts them. A realized value inside [low, high] is what calibrated forecasts
+-- give on 90 % of nights; a base estimate far from its realized value is a miscalibrated base.
+CREATE OR REPLACE VIEW v_performance_estimates AS
+WITH judged AS (
+    SELECT
+        p.event_date AS date, p.stream,
+        coalesce(p.label, l.label) AS y,
+        p.protected_score AS pp, p.base_score AS pb,
+        p.protected_scores AS vp, p.base_scores AS vb
+    FROM protected_scores p
+    LEFT JOIN event_labels l
+           ON l.event_date = p.event_date AND l.stream = p.stream AND l.event_id = p.event_id
+), realized AS (
+    SELECT
+        date, stream,
+        count(y) AS labelled,
+        avg(-ln(greatest(CASE WHEN vp IS NULL THEN (CASE y WHEN 1 THEN pp ELSE 1 - pp END)
+                              ELSE vp[y + 1] END, 1e-15))) FILTER (WHERE y IS NOT NULL)
+            AS realized_log_loss,
+        avg(CASE WHEN vp IS NULL THEN (pp - y) ^ 2
+                 ELSE list_sum(list_transform(vp, lambda q, i: (q - (i = y + 1)::INT) ^ 2)) END)
+            FILTER (WHERE y IS NOT NULL) AS realized_brier,
+        avg(CASE WHEN vp IS NULL THEN ((pp >= 0.5)::INT = y)::INT
+                 ELSE (list_position(vp, list_max(vp)) - 1 = y)::INT END)
+            FILTER (WHERE y IS NOT NULL) AS realized_accuracy,
+        avg(-ln(greatest(CASE WHEN vb IS NULL THEN (CASE y WHEN 1 THEN pb ELSE 1 - pb END)
+                              ELSE vb[y + 1] END, 1e-15))) FILTER (WHERE y IS NOT NULL)
+            AS base_realized_log_loss,
+        avg(CASE WHEN vb IS NULL THEN (pb - y) ^ 2
+                 ELSE list_sum(list_transform(vb, lambda q, i: (q - (i = y + 1)::INT) ^ 2)) END)
+            FILTER (WHERE y IS NOT NULL) AS base_realized_brier,
+        avg(CASE WHEN vb IS NULL THEN ((pb >= 0.5)::INT = y)::INT
+                 ELSE (list_position(vb, list_max(vb)) - 1 = y)::INT END)
+            FILTER (WHERE y IS NOT NULL) AS base_realized_accuracy
+    FROM judged
+    GROUP BY date, stream
+)
+SELECT
+    e.*,
+    r.labelled,
+    r.realized_log_loss, r.realized_brier, r.realized_accuracy,
+    r.base_realized_log_loss, r.base_realized_brier, r.base_realized_accuracy,
+    r.realized_log_loss BETWEEN e.expected_log_loss_low AND e.expected_log_loss_high
+        AS log_loss_within,
+    r.base_realized_log_loss BETWEEN e.base_expected_log_loss_low AND e.base_expected_log_loss_high
+        AS base_log_loss_within
+FROM performance_estimates e
+LEFT JOIN realized r USING (date, stream);

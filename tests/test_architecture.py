@@ -53,6 +53,7 @@ LAYERS = {
     "calpipe.night": 4,  # a night's rows, pure and in memory (beside storage, never over it)
     "calpipe.pipeline": 5,  # reads inputs from storage, computes with the night, writes rows
     "calpipe.cli": 6,
+    "calpipe.__main__": 6,  # python -m calpipe: the command
     "calpipe.spark": 6,  # Spark primitives: the session, the cogroup, protect_day
     "calpipe.spark_run": 6,  # the nightly run on Spark: the night function in the cogroup
 }

@@ -908,6 +908,35 @@ def test_checks_catch_broken_tables(small):
     assert pipeline.check_probabilities(con, day(0), day(5)).passed
 
 
+def test_the_estimates_check_finds_missing_stale_and_invalid_estimates(small):
+    """#35: each day and stream with protected rows has one valid performance estimate; a row
+    deleted (as in a database made before they existed), one out of its loss's range, one
+    outside its own interval and one without events are each named with their rule."""
+    con, source, _, _ = small
+    pipeline.run_range(con, source)
+    assert pipeline.check_estimates(con, day(0), day(7)).passed
+    con.execute("DELETE FROM performance_estimates WHERE date = ? AND stream = 'a'", [day(2)])
+    con.execute("UPDATE performance_estimates SET base_expected_accuracy = 1.5 "
+                "WHERE date = ? AND stream = 'b'", [day(4)])  # fmt: skip
+    con.execute("UPDATE performance_estimates SET expected_log_loss_low = expected_log_loss + 1 "
+                "WHERE date = ? AND stream = 'a'", [day(5)])  # fmt: skip
+    con.execute("INSERT INTO performance_estimates (date, stream, events) VALUES (?, 'gone', 3)",
+                [day(6)])  # fmt: skip
+    out = pipeline.check_estimates(con, day(0), day(7))
+    assert not out.passed and out.values == {"bad_day_streams": 4}
+    assert out.details.select("date", "stream", "rule").rows() == [
+        (day(2), "a", "no estimate"),
+        (day(4), "b", "base_expected_accuracy out of range"),
+        (day(5), "a", "expected_log_loss outside its interval"),
+        (day(6), "gone", "an estimate without protected rows"),
+    ]
+    assert out.description.startswith(
+        f"4 (day, stream) with a missing or invalid performance estimate, first {day(2)} stream "
+        f"'a': no estimate (a database made before schema version 12: re-run the days from {day(2)}"
+    )
+    assert pipeline.check_estimates(con, day(7), day(7)).passed  # the other days' rows only
+
+
 def test_cli_run_sql_and_ui(small, capsys):
     con, source, _, tmp = small
     con.close()

@@ -10,7 +10,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from calpipe import config, plots
+from calpipe import config, errors, plots
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -193,3 +193,30 @@ def test_a_bin_at_0_or_1_was_drawn_half_outside_the_reliability_panel():
     for line in ax.get_lines():
         xs, ys = np.asarray(line.get_xdata()), np.asarray(line.get_ydata())
         assert (xs > x0).all() and (xs < x1).all() and (ys > y0).all() and (ys < y1).all()
+
+
+def _estimates(stream: str = "a", n: int = 6) -> pl.DataFrame:
+    days = [dt.date(2024, 1, 1) + dt.timedelta(days=i) for i in range(n)]
+    e = np.linspace(0.5, 0.6, n)
+    return pl.DataFrame({
+        "date": days, "stream": [stream] * n, "expected_log_loss": e,
+        "expected_log_loss_low": [None, *(e[1:] - 0.05)],  # NULL below 20 events
+        "expected_log_loss_high": [None, *(e[1:] + 0.05)],
+        "realized_log_loss": [0.52, None, 0.58, 0.55, 0.61, 0.6],  # a night without labels
+        "base_expected_log_loss": e - 0.1, "base_realized_log_loss": e + 0.05,
+    })  # fmt: skip
+
+
+def test_performance_estimates_draws_the_interval_expected_and_realized_of_one_stream():
+    """#35: the expected loss (line), its interval (band), the realized values (dots), and the
+    base's beside them; nights without an interval or without labels are gaps, not errors."""
+    fig = plots.performance_estimates(_estimates(), title="a")
+    ax = fig.axes[0]
+    lines = {ln.get_label(): ln for ln in ax.get_lines()}
+    assert set(lines) >= {"protected, expected", "protected, realized", "base, expected",
+                          "base, realized"}  # fmt: skip
+    np.testing.assert_allclose(lines["protected, expected"].get_ydata(), np.linspace(0.5, 0.6, 6))
+    assert len(ax.collections) == 1  # the interval's band
+    assert plots.to_png(fig)[:4] == b"\x89PNG"
+    with pytest.raises(errors.ParameterError, match="draws one stream"):
+        plots.performance_estimates(pl.concat([_estimates("a"), _estimates("b")]))

@@ -13,6 +13,7 @@ table                   rows
 ``pipeline_days``       :meth:`calpipe.night.chain.Chain.day_row`
 ``calibration_daily``   :func:`calpipe.night.monitoring.daily_rows`
 ``calibration_arrivals`` :func:`calpipe.night.monitoring.arrival_rows`
+``performance_estimates`` :func:`calpipe.night.performance.estimate_rows`
 ``martingale_alarms``   :func:`calpipe.night.alarms.first_crossings`
 ``event_labels``        :func:`calpipe.night.arrivals.label_rows`
 ``quarantined_labels``  :func:`calpipe.night.arrivals.quarantine_rows`

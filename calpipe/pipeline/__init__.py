@@ -20,6 +20,7 @@ table                      rows
 ``pipeline_days``          the day: counts, method, configuration, the state's hash chain
 ``calibration_daily``      per stream: base vs protected log loss, Brier, ECE, martingale
 ``calibration_arrivals``   per stream: the forecasts judged by the labels learnt that night
+``performance_estimates``  per stream: performance expected if calibrated, before labels
 ``martingale_alarms``      the first crossing of the alarm level per stream
 ``calibration_map``        the serving map of every stream at the end of the day
 ``pipeline_inputs``        the files (or table) each day was computed from
@@ -67,6 +68,7 @@ from calpipe.pipeline.chain import chain_first_day, state_as_of, state_before
 from calpipe.pipeline.checks import (
     CheckOutcome,
     check_alarms,
+    check_estimates,
     check_probabilities,
     check_row_counts,
     check_state_continuity,
@@ -127,6 +129,7 @@ __all__ = [
     "bank_events",
     "chain_first_day",
     "check_alarms",
+    "check_estimates",
     "check_probabilities",
     "check_row_counts",
     "check_state_continuity",

@@ -84,6 +84,59 @@ def check_row_counts(con, start: dt.date, end: dt.date) -> CheckOutcome:
     )  # fmt: skip
 
 
+def _estimate_rules() -> str:
+    """SQL: why an estimate row is invalid (NULL when it is valid): a value outside its loss's
+    range, or outside its own interval (bounds are both NULL below ESTIMATE_MIN_EVENTS)."""
+    ranges = {"log_loss": "e.{c} >= 0 AND isfinite(e.{c})", "brier": "e.{c} BETWEEN 0 AND 2",
+              "accuracy": "e.{c} BETWEEN 0 AND 1"}  # fmt: skip
+    rules = []
+    for who in ("", "base_"):
+        for loss, rule in ranges.items():
+            c = f"{who}expected_{loss}"
+            rules.append(f"WHEN NOT coalesce({rule.format(c=c)}, false) THEN '{c} out of range'")
+            rules.append(
+                f"WHEN NOT coalesce((e.{c}_low IS NULL AND e.{c}_high IS NULL) OR "
+                f"(e.{c}_low <= e.{c} AND e.{c} <= e.{c}_high), false) "
+                f"THEN '{c} outside its interval'"
+            )
+    return " ".join(rules)
+
+
+def check_estimates(con, start: dt.date, end: dt.date) -> CheckOutcome:
+    """Each day and stream with protected rows has its ``performance_estimates`` row, counting
+    them, and its estimates are valid (each in its loss's range and inside its interval); no
+    estimate is left without events (a stale row of a recomputed day)."""
+    bad = storage.query(
+        con,
+        f"""WITH o AS (SELECT event_date AS date, stream, count(*) AS n FROM protected_scores
+                       WHERE event_date BETWEEN $1 AND $2 GROUP BY ALL),
+                 e AS (SELECT * FROM performance_estimates WHERE date BETWEEN $1 AND $2)
+            SELECT * FROM (
+                SELECT coalesce(o.date, e.date) AS date, coalesce(o.stream, e.stream) AS stream,
+                       o.n AS protected_rows, e.events AS estimated_events,
+                       CASE WHEN e.stream IS NULL THEN 'no estimate'
+                            WHEN o.stream IS NULL THEN 'an estimate without protected rows'
+                            WHEN e.events <> o.n THEN 'its events differ from the protected rows'
+                            {_estimate_rules()} END AS rule
+                FROM o FULL OUTER JOIN e ON o.date = e.date AND o.stream = e.stream)
+            WHERE rule IS NOT NULL ORDER BY date, stream""",
+        [start, end],
+    )
+    ok = bad.height == 0
+    if ok:
+        text = "every day and stream has its valid performance estimate"
+    else:
+        r = bad.row(0, named=True)
+        text = (f"{bad.height} (day, stream) with a missing or invalid performance estimate, "
+                f"first {r['date']} stream {r['stream']!r}: {r['rule']}")  # fmt: skip
+        if r["rule"] == "no estimate":
+            text += (f" (a database made before schema version 12: re-run the days from "
+                     f"{r['date']} to compute them)")  # fmt: skip
+    return CheckOutcome(
+        "estimates_valid", ok, text, bad.head(10), values={"bad_day_streams": bad.height}
+    )
+
+
 #: State rows of [$1, $2] whose event count is not the stream's previous row's plus the day's
 #: events, and streams with events on a day of [$1, $2] but no state row that day. A stream's rows
 #: are sparse (days on which its state changed): its previous row is its latest before, so the
@@ -321,5 +374,6 @@ def data_checks(con, start: dt.date, end: dt.date) -> list[CheckOutcome]:
         check_probabilities(con, start, end),
         check_row_counts(con, start, end),
         check_state_continuity(con, start, end),
+        check_estimates(con, start, end),
         check_alarms(con, start, end),
     ]

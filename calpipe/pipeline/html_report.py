@@ -1,8 +1,9 @@
 """``calpipe report``: one self-contained HTML page over a calpipe database.
 
 What a person would rather look at than query: the run (database, days, method), the summary
-per stream (:func:`calpipe.pipeline.reports.stream_summary`), every alarm, and per stream its
-test martingale trajectory, a reliability diagram of the last
+per stream (:func:`calpipe.pipeline.reports.stream_summary`), every alarm, the performance
+estimated before labels beside its realized values (``v_performance_estimates``: coverage per
+stream, and a plot of the last days per stream), and per stream its test martingale trajectory, a reliability diagram of the last
 :data:`~calpipe.config.RELIABILITY_WINDOW_DAYS` days (binary forecasts), and its daily metrics of
 the last :data:`~calpipe.REPORT_DAILY_DAYS` days (``calibration_daily``). Plots are inline
 SVG, styles inline: the page loads nothing from anywhere, so it can be mailed or archived.
@@ -88,6 +89,33 @@ def _table(df: pl.DataFrame, *, alarm_col: str | None = None, digits: int = 4) -
     return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
 
 
+def _performance(con, since: dt.date) -> dict[str, pl.DataFrame] | None:
+    """The report's performance estimates: a summary per stream (nights judged, coverage of the
+    protected and base intervals, the latest night's estimate) and the rows of the nights after
+    ``since``; None for a database without them (before schema version 12, opened read-only)."""
+    if not storage.fetch_one(con, "SELECT count(*) FROM duckdb_views() WHERE view_name = "
+                                  "'v_performance_estimates'")[0]:  # fmt: skip
+        return None
+    n = config.ESTIMATE_MIN_EVENTS
+    summary = storage.query(
+        con,
+        "WITH judged AS (SELECT stream, count(*) AS nights_judged, avg(log_loss_within::INT) AS "
+        "coverage, avg(base_log_loss_within::INT) AS base_coverage FROM v_performance_estimates "
+        "WHERE labelled >= $1 GROUP BY stream), latest AS (SELECT stream, date AS latest, events, "
+        "expected_log_loss AS expected_LL, expected_log_loss_low AS low, expected_log_loss_high "
+        "AS high, base_expected_log_loss AS base_expected_LL FROM performance_estimates QUALIFY "
+        "row_number() OVER (PARTITION BY stream ORDER BY date DESC) = 1) "
+        "SELECT stream, coalesce(nights_judged, 0) AS nights_judged, coverage, base_coverage, "
+        "latest, events, expected_LL, low, high, base_expected_LL "
+        "FROM latest LEFT JOIN judged USING (stream) ORDER BY stream",
+        [n],
+    )
+    recent = storage.query(
+        con, "SELECT * FROM v_performance_estimates WHERE date > $1 ORDER BY stream, date", [since]
+    )
+    return {"summary": summary, "recent": recent}
+
+
 def html_report(
     con,
     *,
@@ -123,6 +151,7 @@ def html_report(
     trajectory = storage.query(
         con, "SELECT date, stream, log10_martingale FROM calibrator_state ORDER BY stream, date"
     )
+    performance = _performance(con, last - dt.timedelta(days=daily_days))
     binary = (stored_n_classes(con) or 2) == 2
     recent = reliability_frame(con, last) if binary else None
     now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -138,7 +167,17 @@ def html_report(
         _table(summary, alarm_col="alarm"),
         "<h2 id=alarms>Alarms</h2>",
         _table(alarms),
-    ]
+        "<h2 id=performance>Performance before labels</h2><p class=meta>Each night's log loss "
+        "expected from its forecasts if they are calibrated (performance_estimates), with its "
+        f"{config.ESTIMATE_LEVEL:.0%} interval, against the log loss realized on the labels known "
+        f"now, over the nights with at least {config.ESTIMATE_MIN_EVENTS} labelled events: "
+        "coverage = the share of those nights whose realized value fell inside the interval "
+        f"(about {config.ESTIMATE_LEVEL:.0%} for calibrated forecasts; a base far below it "
+        "misleads any monitor that trusts its scores). Latest = the last night's estimate.</p>",
+        _table(performance["summary"]) if performance else
+        "<p class=meta>(this database has no performance estimates: made before schema version "
+        "12; re-run its nights to fill them)</p>",
+    ]  # fmt: skip
     if left_out:
         parts.append(
             f"<p class=note>{left_out} more stream(s) are in the summary but have no section "
@@ -166,6 +205,14 @@ def html_report(
             ax.set_title(
                 f"Reliability, {config.RELIABILITY_WINDOW_DAYS} days to {last} ({n} labelled)",
                 fontsize=9,
+            )
+            parts.append(_svg(fig))
+        if performance and (mine := performance["recent"].filter(pl.col("stream") == s)).height:
+            fig = Figure(figsize=(5.4, 3.2))
+            plots.performance_estimates(
+                mine,
+                ax=fig.subplots(),
+                title=f"Log loss expected vs realized, last {daily_days} days",
             )
             parts.append(_svg(fig))
         parts.append(f"</div><h3>Daily metrics, last {daily_days} days</h3>")

@@ -25,6 +25,7 @@ table                   rows                         phase
 ``pipeline_days``       ``Chain.day_row``            day
 ``calibration_daily``   ``daily_rows``               batch
 ``calibration_arrivals``  ``arrival_rows``           day
+``performance_estimates``  ``estimate_rows``         batch
 ``martingale_alarms``   ``first_crossings``          batch
 ``calibration_map``     ``map_rows``                 transaction
 ``pipeline_inputs``     ``day_inputs``               day
@@ -49,6 +50,7 @@ from calpipe.night.arrivals import Arrivals, label_rows, quarantine_rows
 from calpipe.night.events import stored_events
 from calpipe.night.mapping import map_rows
 from calpipe.night.monitoring import arrival_rows, daily_rows, rows_arrival_stats, stream_groups
+from calpipe.night.performance import estimate_rows
 from calpipe.night.phases import PHASES, Batch, Day, Span, Transaction, day_inputs
 
 
@@ -82,6 +84,10 @@ def _night_quarantine(a: Arrivals) -> pl.DataFrame:
 
 def _night_daily(b: Batch) -> pl.DataFrame:
     return daily_rows(b.protected, b.result.state, b.day, b.groups, stats=b.stats)
+
+
+def _night_estimates(b: Batch) -> pl.DataFrame:
+    return estimate_rows(b.protected, b.day, b.groups)
 
 
 def _night_alarms(b: Batch) -> pl.DataFrame:
@@ -123,6 +129,10 @@ def _span_no_labels(s: Span) -> pl.DataFrame:
 
 def _span_daily(s: Span) -> pl.DataFrame:
     return daily_rows(s.protected, s.result.states, None, stats=s.stats)
+
+
+def _span_estimates(s: Span) -> pl.DataFrame:
+    return estimate_rows(s.protected, None)
 
 
 def _span_alarms(s: Span) -> pl.DataFrame:
@@ -204,6 +214,8 @@ TABLES: dict[str, OutputTable] = {
                     _span_daily),
         OutputTable("calibration_arrivals", _night_arrivals,
                     "day", _span_arrivals),
+        OutputTable("performance_estimates", _night_estimates, "batch",
+                    _span_estimates),
         OutputTable("martingale_alarms", _night_alarms, "batch",
                     _span_alarms),
         OutputTable("calibration_map", _night_map, "transaction"),

@@ -41,8 +41,9 @@ _META_SCHEMA = "schema_version"
 #: ``calibration_map`` (``layer`` of a stack, step/linear tables: ``x``, ``y_at``, ``y_right``,
 #: ``x_next``, ``y_next``); 9 = K-class maps (``alphas``, ``in_ka``, ``in_kb``); 10 = a K-class
 #: category's forecast and a partition tree (``y_k``, ``kids``: the Venn taxonomies' tables,
-#: ROC-isotonic's tree); 11 = a composite-experts input table (``in_layer``, negative ``layer``).
-SCHEMA_VERSION = 11
+#: ROC-isotonic's tree); 11 = a composite-experts input table (``in_layer``, negative ``layer``);
+#: 12 = ``performance_estimates`` (issue #35; an older database's nights have none until re-run).
+SCHEMA_VERSION = 12
 
 #: The parts of ``sql/`` in the order they are installed (the one place the order is stated):
 #: part -> its files, a path or a glob relative to ``sql/`` (a glob's files in name order).

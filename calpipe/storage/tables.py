@@ -52,6 +52,7 @@ LAYOUT: dict[str, TableLayout] = {
         TableLayout("pipeline_days", "001_tables.sql", "date", ("date",)),
         TableLayout("calibration_daily", "001_tables.sql", "date", ("date", "stream")),
         TableLayout("calibration_arrivals", "001_tables.sql", "date", ("date", "stream")),
+        TableLayout("performance_estimates", "001_tables.sql", "date", ("date", "stream")),
         TableLayout("martingale_alarms", "001_tables.sql", "date", ("date", "stream")),
         TableLayout("calibration_map", "001_tables.sql", "date",
                     ("date", "stream", "layer", "term")),

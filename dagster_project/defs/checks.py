@@ -26,6 +26,9 @@ CHECKS = (
                    description="one protected row per scored event, per day and stream"),
     AssetCheckSpec("state_continuity", asset=CHECK_ASSETS["state_continuity"], partitions_def=daily,
                    description="no gap in the chain of daily states; counts follow the events"),
+    AssetCheckSpec("estimates_valid", asset=CHECK_ASSETS["estimates_valid"], partitions_def=daily,
+                   description="every day and stream with protected rows has one valid "
+                   "performance estimate (in range, inside its interval)"),
     AssetCheckSpec("no_martingale_alarm", asset=CHECK_ASSETS["no_martingale_alarm"],
                    partitions_def=daily,
                    description="warns for the streams whose test martingale first reached 100 "

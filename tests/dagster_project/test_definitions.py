@@ -27,9 +27,10 @@ pytestmark = [
 ]
 
 ASSETS = {"scored_events", "event_labels", "protected_scores", "calibrator_state", "calibration_daily", "calibration_arrivals",
-          "martingale_alarms", "calibration_map"}  # fmt: skip
+          "performance_estimates", "martingale_alarms", "calibration_map"}  # fmt: skip
 CHECKS = {("protected_scores", "probabilities_valid"), ("protected_scores", "rows_in_equal_rows_out"),
-          ("calibrator_state", "state_continuity"), ("martingale_alarms", "no_martingale_alarm")}  # fmt: skip
+          ("calibrator_state", "state_continuity"), ("performance_estimates", "estimates_valid"),
+          ("martingale_alarms", "no_martingale_alarm")}  # fmt: skip
 
 
 def test_module_definitions_load_with_the_default_database():

@@ -107,7 +107,8 @@ def test_daily_and_range_materializations_equal_one_protect_pass(setup):
         assert r.success, failure_messages(r)
         checks = r.get_asset_check_evaluations()
         assert {c.check_name for c in checks} == {
-            "probabilities_valid", "rows_in_equal_rows_out", "state_continuity", "no_martingale_alarm"
+            "probabilities_valid", "rows_in_equal_rows_out", "state_continuity", "estimates_valid",
+            "no_martingale_alarm",
         }  # fmt: skip
         assert all(c.passed for c in checks if c.check_name != "no_martingale_alarm")
     r = run(day(3), day(N_DAYS - 1))  # a single-run backfill over the rest
@@ -303,7 +304,8 @@ def test_checks_are_partitioned_like_their_assets(setup):
     r = run(day(2))
     evals = r.get_asset_check_evaluations()
     assert {c.check_name for c in evals} == {"probabilities_valid", "rows_in_equal_rows_out",
-                                             "state_continuity", "no_martingale_alarm"}  # fmt: skip
+                                             "state_continuity", "estimates_valid",
+                                             "no_martingale_alarm"}  # fmt: skip
     assert {c.partition for c in evals} == {day(2)}
 
 

@@ -75,6 +75,7 @@ DB_KEYS: dict[str, tuple[tuple[str, ...], str | None]] = {
     "pipeline_days": ((), "date"),
     "calibration_daily": (("stream",), "date"),
     "calibration_arrivals": (("stream",), "date"),
+    "performance_estimates": (("stream",), "date"),
     "martingale_alarms": (("stream",), "date"),
     "calibration_map": (("stream", "layer", "term"), "date"),
     "pipeline_inputs": (("kind", "file"), "date"),
@@ -85,6 +86,7 @@ DB_KEYS: dict[str, tuple[tuple[str, ...], str | None]] = {
     "v_calibration_daily": (("stream",), "date"),
     "v_alarms": (("stream",), None),
     "v_latest_calibration_map": (("stream", "layer", "term"), "date"),
+    "v_performance_estimates": (("stream",), "date"),
 }
 #: Spark's output tables (``OUT/<name>/date=D/*.parquet``): sort keys within a day.
 SPARK_KEYS: dict[str, tuple[str, ...]] = {

@@ -1,7 +1,7 @@
 """An oracle for the nightly run's derived tables: each recomputed from the *stored* rows.
 
-``calpipe run`` computes ``calibration_daily``, ``calibration_arrivals``, ``martingale_alarms``
-and ``calibration_map`` from memory, batch by batch and part by part, and never reads back what
+``calpipe run`` computes ``calibration_daily``, ``performance_estimates``,
+``calibration_arrivals``, ``martingale_alarms`` and ``calibration_map`` from memory, batch by batch and part by part, and never reads back what
 it wrote. Here each is recomputed from the tables as stored, by SQL written for the test (the
 stored-row queries of the retired stage functions) and the night's row functions on whole
 days: a day's stored protected rows in their stored order for the daily metrics; the arrived
@@ -19,6 +19,7 @@ from calpipe import config, storage
 from calpipe.night.alarms import first_crossings
 from calpipe.night.mapping import map_rows
 from calpipe.night.monitoring import arrival_metrics, daily_rows
+from calpipe.night.performance import estimate_rows
 from calpipe.pipeline import Settings, stored_n_classes
 
 #: The forecasts whose labels were learnt on the nights [$1, $2]: the labels of each night's
@@ -57,13 +58,13 @@ WHERE p.event_date BETWEEN $1 AND $2 AND p.log10_martingale >= $3
 
 
 def derived_tables(con, settings: Settings | None = None) -> dict[str, pl.DataFrame]:
-    """The four derived tables of every stored day, recomputed from the stored rows."""
+    """The five derived tables of every stored day, recomputed from the stored rows."""
     settings = settings or Settings()
     days = storage.query(con, "SELECT min(date) AS a, max(date) AS b FROM pipeline_days")
     start, end = days["a"][0], days["b"][0]
     s = "" if (stored_n_classes(con) or 2) == 2 else "s"
     state = storage.read_partitions(con, "calibrator_state", start, end)
-    daily = []
+    daily, estimates = [], []
     for d in storage.iter_days(start, end):
         scores = storage.query(
             con,
@@ -72,6 +73,7 @@ def derived_tables(con, settings: Settings | None = None) -> dict[str, pl.DataFr
             [d],
         )
         daily.append(daily_rows(scores, state.filter(pl.col("date") == d), d))
+        estimates.append(estimate_rows(scores, d))
     thr = config.ALARM_LOG10_THRESHOLD
     hot = state.filter(pl.col("log10_martingale_max") >= thr)
     candidates = storage.query(con, CANDIDATES_SQL, [start, end, thr])
@@ -82,6 +84,7 @@ def derived_tables(con, settings: Settings | None = None) -> dict[str, pl.DataFr
     arrived = storage.query(con, ARRIVED_SQL.format(s=s), [start, end])
     return {
         "calibration_daily": pl.concat([f for f in daily if f.height] or daily[:1]),
+        "performance_estimates": pl.concat([f for f in estimates if f.height] or estimates[:1]),
         "calibration_arrivals": arrival_metrics(arrived, state),
         "martingale_alarms": pl.concat(alarms) if alarms else pl.DataFrame(),
         "calibration_map": map_rows(state, settings),

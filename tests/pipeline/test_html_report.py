@@ -7,6 +7,7 @@ import shutil
 import subprocess
 from html.parser import HTMLParser
 
+import polars as pl
 import pytest
 
 from calpipe import cli, generate, pipeline, storage
@@ -59,8 +60,10 @@ def test_report_is_one_self_contained_page_with_every_stream(db, capsys):
     page.feed(text)
     assert page.fetches == []  # nothing is loaded from anywhere: inline SVG, inline styles
     assert "script" not in page.tags
-    assert {"summary", "alarms", "s-calm", "s-drifts", "s-quiet"} <= set(page.ids)
-    assert text.count("<svg") == 2 * len(STREAMS)  # trajectory + reliability per stream
+    assert {"summary", "alarms", "performance", "s-calm", "s-drifts", "s-quiet"} <= set(page.ids)
+    # trajectory + reliability + performance expected vs realized (#35) per stream
+    assert text.count("<svg") == 3 * len(STREAMS)
+    assert text.count("Log loss expected vs realized") == len(STREAMS)
     con = storage.connect(db, read_only=True)
     summary = pipeline.stream_summary(con)
     alarms = storage.query(con, "SELECT stream, date FROM martingale_alarms")
@@ -71,6 +74,30 @@ def test_report_is_one_self_contained_page_with_every_stream(db, capsys):
     for s, d in alarms.iter_rows():
         assert re.search(rf"<tr><td class=s>{s}</td><td class=s>{d}</td>", text)
         assert f"alarm since {d}" in text
+
+
+def test_report_shows_each_stream_s_estimates_and_their_coverage(db):
+    """#35: the performance section's numbers are the view's: per stream the nights judged
+    (>= 20 labelled events), the share whose realized log loss fell in the protected and base
+    intervals, and the last night's estimate."""
+    text = pipeline.write_report(db).read_text()
+    section = text[text.index("id=performance>") : text.index("<section")]
+    con = storage.connect(db, read_only=True)
+    view = storage.query(con, "SELECT * FROM v_performance_estimates ORDER BY stream, date")
+    con.close()
+    for (s,), rows in view.partition_by("stream", as_dict=True).items():
+        judged = rows.filter(pl.col("labelled") >= 20)
+        last = rows.row(-1, named=True)
+        cells = [f"<td class=s>{s}</td>", f"<td>{judged.height}</td>"]
+        if judged.height:
+            cells += [f"<td>{judged['log_loss_within'].mean():.4f}</td>",
+                      f"<td>{judged['base_log_loss_within'].mean():.4f}</td>"]  # fmt: skip
+        cells += [f"<td class=s>{last['date']}</td>", f"<td>{last['events']}</td>",
+                  f"<td>{last['expected_log_loss']:.4f}</td>"]  # fmt: skip
+        row = re.search(rf"<tr><td class=s>{s}</td>.*?</tr>", section)[0]
+        pos = 0
+        for c in cells:  # in this order
+            pos = row.index(c, pos) + len(c)
 
 
 def test_report_caps_the_stream_sections_and_writes_where_asked(db, tmp_path):

@@ -9,7 +9,8 @@ tables.py`` holds the rows; ``tests/dagster_project/test_materialize.py`` the eq
 
 The specs keep the lineage a reader expects: ``scored_events`` + ``event_labels`` ->
 ``protected_scores`` + ``calibrator_state`` (the state of day d depends on its own day d - 1)
--> ``calibration_daily``, ``calibration_arrivals``, ``martingale_alarms``, ``calibration_map``.
+-> ``calibration_daily``, ``calibration_arrivals``, ``performance_estimates``,
+``martingale_alarms``, ``calibration_map``.
 Each asset gets its own metadata (its rows, and what it is about), and each check its
 partition's result (``../checks.py``): a range run's checks run over the range (a failure
 names its day) and again on each day alone, reported on each partition.
@@ -55,6 +56,10 @@ def _specs() -> list[AssetSpec]:
         _spec("calibration_arrivals", ["protected_scores", "calibrator_state", "event_labels"],
               "Monitoring by arrival: per stream and night, the forecasts whose labels were learnt "
               "that night (however old), judged by them."),
+        _spec("performance_estimates", ["protected_scores"], "Performance per stream and night "
+              "estimated from the forecasts alone, before any label: expected log loss, Brier "
+              "score and accuracy if calibrated, with 90 % intervals, protected and base; the view "
+              "v_performance_estimates sets the realized values beside them as labels arrive."),
         _spec("martingale_alarms", ["protected_scores", "calibrator_state"], "First crossing of "
               "log10 S >= 2 (S >= 100) per stream, with its date, event and value."),
         _spec("calibration_map", ["calibrator_state"], "Serving map of every stream at the end of "
