@@ -590,6 +590,12 @@ class Calibrator(Generic[StateT]):
             np.ascontiguousarray(log10m, dtype=np.float64),
         )
 
+    def check_state_vectors(self, vectors: np.ndarray, n_classes: int) -> None:
+        """StateError unless the (S, L) fixed-length state vectors (row s: stream s) hold
+        values this method's kernels can have written, naming the stream and the rule: what
+        :meth:`state_from_flat` checks beyond the layout (a composite's fixed-layout inputs
+        are checked through it in place). The default checks nothing."""
+
     def load_state(self, values, offsets, log10m, n_classes: int) -> StateT:
         """:meth:`state_from_flat` of a state that comes from outside (a stored row, a user's
         :class:`StreamState`): NaN or inf anywhere is refused first, naming the stream, since
