@@ -393,7 +393,9 @@ def likelihood_gale(
     """
     f = clip_probabilities(forecast, clip)
     b = clip_probabilities(base, clip)
-    y = np.maximum(labels, 0)
+    # only update ops read their label (check_batch checks those): a forecast op's may be
+    # anything, and indexing a K-class row with it raised IndexError
+    y = np.where(is_update, np.maximum(labels, 0), 0)
     contrib = np.where(
         is_update, np.log10(prob_of_label(f, y)) - np.log10(prob_of_label(b, y)), 0.0
     )
