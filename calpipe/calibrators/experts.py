@@ -399,8 +399,6 @@ class CompositeExperts(Calibrator[FlatState]):
         check_mixture_weights(self.name, m[:, 0], m[:, 1:h])
         for cal, at, z in zip(self._inputs(n_classes), starts, sizes, strict=True):
             # each input's own checks (:meth:`_split` runs them through its state_from_flat)
-            if z and not np.isfinite(m[:, at + 1 : at + 2 + z]).all():
-                return None  # _split names the stream
             cal.check_state_vectors(m[:, at + 2 : at + 2 + z], n_classes)
         return m, starts
 

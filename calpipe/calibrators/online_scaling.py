@@ -140,7 +140,9 @@ class OnlineScaling(OnlineCalibrator):
         """
         d, nb, w = self._shapes(n_classes)
         n = vectors.shape[0]
-        checks: list[tuple[np.ndarray, str]] = []
+        checks: list[tuple[np.ndarray, str]] = [
+            (~np.isfinite(vectors).all(axis=1), "it holds NaN or inf")
+        ]
         if d:
             theta = vectors[:, :d]
             a = vectors[:, d : d + d * d].reshape(n, d, d)
@@ -154,7 +156,7 @@ class OnlineScaling(OnlineCalibrator):
             checks.append((big, f"A has an entry beyond {config.OPS_CURVATURE_MAX:g} in magnitude"))
             checks.append(((a != a.transpose(0, 2, 1)).any(axis=(1, 2)), "A is not symmetric"))
             weak = np.zeros(n, dtype=bool)
-            fine = np.flatnonzero(~big)
+            fine = np.flatnonzero(~big & ~checks[0][0])
             rho = float(self._get("rho"))
             if fine.size:
                 weak[fine] = ~(np.linalg.eigvalsh(a[fine])[:, 0] >= 0.5 * rho)
