@@ -265,6 +265,11 @@ OPS_RADIUS: float = 100.0
 #: long: on the bank stream its mean log loss is 1.80 against 0.268 with rho = 100.
 OPS_RHO: float = 100.0
 
+#: The largest magnitude a stored ONS curvature entry may have (a state check): A grows by
+#: g g^T, |g|^2 of a few tens a label, so no stream reaches it, while the 3x3 adjugate's
+#: products of three entries stay finite below it (1e300 entries overflowed to NaN forecasts).
+OPS_CURVATURE_MAX: float = 1e100
+
 #: OPS clips the base forecast to [0.01, 0.99] before the features (G&R §2 assume f(x) in that
 #: range): it bounds the gradients, hence the ONS regret constant (|logit 0.99| = 4.6).
 OPS_SCORE_CLIP: float = 0.01

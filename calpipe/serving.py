@@ -101,6 +101,7 @@ def apply_serving_map(
     else:  # (a null or NaN score: no forecast, not checked)
         usable = scores.select(pl.col(score).cast(pl.Float64).is_not_nan().fill_null(False))
         usable = usable.to_series().to_numpy()
+        has &= usable
     _check_scores(scores, score, multiclass, k, usable)
     fp = cal.fingerprint(k)
     bad = joined.filter(

@@ -72,3 +72,15 @@ def test_two_class_vectors_are_served_as_the_binary_p1():
     two = calpipe.serving_map(st, pl.DataFrame({"stream": ["a"], "score": [[0.7, 0.3]]}))
     p = one["protected_score"][0]
     assert two["protected_scores"].to_list() == [[1.0 - p, p]]
+
+
+@pytest.mark.parametrize("missing", [None, float("nan")])
+def test_a_null_or_nan_binary_score_was_refused_not_no_forecast(missing):
+    # the docstring's "a null or NaN score is no forecast": the binary branch mapped it anyway
+    # and check_serving_scores refused it (the K-class branch dropped such rows already)
+    fresh = pl.DataFrame({"stream": ["a", "a", "b"], "score": [0.5, missing, 0.5]},
+                         schema={"stream": pl.String, "score": pl.Float64})  # fmt: skip
+    got = calpipe.serving_map(_state(), fresh)["protected_score"].to_list()
+    want = calpipe.serving_map(_state(), fresh[:1])["protected_score"].to_list()
+    assert got[1] is None and got[2] is None  # no forecast; stream b has no state
+    assert got[0] == want[0] and 0.0 < got[0] < 1.0

@@ -305,6 +305,39 @@ def check_state_length(st: FlatState, size: int, method: str, n_classes: int) ->
     return st
 
 
+def check_flat_layout(st: FlatState, size: int | None, method: str, n_classes: int) -> None:
+    """StateError, naming the first offending stream, unless ``st``'s offsets frame its values
+    (S + 1 of them, from 0 to the number of values, never decreasing) and, for a method with a
+    fixed-length state (``size``), every stream's vector is ``size`` long. Vectorized, O(S)."""
+    values = np.asarray(st.values)
+    offsets = np.asarray(st.offsets)
+    n = st.n_streams
+    if values.ndim != 1 or offsets.ndim != 1 or offsets.shape[0] != n + 1:
+        raise StateError(
+            f"method {method!r}: a state of {n} stream(s) needs 1-d values and {n + 1} offsets; "
+            f"got values of shape {values.shape} and offsets of shape {offsets.shape}"
+        )
+    if not n:
+        return
+    lengths = np.diff(offsets)
+    if offsets[0] != 0 or offsets[-1] != values.shape[0] or lengths.min() < 0:
+        bad = np.flatnonzero((lengths < 0) | (offsets[1:] > values.shape[0]))
+        s = int(bad[0]) if bad.size else (0 if offsets[0] != 0 else n - 1)
+        raise StateError(
+            f"method {method!r}: state vector {s} lies at offsets {int(offsets[s])}.."
+            f"{int(offsets[s + 1])}, outside the {values.shape[0]} values (offsets must run "
+            "from 0 to the number of values, never decreasing)",
+            stream=s,
+        )
+    if size is not None and (lengths.min() != size or lengths.max() != size):
+        s = int(np.flatnonzero(lengths != size)[0])
+        raise StateError(
+            f"method {method!r}: state vector {s} has length {int(lengths[s])}, its state "
+            f"needs {size} (K = {n_classes})",
+            stream=s,
+        )
+
+
 def output_column(name: str, multiclass: bool) -> str:
     """The column name of a per-event forecast output: plural for K classes, as the forecast
     itself (``protected_score`` / ``protected_scores``; a stack's ``base_method_score`` /
@@ -393,7 +426,9 @@ def likelihood_gale(
     """
     f = clip_probabilities(forecast, clip)
     b = clip_probabilities(base, clip)
-    y = np.maximum(labels, 0)
+    # only update ops read their label (check_batch checks those): a forecast op's may be
+    # anything, and indexing a K-class row with it raised IndexError
+    y = np.where(is_update, np.maximum(labels, 0), 0)
     contrib = np.where(
         is_update, np.log10(prob_of_label(f, y)) - np.log10(prob_of_label(b, y)), 0.0
     )
@@ -590,6 +625,20 @@ class Calibrator(Generic[StateT]):
             np.ascontiguousarray(log10m, dtype=np.float64),
         )
 
+    def check_state_layout(self, state: StateT, n_classes: int) -> None:
+        """StateError naming the stream unless ``state`` (as :meth:`run_batch` is given it)
+        has this method's layout: a :class:`FlatState`'s offsets frame its values and each
+        vector has :meth:`state_size` (when fixed); O(S), not the contents (those are
+        :meth:`state_from_flat`'s). A state of another type is the method's own to check."""
+        if type(state) is FlatState:
+            check_flat_layout(state, self.state_size(n_classes), self.name, n_classes)
+
+    def check_state_vectors(self, vectors: np.ndarray, n_classes: int) -> None:
+        """StateError unless the (S, L) fixed-length state vectors (row s: stream s) hold
+        values this method's kernels can have written, naming the stream and the rule: what
+        :meth:`state_from_flat` checks beyond the layout (a composite's fixed-layout inputs
+        are checked through it in place). The default checks nothing."""
+
     def load_state(self, values, offsets, log10m, n_classes: int) -> StateT:
         """:meth:`state_from_flat` of a state that comes from outside (a stored row, a user's
         :class:`StreamState`): NaN or inf anywhere is refused first, naming the stream, since
@@ -663,6 +712,7 @@ class Calibrator(Generic[StateT]):
         (and is what a method calls for its inner calibrators).
         """
         check_batch(self, scores, labels, op_event, op_kind, op_offsets, state, inputs)
+        self.check_state_layout(state, 2 if np.ndim(scores) == 1 else np.shape(scores)[1])
         return self.run_unchecked(scores, labels, op_event, op_kind, op_offsets, state, inputs)
 
     def run_unchecked(self, scores, labels, op_event, op_kind, op_offsets, state, inputs=None):

@@ -397,6 +397,9 @@ class CompositeExperts(Calibrator[FlatState]):
             starts.append(at)
             at += 2 + z
         check_mixture_weights(self.name, m[:, 0], m[:, 1:h])
+        for cal, at, z in zip(self._inputs(n_classes), starts, sizes, strict=True):
+            # each input's own checks (:meth:`_split` runs them through its state_from_flat)
+            cal.check_state_vectors(m[:, at + 2 : at + 2 + z], n_classes)
         return m, starts
 
     def state_from_flat(self, values, offsets, log10m, n_classes: int) -> FlatState:

@@ -99,7 +99,8 @@ def check_batch(cal, scores, labels, op_event, op_kind, op_offsets, state, input
     naming the argument, the first offending position and the rule; vectorized numpy, O(n + m)
     (a few passes over the arrays, no loop per event), so cheap beside any kernel:
 
-    * ``scores``: float (n,) or (n, K >= 3) (K = 2 vectors: give p1 as (n,)), finite, in [0, 1];
+    * ``scores``: float (n,) or (n, K >= 3) (K = 2 vectors: give p1 as (n,)), finite, in [0, 1],
+      K-class rows summing to 1 (within :data:`calpipe.config.SCORES_SUM_TOL`);
     * ``labels``: integers (n,); at every update operation a class 0..K-1;
     * ``op_event``: integers in 0..n-1; ``op_kind``: 0, 1 or 2 (:mod:`calpipe.kernels.ops`);
     * ``op_offsets``: S + 1 integers for the S streams of ``state``, from 0 to the number of
@@ -129,6 +130,15 @@ def check_batch(cal, scores, labels, op_event, op_kind, op_offsets, state, input
             bad = _first(~((flat >= 0.0) & (top <= 1.0)))
             raise InputError("scores", bad, f"score {scores[bad].tolist()} is not a "
                              "probability in [0, 1]")  # fmt: skip
+        if scores.ndim == 2:
+            total = scores.sum(axis=1)
+            off = np.abs(total - 1.0) > config.SCORES_SUM_TOL
+            if off.any():
+                bad = _first(off)
+                raise InputError(
+                    "scores", bad, f"score vector {scores[bad].tolist()} sums to "
+                    f"{float(total[bad])!r}, not 1 (tolerance {config.SCORES_SUM_TOL:g})"
+                )  # fmt: skip
     labels = _integer_array("labels", labels)
     if labels.shape[0] != n:
         raise InputError("labels", None, f"must be (n,) with n = {n} (the scores' rows); "

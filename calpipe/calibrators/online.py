@@ -37,7 +37,7 @@ from calpipe.calibrators.base import (
     likelihood_gale,
     tiled_state,
 )
-from calpipe.errors import ParameterError
+from calpipe.errors import ParameterError, StateError
 from calpipe.kernels import calibrated_regression as CR
 from calpipe.kernels import venn as V
 from calpipe.kernels.ops import OP_FORECAST, OP_UPDATE, with_forecast_copies
@@ -92,7 +92,17 @@ class OnlineCalibrator(Calibrator[FlatState]):
 
     def state_from_flat(self, values, offsets, log10m, n_classes: int) -> FlatState:
         st = super().state_from_flat(values, offsets, log10m, n_classes)
-        return check_state_length(st, self._state_size(n_classes), self.name, n_classes)
+        size = self._state_size(n_classes)
+        check_state_length(st, size, self.name, n_classes)
+        if size and st.n_streams:
+            vectors = st.values[st.offsets[0] : st.offsets[-1]].reshape(st.n_streams, size)
+            bad = np.flatnonzero(~np.isfinite(vectors).all(axis=1))
+            if bad.size:
+                s = int(bad[0])
+                raise StateError(f"method {self.name!r}: state vector {s} holds NaN or inf; "
+                                 "state values must be finite", stream=s)  # fmt: skip
+            self.check_state_vectors(vectors, n_classes)
+        return st
 
     def run_unchecked(self, scores, labels, op_event, op_kind, op_offsets, state, inputs=None):
         inputs = inputs or {}
@@ -114,6 +124,7 @@ class OnlineCalibrator(Calibrator[FlatState]):
         # The forecast in force at each original op (update-only ops: their inserted copy).
         at_op = np.where(upd_only, 0, op_event)
         at_op[upd_only] = pseudo
+        self._check_forecasts(p[at_op], op_event, op_offsets)
         log10m_op, log10m_end = likelihood_gale(
             p[at_op], self.martingale_base(scores[op_event]), labels[op_event],
             op_kind != OP_FORECAST, op_offsets, state.log10m, self.params["clip"],
@@ -126,6 +137,22 @@ class OnlineCalibrator(Calibrator[FlatState]):
             extra = {"p_lower": lower[:n], "p_upper": upper[:n]}
         new = FlatState(np.ascontiguousarray(new_vectors.ravel()), state.offsets.copy(), log10m_end)
         return RunOutput(p[:n], out_m, extra), new
+
+    def _check_forecasts(self, forecast, op_event, op_offsets) -> None:
+        """StateError unless every forecast (one per op) is a probability: a state the load
+        checks let through must not become silent NaN or out-of-[0, 1] forecasts."""
+        ok = np.isfinite(forecast) & (forecast >= 0.0) & (forecast <= 1.0)
+        if ok.ndim == 2:
+            ok = ok.all(axis=1)
+        if not ok.all():
+            o = int(np.flatnonzero(~ok)[0])
+            s = int(np.searchsorted(op_offsets, o, side="right") - 1)
+            raise StateError(
+                f"method {self.name!r}: stream {s}'s forecast of event {int(op_event[o])} is "
+                f"{forecast[o].tolist()}, not a probability: its state is no state this method "
+                "can have written",
+                stream=s,
+            )
 
 
 class VennPredictor(OnlineCalibrator):
@@ -218,6 +245,20 @@ class VennPredictor(OnlineCalibrator):
 
     def _initial_vector(self, n_classes: int) -> np.ndarray:
         return np.zeros(self._state_size(n_classes))
+
+    def check_state_vectors(self, vectors: np.ndarray, n_classes: int) -> None:
+        """Each count n_{k,c} a whole number >= 0: the forecasts divide by n_k + 1 (a count
+        of -1 divided by zero) and a fractional or negative count is no Venn predictor."""
+        bad = np.flatnonzero(((vectors < 0) | (vectors != np.floor(vectors))).any(axis=1))
+        if bad.size:
+            s = int(bad[0])
+            j = int(np.flatnonzero((vectors[s] < 0) | (vectors[s] != np.floor(vectors[s])))[0])
+            raise StateError(
+                f"method {self.name!r}: state vector {s} holds count {vectors[s, j]} at "
+                f"position {j} (category {j // n_classes}, class {j % n_classes}); Venn counts "
+                "must be whole numbers >= 0",
+                stream=s,
+            )
 
     def _kernel(self, x, y, ev, kind, off, vectors, n_classes, inputs):
         counts = vectors.reshape(-1, self._n_cat(n_classes), n_classes)

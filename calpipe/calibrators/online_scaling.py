@@ -47,7 +47,7 @@ from calpipe import config
 from calpipe.calibrators._params import Param, int_at_least, number_in
 from calpipe.calibrators.base import CLIP_PARAM, FlatState
 from calpipe.calibrators.online import OnlineCalibrator
-from calpipe.errors import ParameterError
+from calpipe.errors import ParameterError, StateError
 from calpipe.kernels import online_scaling as OS
 
 _ONS_PARAMS: dict[str, Param] = {
@@ -127,6 +127,57 @@ class OnlineScaling(OnlineCalibrator):
             self._get("rho"),
         )  # fmt: skip
         return np.concatenate([theta.ravel(), a.ravel(), beat.ravel()])
+
+    def check_state_vectors(self, vectors: np.ndarray, n_classes: int) -> None:
+        """The invariants of ``[theta, A, calibeating statistics]`` the kernel keeps (a state
+        breaking one overflowed to NaN forecasts, divided by zero or forecast outside [0, 1]):
+
+        * ``||theta|| <= max(radius, ||theta_1||)``: the ONS projects every step on the ball
+          (theta_1, the identity, may lie outside a small one until the first label);
+        * ``A`` symmetric, every entry at most :data:`calpipe.config.OPS_CURVATURE_MAX` in
+          magnitude and its smallest eigenvalue at least rho / 2 (A = rho I + sum g g^T);
+        * tracking: per bin, whole numbers 0 <= (sum of labels) <= (count).
+        """
+        d, nb, w = self._shapes(n_classes)
+        n = vectors.shape[0]
+        checks: list[tuple[np.ndarray, str]] = [
+            (~np.isfinite(vectors).all(axis=1), "it holds NaN or inf")
+        ]
+        if d:
+            theta = vectors[:, :d]
+            a = vectors[:, d : d + d * d].reshape(n, d, d)
+            radius = max(float(self._get("radius")), float(np.linalg.norm(self._initial_vector(
+                n_classes)[:d])))  # fmt: skip
+            with np.errstate(over="ignore"):
+                norm = np.sqrt(np.sum(theta * theta, axis=1))
+            checks.append((norm > radius * (1.0 + 1e-9),
+                           f"theta's norm exceeds the projection radius {radius:g}"))  # fmt: skip
+            big = np.abs(a).max(axis=(1, 2)) > config.OPS_CURVATURE_MAX
+            checks.append((big, f"A has an entry beyond {config.OPS_CURVATURE_MAX:g} in magnitude"))
+            checks.append(((a != a.transpose(0, 2, 1)).any(axis=(1, 2)), "A is not symmetric"))
+            weak = np.zeros(n, dtype=bool)
+            fine = np.flatnonzero(~big & ~checks[0][0])
+            rho = float(self._get("rho"))
+            if fine.size:
+                weak[fine] = ~(np.linalg.eigvalsh(a[fine])[:, 0] >= 0.5 * rho)
+            checks.append((weak, f"A's smallest eigenvalue is below rho / 2 = {0.5 * rho:g} "
+                                 "(A = rho I + sum g g^T is positive-definite)"))  # fmt: skip
+        if self.calibeat == OS.CALIBEAT_TRACKING:
+            beat = vectors[:, d + d * d :].reshape(n, nb, w)
+            sums, counts = beat[:, :, 0], beat[:, :, 1]
+            off = (sums < 0) | (sums > counts) | (sums != np.floor(sums))
+            off |= counts != np.floor(counts)
+            checks.append((off.any(axis=1), "a bin's (sum of labels, count) are not whole "
+                                            "numbers with 0 <= sum <= count"))  # fmt: skip
+        for mask, rule in checks:
+            bad = np.flatnonzero(mask)
+            if bad.size:
+                s = int(bad[0])
+                raise StateError(
+                    f"method {self.name!r}: state vector {s} is no state of this method: {rule} "
+                    f"(layout: theta ({d}), A ({d}x{d}), calibeating statistics ({nb}x{w}))",
+                    stream=s,
+                )
 
     def has_logistic_map(self) -> bool:
         return self.calibeat == OS.CALIBEAT_NONE and self.model != OS.MODEL_NONE

@@ -126,6 +126,17 @@ class WindowedCalibrator(Calibrator[FlatState]):
 
     def state_from_flat(self, values, offsets, log10m, n_classes: int) -> FlatState:
         st = super().state_from_flat(values, offsets, log10m, n_classes)
+        self._check_headers(st, n_classes)
+        return st
+
+    def check_state_layout(self, state: FlatState, n_classes: int) -> None:
+        super().check_state_layout(state, n_classes)
+        if type(state) is FlatState:
+            self._check_headers(state, n_classes)
+
+    def _check_headers(self, st: FlatState, n_classes: int) -> None:
+        """StateError unless each stream's vector is [u, b, f, scores, labels, fitted] with
+        lengths that add up (vectorized over the streams)."""
         c = 1 if n_classes == 2 else n_classes
         start, length = st.offsets[:-1], np.diff(st.offsets)
         bad = np.flatnonzero(length < _HEADER)  # header check, all streams at once
@@ -144,7 +155,6 @@ class WindowedCalibrator(Calibrator[FlatState]):
                 f"window={self.window})",
                 stream=int(bad[0]),
             )
-        return st
 
     def _unpack(self, st: FlatState, s: int, c: int):
         v = st.vector(s)

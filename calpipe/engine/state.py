@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 import polars as pl
 
+from calpipe import config
 from calpipe.calibrators import Calibrator
 from calpipe.calibrators.base import FlatState
 from calpipe.engine.contract import TIME_US, Columns, lex_greater
@@ -168,6 +169,62 @@ def state_from_rows(cal: Calibrator, rows: pl.DataFrame, n_classes: int, keys=No
         raise StateError(f"state row of {name}: {exc}", stream=exc.stream) from None
 
 
+def check_carried(rows: pl.DataFrame, n_classes: int, keys=None) -> None:
+    """StateError unless state-frame ``rows`` carry what a run wrote besides the vectors, naming
+    the row's stream by its key (``keys``, as :func:`state_from_rows`), the column and the rule:
+    ``log10_martingale_max`` a finite number; per row, the ``pending_*`` lists of one label time
+    and one score (K classes: one vector of K) per pending label, none null, the scores finite
+    probabilities (K classes: summing to 1 within :data:`calpipe.config.SCORES_SUM_TOL`), the
+    labels classes 0..K-1 (a null time broke the operation list with a raw broadcast error, a
+    score of 7 was clipped silently, a label of 5 named an event that does not exist).
+    Vectorized in polars; the lists are read only when some row has pending labels."""
+    width = 1 if n_classes == 2 else n_classes
+
+    def refuse(mask: np.ndarray, column: str, rule: str) -> None:
+        bad = np.flatnonzero(mask)
+        if not bad.size:
+            return
+        i = int(bad[0])
+        names = [c for c in (keys or ("stream",)) if c in rows.columns]
+        where = ", ".join(f"{c}={v!r}" for c, v in zip(names, rows.select(names).row(i),
+                                                            strict=True))  # fmt: skip
+        raise StateError(f"state row {'of ' + where if where else i}: column {column!r}: {rule}",
+                         stream=i)  # fmt: skip
+
+    peak = rows["log10_martingale_max"].cast(pl.Float64).fill_null(np.nan).to_numpy()
+    refuse(~np.isfinite(peak), "log10_martingale_max", "must be a finite number")
+    n_lab = rows["pending_labels"].list.len().fill_null(0).to_numpy()
+    if not n_lab.any() and not rows["pending_scores"].list.len().fill_null(0).to_numpy().any():
+        if not rows["pending_label_time"].list.len().fill_null(0).to_numpy().any():
+            return
+    n_t = rows["pending_label_time"].list.len().fill_null(0).to_numpy()
+    n_s = rows["pending_scores"].list.len().fill_null(0).to_numpy()
+    refuse(n_t != n_lab, "pending_label_time", "one label time per pending label is needed")
+    refuse(n_s != n_lab * width, "pending_scores",
+           f"one score {'vector of ' + str(width) + ' ' if width > 1 else ''}per pending label "
+           "is needed")  # fmt: skip
+    e = pl.element()
+    flags = rows.select(
+        pl.col("pending_label_time").list.eval(e.is_null()).list.any().fill_null(False),
+        pl.col("pending_scores").list.eval(
+            e.is_null() | e.is_nan() | (e < 0.0) | (e > 1.0)).list.any().fill_null(False),
+        pl.col("pending_labels").list.eval(
+            e.is_null() | (e < 0) | (e >= n_classes)).list.any().fill_null(False),
+    )  # fmt: skip
+    refuse(flags["pending_label_time"].to_numpy(), "pending_label_time", "a label time is null")
+    refuse(flags["pending_scores"].to_numpy(), "pending_scores",
+           "a score is null, NaN or outside [0, 1]")  # fmt: skip
+    refuse(flags["pending_labels"].to_numpy(), "pending_labels",
+           f"a label is null or outside the classes 0..{n_classes - 1}")  # fmt: skip
+    if width > 1:
+        sums = rows["pending_scores"].explode(keep_nulls=False).to_numpy().reshape(-1, width)
+        off = np.abs(sums.sum(axis=1) - 1.0) > config.SCORES_SUM_TOL
+        if off.any():
+            row_of = np.repeat(np.arange(rows.height), n_lab)
+            refuse(np.isin(np.arange(rows.height), row_of[off]), "pending_scores",
+                   f"a score vector does not sum to 1 (tolerance {config.SCORES_SUM_TOL:g})")  # fmt: skip
+
+
 def empty_lists(n: int, inner: pl.DataType) -> pl.Series:
     """n empty lists (one broadcast, not a Python list of n lists)."""
     return pl.Series([[]], dtype=pl.List(inner)).new_from_index(0, n)
@@ -239,6 +296,7 @@ def join_state(cal, cols, n_classes, streams, first_rows, state0, n_streams):
     if not np.array_equal(rows, np.arange(full.height)):
         full = full[rows]
     loaded = state_from_rows(cal, full, n_classes, cols.by)
+    check_carried(full, n_classes, cols.by)
     bstate = bstate.scatter(idx, loaded)
     prev = joined.select(
         pl.col("n_events").fill_null(0).cast(pl.Int64),

@@ -298,7 +298,9 @@ def _online_scaling(
                         zz += theta[i] * u[i]
                     f = sigmoid(zz)
                 forecast = f
-                b = min(int(f * n_bins), n_bins - 1)
+                # (a guard: a state of finite theta cannot give NaN here, and the calibrator
+                # refuses a NaN forecast after the call; int(NaN) read out of bounds)
+                b = min(max(int(f * n_bins), 0), n_bins - 1) if f == f else 0
                 if calibeat == CALIBEAT_TRACKING:
                     if beat[b, 1] > 0.0:
                         forecast = beat[b, 0] / beat[b, 1]
@@ -307,6 +309,8 @@ def _online_scaling(
                     forecast = 0.0
                     for i in range(n_bins):
                         forecast += w[i] * mids[i]
+                if f != f:  # a NaN expert forecasts NaN, not its bin 0's value
+                    forecast = f
                 if kind != OP_UPDATE:
                     p_out[e] = forecast
             if kind == OP_FORECAST:

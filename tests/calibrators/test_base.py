@@ -194,3 +194,42 @@ def test_malformed_stream_state_json_gave_index_or_type_error(text, words):
     with pytest.raises(StateError) as e:
         StreamState.from_json(text)
     assert words in str(e.value)
+
+
+@pytest.mark.parametrize("method", ["ops", "venn-predictor", "platt"])
+def test_k_class_label_out_of_range_on_a_forecast_op_gave_index_error(method):
+    # likelihood_gale indexed every op's K-class row with its label: a forecast op's label is
+    # never read (7 here), so it must not be used; on an update op it is the InputError
+    from calpipe.calibrators import make_calibrator
+    from calpipe.errors import InputError
+
+    cal = make_calibrator(method)
+    x = np.full((3, 3), 1 / 3)
+    st0 = cal.initial_state(1, 3)
+    args = (np.arange(3), np.array([0, 1, 0], np.int8), np.array([0, 3]), st0)
+    out, _ = cal.run_batch(x, np.array([0, 7, 1]), *args)
+    ref, _ = cal.run_batch(x, np.array([0, 0, 1]), *args)
+    assert np.array_equal(out.protected, ref.protected)
+    assert np.array_equal(out.log10_martingale, ref.log10_martingale, equal_nan=True)
+    with pytest.raises(InputError, match="row 2: label 7 of a learnt event"):
+        cal.run_batch(x, np.array([0, 0, 7]), *args)
+
+
+@pytest.mark.parametrize("method", ["ops", "venn-predictor", "composite-experts", "platt"])
+@pytest.mark.parametrize("fault", ["short", "offsets"])
+def test_run_batch_with_a_flat_state_of_wrong_lengths_gave_raw_numpy_errors(method, fault):
+    # a FlatState given to run_batch whose vectors miss the method's layout reached the
+    # kernels' reshape / ragged_take: raw ValueErrors; now a StateError naming stream 1
+    from calpipe.calibrators import make_calibrator
+    from calpipe.errors import StateError
+
+    cal = make_calibrator(method)
+    st = cal.initial_state(2, 2)
+    if fault == "short":  # stream 1 one value short
+        bad = FlatState(st.values[:-1], np.append(st.offsets[:-1], st.offsets[-1] - 1), st.log10m)
+    else:  # offsets past the values
+        bad = FlatState(st.values, st.offsets + 1, st.log10m)
+    with pytest.raises(StateError, match=f"method '{method}': state vector 1 ") as exc:
+        cal.run_batch(np.array([0.2, 0.7]), np.array([0, 1]), np.arange(2),
+                      np.zeros(2, np.int8), np.array([0, 1, 2]), bad)  # fmt: skip
+    assert exc.value.stream == 1

@@ -291,3 +291,19 @@ def test_the_default_reads_its_state_in_place_and_refuses_what_departs_from_its_
     negative[1] = -negative[1]
     with pytest.raises(StateError, match="mixture weights"):
         cal.run(x, y, state=dataclasses.replace(st, weights=negative))
+
+
+@pytest.mark.parametrize("inputs", [("obs",), ("ops", "obs")])
+def test_an_overflowing_obs_input_state_is_refused_not_nan_forecasts(inputs):
+    # an OBS input's A of 1e300 overflowed to NaN forecasts with no error: the fixed-layout
+    # path (_uniform) checks each input's vector as the input's own state_from_flat would
+    from calpipe.calibrators.base import StreamState
+
+    cal = make_calibrator("composite-experts", inputs=inputs)
+    x, y = np.array([0.2, 0.7, 0.9]), np.array([0, 1, 0])
+    _, st = cal.run(x, y)
+    w = np.array(st.weights)
+    w[-9:] = 1e300  # the last input, obs: [..., theta (3), A (3x3)]
+    st.weights = w.tolist()
+    with pytest.raises(StateError, match="A has an entry beyond"):
+        cal.run(x, np.array([1, -1, 0]), state=StreamState.from_json(st.to_json()))

@@ -111,3 +111,15 @@ def test_state_weights_of_1e308_or_1e_320_yielded_inf_or_nan(weight):
         data["weights"] = [weight] * len(data["weights"])
         with pytest.raises(StateError, match=r"must be >= 0 and sum to 1"):
             cal.run(P, Y, state=StreamState.from_json(json.dumps(data)))
+
+
+def test_run_batch_accepted_k_class_rows_that_do_not_sum_to_1():
+    # run() refused them (check_arrays); run_batch ran them: a forecast of no distribution
+    x = np.array([[0.2, 0.3, 0.5], [0.5, 0.5, 0.5], [0.1, 0.1, 0.8]])
+    _refused("scores", 1, "sums to 1.5, not 1", "tolerance 1e-06", scores=x)
+    ok = x.copy()
+    ok[1] = [0.5, 0.5, 1e-7]  # within the tolerance: accepted as it is
+    for method in ("ops", "composite-experts"):
+        cal = make_calibrator(method)
+        out, _ = cal.run_batch(ok, Y, EV, KIND, OFF, cal.initial_state(1, 3))
+        assert np.isfinite(out.protected).all()

@@ -9,8 +9,9 @@ import pytest
 
 import calpipe
 from calpipe.calibrators import METHODS, make_calibrator
+from calpipe.calibrators.base import FlatState, StreamState
 from calpipe.cli import main
-from calpipe.errors import ParameterError
+from calpipe.errors import ParameterError, StateError
 from tests import naive_online_scaling as naive
 
 PAPER = {
@@ -131,3 +132,103 @@ def test_parameters_are_validated():
         make_calibrator("ops", n_bins=4)  # OPS has no calibeating bins
     with pytest.raises(ParameterError, match="radius"):
         make_calibrator("online-histogram", radius=3.0)  # no scaling model
+
+
+def _tampered(method, mutate, k=2):
+    """A stored state of ``method`` after three events, ``mutate``d (its weights as an array),
+    through the JSON a user could have edited."""
+    cal = make_calibrator(method)
+    x = np.array([0.2, 0.7, 0.9]) if k == 2 else np.full((3, k), 1.0 / k)
+    _, st = cal.run(x, np.array([0, 1, 0]))
+    w = np.array(st.weights)
+    mutate(w)
+    st.weights = w.tolist()
+    return cal, x, StreamState.from_json(st.to_json())
+
+
+@pytest.mark.parametrize("method", ["tops", "hops", "tobs", "hobs", "ops", "obs"])
+def test_a_huge_theta_is_refused_on_load_not_a_heap_abort(method):
+    # theta 1e308 overflowed theta . u to NaN (beta: -inf + inf) and int(NaN * n_bins) read the
+    # calibeating table out of bounds
+    cal, x, st = _tampered(method, lambda w: w.__setitem__(slice(0, 2), 1e308))
+    with pytest.raises(StateError, match="theta's norm exceeds the projection radius"):
+        cal.run(x, np.array([1, -1, 0]), state=st)
+
+
+@pytest.mark.parametrize("method", ["ops", "obs", "tobs"])
+def test_an_overflowing_ons_curvature_is_refused_on_load(method):
+    # A entries of 1e300 overflowed the adjugate: NaN forecasts, no error
+    d = 3 if method.endswith("obs") else 2
+    cal, x, st = _tampered(method, lambda w: w.__setitem__(slice(d, d + d * d), 1e300))
+    with pytest.raises(StateError, match="A has an entry beyond 1e\\+100"):
+        cal.run(x, np.array([1, -1, 0]), state=st)
+
+
+def test_an_all_zero_ons_state_is_refused_not_a_zero_division():
+    cal, x, st = _tampered("ops", lambda w: w.__setitem__(slice(None), 0.0))
+    with pytest.raises(StateError, match="smallest eigenvalue is below rho / 2"):
+        cal.run(x, np.array([1, -1, 0]), state=st)
+    cal, x, st = _tampered("ops", lambda w: w.__setitem__(3, w[3] + 1.0))  # A[0, 1] != A[1, 0]
+    with pytest.raises(StateError, match="A is not symmetric"):
+        cal.run(x, np.array([1, -1, 0]), state=st)
+
+
+def test_a_k_class_ons_state_is_checked_too():
+    cal, x, st = _tampered("ops", lambda w: w.__setitem__(slice(6, None), 0.0), k=3)
+    with pytest.raises(StateError, match="smallest eigenvalue"):
+        cal.run(x, np.array([1, -1, 0]), state=st)
+
+
+@pytest.mark.parametrize("method", ["tops", "tobs", "online-histogram"])
+@pytest.mark.parametrize("pair", [(7.0, 7.0), (3.0, 1.0), (-1.0, 2.0), (0.5, 1.0)])
+def test_tampered_calibeating_counts_are_refused_not_forecasts_outside_0_1(method, pair):
+    # (sum of labels, count) of every bin set to ``pair``, bin 0 emptied of its count: a sum
+    # above its count, below 0 or fractional forecast outside [0, 1] (online-histogram gave 7)
+    cal = make_calibrator(method)
+    size = cal.state_size(2)
+    start = size - 2 * cal.params["n_bins"]
+
+    def mutate(w):
+        w[start::2], w[start + 1 :: 2] = pair
+        w[start + 1] = 0.0  # bin 0 empty: sum > count there
+
+    cal, x, st = _tampered(method, mutate)
+    with pytest.raises(StateError, match="whole numbers with 0 <= sum <= count"):
+        cal.run(x, np.array([1, -1, 0]), state=st)
+
+
+def test_a_nan_expert_forecast_is_an_error_not_a_bin_read():
+    # the guard behind the load checks: a state that bypasses them (run_unchecked on a made-up
+    # FlatState) gives a StateError, not int(NaN) as a bin index nor a silent NaN
+    cal = make_calibrator("tops")
+    st = cal.initial_state(1, 2)
+    v = st.values.copy()
+    v[:2] = [np.inf, -np.inf]
+    bad = FlatState(v, st.offsets, st.log10m)
+    with pytest.raises(StateError, match="not a probability"):
+        cal.run_unchecked(np.array([0.2, 0.9]), np.array([0, 1]), np.arange(2),
+                          np.ones(2, np.int8), np.array([0, 2]), bad)  # fmt: skip
+
+
+def test_valid_states_still_load_after_many_labels():
+    rng = np.random.default_rng(3)
+    x = rng.uniform(0.01, 0.99, 400)
+    y = (rng.uniform(size=400) < x**2).astype(np.int64)
+    for method in ("ops", "tops", "hops", "obs", "tobs", "hobs", "online-histogram"):
+        small = {} if method == "online-histogram" else {"radius": 0.5}  # theta_1 outside it
+        cal = make_calibrator(method, **small)
+        _, fresh = cal.run(x[:1], np.array([-1]))
+        cal.run(x, y, state=StreamState.from_json(fresh.to_json()))
+        _, st = cal.run(x, y)
+        cal.run(x, y, state=StreamState.from_json(st.to_json()))
+
+
+def test_an_overflowing_obs_state_row_is_refused_by_protect_with_state():
+    x, y = np.array([0.2, 0.7, 0.9]), np.array([0, 1, 0])
+    df = pl.DataFrame({"stream": ["a"] * 3, "event_time": [1, 2, 3], "event_id": [1, 2, 3],
+                       "score": x, "label": y})  # fmt: skip
+    r = calpipe.protect_with_state(df, by="stream", method="obs")
+    state = r.state.with_columns(pl.col("weights").list.eval(pl.element() * 0 + 1e300))
+    later = df.with_columns(pl.col("event_time") + 10)
+    with pytest.raises(StateError, match="state row of stream='a'"):
+        calpipe.protect_with_state(later, by="stream", method="obs", state=state)

@@ -188,3 +188,19 @@ def test_filling_and_fitted_streams_in_one_call_equal_one_call_each(seed, cut):
     got = pl.concat([a.scores, b.scores])["protected_score"].to_numpy()
     want = np.concatenate([cal.run(p, y)[0].protected for p, y in parts])
     np.testing.assert_array_equal(got, want)
+
+
+def test_run_batch_with_a_windowed_state_of_wrong_header_lengths_gave_raw_numpy_errors():
+    # a FlatState whose header [u, b, f] does not add up to its vector's length: the window
+    # was read out of its segment (ragged_take's ValueError); now the layout's StateError
+    from calpipe.calibrators.base import FlatState
+    from calpipe.errors import StateError
+
+    cal = make_calibrator("isotonic")
+    st = cal.initial_state(2, 2)
+    values = st.values.copy()
+    values[3] = 5.0  # stream 1 claims u = 5 events, b = 0 in its window
+    bad = FlatState(values, st.offsets, st.log10m)
+    with pytest.raises(StateError, match="state vector 1 does not have the layout"):
+        cal.run_batch(np.array([0.2, 0.7]), np.array([0, 1]), np.arange(2),
+                      np.zeros(2, np.int8), np.array([0, 1, 2]), bad)  # fmt: skip
