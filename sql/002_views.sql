@@ -60,43 +60,40 @@ JOIN (SELECT stream, max(date) AS date FROM calibration_map GROUP BY stream) l
 -- night; `labelled` counts them. A realized value inside [low, high] is what calibrated forecasts
 -- give on 90 % of nights; a base estimate far from its realized value is a miscalibrated base.
 CREATE OR REPLACE VIEW v_performance_estimates AS
-WITH judged AS (
-    SELECT
-        p.event_date AS date, p.stream,
-        coalesce(p.label, l.label) AS y,
-        p.protected_score AS pp, p.base_score AS pb,
-        p.protected_scores AS vp, p.base_scores AS vb
+WITH judged AS (  -- each labelled event, once per forecast (who: protected 'p', base 'b')
+    SELECT p.event_date AS date, p.stream, p.event_id, f.who, f.q, f.v,
+           coalesce(p.label, l.label) AS y
     FROM protected_scores p
     LEFT JOIN event_labels l
-           ON l.event_date = p.event_date AND l.stream = p.stream AND l.event_id = p.event_id
-), realized AS (
-    SELECT
-        date, stream,
-        count(y) AS labelled,
-        avg(-ln(greatest(CASE WHEN vp IS NULL THEN (CASE y WHEN 1 THEN pp ELSE 1 - pp END)
-                              ELSE vp[y + 1] END, 1e-15))) FILTER (WHERE y IS NOT NULL)
-            AS realized_log_loss,
-        avg(CASE WHEN vp IS NULL THEN (pp - y) ^ 2
-                 ELSE list_sum(list_transform(vp, lambda q, i: (q - (i = y + 1)::INT) ^ 2)) END)
-            FILTER (WHERE y IS NOT NULL) AS realized_brier,
-        avg(CASE WHEN vp IS NULL THEN ((pp >= 0.5)::INT = y)::INT
-                 ELSE (list_position(vp, list_max(vp)) - 1 = y)::INT END)
-            FILTER (WHERE y IS NOT NULL) AS realized_accuracy,
-        avg(-ln(greatest(CASE WHEN vb IS NULL THEN (CASE y WHEN 1 THEN pb ELSE 1 - pb END)
-                              ELSE vb[y + 1] END, 1e-15))) FILTER (WHERE y IS NOT NULL)
-            AS base_realized_log_loss,
-        avg(CASE WHEN vb IS NULL THEN (pb - y) ^ 2
-                 ELSE list_sum(list_transform(vb, lambda q, i: (q - (i = y + 1)::INT) ^ 2)) END)
-            FILTER (WHERE y IS NOT NULL) AS base_realized_brier,
-        avg(CASE WHEN vb IS NULL THEN ((pb >= 0.5)::INT = y)::INT
-                 ELSE (list_position(vb, list_max(vb)) - 1 = y)::INT END)
-            FILTER (WHERE y IS NOT NULL) AS base_realized_accuracy
+           ON l.event_date = p.event_date AND l.stream = p.stream AND l.event_id = p.event_id,
+    LATERAL (VALUES ('p', p.protected_score, p.protected_scores),
+                    ('b', p.base_score, p.base_scores)) AS f(who, q, v)
+    WHERE coalesce(p.label, l.label) IS NOT NULL
+), losses AS (  -- calpipe.metrics' losses (log loss floored at 1e-15; K classes: the vectors)
+    SELECT date, stream, event_id, who,
+           -ln(greatest(CASE WHEN v IS NULL THEN (CASE y WHEN 1 THEN q ELSE 1 - q END)
+                             ELSE v[y + 1] END, 1e-15)) AS log_loss,
+           CASE WHEN v IS NULL THEN (q - y) ^ 2
+                ELSE list_sum(list_transform(v, lambda c, i: (c - (i = y + 1)::INT) ^ 2)) END
+               AS brier,
+           CASE WHEN v IS NULL THEN ((q >= 0.5)::INT = y)::INT
+                ELSE (list_position(v, list_max(v)) - 1 = y)::INT END AS accuracy
     FROM judged
+), realized AS (  -- sums in event id order: the same bits whatever DuckDB's threads do
+    SELECT date, stream,
+           count(*) FILTER (WHERE who = 'p') AS labelled,
+           avg(log_loss ORDER BY event_id) FILTER (WHERE who = 'p') AS realized_log_loss,
+           avg(brier ORDER BY event_id) FILTER (WHERE who = 'p') AS realized_brier,
+           avg(accuracy ORDER BY event_id) FILTER (WHERE who = 'p') AS realized_accuracy,
+           avg(log_loss ORDER BY event_id) FILTER (WHERE who = 'b') AS base_realized_log_loss,
+           avg(brier ORDER BY event_id) FILTER (WHERE who = 'b') AS base_realized_brier,
+           avg(accuracy ORDER BY event_id) FILTER (WHERE who = 'b') AS base_realized_accuracy
+    FROM losses
     GROUP BY date, stream
 )
 SELECT
     e.*,
-    r.labelled,
+    coalesce(r.labelled, 0) AS labelled,
     r.realized_log_loss, r.realized_brier, r.realized_accuracy,
     r.base_realized_log_loss, r.base_realized_brier, r.base_realized_accuracy,
     r.realized_log_loss BETWEEN e.expected_log_loss_low AND e.expected_log_loss_high
