@@ -351,10 +351,10 @@ def _cmd_ui(args: argparse.Namespace) -> int:
     # itself if this process dies, even by SIGKILL (--parent: webserver.watch_parent).
     # SIGTERM and SIGHUP (a closed terminal) stop it as Ctrl-C does: they used to end this
     # process and leave the UI, its daemon and the sync running and listening.
-    stopped_by: list[str] = []
+    stopped_by: list[int] = []
 
     def stop_on(signum, frame):
-        stopped_by.append(signal.Signals(signum).name)
+        stopped_by.append(signum)
         raise KeyboardInterrupt
 
     proc = subprocess.Popen([*cmd, "--parent", str(os.getpid())], env=os.environ | env,
@@ -368,7 +368,7 @@ def _cmd_ui(args: argparse.Namespace) -> int:
         settle()
         for sig in previous:
             signal.signal(sig, signal.SIG_IGN)  # stopping: a second signal is no traceback
-        why = stopped_by[0] if stopped_by else "Ctrl-C"
+        why = signal.Signals(stopped_by[0]).name if stopped_by else "Ctrl-C"
         if _stop_ui(proc):
             print(f"calpipe ui: stopped ({why}): the UI, its daemon and the sync have exited",
                   file=sys.stderr)  # fmt: skip
@@ -376,7 +376,7 @@ def _cmd_ui(args: argparse.Namespace) -> int:
             print(f"calpipe ui: stopped ({why}): the UI did not exit within "
                   f"{UI_STOP_SECONDS:.0f} s; it and every process it started were killed",
                   file=sys.stderr)  # fmt: skip
-        return 130 if not stopped_by else 128 + getattr(signal, stopped_by[0])
+        return 128 + (stopped_by[0] if stopped_by else signal.SIGINT)  # the shell's codes
     finally:
         for sig, handler in previous.items():
             if signal.getsignal(sig) is stop_on:

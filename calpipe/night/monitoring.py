@@ -91,7 +91,7 @@ def _corp_columns(
     return out
 
 
-def _vectors(col: pl.Series) -> np.ndarray:
+def class_vectors(col: pl.Series) -> np.ndarray:
     """(n, K) float array of a column of K-class probability vectors."""
     if col.len() == 0:
         return np.zeros((0, 3))
@@ -140,7 +140,7 @@ def daily_metrics(
     n_groups = first.shape[0]
     multiclass = "base_scores" in scores.columns
     if multiclass:
-        base, prot = _vectors(scores["base_scores"]), _vectors(scores["protected_scores"])
+        base, prot = class_vectors(scores["base_scores"]), class_vectors(scores["protected_scores"])
     else:
         base = scores["base_score"].cast(pl.Float64).to_numpy()
         prot = scores["protected_score"].cast(pl.Float64).to_numpy()

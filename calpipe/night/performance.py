@@ -30,7 +30,7 @@ import numpy as np
 import polars as pl
 
 from calpipe.estimates import ESTIMATES, grouped_estimates
-from calpipe.night.monitoring import stream_groups
+from calpipe.night.monitoring import class_vectors, stream_groups
 
 #: The estimate columns of each forecast, in the table's order (``base_`` before the base's).
 ESTIMATE_COLUMNS: tuple[str, ...] = tuple(
@@ -41,9 +41,7 @@ ESTIMATE_COLUMNS: tuple[str, ...] = tuple(
 def _forecasts(rows: pl.DataFrame, column: str) -> np.ndarray:
     """A forecast column as (n,) binary or (n, K) class probabilities."""
     if column.endswith("_scores"):  # K classes: list columns
-        col = rows[column]
-        k = int(col.list.len().max()) if col.len() else 3
-        return np.ascontiguousarray(col.list.to_array(k).to_numpy(), dtype=np.float64)
+        return class_vectors(rows[column])
     return rows[column].cast(pl.Float64).to_numpy()
 
 

@@ -3,8 +3,8 @@
 What a person would rather look at than query: the run (database, days, method), the summary
 per stream (:func:`calpipe.pipeline.reports.stream_summary`), every alarm, the performance
 estimated before labels beside its realized values (``v_performance_estimates``: coverage per
-stream, and a plot of the last days per stream), and per stream its test martingale trajectory, a reliability diagram of the last
-:data:`~calpipe.config.RELIABILITY_WINDOW_DAYS` days (binary forecasts), and its daily metrics of
+stream, and a plot of the last days per stream), and per stream its test martingale
+trajectory, a reliability diagram of the last :data:`~calpipe.config.RELIABILITY_WINDOW_DAYS` days (binary forecasts), and its daily metrics of
 the last :data:`~calpipe.REPORT_DAILY_DAYS` days (``calibration_daily``). Plots are inline
 SVG, styles inline: the page loads nothing from anywhere, so it can be mailed or archived.
 
