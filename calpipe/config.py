@@ -75,6 +75,23 @@ FAMILY_DEDUP_TOL: float = 1e-12
 #: probability <= 1 % under calibrated base forecasts (docs/ARCHITECTURE.md §1).
 ALARM_LOG10_THRESHOLD: float = 2.0
 
+# --- Change points (kernels/change_points.py, night/changes.py) ---
+#: Threshold of the change-point detector (a CUSUM e-detector, Shin, Ramdas & Rinaldo 2023):
+#: log10 A = 4. Under its null the mean number of labelled events to a false change point is
+#: >= A = 10,000 (a bound: measured far longer on calibrated streams, tests/night/
+#: test_changes.py); the one-shot alarm's 100 has no run-length bound once it restarts.
+CHANGE_LOG10_THRESHOLD: float = 4.0
+
+#: Knots of the reference map frozen at a change point: the protected map's values at this many
+#: raw scores, equally spaced in logit over [CHANGE_REFERENCE_EPS, 1 - CHANGE_REFERENCE_EPS]
+#: (0.14 logit apart: the maps are smooth in logit, so linear interpolation between knots
+#: moves a probability by far less than its estimation error).
+CHANGE_REFERENCE_KNOTS: int = 97
+
+#: The reference map's range and floor: scores are clipped to it before the map (as the log-loss
+#: engine clips the base: DEFAULT_CLIP_EPS), and its values too, so a factor is always finite.
+CHANGE_REFERENCE_EPS: float = 1e-3
+
 
 # --- Venn predictors (kernels/venn.py) ---
 #: Default number of equal-mass score bins of the Venn taxonomy (paper 002 §4: groups "as large as

@@ -42,6 +42,7 @@ from calpipe import storage
 from calpipe.errors import CalpipeError, InputError, ParameterError, StateError, StoreError
 from calpipe.night.arrivals import FORECASTS, Arrivals, check_raw_labels, checked_arrivals
 from calpipe.night.chain import Chain
+from calpipe.night.changes import with_detector
 from calpipe.night.classes import score_column
 from calpipe.night.events import check_event_days, event_schema
 from calpipe.night.phases import Transaction, night_part
@@ -450,7 +451,7 @@ def _night(spark, chain: Chain, events, d: dt.date, out: str, labels: str | None
     state = read_state(spark, out, d - dt.timedelta(days=1), table_format)
     probe = chain.protect(pl.DataFrame(schema={**event_schema(k != 2), "event_id": id_type})
                           .drop("event_date"), None)  # fmt: skip
-    state_schema = probe.state.schema
+    state_schema = with_detector(probe.state, None, None).schema  # (the carried state's)
     n = n_buckets or cs.default_buckets(spark)
     bucket = cs.bucket_column(spark, ("stream",), n)
     side_cols = {_SIDE: F.lit(_STATE_ROW).cast("byte")}

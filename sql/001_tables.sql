@@ -227,6 +227,24 @@ CREATE TABLE IF NOT EXISTS martingale_alarms (
     threshold        DOUBLE    NOT NULL
 );
 
+-- Change points (calpipe/night/changes.py): a CUSUM e-detector over each stream's labels, in the
+-- order they are learnt, restarted after each change point against the map served after it.
+-- One row per change point, in the partition of the night that found it.
+CREATE TABLE IF NOT EXISTS change_points (
+    detected_date         DATE      NOT NULL,  -- the night whose labels crossed the threshold
+    stream                VARCHAR   NOT NULL,
+    change_number         INTEGER   NOT NULL,  -- 1, 2, 3 ... the stream's change points so far
+    detected_time         TIMESTAMP NOT NULL,  -- when the crossing label was learnt
+    detected_event_id     BIGINT    NOT NULL,  -- the event whose label crossed
+    estimated_change_time TIMESTAMP NOT NULL,  -- the event time of the run's first label
+    estimated_change_date DATE      NOT NULL,
+    log10_statistic       DOUBLE    NOT NULL,  -- log10 of the CUSUM statistic at the crossing
+    threshold             DOUBLE    NOT NULL,  -- log10 A: mean run length to a false one >= A
+    labels_in_run         BIGINT    NOT NULL,  -- labels from the run's start to the crossing
+    reference_date        DATE                 -- the night whose map was the reference (NULL: the base)
+);
+-- The detector's state is carried in calibrator_state (migration 014).
+
 -- Serving map at the end of `date` (docs/ARCHITECTURE.md §4), exactly, as a weighted sum of terms:
 --   p' = sum_term weight * f_term(clip(q_term(clip(p)))),  q = p unless the term has an input
 --   map (in_* below), f = p for 'identity' (the passive weight P),

@@ -102,3 +102,23 @@ SELECT
         AS base_log_loss_within
 FROM performance_estimates e
 LEFT JOIN realized r USING (date, stream);
+
+-- Change points (calpipe/night/changes.py), one row each, in order per stream: how long after
+-- its estimated start each change was detected, and what it was tested against (the base until
+-- the stream's first change point, then the protected map served after the last one).
+CREATE OR REPLACE VIEW v_change_points AS
+SELECT
+    stream,
+    change_number,
+    estimated_change_date,
+    detected_date,
+    date_diff('day', estimated_change_date, detected_date) AS days_to_detect,
+    CASE WHEN reference_date IS NULL THEN 'base'
+         ELSE 'map of ' || strftime(reference_date, '%Y-%m-%d') END AS tested_against,
+    log10_statistic,
+    threshold,
+    labels_in_run,
+    estimated_change_time,
+    detected_time,
+    detected_event_id
+FROM change_points;

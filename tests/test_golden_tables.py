@@ -24,6 +24,19 @@ import pytest
 from tests.golden import canonical, make_golden
 from tests.golden.canonical import Captured, Golden, compare, encode, write_golden
 
+
+def test_numpy_runs_the_simd_kernels_the_golden_tables_were_made_with():
+    """numpy's AVX-512 kernels round differently in the last bit: tests/__init__.py turns them
+    off before numpy is imported (this fails if something imported numpy first)."""
+    from numpy.lib.introspect import opt_func_info
+
+    current = {sig["current"] for sig in opt_func_info(func_name="^exp$")["exp"].values()}
+    assert not {t for t in current if t.startswith(("X86_V4", "AVX512"))}, (
+        "numpy runs its AVX-512 (X86_V4) kernels: set NPY_DISABLE_CPU_FEATURES='X86_V4 "
+        "AVX512_ICL AVX512_SPR' before numpy is imported (tests/__init__.py does)"
+    )
+
+
 HINT = (
     "\nIf the change is intended, regenerate the golden data with `python -m "
     "tests.golden.make_golden` and say in the commit which tables changed and why."

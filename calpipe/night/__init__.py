@@ -15,6 +15,7 @@ table                   rows
 ``calibration_arrivals`` :func:`calpipe.night.monitoring.arrival_rows`
 ``performance_estimates`` :func:`calpipe.night.performance.estimate_rows`
 ``martingale_alarms``   :func:`calpipe.night.alarms.first_crossings`
+``change_points``       :func:`calpipe.night.changes.detect`
 ``event_labels``        :func:`calpipe.night.arrivals.label_rows`
 ``quarantined_labels``  :func:`calpipe.night.arrivals.quarantine_rows`
 ``calibration_map``     :func:`calpipe.night.mapping.map_rows`

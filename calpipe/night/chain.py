@@ -21,6 +21,7 @@ from calpipe.calibrators import Calibrator
 from calpipe.engine import protect_with_state
 from calpipe.errors import StateError
 from calpipe.night.arrivals import Arrivals, attach_labels, learn_late
+from calpipe.night.changes import engine_state
 from calpipe.night.classes import score_column
 from calpipe.night.events import REPLAY_ORDER, STREAM_KEYS
 from calpipe.night.settings import Settings
@@ -162,7 +163,7 @@ class Chain:
         return protect_with_state(
             events, **{col: col}, label="label", by=STREAM_KEYS, order_by=REPLAY_ORDER,
             label_time="label_time" if "label_time" in events.columns else None,
-            method=self.cal, state=learn_late(state, late),
+            method=self.cal, state=learn_late(engine_state(state), late),
         )  # fmt: skip
 
     def day_row(
@@ -214,6 +215,7 @@ def state_digests(rows: pl.DataFrame, bounds: np.ndarray) -> list[bytes]:
         kept = col.list.drop_nulls().list.len().fill_null(0).to_numpy().astype(np.int64)
         starts = np.concatenate([[0], np.cumsum(kept)])
         lists.append((col.list.len().to_numpy().astype("int64"), values, starts))
+    detector = _detector_arrays(rows)
     out = []
     for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
         h = hashlib.sha256()
@@ -223,8 +225,40 @@ def state_digests(rows: pl.DataFrame, bounds: np.ndarray) -> list[bytes]:
         for lengths, values, starts in lists:
             h.update(lengths[a:b].tobytes())
             h.update(values[starts[a] : starts[b]].tobytes())
+        # the change detector's state, once a day's rows carry it (a database's rows from before
+        # it, all NULL, hash as they did: their recorded chain still verifies)
+        if detector is not None and detector[0][a:b].any():
+            for x in detector[1]:
+                h.update(x[a:b].tobytes())
+            lengths, values, starts = detector[2]
+            h.update(lengths[a:b].tobytes())
+            h.update(values[starts[a] : starts[b]].tobytes())
         out.append(h.digest())
     return out
+
+
+def _detector_arrays(rows: pl.DataFrame):
+    """The change detector's columns of state rows as bytes-ready arrays (None without them):
+    which rows carry it, its numbers (NULL as a sentinel) and its reference map as a list."""
+    if "change_count" not in rows.columns:
+        return None
+    present = rows["change_count"].is_not_null().to_numpy()
+    numbers = [
+        rows["change_log10_cusum"].fill_null(-1.0).to_numpy(),
+        rows["change_run_start"].to_physical().fill_null(-1).to_numpy(),
+        rows["change_run_labels"].fill_null(-1).to_numpy(),
+        rows["change_count"].fill_null(-1).to_numpy(),
+        rows["change_reference_date"].to_physical().fill_null(-1).to_numpy(),
+    ]
+    col = rows["change_reference"]
+    values = col.explode().drop_nulls().to_numpy()
+    kept = col.list.len().fill_null(0).to_numpy().astype(np.int64)
+    starts = np.concatenate([[0], np.cumsum(kept)])
+    return (
+        present,
+        numbers,
+        (col.list.len().fill_null(-1).to_numpy().astype("int64"), values, starts),
+    )
 
 
 def chain_hash(prev: str | None, digest: bytes) -> str:

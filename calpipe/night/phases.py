@@ -27,6 +27,7 @@ A transaction of small days may run as one :class:`Span` (one engine pass over s
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -42,6 +43,16 @@ from calpipe.engine.driver import DaysResult
 from calpipe.errors import InputError
 from calpipe.night.arrivals import Arrivals
 from calpipe.night.chain import Chain, changed_streams, check_outputs, protected_rows, state_rows
+from calpipe.night.changes import (
+    CHANGE_SCHEMA,
+    DETECTOR_SCHEMA,
+    detect,
+    factors,
+    freeze,
+    labelled_in_rows,
+    late_labelled,
+    with_detector,
+)
 from calpipe.night.events import check_stream_names, event_schema, protect_columns, source_error
 from calpipe.night.monitoring import (
     arrival_rows,
@@ -73,6 +84,9 @@ class Batch:
     events: pl.DataFrame
     before: pl.DataFrame | None
     result: ProtectResult | None = None
+    #: the batch's ``change_points`` rows (:func:`~calpipe.night.changes.detect`), once the
+    #: engine ran
+    changes: pl.DataFrame | None = None
 
     @cached_property
     def protected(self) -> pl.DataFrame:
@@ -146,6 +160,8 @@ class Span:
     before: pl.DataFrame | None
     day_rows: list[dict[str, Any]]
     inputs: pl.DataFrame
+    #: the span's ``change_points`` rows (:func:`span_changes`)
+    changes: pl.DataFrame | None = None
 
     @cached_property
     def protected(self) -> pl.DataFrame:
@@ -226,13 +242,18 @@ def night_part(
     late = arrivals.late
     parts, labelled, stats, streams, n_active = [], [], [], [], 0
     late_bucket = None if k == 1 or not late.height else stream_bucket(late["stream"], k)
+    # the labels of earlier events with their forecasts, for the change detector
+    late_lab = late_labelled(arrivals.rows, arrivals.forecasts, day) if late.height else None
+    lab_bucket = None if late_lab is None or k == 1 else stream_bucket(late_lab["stream"], k)
     for i in range(k):
         rows = events if batches is None else events[batches[i]]
-        state, late_i = before, late
+        state, late_i, lab_i = before, late, late_lab
         if k > 1 and before is not None:
             state = before.filter(pl.Series(stream_bucket(before["stream"], k) == i))
             if late_bucket is not None:
                 late_i = late.filter(pl.Series(late_bucket == i))
+        if lab_bucket is not None:
+            lab_i = late_lab.filter(pl.Series(lab_bucket == i))
         batch = Batch(day, chain.cal, rows, state)
         if early:
             yield "events", batch
@@ -241,6 +262,7 @@ def night_part(
         except InputError as exc:
             raise source_error(exc, source, rows) from None
         check_outputs(batch.result.scores, day)  # before the night's transaction commits
+        detect_changes(chain, batch, state, lab_i)
         if not early:
             yield "events", batch
         yield "batch", batch
@@ -260,6 +282,65 @@ def night_part(
         stats.append(night_arrival_stats(pl.concat(labelled), arrivals))
     arrived = arrival_rows(concat_parts(stats, ["date", "stream"]), changed)
     yield "part", PartDone(state, changed, arrived, n_events, n_active, arrivals.rows.height)
+
+
+def detect_changes(
+    chain: Chain, batch: Batch, state: pl.DataFrame | None, late: pl.DataFrame | None
+) -> None:
+    """The change detector over a batch once its engine ran (:mod:`calpipe.night.changes`):
+    its labels learnt tonight, those of its events and ``late`` (:func:`~calpipe.night.changes.
+    late_labelled` of its streams' labels of earlier events), against each stream's reference
+    in ``state`` (the state before). Sets ``batch.changes`` and gives the batch's end state the
+    detector's columns."""
+    lab = labelled_in_rows(batch.result.scores, batch.protected)
+    if late is not None and late.height:
+        lab = pl.concat([lab, late.cast(dict(lab.schema))])
+    rows, after = detect(factors(lab, state), state, batch.day)
+    after = freeze(chain.cal, chain.n_classes, after, rows, batch.result.state, batch.day)
+    batch.changes = rows
+    batch.result = ProtectResult(
+        batch.result.scores, with_detector(batch.result.state, state, after)
+    )
+
+
+def span_changes(span: Span, n_classes: int) -> None:
+    """The change detector over a span (its labels all came in its rows), day by day as the
+    nights one by one run it (a reference frozen on a day is the next day's): sets
+    ``span.changes`` and gives the span's state rows (each day's and the end's) the detector's
+    columns."""
+    res = span.result
+    lab = labelled_in_rows(res.scores, span.protected)
+    by_day = lab.partition_by("event_date", as_dict=True, include_key=False)
+    det = span.before
+    found, states = [], []
+    for day in res.days:
+        day_rows = res.states.filter(pl.col("date") == day)
+        lab_d = by_day.get((day,), lab.head(0).drop("event_date"))
+        rows, after = detect(factors(lab_d, det), det, day)
+        after = freeze(span.cal, n_classes, after, rows, day_rows, day)
+        states.append(with_detector(day_rows, det, after))
+        det = _detector_union(det, after)
+        found.append(rows)
+    span.changes = (
+        concat_parts(found, ["detected_date", "stream"])
+        if found
+        else pl.DataFrame(schema=CHANGE_SCHEMA)
+    )
+    states_out = pl.concat(states) if states else with_detector(res.states, None, None)
+    span.result = dataclasses.replace(
+        res, states=states_out, state=with_detector(res.state, det, None)
+    )
+
+
+def _detector_union(det: pl.DataFrame | None, after: pl.DataFrame) -> pl.DataFrame:
+    """The detector state of every stream seen: ``det``'s, with ``after``'s streams replaced
+    (and new ones added)."""
+    cols = ["stream", *DETECTOR_SCHEMA]
+    after = after.select(cols).cast(DETECTOR_SCHEMA)
+    if det is None or "change_count" not in det.columns:
+        return after
+    kept = det.select(cols).cast(DETECTOR_SCHEMA).join(after, on="stream", how="anti")
+    return pl.concat([kept, after]).sort("stream")
 
 
 def night_day(chain: Chain, day: dt.date, parts: list[PartDone], inputs: pl.DataFrame) -> Day:

@@ -22,6 +22,7 @@ table                      rows
 ``calibration_arrivals``   per stream: the forecasts judged by the labels learnt that night
 ``performance_estimates``  per stream: performance expected if calibrated, before labels
 ``martingale_alarms``      the first crossing of the alarm level per stream
+``change_points``          change points per stream, after the first alarm too
 ``calibration_map``        the serving map of every stream at the end of the day
 ``pipeline_inputs``        the files (or table) each day was computed from
 =========================  ===================================================================

@@ -22,6 +22,7 @@ ID_COLUMNS = {
     "scored_events": "event_id",
     "protected_scores": "event_id",
     "martingale_alarms": "event_id",
+    "change_points": "detected_event_id",
     "event_labels": "event_id",
     "quarantined_labels": "event_id",
     "calibrator_state": "last_event_id",

@@ -25,6 +25,7 @@ from calpipe.engine.driver import protect_by_day
 from calpipe.errors import CalpipeError, StateError
 from calpipe.night.arrivals import Arrivals
 from calpipe.night.chain import Chain, check_outputs, state_digests
+from calpipe.night.changes import engine_state
 from calpipe.night.classes import frame_n_classes, score_column
 from calpipe.night.events import (
     REPLAY_ORDER,
@@ -33,7 +34,7 @@ from calpipe.night.events import (
     event_schema,
     protect_columns,
 )
-from calpipe.night.phases import Span, Transaction, night_day, night_part
+from calpipe.night.phases import Span, Transaction, night_day, night_part, span_changes
 from calpipe.night.settings import Settings, as_date
 from calpipe.pipeline import transactions
 from calpipe.pipeline.chain import chain_first_day, state_before, state_hash_before
@@ -356,11 +357,14 @@ def _run_span(
         result = protect_by_day(
             chunk.select(*protect_columns(chain.n_classes), "event_date"), day="event_date",
             **{col: col}, label="label", by=STREAM_KEYS, order_by=REPLAY_ORDER,
-            method=chain.cal, state=chain.state,
+            method=chain.cal, state=engine_state(chain.state),
         )  # fmt: skip
         check_outputs(result.scores, d)
     except CalpipeError:
         return None
+    span = Span(d, e, chain.cal, chunk, result, chain.state, [], inputs)
+    span_changes(span, chain.n_classes)  # the detector's state joins the state rows
+    result = span.result
     rows = result.states  # by day, then stream: each day's rows are a slice
     bounds = np.append(0, np.cumsum(result.n_active))
     digests = state_digests(rows, bounds)
@@ -381,8 +385,7 @@ def _run_span(
             chain.day_row(day, n_events, n_active, day_state, 0, n_streams=n_streams, digest=digest)
         )
         per_day.append((day, n_events))
-    before, chain.state = chain.state, result.state
-    span = Span(d, e, chain.cal, chunk, result, before, day_rows, inputs)
+    chain.state, span.day_rows = result.state, day_rows
     write_phase(writer, "span", span)
     return span, per_day
 

@@ -135,7 +135,7 @@ def stream_summary(con) -> pl.DataFrame:
 #: The dagster assets, each with its table (``calpipe.dagster_project`` materializes them).
 ASSET_TABLES = ("scored_events", "event_labels", "protected_scores", "calibrator_state",
                 "calibration_daily", "calibration_arrivals", "performance_estimates",
-                "martingale_alarms", "calibration_map")  # fmt: skip
+                "martingale_alarms", "change_points", "calibration_map")  # fmt: skip
 
 
 def stored_days(con, start=None, end=None) -> pl.DataFrame:

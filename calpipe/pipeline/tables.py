@@ -27,6 +27,7 @@ table                   rows                         phase
 ``calibration_arrivals``  ``arrival_rows``           day
 ``performance_estimates``  ``estimate_rows``         batch
 ``martingale_alarms``   ``first_crossings``          batch
+``change_points``       ``detect``                   batch
 ``calibration_map``     ``map_rows``                 transaction
 ``pipeline_inputs``     ``day_inputs``               day
 ``event_labels``        ``label_rows``               night
@@ -94,6 +95,10 @@ def _night_alarms(b: Batch) -> pl.DataFrame:
     return first_crossings(b.result.scores, b.before, b.day, b.groups)
 
 
+def _night_changes(b: Batch) -> pl.DataFrame:
+    return b.changes
+
+
 def _night_map(s: Transaction) -> pl.DataFrame:
     return map_rows(s.states, s.settings)
 
@@ -137,6 +142,10 @@ def _span_estimates(s: Span) -> pl.DataFrame:
 
 def _span_alarms(s: Span) -> pl.DataFrame:
     return first_crossings(s.result.scores, s.before, None)
+
+
+def _span_changes(s: Span) -> pl.DataFrame:
+    return s.changes
 
 
 def _span_arrivals(s: Span) -> pl.DataFrame:
@@ -218,6 +227,8 @@ TABLES: dict[str, OutputTable] = {
                     _span_estimates),
         OutputTable("martingale_alarms", _night_alarms, "batch",
                     _span_alarms),
+        OutputTable("change_points", _night_changes, "batch",
+                    _span_changes),
         OutputTable("calibration_map", _night_map, "transaction"),
         OutputTable("pipeline_inputs", _night_inputs, "day",
                     _span_inputs),

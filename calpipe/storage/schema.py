@@ -42,8 +42,10 @@ _META_SCHEMA = "schema_version"
 #: ``x_next``, ``y_next``); 9 = K-class maps (``alphas``, ``in_ka``, ``in_kb``); 10 = a K-class
 #: category's forecast and a partition tree (``y_k``, ``kids``: the Venn taxonomies' tables,
 #: ROC-isotonic's tree); 11 = a composite-experts input table (``in_layer``, negative ``layer``);
-#: 12 = ``performance_estimates`` (issue #35; an older database's nights have none until re-run).
-SCHEMA_VERSION = 12
+#: 12 = ``performance_estimates`` (issue #35; an older database's nights have none until re-run);
+#: 13 = ``change_points`` and the detector's state in ``calibrator_state`` (migration 014; an
+#: older database's detector starts at its next night).
+SCHEMA_VERSION = 13
 
 #: The parts of ``sql/`` in the order they are installed (the one place the order is stated):
 #: part -> its files, a path or a glob relative to ``sql/`` (a glob's files in name order).

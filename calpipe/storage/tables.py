@@ -54,6 +54,8 @@ LAYOUT: dict[str, TableLayout] = {
         TableLayout("calibration_arrivals", "001_tables.sql", "date", ("date", "stream")),
         TableLayout("performance_estimates", "001_tables.sql", "date", ("date", "stream")),
         TableLayout("martingale_alarms", "001_tables.sql", "date", ("date", "stream")),
+        TableLayout("change_points", "001_tables.sql", "detected_date",
+                    ("detected_date", "stream")),
         TableLayout("calibration_map", "001_tables.sql", "date",
                     ("date", "stream", "layer", "term")),
         TableLayout("pipeline_inputs", "001_tables.sql", "date", ("date", "kind", "file")),

@@ -27,7 +27,8 @@ pytestmark = [
 ]
 
 ASSETS = {"scored_events", "event_labels", "protected_scores", "calibrator_state", "calibration_daily", "calibration_arrivals",
-          "performance_estimates", "martingale_alarms", "calibration_map"}  # fmt: skip
+          "performance_estimates", "martingale_alarms", "change_points",
+          "calibration_map"}  # fmt: skip
 CHECKS = {("protected_scores", "probabilities_valid"), ("protected_scores", "rows_in_equal_rows_out"),
           ("calibrator_state", "state_continuity"), ("performance_estimates", "estimates_valid"),
           ("martingale_alarms", "no_martingale_alarm")}  # fmt: skip

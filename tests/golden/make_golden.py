@@ -77,6 +77,7 @@ DB_KEYS: dict[str, tuple[tuple[str, ...], str | None]] = {
     "calibration_arrivals": (("stream",), "date"),
     "performance_estimates": (("stream",), "date"),
     "martingale_alarms": (("stream",), "date"),
+    "change_points": (("stream",), "detected_date"),
     "calibration_map": (("stream", "layer", "term"), "date"),
     "pipeline_inputs": (("kind", "file"), "date"),
     "event_labels": (("stream", "event_id"), "date"),
@@ -87,6 +88,7 @@ DB_KEYS: dict[str, tuple[tuple[str, ...], str | None]] = {
     "v_alarms": (("stream",), None),
     "v_latest_calibration_map": (("stream", "layer", "term"), "date"),
     "v_performance_estimates": (("stream",), "date"),
+    "v_change_points": (("stream", "change_number"), None),
 }
 #: Spark's output tables (``OUT/<name>/date=D/*.parquet``): sort keys within a day.
 SPARK_KEYS: dict[str, tuple[str, ...]] = {

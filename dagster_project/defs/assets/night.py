@@ -10,7 +10,7 @@ tables.py`` holds the rows; ``tests/dagster_project/test_materialize.py`` the eq
 The specs keep the lineage a reader expects: ``scored_events`` + ``event_labels`` ->
 ``protected_scores`` + ``calibrator_state`` (the state of day d depends on its own day d - 1)
 -> ``calibration_daily``, ``calibration_arrivals``, ``performance_estimates``,
-``martingale_alarms``, ``calibration_map``.
+``martingale_alarms``, ``change_points``, ``calibration_map``.
 Each asset gets its own metadata (its rows, and what it is about), and each check its
 partition's result (``../checks.py``): a range run's checks run over the range (a failure
 names its day) and again on each day alone, reported on each partition.
@@ -62,6 +62,11 @@ def _specs() -> list[AssetSpec]:
               "v_performance_estimates sets the realized values beside them as labels arrive."),
         _spec("martingale_alarms", ["protected_scores", "calibrator_state"], "First crossing of "
               "log10 S >= 2 (S >= 100) per stream, with its date, event and value."),
+        _spec("change_points", ["protected_scores", "calibrator_state", "event_labels"],
+              "Change points per stream: a CUSUM e-detector over the labels in the order they "
+              "are learnt (the protected forecast against the base, then against the map served "
+              "after the last change point), restarted after each; mean labels to a false one "
+              ">= 10^4. The view v_change_points adds the days each took to detect."),
         _spec("calibration_map", ["calibrator_state"], "Serving map of every stream at the end of "
               "the day (docs/ARCHITECTURE.md §4), as exact terms or step/linear tables (a stack in "
               "two layers); apply it in SQL with calibrate_score(stream, score)."),
@@ -104,6 +109,7 @@ def night(context: AssetExecutionContext, duckdb: DuckDBResource, calpipe: Calpi
         "calibrator_state": {"first_day": FIRST_DAY.isoformat()},
         "calibration_daily": {"metrics": report, **plots},
         "martingale_alarms": {"new_alarms": rows["martingale_alarms"], "alarms": table(alarms)},
+        "change_points": {"new_change_points": rows["change_points"]},
     }  # fmt: skip
     for name in pipeline.ASSET_TABLES:
         yield MaterializeResult(
