@@ -255,3 +255,52 @@ def performance_estimates(
     _legend(ax)
     fig.autofmt_xdate()
     return fig
+
+
+def change_points(
+    detector: pl.DataFrame,
+    changes: pl.DataFrame,
+    *,
+    title: str | None = None,
+    ax: Axes | None = None,
+) -> Figure:
+    """One stream's change detector (issue #35): its CUSUM statistic log10 M at the end of
+    each night it moved (line), the threshold (red, dashed), each change point at its crossing
+    (a dot at the statistic it reached, on the night found) and its estimated start (a dotted
+    vertical line); the statistic starts again from 0 after each.
+
+    ``detector``: ``calibrator_state`` rows of one stream (``date``, ``change_log10_cusum``);
+    ``changes``: its ``change_points`` rows (``detected_date``, ``estimated_change_date``,
+    ``log10_statistic``, ``change_number``). ``ax``: draw into these axes (their figure is
+    returned).
+    """
+    for frame in (detector, changes):
+        if "stream" in frame.columns and frame["stream"].n_unique() > 1:
+            raise ParameterError(
+                f"change_points draws one stream; these rows have {frame['stream'].n_unique()} "
+                "(filter them to one)"
+            )
+    if ax is None:
+        fig = Figure(figsize=(6.0, 3.4))
+        ax = fig.subplots()
+    else:
+        fig = ax.figure
+    detector = detector.sort("date")
+    ax.plot(detector["date"].to_list(), detector["change_log10_cusum"].fill_null(0.0).to_list(),
+            color="tab:purple", linewidth=1.2, label="log10 M (end of night)")  # fmt: skip
+    ax.axhline(config.CHANGE_LOG10_THRESHOLD, color="red", linestyle="--", linewidth=1,
+               label=f"threshold: log10 A = {config.CHANGE_LOG10_THRESHOLD:g}")  # fmt: skip
+    for i, r in enumerate(changes.sort("detected_date").iter_rows(named=True)):
+        ax.axvline(r["estimated_change_date"], color="tab:gray", linestyle=":", linewidth=1,
+                   label="estimated start" if i == 0 else None)  # fmt: skip
+        ax.plot([r["detected_date"]], [r["log10_statistic"]], "o", color="tab:red",
+                markersize=4, label="change point" if i == 0 else None)  # fmt: skip
+        ax.annotate(str(r["change_number"]), (r["detected_date"], r["log10_statistic"]),
+                    textcoords="offset points", xytext=(3, 3), fontsize=7)  # fmt: skip
+    ax.set_ylabel("log10 CUSUM", fontsize=8)
+    ax.tick_params(labelsize=7)
+    if title:
+        ax.set_title(title, fontsize=9)
+    _legend(ax)
+    fig.autofmt_xdate()
+    return fig

@@ -106,6 +106,7 @@ CHECK_ASSETS: dict[str, str] = {
     "probabilities_valid": "protected_scores",
     "rows_in_equal_rows_out": "protected_scores",
     "estimates_valid": "performance_estimates",
+    "change_points_valid": "change_points",
     "state_continuity": "calibrator_state",
     "no_martingale_alarm": "martingale_alarms",
 }

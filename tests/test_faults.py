@@ -22,7 +22,13 @@ from calpipe import generate, pipeline, storage
 from calpipe.generate import StreamSpec
 from calpipe.pipeline import transactions
 
-STREAMS = tuple(StreamSpec(f"s{i}", events_per_day=60) for i in range(20))
+#: 18 stable streams and 2 that drift (so that the change points and the detector's state are
+#: among the tables a killed run must resume exactly)
+STREAMS = (
+    *(StreamSpec(f"s{i}", events_per_day=60) for i in range(18)),
+    StreamSpec("shift", events_per_day=80, drift="shift", drift_day=3, strength=2.0),
+    StreamSpec("over", events_per_day=80, drift="overconfident", drift_day=5, strength=0.4),
+)
 N_DAYS = 12
 ALL_TABLES = tuple(storage.PARTITION_COLUMN)
 
@@ -80,7 +86,9 @@ def landing(tmp_path_factory):
     reference = tmp / "reference.duckdb"
     subprocess.run([sys.executable, "-c", RUN_CHILD, str(reference), str(tmp / "landing")],
                    check=True, capture_output=True)  # fmt: skip
-    return tmp, _tables(reference)
+    tables = _tables(reference)
+    assert tables["change_points"].height >= 1  # (the detector has something to resume)
+    return tmp, tables
 
 
 @pytest.mark.slow

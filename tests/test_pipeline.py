@@ -1239,3 +1239,27 @@ def test_checks_that_outgrow_their_small_pool_run_again_at_the_default_one(small
     assert all(c.passed or c.warning for c in s.checks)
     assert len(limits) == 2 and limits[0] != default and limits[1] == default  # the retry
     assert storage.fetch_one(con, "SELECT current_setting('memory_limit')")[0] == default
+
+
+def test_the_change_points_check_passes_on_the_demo_and_names_a_tampered_row(demo, tmp_path):
+    _, con = demo
+    ok = pipeline.check_change_points(con, pipeline.DEMO_FIRST_DAY, pipeline.DEMO_LAST_DAY)
+    n = storage.query(con, "SELECT count(*) AS n FROM change_points")["n"][0]
+    assert ok.passed and n > 0 and ok.values == {"change_points": n, "bad_change_points": 0}
+    copy = duckdb.connect()
+    try:
+        copy.register("cp", storage.query(con, "SELECT * FROM change_points").to_arrow())
+        copy.register("st", storage.query(con, "SELECT * FROM calibrator_state").to_arrow())
+        copy.execute("CREATE TABLE change_points AS SELECT * FROM cp")
+        copy.execute("CREATE TABLE calibrator_state AS SELECT * FROM st")
+        first = copy.execute(
+            "SELECT detected_date, stream FROM change_points ORDER BY ALL LIMIT 1"
+        ).fetchone()
+        copy.execute("UPDATE change_points SET log10_statistic = 1.0 "
+                     "WHERE detected_date = ? AND stream = ?", list(first))  # fmt: skip
+        bad = pipeline.check_change_points(copy, pipeline.DEMO_FIRST_DAY, pipeline.DEMO_LAST_DAY)
+    finally:
+        copy.close()
+    assert not bad.passed and not bad.warning
+    assert f"first {first[0]} stream {first[1]!r}" in bad.description
+    assert "below its threshold" in bad.description

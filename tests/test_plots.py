@@ -220,3 +220,22 @@ def test_performance_estimates_draws_the_interval_expected_and_realized_of_one_s
     assert plots.to_png(fig)[:4] == b"\x89PNG"
     with pytest.raises(errors.ParameterError, match="draws one stream"):
         plots.performance_estimates(pl.concat([_estimates("a"), _estimates("b")]))
+
+
+def test_change_points_draws_the_statistic_the_threshold_and_each_change_point():
+    """#35: the detector's statistic per night (line), the threshold, a dot per change point at
+    the statistic it reached and a dotted line at its estimated start."""
+    d = [dt.date(2024, 1, 1) + dt.timedelta(days=i) for i in range(6)]
+    detector = pl.DataFrame({"date": d, "change_log10_cusum": [0.0, 1.5, 3.0, 0.0, 0.5, 0.0]})
+    changes = pl.DataFrame({"detected_date": [d[3], d[5]], "estimated_change_date": [d[1], d[4]],
+                            "log10_statistic": [4.2, 4.05], "change_number": [1, 2]})  # fmt: skip
+    fig = plots.change_points(detector, changes, title="a")
+    ax = fig.axes[0]
+    lines = {ln.get_label(): ln for ln in ax.get_lines()}
+    np.testing.assert_allclose(lines["log10 M (end of night)"].get_ydata(), [0, 1.5, 3, 0, 0.5, 0])
+    assert "change point" in lines and "estimated start" in lines
+    dots = [ln for ln in ax.get_lines() if ln.get_marker() == "o"]
+    assert [float(ln.get_ydata()[0]) for ln in dots] == [4.2, 4.05]
+    assert plots.to_png(fig)[:4] == b"\x89PNG"
+    with pytest.raises(errors.ParameterError, match="draws one stream"):
+        plots.change_points(detector.with_columns(stream=pl.Series(["a", "b"] * 3)), changes)

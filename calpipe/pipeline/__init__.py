@@ -69,6 +69,7 @@ from calpipe.pipeline.chain import chain_first_day, state_as_of, state_before
 from calpipe.pipeline.checks import (
     CheckOutcome,
     check_alarms,
+    check_change_points,
     check_estimates,
     check_probabilities,
     check_row_counts,
@@ -130,6 +131,7 @@ __all__ = [
     "bank_events",
     "chain_first_day",
     "check_alarms",
+    "check_change_points",
     "check_estimates",
     "check_probabilities",
     "check_row_counts",

@@ -137,6 +137,53 @@ def check_estimates(con, start: dt.date, end: dt.date) -> CheckOutcome:
     )
 
 
+def check_change_points(con, start: dt.date, end: dt.date) -> CheckOutcome:
+    """The ``change_points`` rows detected on [start, end] are consistent: each crossed its
+    threshold, its estimated change is not after its detection, the dates are their times' days,
+    each stream's change points are numbered 1, 2, 3 ... in the order they were found, and
+    the stream's state row of that night counts them (``change_count``). The description says
+    how many change points the days found."""
+    bad = storage.query(
+        con,
+        """WITH n AS (SELECT *, row_number() OVER (PARTITION BY stream ORDER BY detected_date)
+                             AS nth FROM change_points)
+           SELECT n.detected_date, n.stream, n.change_number,
+                  CASE WHEN n.log10_statistic < n.threshold THEN 'below its threshold'
+                       WHEN n.estimated_change_time > n.detected_time
+                            THEN 'its estimated change is after its detection'
+                       WHEN CAST(n.detected_time AS DATE) <> n.detected_date
+                            OR CAST(n.estimated_change_time AS DATE) <> n.estimated_change_date
+                            THEN 'a date is not its time''s day'
+                       WHEN n.change_number <> n.nth THEN 'not numbered in detection order'
+                       WHEN s.change_count IS DISTINCT FROM n.change_number
+                            THEN 'the stream''s state that night does not count it'
+                  END AS rule
+           FROM n LEFT JOIN calibrator_state s
+             ON s.date = n.detected_date AND s.stream = n.stream
+           WHERE n.detected_date BETWEEN $1 AND $2 AND rule IS NOT NULL
+           ORDER BY n.detected_date, n.stream""",
+        [start, end],
+    )
+    found = storage.query(
+        con,
+        "SELECT count(*) AS n, count(DISTINCT stream) AS s FROM change_points "
+        "WHERE detected_date BETWEEN $1 AND $2",
+        [start, end],
+    ).row(0)
+    ok = bad.height == 0
+    span = f"{start}" if start == end else f"{start}..{end}"
+    if ok:
+        text = f"{found[0]} change point(s) in {found[1]} stream(s) on {span}, each consistent"
+    else:
+        r = bad.row(0, named=True)
+        text = (f"{bad.height} inconsistent change point(s), first {r['detected_date']} stream "
+                f"{r['stream']!r} (number {r['change_number']}): {r['rule']}")  # fmt: skip
+    return CheckOutcome(
+        "change_points_valid", ok, text, bad.head(10),
+        values={"change_points": int(found[0]), "bad_change_points": bad.height},
+    )  # fmt: skip
+
+
 #: State rows of [$1, $2] whose event count is not the stream's previous row's plus the day's
 #: events, and streams with events on a day of [$1, $2] but no state row that day. A stream's rows
 #: are sparse (days on which its state changed): its previous row is its latest before, so the
@@ -375,5 +422,6 @@ def data_checks(con, start: dt.date, end: dt.date) -> list[CheckOutcome]:
         check_row_counts(con, start, end),
         check_state_continuity(con, start, end),
         check_estimates(con, start, end),
+        check_change_points(con, start, end),
         check_alarms(con, start, end),
     ]

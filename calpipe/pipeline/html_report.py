@@ -1,7 +1,8 @@
 """``calpipe report``: one self-contained HTML page over a calpipe database.
 
 What a person would rather look at than query: the run (database, days, method), the summary
-per stream (:func:`calpipe.pipeline.reports.stream_summary`), every alarm, the performance
+per stream (:func:`calpipe.pipeline.reports.stream_summary`), every alarm, every change point
+(``v_change_points``, and per stream its detector's statistic over the history), the performance
 estimated before labels beside its realized values (``v_performance_estimates``: coverage per
 stream, and a plot of the last days per stream), and per stream its test martingale
 trajectory, a reliability diagram of the last :data:`~calpipe.config.RELIABILITY_WINDOW_DAYS` days (binary forecasts), and its daily metrics of
@@ -116,6 +117,26 @@ def _performance(con, since: dt.date) -> dict[str, pl.DataFrame] | None:
     return {"summary": summary, "recent": recent}
 
 
+def _changes(con) -> tuple[pl.DataFrame | None, pl.DataFrame | None]:
+    """The report's change points (``v_change_points``, in order) and each stream's detector
+    statistic at the end of the nights it moved (None, None: a database without them)."""
+    if not storage.fetch_one(con, "SELECT count(*) FROM duckdb_views() WHERE view_name = "
+                                  "'v_change_points'")[0]:  # fmt: skip
+        return None, None
+    changes = storage.query(
+        con,
+        "SELECT stream, change_number, estimated_change_date, detected_date, days_to_detect, "
+        "tested_against, round(log10_statistic, 3) AS log10_statistic, labels_in_run "
+        "FROM v_change_points ORDER BY stream, change_number",
+    )
+    detector = storage.query(
+        con,
+        "SELECT stream, date, change_log10_cusum FROM calibrator_state "
+        "WHERE change_log10_cusum IS NOT NULL ORDER BY stream, date",
+    )
+    return changes, detector
+
+
 def html_report(
     con,
     *,
@@ -152,6 +173,7 @@ def html_report(
         con, "SELECT date, stream, log10_martingale FROM calibrator_state ORDER BY stream, date"
     )
     performance = _performance(con, last - dt.timedelta(days=daily_days))
+    changes, detector = _changes(con)
     binary = (stored_n_classes(con) or 2) == 2
     recent = reliability_frame(con, last) if binary else None
     now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -167,6 +189,15 @@ def html_report(
         _table(summary, alarm_col="alarm"),
         "<h2 id=alarms>Alarms</h2>",
         _table(alarms),
+        "<h2 id=change-points>Change points</h2><p class=meta>A CUSUM e-detector per stream "
+        "over its labels in the order they are learnt (change_points): the protected forecast "
+        "against the base until the first change point, then against the map served after the "
+        f"last one; it starts again after each. Threshold log10 A = "
+        f"{config.CHANGE_LOG10_THRESHOLD:g}: under its null the mean number of labels to a false "
+        "change point is at least A. Estimated = the first label of the run that crossed.</p>",
+        _table(changes) if changes is not None else
+        "<p class=meta>(this database has no change points table: made before schema version "
+        "13)</p>",
         "<h2 id=performance>Performance before labels</h2><p class=meta>Each night's log loss "
         "expected from its forecasts if they are calibrated (performance_estimates), with its "
         f"{config.ESTIMATE_LEVEL:.0%} interval, against the log loss realized on the labels known "
@@ -214,6 +245,14 @@ def html_report(
                 ax=fig.subplots(),
                 title=f"Log loss expected vs realized, last {daily_days} days",
             )
+            parts.append(_svg(fig))
+        if detector is not None and (mine := detector.filter(pl.col("stream") == s)).height:
+            fig = Figure(figsize=(5.4, 3.2))
+            plots.change_points(
+                mine.drop("stream"),
+                changes.filter(pl.col("stream") == s).drop("stream"),
+                ax=fig.subplots(), title="Change detector (CUSUM), whole history",
+            )  # fmt: skip
             parts.append(_svg(fig))
         parts.append(f"</div><h3>Daily metrics, last {daily_days} days</h3>")
         parts.append(_table(daily.filter(pl.col("stream") == s).drop("stream"), alarm_col="alarm"))

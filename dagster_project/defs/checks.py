@@ -29,6 +29,11 @@ CHECKS = (
     AssetCheckSpec("estimates_valid", asset=CHECK_ASSETS["estimates_valid"], partitions_def=daily,
                    description="every day and stream with protected rows has one valid "
                    "performance estimate (in range, inside its interval)"),
+    AssetCheckSpec("change_points_valid", asset=CHECK_ASSETS["change_points_valid"],
+                   partitions_def=daily,
+                   description="each change point crossed its threshold, its estimate is not after "
+                   "its detection, numbered in order and counted by its stream's state; the "
+                   "metadata counts the day's change points"),
     AssetCheckSpec("no_martingale_alarm", asset=CHECK_ASSETS["no_martingale_alarm"],
                    partitions_def=daily,
                    description="warns for the streams whose test martingale first reached 100 "

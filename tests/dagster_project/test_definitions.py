@@ -31,6 +31,7 @@ ASSETS = {"scored_events", "event_labels", "protected_scores", "calibrator_state
           "calibration_map"}  # fmt: skip
 CHECKS = {("protected_scores", "probabilities_valid"), ("protected_scores", "rows_in_equal_rows_out"),
           ("calibrator_state", "state_continuity"), ("performance_estimates", "estimates_valid"),
+          ("change_points", "change_points_valid"),
           ("martingale_alarms", "no_martingale_alarm")}  # fmt: skip
 
 

@@ -108,7 +108,7 @@ def test_daily_and_range_materializations_equal_one_protect_pass(setup):
         checks = r.get_asset_check_evaluations()
         assert {c.check_name for c in checks} == {
             "probabilities_valid", "rows_in_equal_rows_out", "state_continuity", "estimates_valid",
-            "no_martingale_alarm",
+            "change_points_valid", "no_martingale_alarm",
         }  # fmt: skip
         assert all(c.passed for c in checks if c.check_name != "no_martingale_alarm")
     r = run(day(3), day(N_DAYS - 1))  # a single-run backfill over the rest
@@ -305,6 +305,7 @@ def test_checks_are_partitioned_like_their_assets(setup):
     evals = r.get_asset_check_evaluations()
     assert {c.check_name for c in evals} == {"probabilities_valid", "rows_in_equal_rows_out",
                                              "state_continuity", "estimates_valid",
+                                             "change_points_valid",
                                              "no_martingale_alarm"}  # fmt: skip
     assert {c.partition for c in evals} == {day(2)}
 

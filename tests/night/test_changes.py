@@ -187,3 +187,92 @@ def test_the_demo_s_drifting_streams_change_within_14_days_and_the_stable_ones_n
     for part in cp.partition_by("stream"):  # 1, 2, 3 ... per stream, detected in order
         assert part["change_number"].to_list() == list(range(1, part.height + 1))
         assert part["detected_date"].is_sorted()
+
+
+def _two_changes(n_days: int = 8, per_day: int = 300, seed: int = 11) -> pl.DataFrame:
+    """Two streams over ``n_days``: ``moving`` is calibrated on days 0-1, its labels then follow
+    the scores' logit + 2 (days 2-4), then - 1.5 (days 5-): two changes; ``still`` is
+    calibrated throughout."""
+    rng = np.random.default_rng(seed)
+    frames = []
+    for name in ("moving", "still"):
+        n = n_days * per_day
+        t = np.sort(rng.integers(0, n_days * 86_400, n)).astype(np.int64)
+        z = rng.normal(-0.5, 1.5, n)
+        day = t // 86_400
+        shift = np.where(day < 2, 0.0, np.where(day < 5, 2.0, -1.5)) if name == "moving" else 0.0
+        y = (rng.random(n) < 1 / (1 + np.exp(-(z + shift)))).astype(np.int64)
+        frames.append(pl.DataFrame({
+            "stream": name, "event_id": np.arange(n, dtype=np.int64),
+            "event_time": pl.from_epoch(pl.Series(t + 1_279_670_400), time_unit="s"),
+            "score": 1 / (1 + np.exp(-z)), "label": y,
+        }))  # fmt: skip
+    return pl.concat(frames)
+
+
+def _k_classes(events: pl.DataFrame, k: int) -> pl.DataFrame:
+    """K-class events of the same streams and times: random forecasts (softmax of normal
+    logits), labels drawn from them, but on ``moving``'s days 2-4 from the forecasts sharpened
+    (logits x 3): one change, and back."""
+    rng = np.random.default_rng(13)
+    logits = rng.normal(0.0, 1.0, (events.height, k))
+    day = (events["event_time"].dt.date() - events["event_time"].dt.date().min()).dt.total_days()
+    off = ((events["stream"] == "moving") & day.is_between(2, 4)).to_numpy()
+    p = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+    truth = np.exp(3 * logits) / np.exp(3 * logits).sum(axis=1, keepdims=True)
+    truth = np.where(off[:, None], truth, p)
+    y = (rng.random(events.height)[:, None] > np.cumsum(truth, axis=1)).sum(axis=1)
+    return events.drop("score", "label").with_columns(
+        pl.Series("scores", p.tolist(), pl.List(pl.Float64)), pl.Series("label", y)
+    )
+
+
+def _run(tmp, name: str, inputs: list[str], *ranges: tuple[str, str]) -> dict[str, pl.DataFrame]:
+    db = tmp / f"{name}.duckdb"
+    for start, end in ranges or ((None, None),):
+        bounds = (["--start", start] if start else []) + (["--end", end] if end else [])
+        assert cli.main(["run", *inputs, "--db", str(db), "--no-progress", *bounds]) == 0
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return {t: con.sql(f"SELECT * FROM {t} ORDER BY ALL").pl()
+                for t in ("change_points", "calibrator_state", "pipeline_days")}  # fmt: skip
+    finally:
+        con.close()
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_a_label_feed_chain_finds_both_changes_and_resumed_equals_one_run(tmp_path, k):
+    """Delayed labels (a feed: up to 2 days late, reordering them): the moving stream's two
+    changes are found after they happen (binary: the second against the map frozen at the
+    first; K = 3: against the base), the calibrated stream has none, and the chain run in
+    three pieces (resuming from the stored state, the detector's included) writes the same
+    rows as one run."""
+    from tests.pipeline.test_labels import split_feed, write_day
+
+    events = _two_changes() if k == 2 else _k_classes(_two_changes(), k)
+    scores, labels, _ = split_feed(events, seed=9, frac=0.7, max_delay_days=2)
+    days = sorted(events["event_time"].dt.date().unique().to_list())
+    for d in days:
+        write_day(scores, tmp_path / "scores", d, "event_time")
+        write_day(labels, tmp_path / "labels", d, "label_time")
+    inputs = ["--events", str(tmp_path / "scores"), "--labels", str(tmp_path / "labels")]
+    one = _run(tmp_path, "one", inputs)
+    pieces = _run(tmp_path, "pieces", inputs, (None, str(days[2])), (None, str(days[5])),
+                  (None, None))  # fmt: skip
+    for t in one:
+        assert pieces[t].equals(one[t]), t
+    cp = one["change_points"]
+    assert cp.filter(pl.col("stream") == "still").height == 0
+    moving = cp.filter(pl.col("stream") == "moving").sort("change_number")
+    assert moving.height >= 2, moving
+    first = moving.row(0, named=True)
+    assert days[2] <= first["detected_date"] <= days[3] and first["reference_date"] is None
+    if k == 2:  # the second change, tested against the map served after the first
+        later = moving.filter(pl.col("detected_date") >= days[5])
+        assert later.height >= 1 and later["detected_date"].min() <= days[6]
+        assert later["reference_date"].null_count() == 0
+    else:  # against the base: a change point a night while the base is off, none after
+        assert moving["reference_date"].null_count() == moving.height
+        assert moving["detected_date"].max() <= days[6]
+    state = one["calibrator_state"].filter(pl.col("stream") == "moving").sort("date")
+    assert state["change_count"][-1] == moving.height

@@ -60,10 +60,12 @@ def test_report_is_one_self_contained_page_with_every_stream(db, capsys):
     page.feed(text)
     assert page.fetches == []  # nothing is loaded from anywhere: inline SVG, inline styles
     assert "script" not in page.tags
-    assert {"summary", "alarms", "performance", "s-calm", "s-drifts", "s-quiet"} <= set(page.ids)
-    # trajectory + reliability + performance expected vs realized (#35) per stream
-    assert text.count("<svg") == 3 * len(STREAMS)
+    assert {"summary", "alarms", "change-points", "performance", "s-calm", "s-drifts",
+            "s-quiet"} <= set(page.ids)  # fmt: skip
+    # trajectory + reliability + performance expected vs realized + change detector (#35)
+    assert text.count("<svg") == 4 * len(STREAMS)
     assert text.count("Log loss expected vs realized") == len(STREAMS)
+    assert text.count("Change detector (CUSUM)") == len(STREAMS)
     con = storage.connect(db, read_only=True)
     summary = pipeline.stream_summary(con)
     alarms = storage.query(con, "SELECT stream, date FROM martingale_alarms")

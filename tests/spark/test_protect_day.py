@@ -366,3 +366,26 @@ def test_the_dagster_spark_assets_materialize_a_backfill_and_a_day_like_spark_ru
         assert {m.asset_key.path[-1] for m in mats} == {
             f"spark_{t}" for t in (*spark_run.SPARK_TABLES, spark_run.STATE)
         }
+
+
+def test_spark_run_finds_calpipe_run_s_change_points_with_a_label_feed(spark, tmp_path):
+    """A stream that changes twice, its labels delayed by a feed: ``calpipe spark-run`` writes
+    the change points and the detector's state of ``calpipe run`` (the second change tested
+    against the map frozen at the first), bit for bit."""
+    from tests.night.test_changes import _two_changes
+
+    events = _two_changes(n_days=7)
+    scores, labels, _ = split_feed(events, seed=9, frac=0.7, max_delay_days=2)
+    days = sorted(events["event_time"].dt.date().unique().to_list())
+    for d in days:
+        write_day(scores, tmp_path / "scores", d, "event_time")
+        write_day(labels, tmp_path / "labels", d, "label_time")
+    inputs = ["--events", str(tmp_path / "scores"), "--labels", str(tmp_path / "labels")]
+    db = tmp_path / "run.duckdb"
+    assert main(["run", *inputs, "--db", str(db), "--no-progress"]) == 0
+    out = tmp_path / "out"
+    assert main(["spark-run", *inputs, "--out", str(out), "--n-buckets", "2",
+                 "--master", "local[1]"]) == 0  # fmt: skip
+    counts = assert_tables_equal(out, db)
+    assert counts["change_points"] >= 2
+    assert read_table(out, "change_points")["reference_date"].null_count() < counts["change_points"]
