@@ -49,6 +49,7 @@ test: setup-dev lint docs        ## set up, lint, build the docs, run the whole 
 	$(BIN)/python -m benchmarks.quality --size smoke --out $(VENV)/QUALITY.smoke.md
 	$(BIN)/python -W ignore -m benchmarks.spark --size smoke --out $(VENV)/SPARK.smoke.md
 	$(BIN)/python -W ignore -m benchmarks.label_night --size smoke --out $(VENV)/LABELS.smoke.md
+	$(BIN)/python -m benchmarks.monitoring --size smoke --repeat 1 --out $(VENV)/MONITORING.smoke.md
 
 test-ui: setup-dev               ## the 14-minute walk-through of the dagster UI (#37's Done-when), skipped by make test
 	CALPIPE_UI_LONG=1 $(BIN)/pytest tests/dagster_project/test_ui_data.py
