@@ -76,9 +76,7 @@ def _timed(seconds: dict) -> None:
 
     phases.detect_changes = timer("detector", phases.detect_changes)
     t = tables.TABLES["performance_estimates"]
-    tables.TABLES["performance_estimates"] = dataclasses.replace(
-        t, rows=timer("estimates", t.rows)
-    )
+    tables.TABLES["performance_estimates"] = dataclasses.replace(t, rows=timer("estimates", t.rows))
 
 
 def child(spec: dict) -> dict:

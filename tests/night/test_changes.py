@@ -189,7 +189,7 @@ def test_the_demo_s_drifting_streams_change_within_14_days_and_the_stable_ones_n
         assert part["detected_date"].is_sorted()
 
 
-def _two_changes(n_days: int = 8, per_day: int = 300, seed: int = 11) -> pl.DataFrame:
+def two_changes(n_days: int = 8, per_day: int = 300, seed: int = 11) -> pl.DataFrame:
     """Two streams over ``n_days``: ``moving`` is calibrated on days 0-1, its labels then follow
     the scores' logit + 2 (days 2-4), then - 1.5 (days 5-): two changes; ``still`` is
     calibrated throughout."""
@@ -249,7 +249,7 @@ def test_a_label_feed_chain_finds_both_changes_and_resumed_equals_one_run(tmp_pa
     rows as one run."""
     from tests.pipeline.test_labels import split_feed, write_day
 
-    events = _two_changes() if k == 2 else _k_classes(_two_changes(), k)
+    events = two_changes() if k == 2 else _k_classes(two_changes(), k)
     scores, labels, _ = split_feed(events, seed=9, frac=0.7, max_delay_days=2)
     days = sorted(events["event_time"].dt.date().unique().to_list())
     for d in days:

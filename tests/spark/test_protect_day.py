@@ -372,9 +372,9 @@ def test_spark_run_finds_calpipe_run_s_change_points_with_a_label_feed(spark, tm
     """A stream that changes twice, its labels delayed by a feed: ``calpipe spark-run`` writes
     the change points and the detector's state of ``calpipe run`` (the second change tested
     against the map frozen at the first), bit for bit."""
-    from tests.night.test_changes import _two_changes
+    from tests.night.test_changes import two_changes
 
-    events = _two_changes(n_days=7)
+    events = two_changes(n_days=7)
     scores, labels, _ = split_feed(events, seed=9, frac=0.7, max_delay_days=2)
     days = sorted(events["event_time"].dt.date().unique().to_list())
     for d in days:
