@@ -69,6 +69,10 @@ DEFAULT_CUBIC_AB: tuple[tuple[float, float], ...] = (
 #: agree to this tolerance on a fine grid of probabilities; exact duplicates differ by ~1e-16.
 FAMILY_DEDUP_TOL: float = 1e-12
 
+#: Families whose identity slot is remembered (:attr:`calpipe.families.Family.identity_index`):
+#: a run uses one or two; the bound only keeps a loop over many custom grids from growing it.
+FAMILY_CACHE_SIZE: int = 64
+
 
 # --- The alarm (every method's test martingale) ---
 #: Threshold of the alarm: log10 S >= 2 means S >= 100, which by Ville's inequality has
