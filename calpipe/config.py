@@ -25,6 +25,10 @@ SCORES_SUM_TOL: float = 1e-6
 #: and 1e-320 (subnormal) divides into inf/NaN (issue 36 item 8).
 STATE_WEIGHTS_SUM_TOL: float = 1e-6
 
+#: Empty state frames remembered by key and order column types (calpipe.engine.state.empty_state):
+#: a process sees a handful of schemas; the bound keeps odd callers from growing it.
+EMPTY_STATE_CACHE_SIZE: int = 64
+
 
 # --- Protected predictors and their families (calibrators/protected.py, families.py, kernels/mixture.py) ---
 #: Default passive weight pi of the Composite Jumper (paper 001 Alg. 1; docs/ARCHITECTURE.md §4). The

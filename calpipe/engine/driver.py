@@ -352,7 +352,7 @@ def _run(
         op_offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         ext_scores, ext_labels = cal.prepare_scores(base), labels
         applied = np.bincount(ev_sid[labelled], minlength=n_streams)
-        pending = prev.select(["pending_label_time", "pending_scores", "pending_labels"])
+        pending = prev[["pending_label_time", "pending_scores", "pending_labels"]]
     else:
         (op_event, op_kind, op_offsets, ext_scores, ext_labels, applied, pending) = delayed_ops(
             cal, cols, events, ev_sid, counts, base, labels, labelled, prev, n_classes
