@@ -301,7 +301,7 @@ def stream_ids(df: pl.DataFrame, by: Sequence[str]) -> tuple[np.ndarray, np.ndar
     Every row's keys are then compared with its stream's first row, so a hash collision cannot
     merge two streams: if one ever did, the ids are recomputed by a sort of the keys.
     """
-    if not by:
+    if not by or _one_key(df, by):
         return np.zeros(df.height, np.int64), np.zeros(min(df.height, 1), np.int64)
     key = pl.col(by[0]) if len(by) == 1 else pl.struct(list(by))
     hashes = df.select(key.hash()).to_series().to_numpy()
@@ -309,6 +309,20 @@ def stream_ids(df: pl.DataFrame, by: Sequence[str]) -> tuple[np.ndarray, np.ndar
     if not _same_keys_as(df, by, first[ids]):
         ids, first = _stream_ids_by_sort(df, by)
     return ids, first
+
+
+def _one_key(df: pl.DataFrame, by: Sequence[str]) -> bool:
+    """Whether every row has the same one key, none null: one stream, decided by the column's
+    min and max (~10 us) instead of hashing it and comparing every row with its stream's first
+    (~0.15 ms on 2,000 rows, most of a small call's grouping). Only for types whose min and max
+    are the order of distinct values (text, integers, times): not floats (NaN), not nested."""
+    if len(by) != 1:
+        return False
+    key = df[by[0]]
+    dtype = key.dtype
+    if not (dtype == pl.String or dtype.is_integer() or dtype.is_temporal()):
+        return False
+    return key.len() > 0 and key.null_count() == 0 and key.min() == key.max()
 
 
 def _same_keys_as(df: pl.DataFrame, by: Sequence[str], rep: np.ndarray) -> bool:
@@ -380,6 +394,9 @@ def _within_stream_increasing(
     all rows as one sequence): do the order keys increase strictly (lexicographically) within
     every stream, and does the last order key (the event id) alone? The second implies that
     (stream, event id) is unique."""
+    arrays = _plain_keys(df, order_by)
+    if arrays is not None:
+        return _increasing_np(arrays, ids, order)
     keys = df.select(order_by)
     if ids is not None:
         keys = keys.with_columns(pl.Series("__sid", ids))
@@ -393,3 +410,34 @@ def _within_stream_increasing(
         lex, last = new_stream | lex, new_stream | last
     row = keys.select(lex.slice(1).all(), last.slice(1).all().alias("__last")).row(0)
     return bool(row[0]), bool(row[1])
+
+
+def _plain_keys(df: pl.DataFrame, order_by: Sequence[str]) -> list[np.ndarray] | None:
+    """The order keys as numpy arrays when all are integers or times without nulls (their
+    physical integers order as they do), else None: then polars compares them (text ids,
+    floats, where NaN orders and equals as polars says, nulls)."""
+    arrays = []
+    for c in order_by:
+        s = df[c]
+        if not (s.dtype.is_integer() or s.dtype.is_temporal()) or s.null_count():
+            return None
+        arrays.append(s.to_physical().to_numpy())
+    return arrays
+
+
+def _increasing_np(
+    arrays: list[np.ndarray], ids: np.ndarray | None, order: np.ndarray | None
+) -> tuple[bool, bool]:
+    """:func:`_within_stream_increasing` on integer key arrays, in numpy: one small call's
+    polars query cost ~60 us, about as much as the comparisons on 100,000 rows."""
+    if order is not None:
+        arrays = [a[order] for a in arrays]
+        ids = ids[order] if ids is not None else None
+    last = arrays[-1][1:] > arrays[-1][:-1]
+    lex = last
+    for a in reversed(arrays[:-1]):  # lex_greater, from the last key out
+        lex = (a[1:] > a[:-1]) | ((a[1:] == a[:-1]) & lex)
+    if ids is not None:
+        new_stream = ids[1:] != ids[:-1]
+        lex, last = new_stream | lex, new_stream | last
+    return bool(lex.all()), bool(last.all())
