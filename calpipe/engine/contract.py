@@ -11,7 +11,7 @@ counting sort, a sort only for rows out of order within a stream).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import polars as pl
@@ -120,13 +120,19 @@ class Rule:
     rule: str
     bad: pl.Expr
     show: pl.Expr | None = None  # what to print as the offending value (default: the column)
+    #: A cheap proof that no row breaks the rule (a column's null count, min and max), or None:
+    #: True lets :func:`check_rules` leave the rule out of its query; False proves nothing.
+    clean: Callable[[pl.DataFrame], bool] | None = None
 
 
 def check_rules(df: pl.DataFrame, rules: Sequence[Rule]) -> None:
     """Raise InputError for the first rule (in list order) that some row breaks, at its first row.
 
-    All rules are evaluated in one parallel pass over the frame.
+    All rules are evaluated in one parallel pass over the frame, but for those a rule's
+    ``clean`` proves unbroken: the first broken rule is the same, and a small frame whose rules
+    all prove clean costs no query (the pass was ~0.2 ms of a 2,000-event protect).
     """
+    rules = [r for r in rules if r.clean is None or not r.clean(df)]
     if not rules:
         return
     firsts = df.select(
@@ -136,6 +142,37 @@ def check_rules(df: pl.DataFrame, rules: Sequence[Rule]) -> None:
         if row is not None:
             value = df.select(r.show if r.show is not None else pl.col(r.column)).row(row)[0]
             raise InputError(r.column, int(row), f"{r.rule} (value: {value!r})")
+
+
+def no_null(column: str) -> Callable[[pl.DataFrame], bool]:
+    """A rule's ``clean``: ``column`` has no null (its null count, kept by polars)."""
+    return lambda df: df[column].null_count() == 0
+
+
+def no_nan(column: str) -> Callable[[pl.DataFrame], bool]:
+    """A rule's ``clean`` of ``is_nan``: an integer column, or a float one without NaN."""
+
+    def clean(df: pl.DataFrame) -> bool:
+        s = df[column]
+        return s.dtype.is_integer() or (s.dtype.is_float() and not s.is_nan().any())
+
+    return clean
+
+
+def within(column: str, low: float, high: float) -> Callable[[pl.DataFrame], bool]:
+    """A rule's ``clean`` of "outside [low, high]": a plain integer or float column without
+    NaN (polars orders NaN above every number) whose min and max lie in [low, high]; nulls
+    break no such rule and are left out of min and max."""
+
+    def clean(df: pl.DataFrame) -> bool:
+        s = df[column]
+        if not (s.dtype.is_integer() or s.dtype.is_float()) or s.null_count() == s.len():
+            return False
+        if s.dtype.is_float() and s.is_nan().any():
+            return False
+        return low <= s.min() and s.max() <= high
+
+    return clean
 
 
 def probability_rules(column: str, value: pl.Expr, *, multiclass: bool) -> list[Rule]:
@@ -163,7 +200,7 @@ def validate_frame(df: pl.DataFrame, cols: Columns, *, check_duplicates: bool = 
     schema = df.schema
     check_time_keys(schema, cols.order_by)
     rules = [
-        Rule(c, "null in a stream or order key", pl.col(c).is_null())
+        Rule(c, "null in a stream or order key", pl.col(c).is_null(), clean=no_null(c))
         for c in (*cols.by, *cols.order_by)
     ]
     lab_dtype = schema[cols.label]
@@ -186,10 +223,14 @@ def validate_frame(df: pl.DataFrame, cols: Columns, *, check_duplicates: bool = 
             raise InputError(cols.score, None, f"score must be a float column (got dtype {dt})")
         s = pl.col(cols.score)
         rules += [
-            Rule(cols.score, "null score (every event needs a base forecast)", s.is_null()),
-            Rule(cols.score, "score is NaN", s.cast(pl.Float64).is_nan()),
-            *probability_rules(cols.score, s, multiclass=False),
-        ]
+            Rule(cols.score, "null score (every event needs a base forecast)", s.is_null(),
+                 clean=no_null(cols.score)),
+            Rule(cols.score, "score is NaN", s.cast(pl.Float64).is_nan(),
+                 clean=no_nan(cols.score)),
+            # the column itself is the value: its min and max can prove the range
+            *(replace(r, clean=within(cols.score, 0, 1))
+              for r in probability_rules(cols.score, s, multiclass=False)),
+        ]  # fmt: skip
         n_classes = 2
     else:
         name = cols.scores
@@ -220,7 +261,8 @@ def validate_frame(df: pl.DataFrame, cols: Columns, *, check_duplicates: bool = 
     )
     rules.append(
         Rule(cols.label, f"label outside the classes 0..{n_classes - 1}",
-             y.is_not_null() & ((y < 0) | (y >= n_classes)))
+             y.is_not_null() & ((y < 0) | (y >= n_classes)),
+             clean=within(cols.label, 0, n_classes - 1) if lab_dtype.is_integer() else None)
     )  # fmt: skip
 
     if cols.label_time is not None:

@@ -168,3 +168,32 @@ def test_replay_order_same_for_integer_keys_as_for_polars_compared_ones(seed):
     if a.order is not None:
         assert np.array_equal(a.order, b.order)
     assert np.array_equal(a.counts, b.counts) and np.array_equal(a.ids, b.ids)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_rules_clean_proof_never_hides_a_broken_row(seed):
+    # check_rules leaves out a rule whose `clean` holds: that must mean no row breaks it, for
+    # the edge values of every column type the proofs accept or refuse (NaN, nulls, bounds).
+    rng = np.random.default_rng(seed)
+    pool = [0.0, 1.0, -0.0, 0.5, -1e-300, 1.0000000000000002, float("nan"), None, 2.0]
+    n = int(rng.integers(1, 6))
+    floats = [pool[i] for i in rng.integers(0, len(pool), n)]
+    ints = [[0, 1, 2, -1, None][i] for i in rng.integers(0, 5, n)]
+    df = pl.DataFrame(
+        {
+            "f": pl.Series(floats, dtype=pl.Float64),
+            "f32": pl.Series(floats, dtype=pl.Float32),
+            "i": pl.Series(ints, dtype=pl.Int64),
+            "u": pl.Series([None if v is None else abs(v) for v in ints], dtype=pl.UInt8),
+        }
+    )
+    for c in df.columns:
+        col = pl.col(c)
+        proofs = [
+            (contract.no_null(c), col.is_null()),
+            (contract.no_nan(c), col.cast(pl.Float64).is_nan()),
+            (contract.within(c, 0, 1), (col < 0) | (col > 1)),
+        ]
+        for clean, bad in proofs:
+            if clean(df):
+                assert not df.select(bad.fill_null(False).any()).item(), (c, df[c].to_list())
