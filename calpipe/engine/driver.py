@@ -332,7 +332,7 @@ def _run(
     needed += [cols.order_by[0]] if delayed else []
     needed += [cols.label_time] if cols.label_time is not None else []
     needed += list(cal.input_columns().values())
-    events = df.select(list(dict.fromkeys(needed)))
+    events = df[list(dict.fromkeys(needed))]  # by name: no polars query
     if delayed and order is not None:
         events = events[order]
     ev_sid = np.repeat(np.arange(n_streams, dtype=np.int64), counts) if delayed else replay.ids
