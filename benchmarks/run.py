@@ -13,6 +13,7 @@ Measurements (the numbering of BENCHMARKS.md):
    functions of the default grid on the same scores;
 3. ``calpipe.protect`` end to end on a polars frame (time-ordered input, and presorted input);
 4. versus the reference package ``protected-classification`` 0.1.5 (identical outputs, speed);
+   4b. a small call: ``protect`` on 2,000 events against the calibrator's own run (<= 1 ms more);
 5. nightly ``calpipe run`` vs DuckDB loading the same Parquet file and vs the store floor (DuckDB
    alone storing the night's tables), 6. memory of a nightly run and of a 30-day backfill (both
    from :mod:`benchmarks.pipeline`);
@@ -55,6 +56,11 @@ SIZES = {
 METHOD_EVENTS = {"smoke": 50_000, "full": 1_000_000}
 REF_EVENTS = 20_000  # calpipe side of measurement 4
 REF_SLICE = 2_000  # the package side (it runs ~400 events/s): its events/s is extrapolated
+#: Measurement 4b (issue #33, "small calls"): a 2,000-event, one-stream frame through
+#: ``calpipe.protect`` may cost at most 1 ms more than the calibrator's own run on its arrays.
+SMALL_EVENTS = 2_000
+SMALL_OVERHEAD_MS = 1.0
+SMALL_CALLS = 50  # calls per timing; the median of them (a small call is ~1 ms: noise)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -437,6 +443,55 @@ def measure_reference(repeat: int) -> Table:
 
 
 # ----------------------------------------------------------------------------------------------
+# 4b. A small call: protect's overhead over the calibrator's own run
+# ----------------------------------------------------------------------------------------------
+def measure_small_call(repeat: int) -> Table:
+    """``calpipe.protect`` on a 2,000-event, one-stream frame (the data contract's columns)
+    against ``Calibrator.run`` on the same scores and labels (a calibrator built once): the
+    difference is what the engine adds (validation, grouping, state rows, the output frame).
+    Both timed in interleaved blocks of :data:`SMALL_CALLS` calls, median per side."""
+    import statistics
+
+    import calpipe
+    from calpipe import config
+    from calpipe.calibrators import make_calibrator
+
+    ev = event_frame(SMALL_EVENTS, 1, "time")
+    p, y = ev["score"].to_numpy(), ev["label"].cast(int).to_numpy()
+    tab = Table(
+        f"4b. A small call: `calpipe.protect` on {SMALL_EVENTS:,} events (one stream) vs the "
+        "calibrator's own run",
+        ["method", "protect ms", "`cal.run` ms", "overhead ms", "target", "verdict"],
+    )
+    for method in ("composite-jumper", config.DEFAULT_METHOD):
+        cal = make_calibrator(method)
+        calls = {
+            "protect": lambda m=method: calpipe.protect(ev, method=m),
+            "run": lambda c=cal: c.run(p, y),
+        }
+        times: dict[str, list[float]] = {k: [] for k in calls}
+        for f in calls.values():
+            f()  # compile / load the numba cache
+        for _ in range(max(repeat, 3)):  # blocks alternate, so both see the same load
+            for k, f in calls.items():
+                for _ in range(SMALL_CALLS):
+                    t0 = time.perf_counter()
+                    f()
+                    times[k].append(time.perf_counter() - t0)
+        med = {k: 1e3 * statistics.median(v) for k, v in times.items()}
+        over = med["protect"] - med["run"]
+        tab.rows.append([f"`{method}`", f"{med['protect']:.3f}", f"{med['run']:.3f}",
+                         f"{over:.3f}", f"<= {SMALL_OVERHEAD_MS:g}",
+                         verdict(over <= SMALL_OVERHEAD_MS)])  # fmt: skip
+    tab.notes.append(
+        f"Medians of {max(repeat, 3) * SMALL_CALLS} calls each, in alternating blocks of "
+        f"{SMALL_CALLS}; the calibrator is built once for `cal.run`, by name inside `protect` "
+        "(as a caller would call it)."
+    )
+    return tab
+
+
+# ----------------------------------------------------------------------------------------------
 # 8. Start-up
 # ----------------------------------------------------------------------------------------------
 _STARTUP = """
@@ -617,6 +672,8 @@ def main(argv=None) -> None:
     if only & {"3", "7"}:
         for tab in measure_protect(size, args.repeat):
             emit(tab)
+    if only & {"4", "4b"}:  # the small call first: it needs no reference package
+        emit(measure_small_call(args.repeat))
     if "4" in only:
         emit(measure_reference(args.repeat))
     if only & {"5", "6"}:  # child processes of their own (benchmarks/pipeline.py)

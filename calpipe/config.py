@@ -25,6 +25,10 @@ SCORES_SUM_TOL: float = 1e-6
 #: and 1e-320 (subnormal) divides into inf/NaN (issue 36 item 8).
 STATE_WEIGHTS_SUM_TOL: float = 1e-6
 
+#: Empty state frames remembered by key and order column types (calpipe.engine.state.empty_state):
+#: a process sees a handful of schemas; the bound keeps odd callers from growing it.
+EMPTY_STATE_CACHE_SIZE: int = 64
+
 
 # --- Protected predictors and their families (calibrators/protected.py, families.py, kernels/mixture.py) ---
 #: Default passive weight pi of the Composite Jumper (paper 001 Alg. 1; docs/ARCHITECTURE.md §4). The
@@ -68,6 +72,10 @@ DEFAULT_CUBIC_AB: tuple[tuple[float, float], ...] = (
 #: Two calibrating functions are "the same" (and the duplicate is dropped from a grid) when they
 #: agree to this tolerance on a fine grid of probabilities; exact duplicates differ by ~1e-16.
 FAMILY_DEDUP_TOL: float = 1e-12
+
+#: Families whose identity slot is remembered (:attr:`calpipe.families.Family.identity_index`):
+#: a run uses one or two; the bound only keeps a loop over many custom grids from growing it.
+FAMILY_CACHE_SIZE: int = 64
 
 
 # --- The alarm (every method's test martingale) ---

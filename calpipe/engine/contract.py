@@ -11,7 +11,7 @@ counting sort, a sort only for rows out of order within a stream).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import polars as pl
@@ -120,13 +120,19 @@ class Rule:
     rule: str
     bad: pl.Expr
     show: pl.Expr | None = None  # what to print as the offending value (default: the column)
+    #: A cheap proof that no row breaks the rule (a column's null count, min and max), or None:
+    #: True lets :func:`check_rules` leave the rule out of its query; False proves nothing.
+    clean: Callable[[pl.DataFrame], bool] | None = None
 
 
 def check_rules(df: pl.DataFrame, rules: Sequence[Rule]) -> None:
     """Raise InputError for the first rule (in list order) that some row breaks, at its first row.
 
-    All rules are evaluated in one parallel pass over the frame.
+    All rules are evaluated in one parallel pass over the frame, but for those a rule's
+    ``clean`` proves unbroken: the first broken rule is the same, and a small frame whose rules
+    all prove clean costs no query (the pass was ~0.2 ms of a 2,000-event protect).
     """
+    rules = [r for r in rules if r.clean is None or not r.clean(df)]
     if not rules:
         return
     firsts = df.select(
@@ -136,6 +142,37 @@ def check_rules(df: pl.DataFrame, rules: Sequence[Rule]) -> None:
         if row is not None:
             value = df.select(r.show if r.show is not None else pl.col(r.column)).row(row)[0]
             raise InputError(r.column, int(row), f"{r.rule} (value: {value!r})")
+
+
+def no_null(column: str) -> Callable[[pl.DataFrame], bool]:
+    """A rule's ``clean``: ``column`` has no null (its null count, kept by polars)."""
+    return lambda df: df[column].null_count() == 0
+
+
+def no_nan(column: str) -> Callable[[pl.DataFrame], bool]:
+    """A rule's ``clean`` of ``is_nan``: an integer column, or a float one without NaN."""
+
+    def clean(df: pl.DataFrame) -> bool:
+        s = df[column]
+        return s.dtype.is_integer() or (s.dtype.is_float() and not s.is_nan().any())
+
+    return clean
+
+
+def within(column: str, low: float, high: float) -> Callable[[pl.DataFrame], bool]:
+    """A rule's ``clean`` of "outside [low, high]": a plain integer or float column without
+    NaN (polars orders NaN above every number) whose min and max lie in [low, high]; nulls
+    break no such rule and are left out of min and max."""
+
+    def clean(df: pl.DataFrame) -> bool:
+        s = df[column]
+        if not (s.dtype.is_integer() or s.dtype.is_float()) or s.null_count() == s.len():
+            return False
+        if s.dtype.is_float() and s.is_nan().any():
+            return False
+        return low <= s.min() and s.max() <= high
+
+    return clean
 
 
 def probability_rules(column: str, value: pl.Expr, *, multiclass: bool) -> list[Rule]:
@@ -163,7 +200,7 @@ def validate_frame(df: pl.DataFrame, cols: Columns, *, check_duplicates: bool = 
     schema = df.schema
     check_time_keys(schema, cols.order_by)
     rules = [
-        Rule(c, "null in a stream or order key", pl.col(c).is_null())
+        Rule(c, "null in a stream or order key", pl.col(c).is_null(), clean=no_null(c))
         for c in (*cols.by, *cols.order_by)
     ]
     lab_dtype = schema[cols.label]
@@ -186,10 +223,14 @@ def validate_frame(df: pl.DataFrame, cols: Columns, *, check_duplicates: bool = 
             raise InputError(cols.score, None, f"score must be a float column (got dtype {dt})")
         s = pl.col(cols.score)
         rules += [
-            Rule(cols.score, "null score (every event needs a base forecast)", s.is_null()),
-            Rule(cols.score, "score is NaN", s.cast(pl.Float64).is_nan()),
-            *probability_rules(cols.score, s, multiclass=False),
-        ]
+            Rule(cols.score, "null score (every event needs a base forecast)", s.is_null(),
+                 clean=no_null(cols.score)),
+            Rule(cols.score, "score is NaN", s.cast(pl.Float64).is_nan(),
+                 clean=no_nan(cols.score)),
+            # the column itself is the value: its min and max can prove the range
+            *(replace(r, clean=within(cols.score, 0, 1))
+              for r in probability_rules(cols.score, s, multiclass=False)),
+        ]  # fmt: skip
         n_classes = 2
     else:
         name = cols.scores
@@ -220,7 +261,8 @@ def validate_frame(df: pl.DataFrame, cols: Columns, *, check_duplicates: bool = 
     )
     rules.append(
         Rule(cols.label, f"label outside the classes 0..{n_classes - 1}",
-             y.is_not_null() & ((y < 0) | (y >= n_classes)))
+             y.is_not_null() & ((y < 0) | (y >= n_classes)),
+             clean=within(cols.label, 0, n_classes - 1) if lab_dtype.is_integer() else None)
     )  # fmt: skip
 
     if cols.label_time is not None:
@@ -301,7 +343,7 @@ def stream_ids(df: pl.DataFrame, by: Sequence[str]) -> tuple[np.ndarray, np.ndar
     Every row's keys are then compared with its stream's first row, so a hash collision cannot
     merge two streams: if one ever did, the ids are recomputed by a sort of the keys.
     """
-    if not by:
+    if not by or _one_key(df, by):
         return np.zeros(df.height, np.int64), np.zeros(min(df.height, 1), np.int64)
     key = pl.col(by[0]) if len(by) == 1 else pl.struct(list(by))
     hashes = df.select(key.hash()).to_series().to_numpy()
@@ -309,6 +351,20 @@ def stream_ids(df: pl.DataFrame, by: Sequence[str]) -> tuple[np.ndarray, np.ndar
     if not _same_keys_as(df, by, first[ids]):
         ids, first = _stream_ids_by_sort(df, by)
     return ids, first
+
+
+def _one_key(df: pl.DataFrame, by: Sequence[str]) -> bool:
+    """Whether every row has the same one key, none null: one stream, decided by the column's
+    min and max (~10 us) instead of hashing it and comparing every row with its stream's first
+    (~0.15 ms on 2,000 rows, most of a small call's grouping). Only for types whose min and max
+    are the order of distinct values (text, integers, times): not floats (NaN), not nested."""
+    if len(by) != 1:
+        return False
+    key = df[by[0]]
+    dtype = key.dtype
+    if not (dtype == pl.String or dtype.is_integer() or dtype.is_temporal()):
+        return False
+    return key.len() > 0 and key.null_count() == 0 and key.min() == key.max()
 
 
 def _same_keys_as(df: pl.DataFrame, by: Sequence[str], rep: np.ndarray) -> bool:
@@ -380,6 +436,9 @@ def _within_stream_increasing(
     all rows as one sequence): do the order keys increase strictly (lexicographically) within
     every stream, and does the last order key (the event id) alone? The second implies that
     (stream, event id) is unique."""
+    arrays = _plain_keys(df, order_by)
+    if arrays is not None:
+        return _increasing_np(arrays, ids, order)
     keys = df.select(order_by)
     if ids is not None:
         keys = keys.with_columns(pl.Series("__sid", ids))
@@ -393,3 +452,34 @@ def _within_stream_increasing(
         lex, last = new_stream | lex, new_stream | last
     row = keys.select(lex.slice(1).all(), last.slice(1).all().alias("__last")).row(0)
     return bool(row[0]), bool(row[1])
+
+
+def _plain_keys(df: pl.DataFrame, order_by: Sequence[str]) -> list[np.ndarray] | None:
+    """The order keys as numpy arrays when all are integers or times without nulls (their
+    physical integers order as they do), else None: then polars compares them (text ids,
+    floats, where NaN orders and equals as polars says, nulls)."""
+    arrays = []
+    for c in order_by:
+        s = df[c]
+        if not (s.dtype.is_integer() or s.dtype.is_temporal()) or s.null_count():
+            return None
+        arrays.append(s.to_physical().to_numpy())
+    return arrays
+
+
+def _increasing_np(
+    arrays: list[np.ndarray], ids: np.ndarray | None, order: np.ndarray | None
+) -> tuple[bool, bool]:
+    """:func:`_within_stream_increasing` on integer key arrays, in numpy: one small call's
+    polars query cost ~60 us, about as much as the comparisons on 100,000 rows."""
+    if order is not None:
+        arrays = [a[order] for a in arrays]
+        ids = ids[order] if ids is not None else None
+    last = arrays[-1][1:] > arrays[-1][:-1]
+    lex = last
+    for a in reversed(arrays[:-1]):  # lex_greater, from the last key out
+        lex = (a[1:] > a[:-1]) | ((a[1:] == a[:-1]) & lex)
+    if ids is not None:
+        new_stream = ids[1:] != ids[:-1]
+        lex, last = new_stream | lex, new_stream | last
+    return bool(lex.all()), bool(last.all())

@@ -141,3 +141,59 @@ def _cols(df):
         df.columns, score=None, scores=None, label="label", label_time=None, by=None,
         order_by=("event_time", "event_id"),
     )  # fmt: skip
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_replay_order_same_for_integer_keys_as_for_polars_compared_ones(seed):
+    # Integer and time keys are compared in numpy, other types by a polars query: the same
+    # frame with float order keys and categorical streams (the polars paths) must replay the
+    # same. Ties in time; ids in row order or not; times in order or not; one stream or several.
+    rng = np.random.default_rng(seed)
+    n, n_streams = 300, [1, 3, 8, 1, 3, 8, 3, 8][seed]
+    time = rng.integers(0, 40, n)
+    df = pl.DataFrame(
+        {
+            "stream": [f"s{k}" for k in rng.integers(0, n_streams, n)],
+            "event_time": np.sort(time) if seed < 3 else time,
+            "event_id": rng.permutation(n) if seed >= 6 else np.arange(n),
+            "score": rng.uniform(0.02, 0.98, n),
+            "label": rng.integers(0, 2, n),
+        }
+    )
+    other = df.with_columns(
+        pl.col("event_time", "event_id").cast(pl.Float64), pl.col("stream").cast(pl.Categorical)
+    )
+    a, b = contract.replay_order(df, _cols(df)), contract.replay_order(other, _cols(other))
+    assert (a.order is None) == (b.order is None)
+    if a.order is not None:
+        assert np.array_equal(a.order, b.order)
+    assert np.array_equal(a.counts, b.counts) and np.array_equal(a.ids, b.ids)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_rules_clean_proof_never_hides_a_broken_row(seed):
+    # check_rules leaves out a rule whose `clean` holds: that must mean no row breaks it, for
+    # the edge values of every column type the proofs accept or refuse (NaN, nulls, bounds).
+    rng = np.random.default_rng(seed)
+    pool = [0.0, 1.0, -0.0, 0.5, -1e-300, 1.0000000000000002, float("nan"), None, 2.0]
+    n = int(rng.integers(1, 6))
+    floats = [pool[i] for i in rng.integers(0, len(pool), n)]
+    ints = [[0, 1, 2, -1, None][i] for i in rng.integers(0, 5, n)]
+    df = pl.DataFrame(
+        {
+            "f": pl.Series(floats, dtype=pl.Float64),
+            "f32": pl.Series(floats, dtype=pl.Float32),
+            "i": pl.Series(ints, dtype=pl.Int64),
+            "u": pl.Series([None if v is None else abs(v) for v in ints], dtype=pl.UInt8),
+        }
+    )
+    for c in df.columns:
+        col = pl.col(c)
+        proofs = [
+            (contract.no_null(c), col.is_null()),
+            (contract.no_nan(c), col.cast(pl.Float64).is_nan()),
+            (contract.within(c, 0, 1), (col < 0) | (col > 1)),
+        ]
+        for clean, bad in proofs:
+            if clean(df):
+                assert not df.select(bad.fill_null(False).any()).item(), (c, df[c].to_list())
