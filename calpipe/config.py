@@ -90,6 +90,13 @@ ALARM_LOG10_THRESHOLD: float = 2.0
 #: test_changes.py); the one-shot alarm's 100 has no run-length bound once it restarts.
 CHANGE_LOG10_THRESHOLD: float = 4.0
 
+#: Labels a stream learns after a change point before its protected map is frozen as the next
+#: reference (not counted by the detector): a map frozen at once, from the few labels since the
+#: change, is an early estimate the still-learning forecaster soon beats (a "change" that is
+#: only its learning); 1,000 labels put a frozen probability's error near 1/sqrt(1000) = 3 %.
+#: The price: a change within them is found only after them.
+CHANGE_SETTLE_LABELS: int = 1_000
+
 #: Knots of the reference map frozen at a change point: the protected map's values at this many
 #: raw scores, equally spaced in logit over [CHANGE_REFERENCE_EPS, 1 - CHANGE_REFERENCE_EPS]
 #: (0.14 logit apart: the maps are smooth in logit, so linear interpolation between knots

@@ -102,7 +102,7 @@ RELATIONS_ADDED_SINCE_SPLIT = {
 COLUMNS_ADDED_SINCE_SPLIT = {
     ("calibrator_state", c): "#35: the change detector's state (schema version 13, migration 014)"
     for c in ("change_log10_cusum", "change_run_start", "change_run_labels", "change_count",
-              "change_reference_date", "change_reference")
+              "change_settle_labels", "change_reference_date", "change_reference")
 }  # fmt: skip
 
 

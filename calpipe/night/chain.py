@@ -249,6 +249,7 @@ def _detector_arrays(rows: pl.DataFrame):
         rows["change_run_labels"].fill_null(-1).to_numpy(),
         rows["change_count"].fill_null(-1).to_numpy(),
         rows["change_reference_date"].to_physical().fill_null(-1).to_numpy(),
+        rows["change_settle_labels"].fill_null(-1).to_numpy(),
     ]
     col = rows["change_reference"]
     values = col.explode().drop_nulls().to_numpy()

@@ -15,18 +15,21 @@ stream's *reference* forecast of the same event:
 * until the stream's first change point, the base forecast the martingale bets against
   (``base_score``): L_n are then the factors of the test martingale itself when labels come
   with their events, and the null is the alarm's: the base forecasts are calibrated;
-* after change point k, found on night d, the protected forecaster's map p -> p' as it stood at
-  the end of night d (its serving map, frozen on :data:`calpipe.config.CHANGE_REFERENCE_KNOTS`
-  scores and interpolated linearly in logit), applied to the event's raw score, from night
-  d + 1 on. The null is then: the labels follow the map served after the last change; a new
+* after change point k, the protected forecaster's map p -> p' as it stood at the end of the
+  night d its settling ended (below; its serving map, frozen on
+  :data:`calpipe.config.CHANGE_REFERENCE_KNOTS` scores and interpolated linearly in logit),
+  applied to the event's raw score, from night d + 1 on. The null is then: the labels follow the map served after the last change; a new
   change makes the still-learning protected forecaster beat the frozen map, and c grows.
 
 A change point is a crossing c_n >= :data:`calpipe.config.CHANGE_LOG10_THRESHOLD`; under the
 current reference's null the mean number of labels to a false one is >= 10^threshold
 (the e-detector's average run length). The estimated change is the event time of the first
-label of the run that crossed (the CUSUM's argmax). After a crossing the stream's detector
-waits for the night's end (the rest of its labels that night add nothing), takes the new
-reference and restarts from 0, so a stream reports at most one change point a night.
+label of the run that crossed (the CUSUM's argmax). After a crossing the stream's detector lets
+the protected forecaster learn :data:`calpipe.config.CHANGE_SETTLE_LABELS` labels of the new
+calibration (not counted), freezes its map at the end of the night in which the last of them
+came, and restarts from 0 the next night: a map frozen at once, from a few post-change labels,
+was an early estimate that the still-learning forecaster soon beat, a "change" that was only
+its learning. A stream reports at most one change point a night.
 
 With delayed labels (a label feed) the factors come in the order labels are learnt (label
 time, then event order), each with the forecast made at its event, which is fixed before its
@@ -45,7 +48,7 @@ Example
 >>> import datetime as dt
 >>> f = pl.DataFrame({"stream": ["a"] * 3, "learn_time": [1, 2, 3], "event_time": [1, 2, 3],
 ...                   "event_id": [1, 2, 3], "log10_factor": [2.5, -1.0, 3.0]})
->>> rows, state = detect(f, None, dt.date(2024, 3, 1))
+>>> rows, state, to_freeze = detect(f, None, dt.date(2024, 3, 1))
 >>> rows.select("stream", "change_number", "log10_statistic", "labels_in_run").rows()
 [('a', 1, 4.5, 3)]
 """
@@ -72,6 +75,7 @@ DETECTOR_SCHEMA: dict[str, pl.DataType] = {
     "change_run_start": TIME_US,  # the open run's first label's event time (null: none)
     "change_run_labels": pl.Int64,  # the open run's labels
     "change_count": pl.Int32,  # change points so far
+    "change_settle_labels": pl.Int64,  # labels still to learn before the map is frozen (0: none)
     "change_reference_date": pl.Date,  # the night whose map is the reference (null: the base)
     "change_reference": pl.List(pl.Float64),  # that map at the knots (null: the base)
 }
@@ -190,19 +194,20 @@ def _carried(state: pl.DataFrame | None, streams: pl.Series) -> pl.DataFrame:
         pl.col("change_log10_cusum").fill_null(0.0),
         pl.col("change_run_labels").fill_null(0),
         pl.col("change_count").fill_null(0),
+        pl.col("change_settle_labels").fill_null(0),
     )
 
 
 def detect(
     f: pl.DataFrame, state: pl.DataFrame | None, day: dt.date
-) -> tuple[pl.DataFrame, pl.DataFrame]:
+) -> tuple[pl.DataFrame, pl.DataFrame, pl.Series]:
     """One night of the detector: its ``change_points`` rows and the detector state after it.
 
     ``f``: the night's factors (:func:`factors`: sorted by stream, then learning order);
     ``state``: the state before (:data:`DETECTOR_SCHEMA` columns; None: none). Returns the
-    rows (:data:`CHANGE_SCHEMA`, sorted by stream) and the state of the streams with factors
-    (``stream`` and :data:`DETECTOR_SCHEMA`; a stream that crossed keeps its reference here:
-    :func:`freeze` gives it the night's map)."""
+    rows (:data:`CHANGE_SCHEMA`, sorted by stream), the state of the streams with factors
+    (``stream`` and :data:`DETECTOR_SCHEMA`) and the streams whose reference is to be frozen
+    at the night's end (:func:`freeze`: their settling after a change point ended tonight)."""
     s = f["stream"]
     first = np.flatnonzero((s != s.shift(1)).fill_null(True).to_numpy()) if f.height else (
         np.zeros(0, np.int64))  # fmt: skip
@@ -210,10 +215,11 @@ def detect(
     offsets = np.append(first, f.height).astype(np.int64)
     before = _carried(state, names)
     start0 = before["change_run_start"].cast(pl.Int64).fill_null(NO_RUN).to_numpy()
-    c, start, count, hit, hit_c, hit_start, hit_n = cusum_detect(
+    c, start, count, settle, to_freeze, hit, hit_c, hit_start, hit_n = cusum_detect(
         offsets, f["log10_factor"].to_numpy(), f["event_time"].cast(TIME_US).to_physical()
         .to_numpy(), before["change_log10_cusum"].to_numpy(), start0,
         before["change_run_labels"].to_numpy(), config.CHANGE_LOG10_THRESHOLD,
+        before["change_settle_labels"].to_numpy(), config.CHANGE_SETTLE_LABELS,
     )  # fmt: skip
     crossed = hit >= 0
     number = before["change_count"].to_numpy().astype(np.int32) + crossed
@@ -222,6 +228,7 @@ def detect(
         pl.Series("change_run_start", start).set(pl.Series(start == NO_RUN), None).cast(TIME_US),
         pl.Series("change_run_labels", count),
         pl.Series("change_count", number, pl.Int32),
+        pl.Series("change_settle_labels", settle),
     )  # fmt: skip
     at = hit[crossed]
     run_start = pl.Series(hit_start[crossed]).cast(TIME_US)
@@ -241,20 +248,22 @@ def detect(
             "reference_date": before["change_reference_date"].filter(pl.Series(crossed)),
         }
     )  # fmt: skip
-    return rows, after
+    return rows, after, names.filter(pl.Series(to_freeze))
 
 
 def freeze(
-    cal: Calibrator, n_classes: int, after: pl.DataFrame, rows: pl.DataFrame,
+    cal: Calibrator, n_classes: int, after: pl.DataFrame, streams: pl.Series,
     end_state: pl.DataFrame, day: dt.date,
 ) -> pl.DataFrame:  # fmt: skip
-    """The detector state ``after`` (:func:`detect`'s) with the streams that crossed on ``day``
-    (``rows``) given the night's map as their reference: the calibrator's serving map of their
+    """The detector state ``after`` (:func:`detect`'s) with ``streams`` (:func:`detect`'s third
+    output) given the night's map as their reference: the calibrator's serving map of their
     end-of-night state (``end_state``: the engine's state rows) at :func:`knots`. Binary maps of
-    the score alone only (module docstring); the others keep their reference."""
-    if not rows.height or n_classes != 2 or cal.input_columns():
+    the score alone only (module docstring); the others keep their reference (the base)."""
+    if not streams.len() or n_classes != 2 or cal.input_columns():
         return after
-    sub = end_state.join(rows.select("stream"), on="stream", how="semi", maintain_order="left")
+    sub = end_state.join(
+        pl.DataFrame({"stream": streams}), on="stream", how="semi", maintain_order="left"
+    )
     if not sub.height:
         return after
     x = np.ascontiguousarray(np.tile(knots(), (sub.height, 1)))

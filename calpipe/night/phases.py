@@ -295,8 +295,8 @@ def detect_changes(
     lab = labelled_in_rows(batch.result.scores, batch.protected)
     if late is not None and late.height:
         lab = pl.concat([lab, late.cast(dict(lab.schema))])
-    rows, after = detect(factors(lab, state), state, batch.day)
-    after = freeze(chain.cal, chain.n_classes, after, rows, batch.result.state, batch.day)
+    rows, after, frozen = detect(factors(lab, state), state, batch.day)
+    after = freeze(chain.cal, chain.n_classes, after, frozen, batch.result.state, batch.day)
     batch.changes = rows
     batch.result = ProtectResult(
         batch.result.scores, with_detector(batch.result.state, state, after)
@@ -316,8 +316,8 @@ def span_changes(span: Span, n_classes: int) -> None:
     for day in res.days:
         day_rows = res.states.filter(pl.col("date") == day)
         lab_d = by_day.get((day,), lab.head(0).drop("event_date"))
-        rows, after = detect(factors(lab_d, det), det, day)
-        after = freeze(span.cal, n_classes, after, rows, day_rows, day)
+        rows, after, frozen = detect(factors(lab_d, det), det, day)
+        after = freeze(span.cal, n_classes, after, frozen, day_rows, day)
         states.append(with_detector(day_rows, det, after))
         det = _detector_union(det, after)
         found.append(rows)

@@ -40,7 +40,7 @@ def test_the_kernel_equals_the_slow_loop_of_the_paper(streams, log10_a):
     offsets = np.cumsum([0] + [len(s) for s in streams])
     when = np.arange(f.shape[0], dtype=np.int64) * 7
     s_n = len(streams)
-    c, start, count, hit, hit_c, hit_start, hit_n = cusum_detect(
+    c, start, count, settle, freeze, hit, hit_c, hit_start, hit_n = cusum_detect(
         offsets, f, when, np.zeros(s_n), np.full(s_n, NO_RUN), np.zeros(s_n, np.int64), log10_a
     )
     for s, factors in enumerate(streams):
@@ -50,7 +50,8 @@ def test_the_kernel_equals_the_slow_loop_of_the_paper(streams, log10_a):
             assert hit_c[s] == pytest.approx(log_m, abs=1e-9)
             assert hit_start[s] == when[offsets[s] + first]
             assert hit_n[s] == labels
-            assert (c[s], start[s], count[s]) == (0.0, NO_RUN, 0)  # restarted
+            assert (c[s], start[s], count[s], settle[s]) == (0.0, NO_RUN, 0, 0)  # restarted
+        assert freeze[s] == (n >= 0)  # (no settling: the reference is frozen at the crossing)
 
 
 @settings(max_examples=150, deadline=None)
@@ -65,15 +66,54 @@ def test_chunks_with_the_state_carried_equal_one_pass(factors, data):
                        np.zeros(1, np.int64), 2.0)  # fmt: skip
     a = cusum_detect(np.array([0, cut]), f[:cut], when[:cut], np.zeros(1), np.array([NO_RUN]),
                      np.zeros(1, np.int64), 2.0)  # fmt: skip
-    if a[3][0] >= 0:
-        assert one[3][0] == a[3][0] and one[4][0] == a[4][0]
+    if a[5][0] >= 0:
+        assert one[5][0] == a[5][0] and one[6][0] == a[6][0]
         return
     b = cusum_detect(np.array([0, f.shape[0] - cut]), f[cut:], when[cut:], a[0], a[1], a[2], 2.0)
-    assert one[3][0] == (-1 if b[3][0] < 0 else b[3][0] + cut)
-    for x, y in zip(one[4:], b[4:], strict=True):
+    assert one[5][0] == (-1 if b[5][0] < 0 else b[5][0] + cut)
+    for x, y in zip(one[6:], b[6:], strict=True):
         assert x[0] == pytest.approx(y[0], rel=1e-12, abs=1e-12)
     for x, y in zip(one[:3], b[:3], strict=True):
         assert x[0] == pytest.approx(y[0], rel=1e-12, abs=1e-12)
+
+
+def slow_settling(factors: list[float], log10_a: float, settle_labels: int, settle0: int):
+    """The detector over one night's factors with settling, as the paper's CUSUM plus the
+    rule of calpipe.night.changes: labels while settling are not counted; the night's rest
+    is not counted once the settling ends (the reference changes at the night's end) or, with
+    no settling, once it crossed. (crossing index or -1, freeze, settle left)."""
+    settle, m, hit = settle0, 0.0, -1
+    for n, f in enumerate(factors):
+        if settle > 0:
+            settle -= 1
+            if settle == 0:
+                return hit, True, 0
+            continue
+        if hit >= 0:
+            break
+        m = max(m, 1.0) * 10.0**f
+        if np.log10(m) >= log10_a:
+            hit, m, settle = n, 0.0, settle_labels
+            if settle == 0:
+                return hit, True, 0
+    return hit, False, settle
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.floats(-1.0, 1.5).filter(lambda x: abs(x) >= 1e-3), max_size=60),
+    st.integers(0, 8),
+    st.integers(0, 5),
+)
+def test_settling_after_a_crossing_equals_the_slow_loop(factors, settle_labels, settle0):
+    """After a crossing the stream learns ``settle_labels`` labels uncounted, and the reference
+    is frozen in the call its settling ends; one crossing a call at most."""
+    f = np.array(factors, dtype=np.float64)
+    out = cusum_detect(np.array([0, f.shape[0]]), f, np.arange(f.shape[0], dtype=np.int64),
+                       np.zeros(1), np.array([NO_RUN]), np.zeros(1, np.int64), 1.0,
+                       np.array([settle0]), settle_labels)  # fmt: skip
+    hit, freeze, settle = slow_settling(factors, 1.0, settle_labels, settle0)
+    assert (int(out[5][0]), bool(out[4][0]), int(out[3][0])) == (hit, freeze, settle)
 
 
 @pytest.mark.parametrize(
@@ -84,6 +124,7 @@ def test_chunks_with_the_state_carried_equal_one_pass(factors, data):
         ({"c0": np.array([-1.0])}, ">= 0"),
         ({"log10_threshold": 0.0}, "log10_threshold"),
         ({"when": np.array([1])}, "one `when` per factor"),
+        ({"settle0": np.array([-1])}, "settle"),
     ],
 )
 def test_bad_inputs_are_refused_with_the_rule(change, message):

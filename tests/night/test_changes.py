@@ -31,9 +31,9 @@ def run_lengths(f: np.ndarray, log10_a: float) -> tuple[int, list[int]]:
     while i < f.shape[0]:
         r = cusum_detect(np.array([0, f.shape[0] - i]), f[i:], np.arange(f.shape[0] - i),
                          np.zeros(1), np.array([NO_RUN]), np.zeros(1, np.int64), log10_a)  # fmt: skip
-        if r[3][0] < 0:
+        if r[5][0] < 0:
             break
-        hits.append(i + int(r[3][0]))
+        hits.append(i + int(r[5][0]))
         i = hits[-1] + 1
     return len(hits), hits
 
@@ -189,7 +189,7 @@ def test_the_demo_s_drifting_streams_change_within_14_days_and_the_stable_ones_n
         assert part["detected_date"].is_sorted()
 
 
-def two_changes(n_days: int = 8, per_day: int = 300, seed: int = 11) -> pl.DataFrame:
+def two_changes(n_days: int = 8, per_day: int = 1000, seed: int = 11) -> pl.DataFrame:
     """Two streams over ``n_days``: ``moving`` is calibrated on days 0-1, its labels then follow
     the scores' logit + 2 (days 2-4), then - 1.5 (days 5-): two changes; ``still`` is
     calibrated throughout."""
