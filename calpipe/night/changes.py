@@ -67,6 +67,8 @@ from calpipe.engine.contract import TIME_US
 from calpipe.engine.ordering import key_order
 from calpipe.errors import ParameterError
 from calpipe.kernels.change_points import NO_RUN, cusum_detect
+from calpipe.kernels.grouping import counting_sort
+from calpipe.night.monitoring import stream_groups
 
 #: The detector's state, carried in ``calibrator_state`` beside the calibrator's (null: a
 #: stream whose detector has not started: c = 0, no run, no change point, the base as reference).
@@ -172,12 +174,34 @@ def factors(labelled: pl.DataFrame, state: pl.DataFrame | None) -> pl.DataFrame:
                 )  # fmt: skip
                 y = labelled["label"].to_numpy()[has]
                 r[has] = np.where(y == 1, p1, 1.0 - p1)
-    f = np.log10(p) - np.log10(r)
+    f = np.log10(p / r)  # (one log: 0.1 s of a 10M-label night less than two)
     out = frame.select(*FACTOR_COLUMNS[:4]).with_columns(pl.Series("log10_factor", f))
-    order = key_order(out, ["stream", "learn_time", "event_time", "event_id"])
+    order = _learning_order(out)
     if out.height > 1 and not bool(np.all(order[1:] > order[:-1])):
         out = out[order]
     return out
+
+
+def _learning_order(out: pl.DataFrame) -> np.ndarray:
+    """The rows of ``out`` grouped by stream, each stream's in learning order (learn time, then
+    event time and id). The usual night's labels already come in that order within each
+    stream (a landing sorted by time): then a counting sort by stream suffices, checked row
+    by row (a global sort of (stream, learn time, event time, id) was 40 % of the detector's
+    time on a 10M-event night); otherwise, or with string ids, the global sort. The streams'
+    order among themselves is their first appearance: the detector's results do not depend
+    on it, and its rows are sorted where they are written."""
+    keys = ["stream", "learn_time", "event_time", "event_id"]
+    if out.height < 2 or out["event_id"].dtype != pl.Int64:
+        return key_order(out, keys)
+    ids, first = stream_groups(out, ["stream"])
+    order, _ = counting_sort(ids, first.shape[0])
+    g = ids[order]
+    lt, et, ei = (out[c].to_physical().to_numpy()[order] for c in keys[1:])
+    same = g[1:] == g[:-1]
+    after = (lt[1:] > lt[:-1]) | (
+        (lt[1:] == lt[:-1]) & ((et[1:] > et[:-1]) | ((et[1:] == et[:-1]) & (ei[1:] > ei[:-1])))
+    )
+    return order if bool(np.all(after | ~same)) else key_order(out, keys)
 
 
 def _carried(state: pl.DataFrame | None, streams: pl.Series) -> pl.DataFrame:
