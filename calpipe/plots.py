@@ -225,16 +225,7 @@ def performance_estimates(
     its ``_low`` / ``_high``, ``realized_<loss>`` and the ``base_`` columns). ``ax``: draw into
     these axes (their figure is returned).
     """
-    if "stream" in rows.columns and rows["stream"].n_unique() > 1:
-        raise ParameterError(
-            f"performance_estimates draws one stream; these rows have "
-            f"{rows['stream'].n_unique()} (filter them to one)"
-        )
-    if ax is None:
-        fig = Figure(figsize=(6.0, 3.4))
-        ax = fig.subplots()
-    else:
-        fig = ax.figure
+    fig, ax = _one_stream_axes("performance_estimates", [rows], ax)
     rows = rows.sort("date")
     d = rows["date"].to_list()
     e = f"expected_{loss}"
@@ -274,17 +265,7 @@ def change_points(
     ``log10_statistic``, ``change_number``). ``ax``: draw into these axes (their figure is
     returned).
     """
-    for frame in (detector, changes):
-        if "stream" in frame.columns and frame["stream"].n_unique() > 1:
-            raise ParameterError(
-                f"change_points draws one stream; these rows have {frame['stream'].n_unique()} "
-                "(filter them to one)"
-            )
-    if ax is None:
-        fig = Figure(figsize=(6.0, 3.4))
-        ax = fig.subplots()
-    else:
-        fig = ax.figure
+    fig, ax = _one_stream_axes("change_points", [detector, changes], ax)
     detector = detector.sort("date")
     ax.plot(detector["date"].to_list(), detector["change_log10_cusum"].fill_null(0.0).to_list(),
             color="tab:purple", linewidth=1.2, label="log10 M (end of night)")  # fmt: skip
@@ -304,3 +285,18 @@ def change_points(
     _legend(ax)
     fig.autofmt_xdate()
     return fig
+
+
+def _one_stream_axes(plot: str, frames: list[pl.DataFrame], ax: Axes | None) -> tuple[Figure, Axes]:
+    """The figure and axes a one-stream plot draws into (``ax``'s, or a new figure's);
+    ParameterError if a frame holds several streams."""
+    for frame in frames:
+        if "stream" in frame.columns and frame["stream"].n_unique() > 1:
+            raise ParameterError(
+                f"{plot} draws one stream; these rows have {frame['stream'].n_unique()} "
+                "(filter them to one)"
+            )
+    if ax is None:
+        fig = Figure(figsize=(6.0, 3.4))
+        return fig, fig.subplots()
+    return ax.figure, ax

@@ -210,6 +210,19 @@ def two_changes(n_days: int = 8, per_day: int = 1000, seed: int = 11) -> pl.Data
     return pl.concat(frames)
 
 
+def land_with_feed(events: pl.DataFrame, root) -> tuple[list[str], list[dt.date]]:
+    """``events`` landed under ``root`` as a scores landing and a label feed (70 % of the
+    labels up to 2 days late): the ``--events`` / ``--labels`` arguments, and the days."""
+    from tests.pipeline.test_labels import split_feed, write_day
+
+    scores, labels, _ = split_feed(events, seed=9, frac=0.7, max_delay_days=2)
+    days = sorted(events["event_time"].dt.date().unique().to_list())
+    for d in days:
+        write_day(scores, root / "scores", d, "event_time")
+        write_day(labels, root / "labels", d, "label_time")
+    return ["--events", str(root / "scores"), "--labels", str(root / "labels")], days
+
+
 def _k_classes(events: pl.DataFrame, k: int) -> pl.DataFrame:
     """K-class events of the same streams and times: random forecasts (softmax of normal
     logits), labels drawn from them, but on ``moving``'s days 2-4 from the forecasts sharpened
@@ -247,15 +260,8 @@ def test_a_label_feed_chain_finds_both_changes_and_resumed_equals_one_run(tmp_pa
     first; K = 3: against the base), the calibrated stream has none, and the chain run in
     three pieces (resuming from the stored state, the detector's included) writes the same
     rows as one run."""
-    from tests.pipeline.test_labels import split_feed, write_day
-
     events = two_changes() if k == 2 else _k_classes(two_changes(), k)
-    scores, labels, _ = split_feed(events, seed=9, frac=0.7, max_delay_days=2)
-    days = sorted(events["event_time"].dt.date().unique().to_list())
-    for d in days:
-        write_day(scores, tmp_path / "scores", d, "event_time")
-        write_day(labels, tmp_path / "labels", d, "label_time")
-    inputs = ["--events", str(tmp_path / "scores"), "--labels", str(tmp_path / "labels")]
+    inputs, days = land_with_feed(events, tmp_path)
     one = _run(tmp_path, "one", inputs)
     pieces = _run(tmp_path, "pieces", inputs, (None, str(days[2])), (None, str(days[5])),
                   (None, None))  # fmt: skip

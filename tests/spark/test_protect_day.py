@@ -372,15 +372,9 @@ def test_spark_run_finds_calpipe_run_s_change_points_with_a_label_feed(spark, tm
     """A stream that changes twice, its labels delayed by a feed: ``calpipe spark-run`` writes
     the change points and the detector's state of ``calpipe run`` (the second change tested
     against the map frozen at the first), bit for bit."""
-    from tests.night.test_changes import two_changes
+    from tests.night.test_changes import land_with_feed, two_changes
 
-    events = two_changes(n_days=7)
-    scores, labels, _ = split_feed(events, seed=9, frac=0.7, max_delay_days=2)
-    days = sorted(events["event_time"].dt.date().unique().to_list())
-    for d in days:
-        write_day(scores, tmp_path / "scores", d, "event_time")
-        write_day(labels, tmp_path / "labels", d, "label_time")
-    inputs = ["--events", str(tmp_path / "scores"), "--labels", str(tmp_path / "labels")]
+    inputs, _ = land_with_feed(two_changes(n_days=7), tmp_path)
     db = tmp_path / "run.duckdb"
     assert main(["run", *inputs, "--db", str(db), "--no-progress"]) == 0
     out = tmp_path / "out"
