@@ -239,13 +239,7 @@ def performance_estimates(
             label="base, expected")  # fmt: skip
     ax.plot(d, rows[f"base_realized_{loss}"].to_list(), "x", color="tab:orange", markersize=3,
             label="base, realized")  # fmt: skip
-    ax.set_ylabel(loss.replace("_", " "), fontsize=8)
-    ax.tick_params(labelsize=7)
-    if title:
-        ax.set_title(title, fontsize=9)
-    _legend(ax)
-    fig.autofmt_xdate()
-    return fig
+    return _finish_one_stream(fig, ax, loss.replace("_", " "), title)
 
 
 def change_points(
@@ -278,13 +272,7 @@ def change_points(
                 markersize=4, label="change point" if i == 0 else None)  # fmt: skip
         ax.annotate(str(r["change_number"]), (r["detected_date"], r["log10_statistic"]),
                     textcoords="offset points", xytext=(3, 3), fontsize=7)  # fmt: skip
-    ax.set_ylabel("log10 CUSUM", fontsize=8)
-    ax.tick_params(labelsize=7)
-    if title:
-        ax.set_title(title, fontsize=9)
-    _legend(ax)
-    fig.autofmt_xdate()
-    return fig
+    return _finish_one_stream(fig, ax, "log10 CUSUM", title)
 
 
 def _one_stream_axes(plot: str, frames: list[pl.DataFrame], ax: Axes | None) -> tuple[Figure, Axes]:
@@ -300,3 +288,14 @@ def _one_stream_axes(plot: str, frames: list[pl.DataFrame], ax: Axes | None) -> 
         fig = Figure(figsize=(6.0, 3.4))
         return fig, fig.subplots()
     return ax.figure, ax
+
+
+def _finish_one_stream(fig: Figure, ax: Axes, ylabel: str, title: str | None) -> Figure:
+    """A one-stream plot's labels, title, legend and date axis; its figure."""
+    ax.set_ylabel(ylabel, fontsize=8)
+    ax.tick_params(labelsize=7)
+    if title:
+        ax.set_title(title, fontsize=9)
+    _legend(ax)
+    fig.autofmt_xdate()
+    return fig
