@@ -23,13 +23,11 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.pipeline import DAY0, clock, landing_files, warm_up, write_days
+from benchmarks.pipeline import DAY0, clock, landing_files, run_child, warm_up, write_days
 from benchmarks.run import machine
 
 SIZES = {"smoke": {"day": 200_000, "streams": 1_000}, "full": {"day": 10_000_000, "streams": 1_000}}
@@ -108,14 +106,6 @@ def child(spec: dict) -> dict:
     return {"nights": nights}
 
 
-def run_child(spec: dict) -> dict:
-    cmd = [sys.executable, "-m", "benchmarks.monitoring", "--child", json.dumps(spec)]
-    out = subprocess.run(cmd, check=False, capture_output=True, text=True)
-    if out.returncode:
-        raise RuntimeError(f"child failed:\n{out.stderr[-4000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", choices=sorted(SIZES), default="smoke")
@@ -133,8 +123,8 @@ def main(argv: list[str] | None = None) -> int:
         best: dict[bool, list[dict]] = {}
         for r in range(args.repeat):  # side by side: with, without, with, without ...
             for on in (True, False):
-                res = run_child({"with": on, "landing": str(landing),
-                                 "db": str(Path(tmp) / f"{on}-{r}.duckdb")})["nights"]  # fmt: skip
+                spec = {"with": on, "landing": str(landing), "db": str(Path(tmp) / f"{on}-{r}.db")}
+                res = run_child(spec, "benchmarks.monitoring")["nights"]
                 if on not in best:
                     best[on] = res
                 else:

@@ -241,11 +241,12 @@ def child(spec: dict) -> dict:
     return {"rows": rows, **stop(), "peak_mib": peak_rss_mib()}
 
 
-def run_child(spec: dict) -> dict:
-    cmd = [sys.executable, "-m", "benchmarks.pipeline", "--child", json.dumps(spec)]
+def run_child(spec: dict, module: str = "benchmarks.pipeline") -> dict:
+    """``spec`` measured by ``python -m MODULE --child SPEC`` in a fresh process: its JSON line."""
+    cmd = [sys.executable, "-m", module, "--child", json.dumps(spec)]
     out = subprocess.run(cmd, check=False, capture_output=True, text=True)
     if out.returncode:
-        raise RuntimeError(f"{spec['kind']} failed:\n{out.stderr[-4000:]}")
+        raise RuntimeError(f"{spec.get('kind', module)} failed:\n{out.stderr[-4000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

@@ -330,6 +330,18 @@ def with_detector(
     return pl.concat([engine, carried.drop("stream")], how="horizontal")
 
 
+def merged_detector(det: pl.DataFrame | None, after: pl.DataFrame) -> pl.DataFrame:
+    """The detector state of every stream seen (``stream`` and :data:`DETECTOR_SCHEMA`):
+    ``det``'s (a state frame or a detector frame; None: none), with ``after``'s streams
+    replaced and new ones added, sorted by stream (a span's state from one day to the next)."""
+    cols = ["stream", *DETECTOR_SCHEMA]
+    after = after.select(cols).cast(DETECTOR_SCHEMA)
+    if det is None or "change_count" not in det.columns:
+        return after
+    kept = det.select(cols).cast(DETECTOR_SCHEMA).join(after, on="stream", how="anti")
+    return pl.concat([kept, after]).sort("stream")
+
+
 def engine_state(state: pl.DataFrame | None) -> pl.DataFrame | None:
     """The calibrator's part of a state frame (the detector's columns dropped), as the engine
     takes it."""

@@ -45,12 +45,12 @@ from calpipe.night.arrivals import Arrivals
 from calpipe.night.chain import Chain, changed_streams, check_outputs, protected_rows, state_rows
 from calpipe.night.changes import (
     CHANGE_SCHEMA,
-    DETECTOR_SCHEMA,
     detect,
     factors,
     freeze,
     labelled_in_rows,
     late_labelled,
+    merged_detector,
     with_detector,
 )
 from calpipe.night.events import check_stream_names, event_schema, protect_columns, source_error
@@ -311,15 +311,16 @@ def span_changes(span: Span, n_classes: int) -> None:
     res = span.result
     lab = labelled_in_rows(res.scores, span.protected)
     by_day = lab.partition_by("event_date", as_dict=True, include_key=False)
+    state_of = res.states.partition_by("date", as_dict=True)
     det = span.before
     found, states = [], []
     for day in res.days:
-        day_rows = res.states.filter(pl.col("date") == day)
+        day_rows = state_of.get((day,), res.states.clear())
         lab_d = by_day.get((day,), lab.head(0).drop("event_date"))
         rows, after, frozen = detect(factors(lab_d, det), det, day)
         after = freeze(span.cal, n_classes, after, frozen, day_rows, day)
         states.append(with_detector(day_rows, det, after))
-        det = _detector_union(det, after)
+        det = merged_detector(det, after)
         found.append(rows)
     span.changes = (
         concat_parts(found, ["detected_date", "stream"])
@@ -330,17 +331,6 @@ def span_changes(span: Span, n_classes: int) -> None:
     span.result = dataclasses.replace(
         res, states=states_out, state=with_detector(res.state, det, None)
     )
-
-
-def _detector_union(det: pl.DataFrame | None, after: pl.DataFrame) -> pl.DataFrame:
-    """The detector state of every stream seen: ``det``'s, with ``after``'s streams replaced
-    (and new ones added)."""
-    cols = ["stream", *DETECTOR_SCHEMA]
-    after = after.select(cols).cast(DETECTOR_SCHEMA)
-    if det is None or "change_count" not in det.columns:
-        return after
-    kept = det.select(cols).cast(DETECTOR_SCHEMA).join(after, on="stream", how="anti")
-    return pl.concat([kept, after]).sort("stream")
 
 
 def night_day(chain: Chain, day: dt.date, parts: list[PartDone], inputs: pl.DataFrame) -> Day:
