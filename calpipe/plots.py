@@ -200,7 +200,9 @@ def reliability_diagram(
         panel.set_ylim(-m, 1 + m)
         panel.set_xlabel("mean forecast", fontsize=8)
         panel.set_ylabel("observed frequency", fontsize=8)
-        panel.legend(fontsize=7, loc="upper left")
+        # "best": a fixed corner hid the base curve of a badly miscalibrated stream (the
+        # demo's bank stream, whose base runs up the upper left)
+        panel.legend(fontsize=7, loc="best")
     if not streams:
         axes[0].axis("on")
         axes[0].text(0.5, 0.5, "no labelled events", ha="center")

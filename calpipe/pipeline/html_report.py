@@ -38,14 +38,14 @@ REPORT_MAX_STREAMS: int = 50
 REPORT_DAILY_DAYS: int = 30
 
 _STYLE = """
-body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2em auto;max-width:1100px;
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2em auto;max-width:1280px;
 color:#1d2330;padding:0 1em}
 h1{margin-bottom:.2em}h2{border-bottom:1px solid #d0d5dd;padding-bottom:.2em;margin-top:2em}
 table{border-collapse:collapse;font-size:13px;margin:.5em 0 1em}
-th,td{border:1px solid #d0d5dd;padding:3px 8px;text-align:right;white-space:nowrap}
+th,td{border:1px solid #d0d5dd;padding:3px 6px;text-align:right;white-space:nowrap}
 th{background:#f2f4f7}td.s,th.s{text-align:left}
 tr.alarm td{background:#fdecea}.meta{color:#555}.plots{display:flex;flex-wrap:wrap;gap:1em}
-.plots svg{max-width:100%;height:auto}.note{color:#8a5300}
+.plots svg{max-width:100%;height:auto}.note{color:#8a5300}.tw{overflow-x:auto}
 """
 
 #: The daily metrics columns the per-stream tables show (calibration_daily), in order.
@@ -87,7 +87,9 @@ def _table(df: pl.DataFrame, *, alarm_col: str | None = None, digits: int = 4) -
     for row in df.iter_rows(named=True):
         cls = " class=alarm" if alarm_col and row.get(alarm_col) else ""
         rows.append(f"<tr{cls}>" + "".join(cell(c, v) for c, v in row.items()) + "</tr>")
-    return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
+    # a wide table (the change points' nine columns) scrolls in its own box instead of running
+    # off the page's 1100 px column, where the browser cut its last columns
+    return f"<div class=tw><table><tr>{head}</tr>{''.join(rows)}</table></div>"
 
 
 def _performance(con, since: dt.date) -> dict[str, pl.DataFrame] | None:
