@@ -8,8 +8,11 @@ it. A test and screenshot driver: it lives with the tests, not in the runtime pa
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -229,3 +232,124 @@ class RunningUI:
                 self.proc.wait()
         self._log.seek(0)
         return self._log.read()
+
+
+#: Chromium's flags for this machine's closed network: without the background-networking ones,
+#: its start-up connections to Google's hosts are refused, many at a time.
+CHROMIUM_ARGS = (
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+)
+
+#: How long a page of the UI may take to show what is waited for (the web app loads, then asks
+#: GraphQL; a loaded 2-core machine took ~10 s).
+PAGE_SECONDS: float = 90.0
+
+#: dagster's words, in the UI, for a check's result on a partition.
+UI_RESULT = {"SUCCEEDED": "Passed", "FAILED": "Failed"}
+
+
+def chromium_path() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def browser_missing() -> str | None:
+    """Why the UI's pages cannot be read in a browser here (None: they can)."""
+    if chromium_path() is None:
+        return "Chromium is not installed (Debian: apt-get install chromium)"
+    if importlib.util.find_spec("playwright") is None:
+        return "playwright is not installed (requirements/dev.lock)"
+    return None
+
+
+class BrowserPages:
+    """The UI's pages rendered in headless Chromium (playwright over the system's browser) and
+    read as a user reads them: a partition's metadata, an asset's partition counts, a check's
+    execution history. What the page shows, not what GraphQL answers: the two used to disagree
+    (#37 item 3). Use as a context manager."""
+
+    def __init__(self, base: str):
+        self.base = base
+
+    def __enter__(self) -> BrowserPages:
+        from playwright.sync_api import sync_playwright
+
+        self._pw = sync_playwright().start()
+        self._browser = self._pw.chromium.launch(
+            executable_path=chromium_path(), args=list(CHROMIUM_ARGS)
+        )
+        self.page = self._browser.new_page(viewport={"width": 1400, "height": 900})
+        self.page.set_default_timeout(PAGE_SECONDS * 1000)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._browser.close()
+        self._pw.stop()
+
+    def _tables(self) -> list[list[list[str]]]:
+        return [
+            [
+                [c.inner_text().strip() for c in r.locator("td,th").all()]
+                for r in t.locator("tr").all()
+            ]
+            for t in self.page.locator("table").all()
+        ]
+
+    def partition_metadata(self, asset: str, day: str) -> dict[str, str]:
+        """The metadata table of ``asset``'s partition ``day`` as its page shows it (label ->
+        text), with ``status`` its badge ("Materialized", "Missing", ...)."""
+        self.page.goto(f"{self.base}/assets/{asset}?view=partitions&partition={day}")
+        self.page.get_by_text("Latest materialization").first.wait_for()
+
+        # the detail pane's heading: the partition's key, its badge (drawn a moment after the
+        # key), then "Latest materialization"
+        def badge():
+            body = self.page.inner_text("body").split("Latest materialization")[0]
+            heading = [w.strip() for w in body.split("\n") if w.strip()]
+            return heading[-1] if heading[-2:-1] == [day] and heading[-1] != day else None
+
+        status = wait_for(f"the badge of partition {day}", badge, PAGE_SECONDS)
+        # the metadata comes after the pane: its first entry, or the words for none
+        self.page.get_by_text(
+            re.compile(r"^(dagster/row_count|No metadata entries)$")
+        ).first.wait_for()
+        rows = {"status": status}
+        for table in self._tables():
+            for cells in table:
+                if len(cells) >= 2 and cells[0] and "\n" not in cells[0]:
+                    rows.setdefault(cells[0], cells[1])
+        return rows
+
+    def partition_counts(self, asset: str) -> dict[str, int]:
+        """The counts of ``asset``'s partitions page: {"Materialized": n, "Missing": n, ...}."""
+        self.page.goto(f"{self.base}/assets/{asset}?view=partitions")
+        self.page.get_by_text("Materialized (").first.wait_for()
+        out = {}
+        for word in ("Failed", "Materialized", "Materializing", "Missing"):
+            text = self.page.get_by_text(f"{word} (").first.inner_text()
+            out[word] = int(text.split("(")[1].rstrip(")"))
+        return out
+
+    def check_results(self, asset: str, check: str) -> dict[str, str]:
+        """Partition -> the result the check's *Execution history* shows for it (its first page,
+        newest first: a partition's newest result wins)."""
+        self.page.goto(f"{self.base}/assets/{asset}?view=checks&checkDetail={check}")
+        self.page.get_by_text("Execution history").first.click()
+        self.page.get_by_text("Target materialization").first.wait_for()
+        self.page.locator("table tr").nth(1).wait_for()  # the rows come after the header
+        out: dict[str, str] = {}
+        for table in self._tables():
+            if table and table[0][:4] == [
+                "Evaluation result",
+                "Timestamp",
+                "Target materialization",
+                "Partition",
+            ]:
+                for cells in table[1:]:
+                    out.setdefault(cells[3], cells[0])
+        return out

@@ -1,4 +1,5 @@
-"""The real ``calpipe ui``, through GraphQL, over what calpipe computed (#37).
+"""The real ``calpipe ui``, through GraphQL and (where Chromium is installed) its pages in the
+browser, over what calpipe computed (#37).
 
 Each partition shows what was computed for it, whoever computed it: ``calpipe demo``, a
 ``calpipe run`` that adds two days (partitions after a reload, their rows, check results and the
@@ -18,7 +19,7 @@ import pytest
 
 from calpipe import cli, generate, pipeline, storage
 from calpipe.dagster_project.metadata import CHECK_ASSETS
-from tests.ui_client import LOCATION, RunningUI, wait_for
+from tests.ui_client import LOCATION, UI_RESULT, BrowserPages, RunningUI, browser_missing, wait_for
 
 from .conftest import CLI_STREAMS
 
@@ -119,6 +120,26 @@ def next_days(landing, n: int) -> pl.DataFrame:
     return pl.concat(frames)
 
 
+def shown_in_browser(
+    ui: RunningUI, days: list[str], want: dict, per_day: dict[str, int], **facts: str
+) -> None:
+    """Where Chromium is installed, the UI's pages show what the database holds: each of
+    ``days`` materialized with its row count (``per_day``, as :func:`rows_per_day`; ``facts``:
+    more metadata its page must show, label -> text), and each check's execution history its
+    result on each of them (``want``: as :func:`expected_checks`)."""
+    if browser_missing():
+        return
+    with BrowserPages(ui.base) as pages:
+        for day in days:
+            meta = pages.partition_metadata("protected_scores", day)
+            assert meta["status"] == "Materialized", (day, meta)
+            assert int(meta["dagster/row_count"]) == per_day[day], (day, meta)
+            assert {k: meta.get(k) for k in facts} == facts, (day, meta)
+        for check, asset in CHECK_ASSETS.items():
+            shown = pages.check_results(asset, check)
+            assert {d: shown.get(d) for d in days} == {d: UI_RESULT[want[check, d]] for d in days}
+
+
 def running(db, cwd) -> RunningUI:
     ui = RunningUI(db, cwd=cwd)
     ui.wait_ready()
@@ -146,6 +167,8 @@ def test_the_ui_shows_what_calpipe_computed_day_by_day(tmp_path):
         facts = latest_metadata(ui, keys[-1])
         assert facts["runner"]["text"] == "calpipe demo"
         assert facts["run_days"]["text"] == f"{keys[0]}..{keys[-1]} ({n_demo} day(s))"
+        shown_in_browser(ui, keys[-2:], expected_checks(db, keys[-2:]), rows_per_day(db),
+                         runner="calpipe demo")  # fmt: skip
 
         # 2. two more days land and `calpipe run` computes them while the UI runs: a reload of
         # the definitions shows them as partitions (the frozen calpipe_meta.last_day did not)
@@ -178,6 +201,8 @@ def test_the_ui_shows_what_calpipe_computed_day_by_day(tmp_path):
             assert meta["runner"]["text"] == "calpipe run"
             assert meta["run_days"]["text"] == f"{added[0]}..{added[1]} (2 day(s))"
             assert meta["run_events"]["intValue"] == new.height
+        shown_in_browser(ui, added, want, per_day, runner="calpipe run",
+                         run_days=f"{added[0]}..{added[1]} (2 day(s))")  # fmt: skip
 
         # 3. a backfill of three partitions launched in the UI (one run, as a single-run
         # backfill): each partition its own rows and its own check results, not "Skipped"
@@ -194,6 +219,7 @@ def test_the_ui_shows_what_calpipe_computed_day_by_day(tmp_path):
         per_day = rows_per_day(db)
         for d in three:
             assert latest_metadata(ui, d)["dagster/row_count"]["intValue"] == per_day[d]
+        shown_in_browser(ui, three, want, per_day, run=run_id)
     finally:
         out = ui.stop()
     assert "dagster: 2 day(s) computed outside dagster recorded" in out
@@ -206,6 +232,10 @@ def test_the_ui_shows_what_calpipe_computed_day_by_day(tmp_path):
         assert partition_keys(ui) == []  # no day stored and none landed beside it
         assert ui.materialized("protected_scores") == 0
         assert check_statuses(ui) == {}
+        if not browser_missing():
+            with BrowserPages(ui.base) as pages:
+                counts = pages.partition_counts("protected_scores")
+            assert counts == {"Failed": 0, "Materialized": 0, "Materializing": 0, "Missing": 0}
     finally:
         ui.stop()
     assert not missing.exists()
@@ -225,5 +255,8 @@ def test_the_ui_shows_what_calpipe_computed_day_by_day(tmp_path):
         assert partition_keys(ui) == three
         wait_for("the sync", lambda: ui.materialized("protected_scores") == 3, 300)
         wait_for("the check results", lambda: check_statuses(ui) == expected_checks(small), 120)
+        shown_in_browser(
+            ui, three, expected_checks(small), rows_per_day(small), runner="calpipe run"
+        )
     finally:
         ui.stop()
