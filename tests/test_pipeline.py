@@ -506,6 +506,42 @@ def test_a_nan_weight_in_a_stored_state_committed_nan_scores_before_the_check(sm
     assert all(after[t].equals(before[t]) for t in before)
 
 
+def test_an_altered_change_detector_column_is_refused_with_nothing_written(small):
+    """The detector's state (#35) is in the stored state's hash once a row carries it: raising
+    a stream's CUSUM statistic by hand (which would fire or hold back its next change point)
+    is refused by the hash chain, naming the day, and nothing is written."""
+    con, source, _, _ = small
+    pipeline.run_range(con, source, day(0), day(2))
+    carried = storage.query(con, "SELECT count(*) FROM calibrator_state WHERE date = ? AND "
+                                 "change_log10_cusum IS NOT NULL", [day(2)]).item()  # fmt: skip
+    assert carried > 0  # the rows carry the detector, so the edit below is a real one
+    con.execute("UPDATE calibrator_state SET change_log10_cusum = change_log10_cusum + 1 "
+                "WHERE date = ? AND stream = 'a'", [day(2)])  # fmt: skip
+    before = snapshot(con)
+    with pytest.raises(StateError, match=rf"the stored state of day {day(2)} was altered"):
+        pipeline.run_range(con, source, day(3), day(3))
+    after = snapshot(con)
+    assert all(after[t].equals(before[t]) for t in before)
+
+
+def test_a_stored_state_breaking_a_carried_rule_is_refused_naming_its_stream(small):
+    """The rules `engine.state.check_carried` holds a loaded state to (#36 review), through a
+    whole `calpipe run`: without a recorded hash (a database of schema version < 5), a NaN
+    running peak of the martingale is refused naming the stream and the column, and nothing is
+    written."""
+    con, source, _, _ = small
+    pipeline.run_range(con, source, day(0), day(2))
+    con.execute("UPDATE pipeline_days SET state_hash = NULL, prev_state_hash = NULL")
+    con.execute("UPDATE calibrator_state SET log10_martingale_max = 'nan'::DOUBLE "
+                "WHERE date = ? AND stream = 'b'", [day(2)])  # fmt: skip
+    before = snapshot(con)
+    with pytest.raises(StateError, match=r"stream='b'.*column 'log10_martingale_max': must be "
+                                         r"a finite number"):  # fmt: skip
+        pipeline.run_range(con, source, day(3), day(3))
+    after = snapshot(con)
+    assert all(after[t].equals(before[t]) for t in before)
+
+
 def test_deleted_state_rows_restarted_their_streams_from_scratch(small):
     """Deleting one stream's calibrator_state row of day 2: day 3 restarted that stream and
     state_continuity passed. Now day 3 is refused (nothing written) and the check fails."""
