@@ -111,7 +111,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             raise
         settle()
         # the open transaction was rolled back on the way out (none is open once res is set)
-        print(_demo_interrupted(Path(args.db), committed=res is not None), file=sys.stderr)
+        through = None if res is None else res.run.end
+        print(_demo_interrupted(Path(args.db), committed_through=through), file=sys.stderr)
         return 130
     return 0
 
@@ -145,10 +146,14 @@ def _print_demo(res, t0: float) -> None:
     print(f"\ndone in {time.perf_counter() - t0:.1f} s")
 
 
-def _demo_interrupted(db: Path, committed: bool) -> str:
+def _demo_interrupted(db: Path, committed_through: dt.date | None) -> str:
     """One line for Ctrl-C in the demo: what is committed, and that running it again redoes it
     whole (the demo replaces every partition; it is idempotent); once the demo's run has
-    committed (``committed``: it was printing), that nothing was rolled back."""
+    committed (``committed_through``: its last day, from its result: it was printing), that
+    nothing was rolled back."""
+    if committed_through is not None:
+        return (f"calpipe demo: interrupted (Ctrl-C) after its run committed (the days up to "
+                f"{committed_through}): {db} is whole")  # fmt: skip
     last = None
     try:
         con = storage.connect(db, read_only=True, lock_wait=0)
@@ -158,9 +163,6 @@ def _demo_interrupted(db: Path, committed: bool) -> str:
             con.close()
     except (duckdb.Error, storage.StoreError, KeyboardInterrupt, RuntimeError):
         pass
-    if committed:
-        return (f"calpipe demo: interrupted (Ctrl-C) after its run committed (the days up to "
-                f"{last}): {db} is whole")  # fmt: skip
     done = f"the days up to {last} are committed" if last else "no day is committed yet"
     return (f"calpipe demo: interrupted (Ctrl-C): {done}, the day in progress was rolled "
             f"back; to run it whole, run it again: {_prog()} demo")  # fmt: skip
@@ -190,14 +192,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
     db = Path(args.db).expanduser().resolve()
     new = not db.exists()
     con = storage.connect(db, lock_wait=args.lock_wait)
+    summary = None  # set once every day of the run is committed
     try:
-        return _run(con, source, labels, args, settings, t0)
+        summary = _run_days(con, source, labels, args, settings)
+        return 2 if summary is None else _report(con, source, summary, args, settings, t0)
     except INTERRUPTS as exc:
         if not is_interrupt(exc):
             raise
         settle()
-        # the open transaction was rolled back on the way out
-        print(_interrupted(con, args), file=sys.stderr)
+        # the open transaction was rolled back on the way out (none is open once summary is set)
+        through = None if summary is None else summary.end
+        print(_interrupted(con, args, committed_through=through), file=sys.stderr)
         return 130  # the shell's code for a command ended by SIGINT
     except duckdb.Error as exc:  # reading the source is a StoreError that names it
         print(f"calpipe: error: database {args.db}: {exc}", file=sys.stderr)
@@ -219,38 +224,44 @@ def _has_days(con) -> bool:
         return True  # unsure: keep it
 
 
-def _interrupted(con, args) -> str:
+def _interrupted(con, args, committed_through: dt.date | None) -> str:
     """One line for Ctrl-C: what is committed and how to resume (no traceback). A Ctrl-C once
-    the run had committed (while it printed its report) rolled nothing back: the line says so,
-    not that a transaction was rolled back."""
+    the run had committed (``committed_through``: its last day, from its summary: it was
+    printing its report) rolled nothing back: the line says so, not that a transaction was
+    rolled back."""
+    if committed_through is not None:
+        return (f"calpipe run: interrupted (Ctrl-C) after the run committed (the days up to "
+                f"{committed_through}): nothing to resume")  # fmt: skip
     try:
         last = con.sql("SELECT max(date) FROM pipeline_days").fetchall()[0][0]
     except (duckdb.Error, KeyboardInterrupt, RuntimeError):
         last = None
-    if getattr(args, "committed", False):
-        return (f"calpipe run: interrupted (Ctrl-C) after the run committed (the days up to "
-                f"{last}): nothing to resume")  # fmt: skip
     again = shlex.join([_prog(), *(args.argv or [])])
     done = f"the days up to {last} are committed" if last else "no day is committed yet"
     return (f"calpipe run: interrupted (Ctrl-C): {done}, the day in progress was rolled back; "
             f"to resume, run the same command: {again}")  # fmt: skip
 
 
-def _run(con, source, labels, args, settings, t0: float) -> int:
+def _run_days(con, source, labels, args, settings):
+    """The run's days, committed: its summary, or None when it needs a replay (said, with the
+    command that replays)."""
     try:
-        summary = pipeline.run_range(
+        return pipeline.run_range(
             con, source, args.start, args.end, settings,
             log=lambda m: print(f"  {m}", flush=True), replay=not args.no_replay,
             labels=labels, on_unknown_label=args.on_unknown_label,
             replay_deleted=args.replay_deleted,
             progress=progress.DayBar("calpipe run", show=progress.enabled(args.no_progress)),
         )  # fmt: skip
-        args.committed = True  # every day of the run: a Ctrl-C from here on rolls nothing back
     except ReplayRequired as exc:
         argv = [a for a in (args.argv or []) if a != "--no-replay"]
         command = shlex.join([_prog(), *argv, "--start", exc.day.isoformat()])
         print(f"calpipe: error: {exc}\nto replay them, run:\n  {command}", file=sys.stderr)
-        return 2
+        return None
+
+
+def _report(con, source, summary, args, settings, t0: float) -> int:
+    """What a committed run did: its days, checks and per-stream report."""
     if summary.days == 0:
         print(f"nothing to run: {args.db} is up to date with {source.describe()}")
         return 0

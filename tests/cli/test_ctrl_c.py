@@ -12,6 +12,7 @@ Ctrl-C in the middle of ``calpipe run`` and ``calpipe demo``: ``tests/test_fault
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import os
 import pty
@@ -243,20 +244,32 @@ def test_ctrl_c_after_the_run_committed_said_it_was_rolled_back(tmp_path, monkey
 
 def test_ctrl_c_after_the_demo_committed_said_it_was_rolled_back(tmp_path, monkeypatch,
                                                                  capsys, sigint_restored):  # fmt: skip
-    """The same for `calpipe demo`: a Ctrl-C while it printed says its database is whole."""
+    """The same for `calpipe demo`: a Ctrl-C while it printed says its database is whole, and
+    up to which day. That day comes from the demo's result: it was read from the database,
+    which printed "(the days up to None)" when the file could not be read at that moment (here
+    it does not exist: the demo is faked)."""
+    import types
+
     from calpipe import cli, pipeline
 
-    class Printing:  # the demo's result: reading it to print it is where Ctrl-C lands
+    last = pipeline.DEMO_LAST_DAY
+    run = types.SimpleNamespace(days=3, start=last - dt.timedelta(days=2), end=last, events=9)
+
+    class Printing:  # the demo's result: printing its summary is where Ctrl-C lands
+        def __init__(self):
+            self.run = run
+
         @property
-        def run(self):
+        def summary(self):
             raise KeyboardInterrupt
 
     monkeypatch.setattr(pipeline, "demo", lambda *a, **k: Printing())
     db = tmp_path / "demo.duckdb"
     assert cli.main(["demo", "--db", str(db), "--no-progress"]) == 130
     err = capsys.readouterr().err
-    assert err.startswith("calpipe demo: interrupted (Ctrl-C) after its run committed"), err
-    assert err.endswith(f"{db} is whole\n") and "rolled back" not in err, err
+    assert err.endswith(f"calpipe demo: interrupted (Ctrl-C) after its run committed (the days "
+                        f"up to {last}): {db} is whole\n"), err  # fmt: skip
+    assert "rolled back" not in err and "None" not in err, err
 
 
 def test_python_m_calpipe_was_no_command():
