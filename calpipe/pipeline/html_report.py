@@ -99,23 +99,43 @@ def _performance(con, since: dt.date) -> dict[str, pl.DataFrame] | None:
     if not storage.fetch_one(con, "SELECT count(*) FROM duckdb_views() WHERE view_name = "
                                   "'v_performance_estimates'")[0]:  # fmt: skip
         return None
-    n = config.ESTIMATE_MIN_EVENTS
-    summary = storage.query(
+    # the view joins every protected score with the label feed: read it once, for both the
+    # whole history's coverage and the recent nights' rows
+    rows = storage.query(con, "SELECT * FROM v_performance_estimates ORDER BY stream, date")
+    judged = (
+        rows.filter(pl.col("labelled") >= config.ESTIMATE_MIN_EVENTS)
+        .group_by("stream")
+        .agg(
+            pl.len().alias("nights_judged"),
+            pl.col("log_loss_within").cast(pl.Int32).mean().alias("coverage"),
+            pl.col("base_log_loss_within").cast(pl.Int32).mean().alias("base_coverage"),
+        )
+    )
+    latest = storage.query(
         con,
-        "WITH judged AS (SELECT stream, count(*) AS nights_judged, avg(log_loss_within::INT) AS "
-        "coverage, avg(base_log_loss_within::INT) AS base_coverage FROM v_performance_estimates "
-        "WHERE labelled >= $1 GROUP BY stream), latest AS (SELECT stream, date AS latest, events, "
-        "expected_log_loss AS expected_LL, expected_log_loss_low AS low, expected_log_loss_high "
-        "AS high, base_expected_log_loss AS base_expected_LL FROM performance_estimates QUALIFY "
-        "row_number() OVER (PARTITION BY stream ORDER BY date DESC) = 1) "
-        "SELECT stream, coalesce(nights_judged, 0) AS nights_judged, coverage, base_coverage, "
-        "latest, events, expected_LL, low, high, base_expected_LL "
-        "FROM latest LEFT JOIN judged USING (stream) ORDER BY stream",
-        [n],
+        "SELECT stream, date AS latest, events, expected_log_loss AS expected_LL, "
+        "expected_log_loss_low AS low, expected_log_loss_high AS high, base_expected_log_loss "
+        "AS base_expected_LL FROM performance_estimates QUALIFY row_number() OVER (PARTITION BY "
+        "stream ORDER BY date DESC) = 1",
     )
-    recent = storage.query(
-        con, "SELECT * FROM v_performance_estimates WHERE date > $1 ORDER BY stream, date", [since]
+    summary = (
+        latest.join(judged, on="stream", how="left")
+        .with_columns(pl.col("nights_judged").fill_null(0).cast(pl.Int64))
+        .select(
+            "stream",
+            "nights_judged",
+            "coverage",
+            "base_coverage",
+            "latest",
+            "events",
+            "expected_LL",
+            "low",
+            "high",
+            "base_expected_LL",
+        )
+        .sort("stream")
     )
+    recent = rows.filter(pl.col("date") > since)
     return {"summary": summary, "recent": recent}
 
 
