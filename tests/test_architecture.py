@@ -323,7 +323,7 @@ def test_every_package_is_in_the_wheel():
 SETTINGS_WALK = (
     (
         ("calpipe.cli.pipeline", "_cmd_run", "pipeline.Settings.make("),
-        ("calpipe.cli.pipeline", "_run", "pipeline.run_range("),
+        ("calpipe.cli.pipeline", "_run_days", "pipeline.run_range("),
         ("calpipe.pipeline.nightly", "run_range", "Chain("),
         ("calpipe.night.chain", "use_classes", "self.settings.calibrator("),
         ("calpipe.night.settings", "_built", "make_calibrator("),
