@@ -302,18 +302,25 @@ class BrowserPages:
 
     def partition_metadata(self, asset: str, day: str) -> dict[str, str]:
         """The metadata table of ``asset``'s partition ``day`` as its page shows it (label ->
-        text), with ``status`` its badge ("Materialized", "Missing", ...)."""
+        text), with ``status`` its badges ("Materialized"; "Materialized, Unsynced (1)"; ...)."""
         self.page.goto(f"{self.base}/assets/{asset}?view=partitions&partition={day}")
         self.page.get_by_text("Latest materialization").first.wait_for()
 
-        # the detail pane's heading: the partition's key, its badge (drawn a moment after the
-        # key), then "Latest materialization"
-        def badge():
-            body = self.page.inner_text("body").split("Latest materialization")[0]
-            heading = [w.strip() for w in body.split("\n") if w.strip()]
-            return heading[-1] if heading[-2:-1] == [day] and heading[-1] != day else None
+        # the detail pane's heading: the partition's key, its badges ("Materialized", and
+        # "Unsynced (1)" where dagster thinks an upstream asset is newer: drawn a moment after
+        # the key), then "Latest materialization"
+        seen: list[str] = []
 
-        status = wait_for(f"the badge of partition {day}", badge, PAGE_SECONDS)
+        def badges():
+            body = self.page.inner_text("body").split("Latest materialization")[0]
+            seen[:] = [w.strip() for w in body.split("\n") if w.strip()][-4:]
+            after = seen[len(seen) - seen[::-1].index(day) :] if day in seen else []
+            return ", ".join(after) or None
+
+        try:
+            status = wait_for(f"the badge of partition {day}", badges, PAGE_SECONDS)
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}; the pane's heading ends {seen}") from None
         # the metadata comes after the pane: its first entry, or the words for none
         self.page.get_by_text(
             re.compile(r"^(dagster/row_count|No metadata entries)$")

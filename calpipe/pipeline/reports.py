@@ -132,7 +132,9 @@ def stream_summary(con) -> pl.DataFrame:
     )
 
 
-#: The dagster assets, each with its table (``calpipe.dagster_project`` materializes them).
+#: The dagster assets, each with its table (``calpipe.dagster_project`` materializes them), in
+#: lineage order, upstream first (the order their days are reported to dagster in: a downstream
+#: asset reported before its upstream one shows as "Unsynced").
 ASSET_TABLES = ("scored_events", "event_labels", "protected_scores", "calibrator_state",
                 "calibration_daily", "calibration_arrivals", "performance_estimates",
                 "martingale_alarms", "change_points", "calibration_map")  # fmt: skip

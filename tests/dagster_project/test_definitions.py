@@ -35,6 +35,20 @@ CHECKS = {("protected_scores", "probabilities_valid"), ("protected_scores", "row
           ("martingale_alarms", "no_martingale_alarm")}  # fmt: skip
 
 
+def test_the_asset_tables_are_in_lineage_order_upstream_first():
+    """The days computed outside a dagster run (the sync, the range metadata sensor) are
+    reported asset by asset in ``pipeline.ASSET_TABLES``' order: a downstream asset reported
+    before an upstream one shows "Unsynced" in the UI (the sensor once reported them
+    alphabetically, and every day of a backfill said so)."""
+    graph = definitions.defs.resolve_asset_graph()
+    position = {a: i for i, a in enumerate(pipeline.ASSET_TABLES)}
+    for key in graph.get_all_asset_keys():
+        for parent in graph.get(key).parent_keys:
+            if parent != key:  # calibrator_state depends on its own day before
+                up, down = parent.to_user_string(), key.to_user_string()
+                assert position[up] < position[down], (up, down)
+
+
 def test_module_definitions_load_with_the_default_database():
     """Without variables: the default database (the demo's), its partitions the days of that
     database and its landing folder (none before ``calpipe demo``: no partition)."""

@@ -3,7 +3,8 @@
 What a user sees, not what GraphQL answers: as many partitions as stored days, all materialized;
 each day's page with its row count and the facts of the run that computed it; each check's
 execution history with its result on each day (it once said "Skipped" or "Not evaluated" for
-days computed outside dagster). Runs wherever Chromium is installed (``.ci/run`` installs it);
+days computed outside dagster); then the same after a backfill of three days launched in the
+UI (each day once said "Unsynced"). Runs wherever Chromium is installed (``.ci/run`` installs it);
 skipped with the reason elsewhere. ``make test-ui`` walks the longer story (demo, days added,
 a backfill, a missing database) through GraphQL and these same pages.
 """
@@ -15,7 +16,13 @@ import pytest
 from calpipe.dagster_project.metadata import CHECK_ASSETS
 from tests.ui_client import UI_RESULT, BrowserPages, RunningUI, browser_missing, wait_for
 
-from .test_ui_data import check_statuses, expected_checks, partition_keys, rows_per_day
+from .test_ui_data import (
+    check_statuses,
+    expected_checks,
+    latest_metadata,
+    partition_keys,
+    rows_per_day,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -51,3 +58,25 @@ def test_a_calpipe_run_database_as_the_browser_shows_it(cli_chain, tmp_path):
             for check, asset in CHECK_ASSETS.items():
                 shown = pages.check_results(asset, check)
                 assert shown == {d: UI_RESULT[want[check, d]] for d in days}, check
+
+        # a backfill of the last three days launched in the UI (one run): each day's page its
+        # own rows and the run, "Materialized" and not "Unsynced" (the days were reported
+        # downstream first), each check's result on each day
+        three = days[1:]
+        run_id, status = ui.materialize(three[0], timeout=600, last=three[-1])
+        assert status == "SUCCESS"
+        wait_for("the range metadata sensor",
+                 lambda: all(latest_metadata(ui, d).get("run", {}).get("text") == run_id
+                             for d in three), 300)  # fmt: skip
+        wait_for("the backfill's check results",
+                 lambda: {k: check_statuses(ui).get(k) for k in want} == want, 120)  # fmt: skip
+        with BrowserPages(ui.base) as pages:
+            for day in three:
+                meta = pages.partition_metadata("protected_scores", day)
+                assert meta["status"] == "Materialized", (day, meta)
+                assert (int(meta["dagster/row_count"]), meta["run"]) == (per_day[day], run_id)
+            for check, asset in CHECK_ASSETS.items():
+                shown = pages.check_results(asset, check)
+                assert {d: shown.get(d) for d in three} == {
+                    d: UI_RESULT[want[check, d]] for d in three
+                }, check
