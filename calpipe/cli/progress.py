@@ -139,8 +139,7 @@ class EventBar:
 def status(message: str, *, show: bool):
     """A spinner with ``message`` while the block runs (nothing when not shown)."""
     if not show:
-        yield lambda _msg: None
+        yield
         return
-    console = Console(stderr=True)
-    with console.status(message) as st:
-        yield lambda msg: st.update(msg)
+    with Console(stderr=True).status(message):
+        yield

@@ -160,9 +160,8 @@ def _frame(kind: str) -> pl.DataFrame:
         ("binary", []),  # the default, composite-experts
         ("k3", ["--scores", "scores"]),
         ("delayed", ["--label-time", "label_time"]),
-        ("delayed", ["--label-time", "label_time", "--method", "composite-jumper"]),
     ],
-    ids=["composite-jumper", "composite-experts", "k3", "delayed-labels", "delayed-cj"],
+    ids=["composite-jumper", "composite-experts", "k3", "delayed-labels"],
 )
 def test_the_bar_s_pieces_write_the_one_pass_file_byte_for_byte(tmp_path, kind, options):
     """With the bar, the events run in pieces (700 operations here) with the state carried;
