@@ -38,7 +38,8 @@ EMPTY_STATE_CACHE_SIZE: int = 64
 PROGRESS_MIN_EVENTS: int = 2_000_000
 #: Operations per piece: ~0.3-0.8 s of the default method's kernel, a bar that moves several
 #: times a second for composite-jumper, and 40 pieces on 10M events (each piece's own cost,
-#: a few gathers and one kernel call's setup, stays far below its work).
+#: a few gathers and one kernel call's setup, is repaid by the kernels' contiguous reads:
+#: BENCHMARKS §23).
 PROGRESS_PIECE_OPS: int = 250_000
 #: Fewest operations per stream and piece (on average) for cutting every stream at the same
 #: fractions: each piece returns every stream's state anew (the default's ~760 floats, about

@@ -14,7 +14,8 @@ How a batch runs (no Python loop per event or per stream):
 4. build the operation list (forecast/update per event, naming the input rows in replay order;
    with ``label_time``, updates at the label's time, carrying not-yet-applied labels in the
    state: :mod:`calpipe.engine.operations`) and call the kernel once for all streams; it writes
-   each event's outputs at its input row;
+   each event's outputs at its input row (a big call given a ``progress`` runs that one list in
+   pieces, the state carried, the same bits: :mod:`calpipe.engine.pieces`);
 5. write one state row per stream (:func:`calpipe.engine.state.state_frame`).
 
 A span of days (:func:`protect_by_day`) does steps 1-3 once for all its days, then one kernel
