@@ -30,6 +30,24 @@ STATE_WEIGHTS_SUM_TOL: float = 1e-6
 EMPTY_STATE_CACHE_SIZE: int = 64
 
 
+# --- Progress of a long call (engine/pieces.py; calpipe protect's bar, cli/progress.py) ---
+#: Events from which a call given a ``progress`` (``calpipe protect`` on a terminal) runs in
+#: pieces and draws a bar: the default method protects 0.3-0.9 M events/s on this 2-core
+#: machine (BENCHMARKS §9), so 2M events are seconds of waiting; a smaller call keeps the one
+#: kernel call and its ~1 ms overhead (BENCHMARKS §21) under a status line.
+PROGRESS_MIN_EVENTS: int = 2_000_000
+#: Operations per piece: ~0.3-0.8 s of the default method's kernel, a bar that moves several
+#: times a second for composite-jumper, and 40 pieces on 10M events (each piece's own cost,
+#: a few gathers and one kernel call's setup, is repaid by the kernels' contiguous reads:
+#: BENCHMARKS §23).
+PROGRESS_PIECE_OPS: int = 250_000
+#: Fewest operations per stream and piece (on average) for cutting every stream at the same
+#: fractions: each piece returns every stream's state anew (the default's ~760 floats, about
+#: one event's work), so 64 operations keep that copy near 1 % of the piece; streams shorter
+#: than that run whole, in groups of streams (engine/pieces.py).
+PROGRESS_MIN_STREAM_OPS: int = 64
+
+
 # --- Protected predictors and their families (calibrators/protected.py, families.py, kernels/mixture.py) ---
 #: Default passive weight pi of the Composite Jumper (paper 001 Alg. 1; docs/ARCHITECTURE.md §4). The
 #: protected log loss is at most ln(1/pi) = ln 2 above the base's: cheap insurance.

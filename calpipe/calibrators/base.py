@@ -48,6 +48,11 @@ from calpipe.errors import ParameterError, StateError
 from calpipe.kernels.ops import OP_FORECAST, OP_STEP
 
 
+class EndOfCallWarning(UserWarning):
+    """A warning a method gives once per :meth:`Calibrator.run_batch` call, from how the call
+    ended (:meth:`Calibrator.end_warnings` gives it from an end state)."""
+
+
 @dataclass
 class RunOutput:
     """Outputs of a batch, one row per event of the batch's event arrays.
@@ -718,6 +723,12 @@ class Calibrator(Generic[StateT]):
     def run_unchecked(self, scores, labels, op_event, op_kind, op_offsets, state, inputs=None):
         """:meth:`run_batch` on checked arguments: what each method implements."""
         raise NotImplementedError
+
+    def end_warnings(self, state: StateT, n_classes: int) -> None:
+        """The :class:`EndOfCallWarning` s :meth:`run_batch` gives at the end of one call over
+        every stream of ``state`` (each with operations in it) that ended in ``state``: a call
+        run in pieces (:mod:`calpipe.engine.pieces`) silences them in each piece and gives them
+        here, once. None by default."""
 
     def sql_form(self, n_classes: int = 2) -> str | None:
         """Which SQL form this method's serving map of ``n_classes``-class forecasts has in

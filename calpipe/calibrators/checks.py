@@ -17,6 +17,8 @@ of the protocol of :mod:`calpipe.calibrators.base` on small generated streams, s
   bit (outputs and end state);
 * **state round trip** -- ``state_from_flat(state.flat())`` runs on exactly as the state itself;
 * **stream order** -- permuting the streams of a batch (and of its state) permutes the results;
+* **empty streams** -- streams without operations leave the other streams' results and their
+  own initial state unchanged;
 * **unlabelled events learn nothing** -- forecast-only operations leave the state unchanged;
 * **serving map** -- ``serving_map(state, p)`` is the stream's next forecast of p;
 * **run and StreamState** -- :meth:`~calpipe.calibrators.base.Calibrator.run` in chunks, the
@@ -299,6 +301,7 @@ class _Check:
         self.independent(wide, wide_out, wide_end, alone=(0, 1, WIDE_STREAMS - 1))
         mid = self.chunked(main, whole, end)
         self.stream_order(main, mid, whole)
+        self.empty_streams(main, whole, end)
         self.learns_nothing(main, mid)
         if not self.cal.input_columns():  # no serving map and no run() without the inputs
             self.serving(main, mid, whole)
@@ -417,6 +420,25 @@ class _Check:
         """The operations after the first chunk (see :meth:`chunked`), as a batch."""
         done = mid[1]
         return b.sub([b.stream_ops(s)[done[s] :] for s in range(b.n_streams)])
+
+    def empty_streams(self, b: _Batch, whole: RunOutput, end) -> None:
+        """Streams without operations (first, between two others, last) change nothing: the
+        others' outputs and states are the batch's own, and theirs stay the initial state (a
+        call cut into pieces, :mod:`calpipe.engine.pieces`, has them whenever a stream is too
+        short for a piece)."""
+        inv = "empty streams: streams without operations changed the results"
+        slots = [None]
+        for s in range(b.n_streams):
+            slots += [s, None]
+        sizes = [0 if s is None else b.op_offsets[s + 1] - b.op_offsets[s] for s in slots]
+        padded = replace(b, op_offsets=np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64))
+        out, new = self.run_batch(padded)
+        self.same_rows(inv, out, b.shown(), whole, b.shown())
+        kept = [j for j, s in enumerate(slots) if s is not None]
+        self.same_state(inv, self.take_streams(new, kept), end)
+        empty = [j for j, s in enumerate(slots) if s is None]
+        start = self.cal.initial_state(len(empty), self.k)
+        self.same_state(inv, self.take_streams(new, empty), start)
 
     def stream_order(self, b: _Batch, mid, whole: RunOutput) -> None:
         rest, _ = self.rest_of(b, mid)

@@ -132,6 +132,12 @@ class Stacked(Calibrator[FlatState]):
         extra = {**tout.extra, "base_method_score": bout.protected}
         return RunOutput(tout.protected, tout.log10_martingale, extra), self._join(bnew, tnew)
 
+    def end_warnings(self, state: FlatState, n_classes: int) -> None:
+        """The base's end warnings, then the top's (as a call of the stack gives them)."""
+        bst, tst = self.split_state(state, n_classes)
+        self.base.end_warnings(bst, n_classes)
+        self.top.end_warnings(tst, n_classes)
+
     def serving_map_unchecked(self, state: FlatState, scores: np.ndarray) -> np.ndarray:
         """The base method's current map, then the top's, applied to ``scores``."""
         n_classes = 2 if scores.ndim == 2 else scores.shape[2]

@@ -39,6 +39,7 @@ from calpipe.calibrators._params import Param, int_at_least
 from calpipe.calibrators.base import (
     CLIP_PARAM,
     Calibrator,
+    EndOfCallWarning,
     FlatState,
     RunOutput,
     likelihood_gale,
@@ -50,6 +51,11 @@ from calpipe.kernels.ops import OP_FORECAST, OP_UPDATE
 from calpipe.kernels.prediction import Prediction
 
 _HEADER = 3  # u, b, f
+
+
+class UnfilledWindowWarning(EndOfCallWarning):
+    """Streams ended a call of a windowed method with fewer labels than its window: never
+    fitted, their forecasts were the base scores (one warning per call)."""
 
 
 WINDOW_PARAMS: dict[str, Param] = {
@@ -165,6 +171,12 @@ class WindowedCalibrator(Calibrator[FlatState]):
         return u, sc.reshape(b, c) if c > 1 else sc, lab, fitted
 
     # -- running -------------------------------------------------------------------------------
+    def end_warnings(self, state: FlatState, n_classes: int) -> None:
+        """The unfilled-window warning of a call that ended in ``state`` (labels learnt: the
+        first value of each stream's vector)."""
+        u_end = state.values[state.offsets[:-1]].astype(np.int64)
+        self._warn_unfilled(u_end, np.ones(u_end.shape[0], dtype=np.int64))
+
     def _warn_unfilled(self, u_end: np.ndarray, counts: np.ndarray) -> None:
         """One warning per call (not per stream: a thousand short streams would flood the log)
         when streams with events end it with fewer than ``window`` labels: they were never
@@ -176,7 +188,7 @@ class WindowedCalibrator(Calibrator[FlatState]):
                 f"{self.name}: {short.size} of {counts.size} streams have fewer than "
                 f"window={self.window} labels (the fewest: {int(u_end[short].min())}); until "
                 "their window fills, their forecasts are the base scores",
-                UserWarning,
+                UnfilledWindowWarning,
                 stacklevel=2,
             )
 

@@ -1,5 +1,6 @@
-"""Progress on the terminal: a bar over the days of ``calpipe run`` / ``calpipe demo`` and a
-status line for the phases of ``calpipe protect`` (rich, on standard error).
+"""Progress on the terminal: a bar over the days of ``calpipe run`` / ``calpipe demo``, a bar
+over the events of a long ``calpipe protect`` and a status line for its other phases and for a
+short one (rich, on standard error).
 
 Shown only when standard error is a terminal (a cron job's log gets the usual lines, not a
 redrawn bar) and not with ``--no-progress``. The first run on a machine compiles the kernels
@@ -20,11 +21,14 @@ from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    ProgressColumn,
     SpinnerColumn,
+    Task,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
+from rich.text import Text
 
 
 def enabled(no_progress: bool = False) -> bool:
@@ -82,12 +86,60 @@ class DayBar:
             self._progress = None
 
 
+class RateColumn(ProgressColumn):
+    """Events per second (rich's estimate over the task's recent advances; at the end, the
+    rate it finished at)."""
+
+    def render(self, task: Task) -> Text:
+        speed = task.finished_speed or task.speed
+        shown = "-" if speed is None else f"{speed:,.0f}"
+        return Text(f"{shown} events/s", style="progress.data.speed")
+
+
+class EventBar:
+    """The events of one ``calpipe protect``: ``with EventBar(label, total=n, show=...) as
+    bar``, then ``bar.advance(events)`` as they are protected (the engine's ``progress``:
+    :func:`calpipe.protect_with_state`). Events done of the total, their rate, the time spent
+    and the time left; gone when the block ends (also on Ctrl-C or an error)."""
+
+    def __init__(self, label: str, *, total: int, show: bool):
+        self.label, self.total, self.show = label, total, show
+        self._progress: Progress | None = None
+        self._task = None
+
+    def __enter__(self) -> EventBar:
+        if self.show:
+            self._progress = Progress(
+                SpinnerColumn(),
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                TextColumn("{task.completed:,}/{task.total:,} events"),
+                RateColumn(),
+                TimeElapsedColumn(),
+                TextColumn("ETA"),
+                TimeRemainingColumn(),
+                console=Console(stderr=True),
+                transient=True,  # the summary stays; the bar goes when the events are done
+            )
+            self._progress.start()
+            self._task = self._progress.add_task(self.label, total=self.total)
+        return self
+
+    def advance(self, events: int) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, advance=events)
+
+    def __exit__(self, *exc) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+
 @contextmanager
 def status(message: str, *, show: bool):
     """A spinner with ``message`` while the block runs (nothing when not shown)."""
     if not show:
-        yield lambda _msg: None
+        yield
         return
-    console = Console(stderr=True)
-    with console.status(message) as st:
-        yield lambda msg: st.update(msg)
+    with Console(stderr=True).status(message):
+        yield

@@ -12,7 +12,7 @@ import numpy as np
 import polars as pl
 
 import calpipe
-from calpipe import metrics, storage
+from calpipe import config, metrics, storage
 from calpipe.cli import progress
 from calpipe.cli.options import add_method_options, method_params
 from calpipe.errors import InputError, StoreError
@@ -42,12 +42,17 @@ def _cmd_protect(args: argparse.Namespace) -> int:
     if Path(args.output).is_dir():  # checked before the work, not after it (a traceback then)
         raise InputError(None, None, f"output {args.output} is a directory; name a Parquet file")
     show = progress.enabled(args.no_progress)
-    with progress.status(f"reading {args.input}", show=show) as say:
+    with progress.status(f"reading {args.input}", show=show):
         events = _read(args.input)
-        warm = "" if progress.kernels_cached() else " (compiling the kernels: first run only)"
-        say(f"protecting {events.height:,} events with {args.method}{warm}")
-        out = _protect(events, args)
-        say(f"writing {args.output}")
+    warm = "" if progress.kernels_cached() else " (compiling the kernels: first run only)"
+    what = f"protecting {events.height:,} events with {args.method}{warm}"
+    if show and events.height >= config.PROGRESS_MIN_EVENTS:  # seconds of work: a bar
+        with progress.EventBar(what, total=events.height, show=show) as bar:
+            out = _protect(events, args, progress=bar.advance)
+    else:  # one kernel call, as without a terminal
+        with progress.status(what, show=show):
+            out = _protect(events, args)
+    with progress.status(f"writing {args.output}", show=show):
         _write(out, args)
     return _summarise(events, out, args, t0)
 
@@ -68,14 +73,18 @@ def _read(path: str) -> pl.DataFrame:
         raise InputError(None, None, f"cannot read {path} as Parquet: {exc}") from None
 
 
-def _protect(events: pl.DataFrame, args: argparse.Namespace) -> pl.DataFrame:
+def _protect(events: pl.DataFrame, args: argparse.Namespace, progress=None) -> pl.DataFrame:
+    """The protected rows of ``events``: :func:`calpipe.protect_with_state` (its rows, the
+    same as :func:`calpipe.protect`'s), told ``progress(events)`` as the kernels go when given
+    (a frame of ``config.PROGRESS_MIN_EVENTS`` or more then runs in pieces, the same bits)."""
     kw = dict(label=args.label, order_by=tuple(args.order_by), method=args.method)
     kw |= {"scores": args.scores} if args.scores else {"score": args.score}
     if args.by is not None:
         kw["by"] = tuple(args.by)
     if args.label_time:
         kw["label_time"] = args.label_time
-    out = calpipe.protect(events, **kw, **method_params(args))
+    out = calpipe.protect_with_state(events, **kw, **method_params(args), progress=progress)
+    out = out.scores
     if args.scores:
         out = out.with_columns(pl.col(args.scores).cast(pl.List(pl.Float64)))
         out = out.with_columns(pl.col("protected_scores").cast(pl.List(pl.Float64)))
@@ -152,7 +161,8 @@ def register(sub) -> None:
     p.add_argument("--order-by", nargs="+", default=["event_time", "event_id"])
     add_method_options(p)
     p.add_argument("--no-progress", action="store_true",
-                   help="no status line (drawn only when standard error is a terminal)")  # fmt: skip
+                   help="no progress bar or status line (drawn only when standard error is a "
+                        "terminal)")  # fmt: skip
     p.set_defaults(func=_cmd_protect)
 
     m = sub.add_parser("methods", help="list every method with its parameters and defaults")

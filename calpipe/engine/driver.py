@@ -14,7 +14,8 @@ How a batch runs (no Python loop per event or per stream):
 4. build the operation list (forecast/update per event, naming the input rows in replay order;
    with ``label_time``, updates at the label's time, carrying not-yet-applied labels in the
    state: :mod:`calpipe.engine.operations`) and call the kernel once for all streams; it writes
-   each event's outputs at its input row;
+   each event's outputs at its input row (a big call given a ``progress`` runs that one list in
+   pieces, the state carried, the same bits: :mod:`calpipe.engine.pieces`);
 5. write one state row per stream (:func:`calpipe.engine.state.state_frame`).
 
 A span of days (:func:`protect_by_day`) does steps 1-3 once for all its days, then one kernel
@@ -26,7 +27,7 @@ frame work a day (most of a small day's time: the demo's 892 days).
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,6 +47,7 @@ from calpipe.engine.contract import (
     validate_frame,
 )
 from calpipe.engine.operations import delayed_ops
+from calpipe.engine.pieces import plan_pieces, run_pieces
 from calpipe.engine.state import (
     check_state_schema,
     empty_lists,
@@ -200,6 +202,7 @@ def protect_with_state(
     base_method: str | None = None,
     base_params: dict | None = None,
     state: pl.DataFrame | None = None,
+    progress: Callable[[int], None] | None = None,
     **params,
 ) -> ProtectResult:
     """:func:`protect`, resuming from ``state`` and returning the new state (one row per stream).
@@ -218,11 +221,19 @@ def protect_with_state(
     ``method`` is a method name (built with ``base_method``, ``base_params`` and ``params``) or
     a calibrator already built (:func:`calpipe.make_calibrator`; then no parameters): a
     nightly chain builds its calibrator once and hands the object to every call.
+
+    ``progress``, a callable, is told ``progress(events)`` as the kernels protect them (the
+    counts add up to the frame's events; ``calpipe protect``'s bar). A frame of
+    :data:`calpipe.config.PROGRESS_MIN_EVENTS` events or more then runs its operation list in
+    pieces of about :data:`calpipe.config.PROGRESS_PIECE_OPS` operations with the kernel state
+    carried (:mod:`calpipe.engine.pieces`): the same rows and state, bit for bit, told after
+    each piece; a smaller frame runs as without it, told once at the end.
     """
     cal = calibrator_of(method, base_method=base_method, base_params=base_params, **params)
     df, back = as_polars(frame)
     result = _protect_frame(df, cal, state, score=score, scores=scores, label=label,
-                            label_time=label_time, by=by, order_by=order_by)  # fmt: skip
+                            label_time=label_time, by=by, order_by=order_by,
+                            progress=progress)  # fmt: skip
     if back is None:
         return result
     # pandas / Arrow in: the scores go back in that kind (the state stays a polars frame)
@@ -246,8 +257,9 @@ def calibrator_of(method: str | Calibrator, **params) -> Calibrator:
 
 
 def _protect_frame(
-    df: pl.DataFrame, cal: Calibrator, state, *, score, scores, label, label_time, by, order_by
-) -> ProtectResult:
+    df: pl.DataFrame, cal: Calibrator, state, *, score, scores, label, label_time, by, order_by,
+    progress=None,
+) -> ProtectResult:  # fmt: skip
     """:func:`protect_with_state` on a polars frame with its calibrator built."""
     cols = resolve_columns(
         df.columns, score=score, scores=scores, label=label, label_time=label_time,
@@ -268,7 +280,7 @@ def _protect_frame(
     check_state_schema(state0, cols)
     if df.height == 0:
         return ProtectResult(_empty_output(df, cols, cal), state0)
-    return _run(df, cols, cal, n_classes, state0)
+    return _run(df, cols, cal, n_classes, state0, progress)
 
 
 def _check_input_columns(df: pl.DataFrame, cal: Calibrator) -> None:
@@ -304,7 +316,12 @@ def _empty_output(df: pl.DataFrame, cols: Columns, cal: Calibrator) -> pl.DataFr
 
 
 def _run(
-    df: pl.DataFrame, cols: Columns, cal: Calibrator, n_classes: int, state0: pl.DataFrame
+    df: pl.DataFrame,
+    cols: Columns,
+    cal: Calibrator,
+    n_classes: int,
+    state0: pl.DataFrame,
+    progress: Callable[[int], None] | None = None,
 ) -> ProtectResult:
     replay = replay_order(df, cols)
     order, counts = replay.order, replay.counts
@@ -365,9 +382,18 @@ def _run(
         key: np.ascontiguousarray(events[col].cast(pl.Int64).to_numpy())
         for key, col in cal.input_columns().items()
     }
-    out, new_state = cal.run_batch(
-        ext_scores, ext_labels, op_event, op_kind, op_offsets, bstate, inputs
-    )
+    if progress is not None and n >= config.PROGRESS_MIN_EVENTS:  # the same bits, in pieces
+        plan = plan_pieces(op_offsets, config.PROGRESS_PIECE_OPS, config.PROGRESS_MIN_STREAM_OPS)
+        out, new_state = run_pieces(
+            cal, n_classes, ext_scores, ext_labels, op_event, op_kind, op_offsets, bstate,
+            inputs, n_events=n, plan=plan, progress=progress,
+        )  # fmt: skip
+    else:
+        out, new_state = cal.run_batch(
+            ext_scores, ext_labels, op_event, op_kind, op_offsets, bstate, inputs
+        )
+        if progress is not None:
+            progress(n)
     protected = out.protected[:n]
     log10m = out.log10_martingale[:n]
 
