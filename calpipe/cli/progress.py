@@ -123,11 +123,15 @@ class EventBar:
             )
             self._progress.start()
             self._task = self._progress.add_task(self.label, total=self.total)
+            # drawn now, from this thread: rich's refresh thread needs the GIL, which a numba
+            # kernel holds for a whole piece, so the bar's first frame (and the word
+            # "protecting" that tests/cli/test_ctrl_c.py waits for) could come at the end
+            self._progress.refresh()
         return self
 
     def advance(self, events: int) -> None:
-        if self._progress is not None:
-            self._progress.update(self._task, advance=events)
+        if self._progress is not None:  # between pieces: drawn here, for the same reason
+            self._progress.update(self._task, advance=events, refresh=True)
 
     def __exit__(self, *exc) -> None:
         if self._progress is not None:
