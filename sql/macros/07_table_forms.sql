@@ -23,28 +23,146 @@ CREATE OR REPLACE MACRO calpipe_maps_in_force(rows, as_of) AS TABLE
     SELECT m.* REPLACE (coalesce(m.layer, 0) AS layer)
     FROM calibration_map m JOIN calpipe_latest l ON m.stream = l.stream AND m.date = l.d;
 
+-- The term layers of the maps in force (the relation named `maps`: calibration_map's rows, layer
+-- NULL read as 0) compiled for the set form: one row per (stream, layer) whose rows are all terms
+-- (calpipe_term's families: a mixture, a logistic or temperature map), the layer's rows as lists
+-- that calpipe_terms_value reads for a whole table of scores with no join per term. `inputs`:
+-- the layer's distinct input maps (struct w1, w2, w0, eps, in_layer, clip; in_layer -(j + 1):
+-- input table j), numbered i = 1, 2, ... in their order; the Cox terms grouped by (input, beta):
+-- `g_in` each group's input, `g_b` its beta, `g_terms` its terms (struct w = the weight, eia =
+-- e^{-alpha}); `id_in`/`id_w` the identity terms' inputs and weights; `others` the other terms
+-- (struct i, family, a, b, w: quadratic, cubic, temperature, each evaluated by calpipe_term).
+-- Why: a score joined with the layer's ~106 rows, each row evaluating its term and its input's
+-- logistic map through nested one-element-list lambdas, then summed by a GROUP BY over the
+-- score, cost ~0.5 us a (score, term) row, 20,000 scores/s under the default's maps (BENCHMARKS
+-- §15); as lists, each input map is evaluated once per score, each Cox group's power once, and
+-- a term costs one multiply-add and one division.
+CREATE OR REPLACE MACRO calpipe_term_layers(maps) AS TABLE
+    WITH tl_m AS (
+        SELECT stream, layer, term, family, a, b, weight, in_w1, in_w2, in_w0, in_eps, in_layer,
+               clip,
+               dense_rank() OVER (PARTITION BY stream, layer
+                                  ORDER BY in_layer, in_w1, in_w2, in_w0, in_eps, clip) AS i
+        FROM query_table(maps)
+        QUALIFY bool_and(family IN ('identity', 'quadratic', 'cubic', 'cox', 'temperature'))
+                    OVER (PARTITION BY stream, layer)
+    ),
+    tl_layers AS (
+        SELECT stream, layer, list(s ORDER BY i) AS inputs
+        FROM (SELECT stream, layer, i,
+                     any_value({'w1': in_w1, 'w2': in_w2, 'w0': in_w0, 'eps': in_eps,
+                                'in_layer': in_layer, 'clip': clip}) AS s
+              FROM tl_m GROUP BY stream, layer, i)
+        GROUP BY stream, layer
+    ),
+    tl_groups AS (
+        SELECT stream, layer, list(i ORDER BY i, b) AS g_in, list(b ORDER BY i, b) AS g_b,
+               list(terms ORDER BY i, b) AS g_terms
+        FROM (SELECT stream, layer, i, b,
+                     list({'w': weight, 'eia': exp(-a)} ORDER BY term) AS terms
+              FROM tl_m WHERE family = 'cox' GROUP BY stream, layer, i, b)
+        GROUP BY stream, layer
+    ),
+    tl_identity AS (
+        SELECT stream, layer, list(i ORDER BY term) AS id_in, list(weight ORDER BY term) AS id_w
+        FROM tl_m WHERE family = 'identity' GROUP BY stream, layer
+    ),
+    tl_others AS (
+        SELECT stream, layer,
+               list({'i': i, 'family': family, 'a': a, 'b': b, 'w': weight} ORDER BY term)
+                   AS others
+        FROM tl_m WHERE family IN ('quadratic', 'cubic', 'temperature') GROUP BY stream, layer
+    )
+    SELECT l.stream, l.layer, l.inputs,
+           coalesce(g.g_in, []) AS g_in, coalesce(g.g_b, []) AS g_b,
+           coalesce(g.g_terms, []) AS g_terms,
+           coalesce(d.id_in, []) AS id_in, coalesce(d.id_w, []) AS id_w,
+           coalesce(o.others, []) AS others
+    FROM tl_layers l
+    LEFT JOIN tl_groups g ON g.stream = l.stream AND g.layer = l.layer
+    LEFT JOIN tl_identity d ON d.stream = l.stream AND d.layer = l.layer
+    LEFT JOIN tl_others o ON o.stream = l.stream AND o.layer = l.layer;
+
+-- A compiled term layer's inputs at score p: the list of each input's q (calpipe_term_layers'
+-- `inputs`, in order), clip(q(clip(p))) as calpipe_map_term computes it, or the clipped value
+-- ins[j + 1] of input table j. (The logistic is 1 / (1 + e^{-z}) for every z, z bound once;
+-- calpipe_sigmoid's other branch, e^z / (1 + e^z) for z < 0, agrees to a few ulps, and both
+-- are 0 or 1 where they overflow.)
+CREATE OR REPLACE MACRO calpipe_term_inputs(inputs, p, ins) AS
+    list_transform(inputs, lambda ti_i: calpipe_clip(
+        CASE WHEN ti_i.in_layer IS NOT NULL THEN ins[-ti_i.in_layer]
+             WHEN ti_i.w1 IS NULL THEN calpipe_clip(p, ti_i.clip)
+             ELSE 1 / (1 + exp(-(ti_i.w1 * ln(calpipe_clip(calpipe_clip(p, ti_i.clip), ti_i.eps))
+                                 - ti_i.w2 * ln(1 - calpipe_clip(calpipe_clip(p, ti_i.clip),
+                                                                 ti_i.eps))
+                                 + ti_i.w0)))
+        END, ti_i.clip));
+
+-- Each Cox group's ((1 - q) / q)^beta at its input's q (qs: calpipe_term_inputs' list).
+CREATE OR REPLACE MACRO calpipe_term_ratios(g_in, g_b, qs) AS
+    list_transform(list_zip(list_select(qs, g_in), g_b),
+                   lambda tr_z: pow((1 - tr_z[1]) / tr_z[1], tr_z[2]));
+
+-- A compiled term layer's value (the sum of its weighted terms, calpipe_layer_value's last
+-- branch) from its inputs' values qs and its Cox groups' ratios ys: a Cox term
+-- e^a q^b / (e^a q^b + (1 - q)^b) is 1 / (1 + ((1 - q) / q)^b e^{-a}) (0 at q = 0, 1 at q = 1,
+-- as the quotient; a few ulps from it elsewhere), the identity q, the others calpipe_term.
+CREATE OR REPLACE MACRO calpipe_terms_value(c, qs, ys) AS
+    list_sum([
+        list_sum(list_transform(list_zip(ys, c.g_terms), lambda tv_z:
+            list_sum(list_transform(tv_z[2], lambda tv_t: tv_t.w / (1 + tv_z[1] * tv_t.eia))))),
+        list_sum(list_transform(list_zip(list_select(qs, c.id_in), c.id_w),
+                                lambda tv_d: tv_d[1] * tv_d[2])),
+        list_sum(list_transform(c.others, lambda tv_o:
+            tv_o.w * calpipe_term(tv_o.family, tv_o.a, tv_o.b, qs[tv_o.i])))
+    ]);
+
 -- The set form (calibrate_table): one layer of the maps in force evaluated at every point of
 -- the relation named `points` (r, stream, layer, q, ins: a point's key, its stream, the layer,
 -- the value to evaluate it at, the input tables' values) under the map rows of the relation
 -- named `maps` (calibration_map's rows in force, layer NULL read as 0): (r, layer, v), one row
--- per point whose stream has rows in that layer. A point joins every row of a term or bin
--- layer, but only its own piece of a step/linear table (an ASOF join on x <= q, the piece that
--- calpipe_layer_value's arg_max picks): a table of thousands of pieces is not evaluated
--- thousands of times per score.
+-- per point whose stream has rows in that layer. A layer of terms is evaluated compiled
+-- (calpipe_term_layers: one join of a point with its layer's lists, each input's map once per
+-- point, the terms as list arithmetic); a point of another layer joins every row of a bin
+-- layer (or a Brier, calibrated-regression one), but only its own piece of a step/linear table
+-- (an ASOF join on x <= q, the piece that calpipe_layer_value's arg_max picks): a table of
+-- thousands of pieces is not evaluated thousands of times per score.
 CREATE OR REPLACE MACRO calpipe_points_layer(points, maps) AS TABLE
-    WITH calpipe_candidates AS (
+    WITH calpipe_pl_terms AS (SELECT * FROM calpipe_term_layers(maps)),
+    calpipe_pl_rows AS (
+        SELECT m.* FROM query_table(maps) m
+        ANTI JOIN calpipe_pl_terms t ON t.stream = m.stream AND t.layer = m.layer
+    ),
+    calpipe_candidates AS (
         SELECT pt.r, pt.layer, pt.q, pt.ins, m
         FROM query_table(points) pt
-        JOIN (SELECT * FROM query_table(maps) WHERE family NOT IN ('step', 'linear')) m
+        JOIN (SELECT * FROM calpipe_pl_rows WHERE family NOT IN ('step', 'linear')) m
           ON m.stream = pt.stream AND m.layer = pt.layer
         UNION ALL
         SELECT pt.r, pt.layer, pt.q, pt.ins, m
-        FROM query_table(points) pt
-        ASOF JOIN (SELECT * FROM query_table(maps) WHERE family IN ('step', 'linear')) m
+        -- (only the points of a table's layer: the ASOF join sorts every point it is given,
+        -- 0.4 s a million with no table at all)
+        FROM (SELECT * FROM query_table(points) pt
+              SEMI JOIN (SELECT DISTINCT stream, layer FROM calpipe_pl_rows
+                         WHERE family IN ('step', 'linear')) s
+                ON s.stream = pt.stream AND s.layer = pt.layer) pt
+        ASOF JOIN (SELECT * FROM calpipe_pl_rows WHERE family IN ('step', 'linear')) m
           ON m.stream = pt.stream AND m.layer = pt.layer AND m.x <= pt.q
+    ),
+    -- (three projections: each input's value, then each Cox group's ratio, are computed once
+    -- per point, as columns the next reads)
+    calpipe_pl_qs AS (
+        SELECT pt.r, pt.layer, c, calpipe_term_inputs(c.inputs, pt.q, pt.ins) AS qs
+        FROM query_table(points) pt
+        JOIN calpipe_pl_terms c ON c.stream = pt.stream AND c.layer = pt.layer
+    ),
+    calpipe_pl_ys AS (
+        SELECT r, layer, c, qs, calpipe_term_ratios(c.g_in, c.g_b, qs) AS ys FROM calpipe_pl_qs
     )
     SELECT r, layer, calpipe_layer_value(m, q, ins) AS v
-    FROM calpipe_candidates GROUP BY r, layer;
+    FROM calpipe_candidates GROUP BY r, layer
+    UNION ALL
+    SELECT r, layer, calpipe_terms_value(c, qs, ys) AS v FROM calpipe_pl_ys;
 
 -- Calibrated probabilities of a whole table: every row of the table, view or CTE named `tbl`
 -- (columns `stream` and `score`, a binary base probability), in its order and with all its
