@@ -247,6 +247,98 @@ CREATE OR REPLACE MACRO calibrate_table_as_of(tbl, as_of) AS TABLE
 CREATE OR REPLACE MACRO calibrate_table(tbl) AS TABLE
     SELECT * FROM calibrate_table_as_of(tbl, DATE '9999-12-31');
 
+-- The K-class term layers of the maps in force (the relation named `maps`), compiled for the
+-- K-class set form as calpipe_term_layers compiles the binary ones: one row per (stream, layer)
+-- whose rows are all terms (calpipe_kterm's families); `inputs` the distinct input maps (struct
+-- ka, kb, eps, clip: vector scaling, or ka NULL for the clipped score), numbered i = 1, 2, ...;
+-- the Cox terms grouped by (input, beta): `g_in`, `g_b`, `g_terms` (struct w = the weight, ea =
+-- e^{alphas}, the class shifts' exponentials) and `g_ea` (per group, per class c the list of
+-- its terms' ea[c], for the classes' dot products); `id_in`/`id_w` the identity terms; `others`
+-- the other terms (struct i, family, a, b, alphas, w: temperature, by calpipe_kterm). Why: the
+-- K-class terms cost ~0.3 ms a vector under the default's maps joined row by row (a K-list per
+-- (vector, term), then unnested and summed by class), 3,500 vectors/s (BENCHMARKS §15).
+CREATE OR REPLACE MACRO calpipe_kterm_layers(maps) AS TABLE
+    WITH kl_m AS (
+        SELECT stream, layer, term, family, a, b, weight, alphas, in_ka, in_kb, in_eps, clip,
+               dense_rank() OVER (PARTITION BY stream, layer
+                                  ORDER BY in_ka, in_kb, in_eps, clip) AS i
+        FROM query_table(maps)
+        QUALIFY bool_and(family IN ('identity', 'cox', 'temperature'))
+                    OVER (PARTITION BY stream, layer)
+    ),
+    kl_layers AS (
+        SELECT stream, layer, list(s ORDER BY i) AS inputs
+        FROM (SELECT stream, layer, i,
+                     any_value({'ka': in_ka, 'kb': in_kb, 'eps': in_eps, 'clip': clip}) AS s
+              FROM kl_m GROUP BY stream, layer, i)
+        GROUP BY stream, layer
+    ),
+    kl_cox AS (
+        SELECT stream, layer, i, b,
+               list({'w': weight, 'ea': list_transform(alphas, lambda kl_x: exp(kl_x))}
+                    ORDER BY term) AS terms
+        FROM kl_m WHERE family = 'cox' GROUP BY stream, layer, i, b
+    ),
+    kl_groups AS (
+        SELECT stream, layer, list(i ORDER BY i, b) AS g_in, list(b ORDER BY i, b) AS g_b,
+               list(terms ORDER BY i, b) AS g_terms,
+               list(list_transform(range(1, len(terms[1].ea) + 1), lambda kl_c:
+                        list_transform(terms, lambda kl_t: kl_t.ea[kl_c])) ORDER BY i, b) AS g_ea
+        FROM kl_cox GROUP BY stream, layer
+    ),
+    kl_identity AS (
+        SELECT stream, layer, list(i ORDER BY term) AS id_in, list(weight ORDER BY term) AS id_w
+        FROM kl_m WHERE family = 'identity' GROUP BY stream, layer
+    ),
+    kl_others AS (
+        SELECT stream, layer,
+               list({'i': i, 'family': family, 'a': a, 'b': b, 'alphas': alphas, 'w': weight}
+                    ORDER BY term) AS others
+        FROM kl_m WHERE family = 'temperature' GROUP BY stream, layer
+    )
+    SELECT l.stream, l.layer, l.inputs,
+           coalesce(g.g_in, []) AS g_in, coalesce(g.g_b, []) AS g_b,
+           coalesce(g.g_terms, []) AS g_terms, coalesce(g.g_ea, []) AS g_ea,
+           coalesce(d.id_in, []) AS id_in, coalesce(d.id_w, []) AS id_w,
+           coalesce(o.others, []) AS others
+    FROM kl_layers l
+    LEFT JOIN kl_groups g ON g.stream = l.stream AND g.layer = l.layer
+    LEFT JOIN kl_identity d ON d.stream = l.stream AND d.layer = l.layer
+    LEFT JOIN kl_others o ON o.stream = l.stream AND o.layer = l.layer;
+
+-- A compiled K-class term layer's inputs at the vector q: each input's vector, kclip(q) or
+-- kclip(kinput(kclip(q))) as calpipe_kpoints_layer's terms compute it.
+CREATE OR REPLACE MACRO calpipe_kterm_inputs(inputs, q) AS
+    list_transform(inputs, lambda ki_i:
+        CASE WHEN ki_i.ka IS NULL THEN calpipe_kclip(q, ki_i.clip)
+             ELSE calpipe_kclip(calpipe_kinput(calpipe_kclip(q, ki_i.clip), ki_i.ka, ki_i.kb,
+                                               ki_i.eps), ki_i.clip)
+        END);
+
+-- Each Cox group's powers q_c^beta at its input's vector (qs: calpipe_kterm_inputs' list).
+CREATE OR REPLACE MACRO calpipe_kterm_powers(g_in, g_b, qs) AS
+    list_transform(list_zip(list_select(qs, g_in), g_b),
+                   lambda kp_z: list_transform(kp_z[1], lambda kp_x: pow(kp_x, kp_z[2])));
+
+-- Each Cox term's weight over its normaliser, w / sum_c q_c^beta e^{alpha_c}, by group (pws:
+-- calpipe_kterm_powers' list).
+CREATE OR REPLACE MACRO calpipe_kterm_scales(g_terms, pws) AS
+    list_transform(list_zip(pws, g_terms), lambda ks_z:
+        list_transform(ks_z[2], lambda ks_t: ks_t.w / list_dot_product(ks_z[1], ks_t.ea)));
+
+-- A compiled K-class term layer's vector (the sum over its terms of weight * f, class by class):
+-- a group's Cox terms add q_c^beta sum_t (w_t / S_t) e^{alpha_t,c} to class c (the terms'
+-- q_c^beta e^{alpha_c} / S_t, S_t the term's normaliser, summed in another order: a few ulps
+-- from it), the identity terms w q_c, the others w calpipe_kterm(...)_c.
+CREATE OR REPLACE MACRO calpipe_kterms_value(c, qs, pws, scs) AS
+    list_transform(range(1, len(qs[1]) + 1), lambda kv_c: list_sum([
+        list_sum(list_transform(list_zip(pws, scs, c.g_ea), lambda kv_z:
+            kv_z[1][kv_c] * list_dot_product(kv_z[2], kv_z[3][kv_c]))),
+        list_sum(list_transform(list_zip(c.id_in, c.id_w), lambda kv_d: kv_d[2] * qs[kv_d[1]][kv_c])),
+        list_sum(list_transform(c.others, lambda kv_o:
+            kv_o.w * calpipe_kterm(kv_o.family, kv_o.a, kv_o.b, kv_o.alphas, qs[kv_o.i])[kv_c]))
+    ]));
+
 -- The K-class set form (calibrate_scores_table): one layer of the maps in force evaluated at every
 -- point of the relation named `points` (r, stream, layer, q: a point's key, its stream, the
 -- layer, the score vector to evaluate it at) under the map rows of the relation named `maps`
@@ -257,7 +349,27 @@ CREATE OR REPLACE MACRO calibrate_table(tbl) AS TABLE
 -- categories, the partition tree (a recursive walk of every point at once), the Brier mode.
 CREATE OR REPLACE MACRO calpipe_kpoints_layer(points, maps) AS TABLE
     WITH RECURSIVE kq_pt AS (SELECT r, stream, layer, q FROM query_table(points)),
-    kq_m AS (SELECT * FROM query_table(maps)),
+    -- a layer of terms compiled (calpipe_kterm_layers), the others' rows
+    kq_compiled AS (SELECT * FROM calpipe_kterm_layers(maps)),
+    kq_m AS (
+        SELECT m.* FROM query_table(maps) m
+        ANTI JOIN kq_compiled c ON c.stream = m.stream AND c.layer = m.layer
+    ),
+    -- (each input's vector, then each Cox group's powers and its terms' scales, computed once
+    -- per point, as columns the next projection reads)
+    kq_c_qs AS (
+        SELECT pt.r, pt.layer, c, calpipe_kterm_inputs(c.inputs, pt.q) AS qs
+        FROM kq_pt pt JOIN kq_compiled c ON c.stream = pt.stream AND c.layer = pt.layer
+    ),
+    kq_c_pws AS (
+        SELECT r, layer, c, qs, calpipe_kterm_powers(c.g_in, c.g_b, qs) AS pws FROM kq_c_qs
+    ),
+    kq_c_scs AS (
+        SELECT r, layer, c, qs, pws, calpipe_kterm_scales(c.g_terms, pws) AS scs FROM kq_c_pws
+    ),
+    kq_compiled_v AS (
+        SELECT r, layer, calpipe_kterms_value(c, qs, pws, scs) AS v FROM kq_c_scs
+    ),
     -- terms: sum over the terms of weight * f(kclip(q)) (or of the term's input map), by class
     kq_terms AS (
         SELECT pt.r, pt.layer, m.weight,
@@ -383,6 +495,7 @@ CREATE OR REPLACE MACRO calpipe_kpoints_layer(points, maps) AS TABLE
         UNION ALL SELECT r, layer, v, 2 FROM kq_tree_v
         UNION ALL SELECT r, layer, v, 3 FROM kq_brier_v
         UNION ALL SELECT r, layer, v, 4 FROM kq_term_v
+        UNION ALL SELECT r, layer, v, 4 FROM kq_compiled_v
     )
     -- calpipe_klayer's coalesce: the first kind with a value
     SELECT r, layer, arg_min(v, kind) FILTER (WHERE v IS NOT NULL) AS v

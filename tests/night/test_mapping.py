@@ -649,6 +649,61 @@ def test_the_compiled_terms_at_huge_logits_equal_the_per_row_form(tmp_path):
         con.close()
 
 
+@pytest.mark.parametrize(
+    ("method", "params"),
+    [("composite-experts", {}), ("jumper", {}), ("ops", {}),
+     ("temperature", {"window": 30, "refit_every": 11})],
+)  # fmt: skip
+def test_the_k_class_set_form_s_compiled_term_layers_equal_the_serving_map(
+    tmp_path, method, params
+):
+    """calibrate_scores_table evaluates a K-class layer of terms compiled (calpipe_kterm_layers:
+    each input's vector once, each Cox group's powers once, a class's terms as dot products):
+    on random vectors of three streams (Dirichlet, some with classes of 0, 1e-300 or 1e-17),
+    the corners, a NULL vector, one with a NaN and a stream without a map, it equals the
+    serving map to 1e-12."""
+    from tests.pipeline.test_labels import with_classes
+
+    settings = Settings.make(method, **params)
+    events = with_classes(generate.generate(n_days=4, streams=TERM_STREAMS, seed=5), K, seed=3)
+    storage.write_landing(events, tmp_path / "landing")
+    con = storage.connect(tmp_path / "k.duckdb")
+    try:
+        pipeline.run_range(con, storage.EventSource.parse(str(tmp_path / "landing")),
+                           settings=settings)  # fmt: skip
+        assert storage.query(con, "SELECT count(*) AS n FROM calpipe_kterm_layers("
+                                  "'calibration_map')")["n"][0] > 0  # fmt: skip
+        rng = np.random.default_rng(13)
+        v = rng.dirichlet(np.full(K, 0.7), size=200)
+        for j, tiny in enumerate((0.0, 1e-300, 1e-17)):
+            v[j * 20 : (j + 1) * 20, j % K] = tiny
+        v = np.vstack([v / v.sum(axis=1, keepdims=True), np.eye(K)])
+        streams = ["a", "b", "c"]
+        n = len(v) * len(streams)
+        fine = pl.DataFrame(
+            {"stream": [streams[i % 3] for i in range(n)],
+             "scores": np.repeat(v, len(streams), axis=0).tolist()},
+            schema_overrides={"scores": pl.List(pl.Float64)},
+        )  # fmt: skip
+        holes = pl.DataFrame(
+            {"stream": ["nope", "a", "b"],
+             "scores": [[0.25] * K, None, [0.5, float("nan"), 0.25, 0.25]]},
+            schema_overrides={"scores": pl.List(pl.Float64)},
+        )  # fmt: skip
+        con.register("fresh_vectors", pl.concat([fine, holes]).to_arrow())
+        got = storage.query(con, "SELECT * FROM calibrate_scores_table('fresh_vectors')")
+        con.unregister("fresh_vectors")
+        day = storage.query(con, "SELECT max(date) AS d FROM calibrator_state")["d"][0]
+        want = pipeline.serving_map(pipeline.state_as_of(con, day), fine, settings, score="scores")
+        want = np.asarray(want["protected_scores"].to_list(), dtype=np.float64)
+        value = np.asarray(got["protected_scores"].to_list()[:n], dtype=np.float64)
+        assert value.shape == want.shape == (n, K) and np.all(np.isfinite(want))
+        assert np.max(np.abs(value - want)) <= TOL, method
+        assert got["protected_scores"][-3:].to_list() == [None, None, None]
+    finally:
+        con.close()
+
+
 def test_a_stack_over_composite_experts_with_input_tables_has_no_sql_map():
     """An input table is evaluated at the score, so not under a stack's top: serving_map()."""
     settings = Settings.make(
