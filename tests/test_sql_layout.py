@@ -83,6 +83,8 @@ CHANGED_SINCE_SPLIT = {
     "calpipe_kscores": "#36 item 16: a bad vector's message shows at most 8 of its values",
     "calpipe_points_layer": "#33: a term layer evaluated compiled (calpipe_term_layers), 20x faster",
     "calpipe_kpoints_layer": "#33: a K-class term layer evaluated compiled (calpipe_kterm_layers)",
+    "calibrate_table_as_of": "#33: compiles the term layers once (calpipe_points_layer's terms)",
+    "calibrate_scores_table_as_of": "#33: compiles the K-class term layers once, for both layers",
 }
 ADDED_SINCE_SPLIT = {
     "calpipe_kshow": "#36 item 16: a score vector as an error message shows it",

@@ -120,15 +120,17 @@ CREATE OR REPLACE MACRO calpipe_terms_value(c, qs, ys) AS
 -- The set form (calibrate_table): one layer of the maps in force evaluated at every point of
 -- the relation named `points` (r, stream, layer, q, ins: a point's key, its stream, the layer,
 -- the value to evaluate it at, the input tables' values) under the map rows of the relation
--- named `maps` (calibration_map's rows in force, layer NULL read as 0): (r, layer, v), one row
--- per point whose stream has rows in that layer. A layer of terms is evaluated compiled
--- (calpipe_term_layers: one join of a point with its layer's lists, each input's map once per
--- point, the terms as list arithmetic); a point of another layer joins every row of a bin
+-- named `maps` (calibration_map's rows in force, layer NULL read as 0) and their term layers
+-- compiled, the relation named `terms` (calpipe_term_layers of `maps`: compiled once per
+-- query, not once per layer, which would bind its macros again): (r, layer, v), one row per
+-- point whose stream has rows in that layer. A layer of terms is evaluated compiled (one join
+-- of a point with its layer's lists, each input's map once per point, the terms as list
+-- arithmetic); a point of another layer joins every row of a bin
 -- layer (or a Brier, calibrated-regression one), but only its own piece of a step/linear table
 -- (an ASOF join on x <= q, the piece that calpipe_layer_value's arg_max picks): a table of
 -- thousands of pieces is not evaluated thousands of times per score.
-CREATE OR REPLACE MACRO calpipe_points_layer(points, maps) AS TABLE
-    WITH calpipe_pl_terms AS (SELECT * FROM calpipe_term_layers(maps)),
+CREATE OR REPLACE MACRO calpipe_points_layer(points, maps, terms) AS TABLE
+    WITH calpipe_pl_terms AS (SELECT * FROM query_table(terms)),
     calpipe_pl_rows AS (
         SELECT m.* FROM query_table(maps) m
         ANTI JOIN calpipe_pl_terms t ON t.stream = m.stream AND t.layer = m.layer
@@ -181,6 +183,7 @@ CREATE OR REPLACE MACRO calibrate_table_as_of(tbl, as_of) AS TABLE
     ),
     calpipe_maps AS (SELECT * FROM calpipe_maps_in_force('calpipe_rows', as_of)),
     calpipe_tops AS (SELECT stream, max(layer) AS top FROM calpipe_maps GROUP BY stream),
+    calpipe_terms AS (SELECT * FROM calpipe_term_layers('calpipe_maps')),
     -- every row's score checked, also of a stream without a map (as calibrate_score)
     calpipe_checked AS (
         SELECT e.calpipe_row AS r, CAST(e.stream AS VARCHAR) AS stream,
@@ -203,26 +206,26 @@ CREATE OR REPLACE MACRO calibrate_table_as_of(tbl, as_of) AS TABLE
     ),
     calpipe_ins AS (
         SELECT r, list(v ORDER BY layer DESC) AS ins
-        FROM calpipe_points_layer('calpipe_in_points', 'calpipe_maps') GROUP BY r
+        FROM calpipe_points_layer('calpipe_in_points', 'calpipe_maps', 'calpipe_terms') GROUP BY r
     ),
     calpipe_p0 AS (
         SELECT pt.r, pt.stream, 0 AS layer, pt.p AS q, i.ins
         FROM calpipe_points pt LEFT JOIN calpipe_ins i ON i.r = pt.r
     ),
-    calpipe_v0 AS (SELECT r, v FROM calpipe_points_layer('calpipe_p0', 'calpipe_maps')),
+    calpipe_v0 AS (SELECT r, v FROM calpipe_points_layer('calpipe_p0', 'calpipe_maps', 'calpipe_terms')),
     -- a stack's top or a calibeating table at layer 0's value; a third layer at layer 1's
     calpipe_p1 AS (
         SELECT pt.r, pt.stream, 1 AS layer, v.v AS q, CAST(NULL AS DOUBLE[]) AS ins
         FROM calpipe_points pt JOIN calpipe_tops t ON t.stream = pt.stream AND t.top >= 1
         LEFT JOIN calpipe_v0 v ON v.r = pt.r
     ),
-    calpipe_v1 AS (SELECT r, v FROM calpipe_points_layer('calpipe_p1', 'calpipe_maps')),
+    calpipe_v1 AS (SELECT r, v FROM calpipe_points_layer('calpipe_p1', 'calpipe_maps', 'calpipe_terms')),
     calpipe_p2 AS (
         SELECT pt.r, pt.stream, 2 AS layer, v.v AS q, CAST(NULL AS DOUBLE[]) AS ins
         FROM calpipe_points pt JOIN calpipe_tops t ON t.stream = pt.stream AND t.top >= 2
         LEFT JOIN calpipe_v1 v ON v.r = pt.r
     ),
-    calpipe_v2 AS (SELECT r, v FROM calpipe_points_layer('calpipe_p2', 'calpipe_maps')),
+    calpipe_v2 AS (SELECT r, v FROM calpipe_points_layer('calpipe_p2', 'calpipe_maps', 'calpipe_terms')),
     calpipe_out AS (
         SELECT e.*,
                CASE WHEN c.p IS NULL THEN NULL
@@ -342,15 +345,18 @@ CREATE OR REPLACE MACRO calpipe_kterms_value(c, qs, pws, scs) AS
 -- The K-class set form (calibrate_scores_table): one layer of the maps in force evaluated at every
 -- point of the relation named `points` (r, stream, layer, q: a point's key, its stream, the
 -- layer, the score vector to evaluate it at) under the map rows of the relation named `maps`
--- (calibration_map's rows in force, layer NULL read as 0): (r, layer, v), v the layer's vector,
--- one row per point whose stream has rows in that layer. Each family as calpipe_klayer
--- evaluates it for one score (the same macros): the terms' sum class by class, the coupled step
+-- (calibration_map's rows in force, layer NULL read as 0) and their term layers compiled, the
+-- relation named `terms` (calpipe_kterm_layers of `maps`, once per query): (r, layer, v), v the
+-- layer's vector, one row per point whose stream has rows in that layer. A layer of terms is
+-- evaluated compiled (each input's vector once per point, the terms by dot products); each
+-- other family as calpipe_klayer evaluates it for one score (the same macros): the coupled step
 -- tables of the sub-problems (each sub-problem's piece by an ASOF join), the table of
--- categories, the partition tree (a recursive walk of every point at once), the Brier mode.
-CREATE OR REPLACE MACRO calpipe_kpoints_layer(points, maps) AS TABLE
+-- categories, the partition tree (a recursive walk of every point at once), the Brier mode,
+-- the terms' sum class by class of a layer mixing terms with them.
+CREATE OR REPLACE MACRO calpipe_kpoints_layer(points, maps, terms) AS TABLE
     WITH RECURSIVE kq_pt AS (SELECT r, stream, layer, q FROM query_table(points)),
     -- a layer of terms compiled (calpipe_kterm_layers), the others' rows
-    kq_compiled AS (SELECT * FROM calpipe_kterm_layers(maps)),
+    kq_compiled AS (SELECT * FROM query_table(terms)),
     kq_m AS (
         SELECT m.* FROM query_table(maps) m
         ANTI JOIN kq_compiled c ON c.stream = m.stream AND c.layer = m.layer
@@ -515,6 +521,7 @@ CREATE OR REPLACE MACRO calibrate_scores_table_as_of(tbl, as_of) AS TABLE
     calpipe_k AS (SELECT max(n_classes) AS n FROM calibrator_state),
     calpipe_maps AS (SELECT * FROM calpipe_maps_in_force('calpipe_rows', as_of)),
     calpipe_tops AS (SELECT stream, max(layer) AS top FROM calpipe_maps GROUP BY stream),
+    calpipe_terms AS (SELECT * FROM calpipe_kterm_layers('calpipe_maps')),
     calpipe_checked AS (
         SELECT e.calpipe_row AS r, CAST(e.stream AS VARCHAR) AS stream,
                calpipe_kscores(e.scores, k.n, calpipe_where_row('calibrate_scores_table',
@@ -526,13 +533,13 @@ CREATE OR REPLACE MACRO calibrate_scores_table_as_of(tbl, as_of) AS TABLE
         FROM calpipe_checked c SEMI JOIN calpipe_tops t ON t.stream = c.stream
         WHERE c.q IS NOT NULL
     ),
-    calpipe_v0 AS (SELECT r, v FROM calpipe_kpoints_layer('calpipe_p0', 'calpipe_maps')),
+    calpipe_v0 AS (SELECT r, v FROM calpipe_kpoints_layer('calpipe_p0', 'calpipe_maps', 'calpipe_terms')),
     calpipe_p1 AS (
         SELECT pt.r, pt.stream, 1 AS layer, v.v AS q
         FROM calpipe_p0 pt JOIN calpipe_tops t ON t.stream = pt.stream AND t.top >= 1
         LEFT JOIN calpipe_v0 v ON v.r = pt.r
     ),
-    calpipe_v1 AS (SELECT r, v FROM calpipe_kpoints_layer('calpipe_p1', 'calpipe_maps')),
+    calpipe_v1 AS (SELECT r, v FROM calpipe_kpoints_layer('calpipe_p1', 'calpipe_maps', 'calpipe_terms')),
     calpipe_out AS (
         SELECT e.*,
                CASE WHEN c.q IS NULL THEN NULL WHEN t.top >= 1 THEN v1.v ELSE v0.v END
