@@ -169,11 +169,11 @@ CREATE OR REPLACE MACRO calpipe_points_layer(points, maps, terms) AS TABLE
 -- Calibrated probabilities of a whole table: every row of the table, view or CTE named `tbl`
 -- (columns `stream` and `score`, a binary base probability), in its order and with all its
 -- columns, plus `protected_score` under its stream's map in force at the end of day `as_of`
--- (NULL: no map yet, or a NULL or NaN score). Equal row by row to calibrate_score_as_of (the
--- same layers, the same calpipe_layer_value), but set-based: the scores are joined with the
--- maps' rows once, where calibrate_score evaluates each score's map on its own (20x to 190x
--- the scores per second on the demo database, BENCHMARKS.md §15). Binary maps (K classes:
--- calibrate_scores_table).
+-- (NULL: no map yet, or a NULL or NaN score). Equal row by row to calibrate_score_as_of to a
+-- few ulps (the same layers; a layer of terms compiled, calpipe_term_layers), but set-based:
+-- the scores are joined with the maps' rows once, where calibrate_score evaluates each score's
+-- map on its own (400x the scores per second under the default's maps on the demo database,
+-- BENCHMARKS.md §15). Binary maps (K classes: calibrate_scores_table).
 --   SELECT * FROM calibrate_table_as_of('fresh_scores', DATE '2010-11-01');
 CREATE OR REPLACE MACRO calibrate_table_as_of(tbl, as_of) AS TABLE
     -- (materialized: every reference reads the same row numbers, which pair each row with its
@@ -212,7 +212,9 @@ CREATE OR REPLACE MACRO calibrate_table_as_of(tbl, as_of) AS TABLE
         SELECT pt.r, pt.stream, 0 AS layer, pt.p AS q, i.ins
         FROM calpipe_points pt LEFT JOIN calpipe_ins i ON i.r = pt.r
     ),
-    calpipe_v0 AS (SELECT r, v FROM calpipe_points_layer('calpipe_p0', 'calpipe_maps', 'calpipe_terms')),
+    calpipe_v0 AS (
+        SELECT r, v FROM calpipe_points_layer('calpipe_p0', 'calpipe_maps', 'calpipe_terms')
+    ),
     -- a stack's top or a calibeating table at layer 0's value; a third layer at layer 1's
     calpipe_p1 AS (
         SELECT pt.r, pt.stream, 1 AS layer, v.v AS q, CAST(NULL AS DOUBLE[]) AS ins
@@ -259,7 +261,7 @@ CREATE OR REPLACE MACRO calibrate_table(tbl) AS TABLE
 -- its terms' ea[c], for the classes' dot products); `id_in`/`id_w` the identity terms; `others`
 -- the other terms (struct i, family, a, b, alphas, w: temperature, by calpipe_kterm). Why: the
 -- K-class terms cost ~0.3 ms a vector under the default's maps joined row by row (a K-list per
--- (vector, term), then unnested and summed by class), 3,500 vectors/s (BENCHMARKS §15).
+-- (vector, term), then unnested and summed by class), 3,500 vectors/s before #33 (BENCHMARKS §15).
 CREATE OR REPLACE MACRO calpipe_kterm_layers(maps) AS TABLE
     WITH kl_m AS (
         SELECT stream, layer, term, family, a, b, weight, alphas, in_ka, in_kb, in_eps, clip,
