@@ -221,13 +221,17 @@ CREATE OR REPLACE MACRO calibrate_table_as_of(tbl, as_of) AS TABLE
         FROM calpipe_points pt JOIN calpipe_tops t ON t.stream = pt.stream AND t.top >= 1
         LEFT JOIN calpipe_v0 v ON v.r = pt.r
     ),
-    calpipe_v1 AS (SELECT r, v FROM calpipe_points_layer('calpipe_p1', 'calpipe_maps', 'calpipe_terms')),
+    calpipe_v1 AS (
+        SELECT r, v FROM calpipe_points_layer('calpipe_p1', 'calpipe_maps', 'calpipe_terms')
+    ),
     calpipe_p2 AS (
         SELECT pt.r, pt.stream, 2 AS layer, v.v AS q, CAST(NULL AS DOUBLE[]) AS ins
         FROM calpipe_points pt JOIN calpipe_tops t ON t.stream = pt.stream AND t.top >= 2
         LEFT JOIN calpipe_v1 v ON v.r = pt.r
     ),
-    calpipe_v2 AS (SELECT r, v FROM calpipe_points_layer('calpipe_p2', 'calpipe_maps', 'calpipe_terms')),
+    calpipe_v2 AS (
+        SELECT r, v FROM calpipe_points_layer('calpipe_p2', 'calpipe_maps', 'calpipe_terms')
+    ),
     calpipe_out AS (
         SELECT e.*,
                CASE WHEN c.p IS NULL THEN NULL
@@ -339,7 +343,8 @@ CREATE OR REPLACE MACRO calpipe_kterms_value(c, qs, pws, scs) AS
     list_transform(range(1, len(qs[1]) + 1), lambda kv_c: list_sum([
         list_sum(list_transform(list_zip(pws, scs, c.g_ea), lambda kv_z:
             kv_z[1][kv_c] * list_dot_product(kv_z[2], kv_z[3][kv_c]))),
-        list_sum(list_transform(list_zip(c.id_in, c.id_w), lambda kv_d: kv_d[2] * qs[kv_d[1]][kv_c])),
+        list_sum(list_transform(list_zip(c.id_in, c.id_w),
+                                lambda kv_d: kv_d[2] * qs[kv_d[1]][kv_c])),
         list_sum(list_transform(c.others, lambda kv_o:
             kv_o.w * calpipe_kterm(kv_o.family, kv_o.a, kv_o.b, kv_o.alphas, qs[kv_o.i])[kv_c]))
     ]));
@@ -535,13 +540,17 @@ CREATE OR REPLACE MACRO calibrate_scores_table_as_of(tbl, as_of) AS TABLE
         FROM calpipe_checked c SEMI JOIN calpipe_tops t ON t.stream = c.stream
         WHERE c.q IS NOT NULL
     ),
-    calpipe_v0 AS (SELECT r, v FROM calpipe_kpoints_layer('calpipe_p0', 'calpipe_maps', 'calpipe_terms')),
+    calpipe_v0 AS (
+        SELECT r, v FROM calpipe_kpoints_layer('calpipe_p0', 'calpipe_maps', 'calpipe_terms')
+    ),
     calpipe_p1 AS (
         SELECT pt.r, pt.stream, 1 AS layer, v.v AS q
         FROM calpipe_p0 pt JOIN calpipe_tops t ON t.stream = pt.stream AND t.top >= 1
         LEFT JOIN calpipe_v0 v ON v.r = pt.r
     ),
-    calpipe_v1 AS (SELECT r, v FROM calpipe_kpoints_layer('calpipe_p1', 'calpipe_maps', 'calpipe_terms')),
+    calpipe_v1 AS (
+        SELECT r, v FROM calpipe_kpoints_layer('calpipe_p1', 'calpipe_maps', 'calpipe_terms')
+    ),
     calpipe_out AS (
         SELECT e.*,
                CASE WHEN c.q IS NULL THEN NULL WHEN t.top >= 1 THEN v1.v ELSE v0.v END
