@@ -81,9 +81,22 @@ def _catalog(con: duckdb.DuckDBPyConnection) -> dict[str, list[dict]]:
 #: that the list cannot outlive its changes. A macro change adds its name here.
 CHANGED_SINCE_SPLIT = {
     "calpipe_kscores": "#36 item 16: a bad vector's message shows at most 8 of its values",
+    "calpipe_points_layer": "#33: a term layer evaluated compiled (calpipe_term_layers), 20x faster",
+    "calpipe_kpoints_layer": "#33: a K-class term layer evaluated compiled (calpipe_kterm_layers)",
+    "calibrate_table_as_of": "#33: compiles the term layers once (calpipe_points_layer's terms)",
+    "calibrate_scores_table_as_of": "#33: compiles the K-class term layers once, for both layers",
 }
 ADDED_SINCE_SPLIT = {
     "calpipe_kshow": "#36 item 16: a score vector as an error message shows it",
+    "calpipe_term_layers": "#33: the set form's term layers as lists (no join per term)",
+    "calpipe_term_inputs": "#33: a compiled term layer's input maps, once per score",
+    "calpipe_term_ratios": "#33: a compiled term layer's Cox powers, once per (input, beta)",
+    "calpipe_terms_value": "#33: a compiled term layer's value, the terms as list arithmetic",
+    "calpipe_kterm_layers": "#33: the K-class set form's term layers as lists",
+    "calpipe_kterm_inputs": "#33: a compiled K-class term layer's input maps, once per vector",
+    "calpipe_kterm_powers": "#33: a compiled K-class term layer's q_c^beta, once per group",
+    "calpipe_kterm_scales": "#33: a compiled K-class Cox term's weight over its normaliser",
+    "calpipe_kterms_value": "#33: a compiled K-class term layer's vector, by dot products",
 }
 
 

@@ -15,8 +15,10 @@ CREATE OR REPLACE MACRO calpipe_rows_of(m, families, value) AS
 -- calibration_map as a struct): the Brier compatibility mode's forecast, a step/linear table
 -- (the piece with the largest x <= p), a bin table (family bins: the value of p's bin, p where
 -- NULL) or a weighted sum of terms; a term with an input table (in_layer -(j + 1)) reads its
--- value ins[j + 1] (the input tables' values at the clipped score) for q. One home for both
--- forms: calpipe_layer (one score) and calpipe_points_layer (a table of scores).
+-- value ins[j + 1] (the input tables' values at the clipped score) for q. One home for
+-- calpipe_layer (one score) and for calpipe_points_layer (a table of scores) but its layers of
+-- terms, which the set form evaluates compiled (calpipe_term_layers, 07: the same sums in
+-- another order, a few ulps apart).
 CREATE OR REPLACE MACRO calpipe_layer_value(m, p, ins) AS
     CASE WHEN bool_or(m.family IN ('brier', 'brier_cox'))
          THEN calpipe_brier_binary(

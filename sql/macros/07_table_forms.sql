@@ -23,37 +23,157 @@ CREATE OR REPLACE MACRO calpipe_maps_in_force(rows, as_of) AS TABLE
     SELECT m.* REPLACE (coalesce(m.layer, 0) AS layer)
     FROM calibration_map m JOIN calpipe_latest l ON m.stream = l.stream AND m.date = l.d;
 
+-- The term layers of the maps in force (the relation named `maps`: calibration_map's rows, layer
+-- NULL read as 0) compiled for the set form: one row per (stream, layer) whose rows are all terms
+-- (calpipe_term's families: a mixture, a logistic or temperature map), the layer's rows as lists
+-- that calpipe_terms_value reads for a whole table of scores with no join per term. `inputs`:
+-- the layer's distinct input maps (struct w1, w2, w0, eps, in_layer, clip; in_layer -(j + 1):
+-- input table j), numbered i = 1, 2, ... in their order; the Cox terms grouped by (input, beta):
+-- `g_in` each group's input, `g_b` its beta, `g_terms` its terms (struct w = the weight, eia =
+-- e^{-alpha}); `id_in`/`id_w` the identity terms' inputs and weights; `others` the other terms
+-- (struct i, family, a, b, w: quadratic, cubic, temperature, each evaluated by calpipe_term).
+-- Why: a score joined with the layer's ~106 rows, each row evaluating its term and its input's
+-- logistic map through nested one-element-list lambdas, then summed by a GROUP BY over the
+-- score, cost ~0.5 us a (score, term) row, 20,000 scores/s under the default's maps (BENCHMARKS
+-- §15); as lists, each input map is evaluated once per score, each Cox group's power once, and
+-- a term costs one multiply-add and one division.
+CREATE OR REPLACE MACRO calpipe_term_layers(maps) AS TABLE
+    WITH tl_m AS (
+        SELECT stream, layer, term, family, a, b, weight, in_w1, in_w2, in_w0, in_eps, in_layer,
+               clip,
+               dense_rank() OVER (PARTITION BY stream, layer
+                                  ORDER BY in_layer, in_w1, in_w2, in_w0, in_eps, clip) AS i
+        FROM query_table(maps)
+        QUALIFY bool_and(family IN ('identity', 'quadratic', 'cubic', 'cox', 'temperature'))
+                    OVER (PARTITION BY stream, layer)
+    ),
+    tl_layers AS (
+        SELECT stream, layer, list(s ORDER BY i) AS inputs
+        FROM (SELECT stream, layer, i,
+                     any_value({'w1': in_w1, 'w2': in_w2, 'w0': in_w0, 'eps': in_eps,
+                                'in_layer': in_layer, 'clip': clip}) AS s
+              FROM tl_m GROUP BY stream, layer, i)
+        GROUP BY stream, layer
+    ),
+    tl_groups AS (
+        SELECT stream, layer, list(i ORDER BY i, b) AS g_in, list(b ORDER BY i, b) AS g_b,
+               list(terms ORDER BY i, b) AS g_terms
+        FROM (SELECT stream, layer, i, b,
+                     list({'w': weight, 'eia': exp(-a)} ORDER BY term) AS terms
+              FROM tl_m WHERE family = 'cox' GROUP BY stream, layer, i, b)
+        GROUP BY stream, layer
+    ),
+    tl_identity AS (
+        SELECT stream, layer, list(i ORDER BY term) AS id_in, list(weight ORDER BY term) AS id_w
+        FROM tl_m WHERE family = 'identity' GROUP BY stream, layer
+    ),
+    tl_others AS (
+        SELECT stream, layer,
+               list({'i': i, 'family': family, 'a': a, 'b': b, 'w': weight} ORDER BY term)
+                   AS others
+        FROM tl_m WHERE family IN ('quadratic', 'cubic', 'temperature') GROUP BY stream, layer
+    )
+    SELECT l.stream, l.layer, l.inputs,
+           coalesce(g.g_in, []) AS g_in, coalesce(g.g_b, []) AS g_b,
+           coalesce(g.g_terms, []) AS g_terms,
+           coalesce(d.id_in, []) AS id_in, coalesce(d.id_w, []) AS id_w,
+           coalesce(o.others, []) AS others
+    FROM tl_layers l
+    LEFT JOIN tl_groups g ON g.stream = l.stream AND g.layer = l.layer
+    LEFT JOIN tl_identity d ON d.stream = l.stream AND d.layer = l.layer
+    LEFT JOIN tl_others o ON o.stream = l.stream AND o.layer = l.layer;
+
+-- A compiled term layer's inputs at score p: the list of each input's q (calpipe_term_layers'
+-- `inputs`, in order), clip(q(clip(p))) as calpipe_map_term computes it, or the clipped value
+-- ins[j + 1] of input table j. (The logistic is 1 / (1 + e^{-z}) for every z, z bound once;
+-- calpipe_sigmoid's other branch, e^z / (1 + e^z) for z < 0, agrees to a few ulps, and both
+-- are 0 or 1 where they overflow.)
+CREATE OR REPLACE MACRO calpipe_term_inputs(inputs, p, ins) AS
+    list_transform(inputs, lambda ti_i: calpipe_clip(
+        CASE WHEN ti_i.in_layer IS NOT NULL THEN ins[-ti_i.in_layer]
+             WHEN ti_i.w1 IS NULL THEN calpipe_clip(p, ti_i.clip)
+             ELSE 1 / (1 + exp(-(ti_i.w1 * ln(calpipe_clip(calpipe_clip(p, ti_i.clip), ti_i.eps))
+                                 - ti_i.w2 * ln(1 - calpipe_clip(calpipe_clip(p, ti_i.clip),
+                                                                 ti_i.eps))
+                                 + ti_i.w0)))
+        END, ti_i.clip));
+
+-- Each Cox group's ((1 - q) / q)^beta at its input's q (qs: calpipe_term_inputs' list).
+CREATE OR REPLACE MACRO calpipe_term_ratios(g_in, g_b, qs) AS
+    list_transform(list_zip(list_select(qs, g_in), g_b),
+                   lambda tr_z: pow((1 - tr_z[1]) / tr_z[1], tr_z[2]));
+
+-- A compiled term layer's value (the sum of its weighted terms, calpipe_layer_value's last
+-- branch) from its inputs' values qs and its Cox groups' ratios ys: a Cox term
+-- e^a q^b / (e^a q^b + (1 - q)^b) is 1 / (1 + ((1 - q) / q)^b e^{-a}) (0 at q = 0, 1 at q = 1,
+-- as the quotient; a few ulps from it elsewhere), the identity q, the others calpipe_term.
+CREATE OR REPLACE MACRO calpipe_terms_value(c, qs, ys) AS
+    list_sum([
+        list_sum(list_transform(list_zip(ys, c.g_terms), lambda tv_z:
+            list_sum(list_transform(tv_z[2], lambda tv_t: tv_t.w / (1 + tv_z[1] * tv_t.eia))))),
+        list_sum(list_transform(list_zip(list_select(qs, c.id_in), c.id_w),
+                                lambda tv_d: tv_d[1] * tv_d[2])),
+        list_sum(list_transform(c.others, lambda tv_o:
+            tv_o.w * calpipe_term(tv_o.family, tv_o.a, tv_o.b, qs[tv_o.i])))
+    ]);
+
 -- The set form (calibrate_table): one layer of the maps in force evaluated at every point of
 -- the relation named `points` (r, stream, layer, q, ins: a point's key, its stream, the layer,
 -- the value to evaluate it at, the input tables' values) under the map rows of the relation
--- named `maps` (calibration_map's rows in force, layer NULL read as 0): (r, layer, v), one row
--- per point whose stream has rows in that layer. A point joins every row of a term or bin
--- layer, but only its own piece of a step/linear table (an ASOF join on x <= q, the piece that
--- calpipe_layer_value's arg_max picks): a table of thousands of pieces is not evaluated
--- thousands of times per score.
-CREATE OR REPLACE MACRO calpipe_points_layer(points, maps) AS TABLE
-    WITH calpipe_candidates AS (
+-- named `maps` (calibration_map's rows in force, layer NULL read as 0) and their term layers
+-- compiled, the relation named `terms` (calpipe_term_layers of `maps`: compiled once per
+-- query, not once per layer, which would bind its macros again): (r, layer, v), one row per
+-- point whose stream has rows in that layer. A layer of terms is evaluated compiled (one join
+-- of a point with its layer's lists, each input's map once per point, the terms as list
+-- arithmetic); a point of another layer joins every row of a bin
+-- layer (or a Brier, calibrated-regression one), but only its own piece of a step/linear table
+-- (an ASOF join on x <= q, the piece that calpipe_layer_value's arg_max picks): a table of
+-- thousands of pieces is not evaluated thousands of times per score.
+CREATE OR REPLACE MACRO calpipe_points_layer(points, maps, terms) AS TABLE
+    WITH calpipe_pl_terms AS (SELECT * FROM query_table(terms)),
+    calpipe_pl_rows AS (
+        SELECT m.* FROM query_table(maps) m
+        ANTI JOIN calpipe_pl_terms t ON t.stream = m.stream AND t.layer = m.layer
+    ),
+    calpipe_candidates AS (
         SELECT pt.r, pt.layer, pt.q, pt.ins, m
         FROM query_table(points) pt
-        JOIN (SELECT * FROM query_table(maps) WHERE family NOT IN ('step', 'linear')) m
+        JOIN (SELECT * FROM calpipe_pl_rows WHERE family NOT IN ('step', 'linear')) m
           ON m.stream = pt.stream AND m.layer = pt.layer
         UNION ALL
         SELECT pt.r, pt.layer, pt.q, pt.ins, m
-        FROM query_table(points) pt
-        ASOF JOIN (SELECT * FROM query_table(maps) WHERE family IN ('step', 'linear')) m
+        -- (only the points of a table's layer: the ASOF join sorts every point it is given,
+        -- 0.4 s a million with no table at all)
+        FROM (SELECT * FROM query_table(points) pt
+              SEMI JOIN (SELECT DISTINCT stream, layer FROM calpipe_pl_rows
+                         WHERE family IN ('step', 'linear')) s
+                ON s.stream = pt.stream AND s.layer = pt.layer) pt
+        ASOF JOIN (SELECT * FROM calpipe_pl_rows WHERE family IN ('step', 'linear')) m
           ON m.stream = pt.stream AND m.layer = pt.layer AND m.x <= pt.q
+    ),
+    -- (three projections: each input's value, then each Cox group's ratio, are computed once
+    -- per point, as columns the next reads)
+    calpipe_pl_qs AS (
+        SELECT pt.r, pt.layer, c, calpipe_term_inputs(c.inputs, pt.q, pt.ins) AS qs
+        FROM query_table(points) pt
+        JOIN calpipe_pl_terms c ON c.stream = pt.stream AND c.layer = pt.layer
+    ),
+    calpipe_pl_ys AS (
+        SELECT r, layer, c, qs, calpipe_term_ratios(c.g_in, c.g_b, qs) AS ys FROM calpipe_pl_qs
     )
     SELECT r, layer, calpipe_layer_value(m, q, ins) AS v
-    FROM calpipe_candidates GROUP BY r, layer;
+    FROM calpipe_candidates GROUP BY r, layer
+    UNION ALL
+    SELECT r, layer, calpipe_terms_value(c, qs, ys) AS v FROM calpipe_pl_ys;
 
 -- Calibrated probabilities of a whole table: every row of the table, view or CTE named `tbl`
 -- (columns `stream` and `score`, a binary base probability), in its order and with all its
 -- columns, plus `protected_score` under its stream's map in force at the end of day `as_of`
--- (NULL: no map yet, or a NULL or NaN score). Equal row by row to calibrate_score_as_of (the
--- same layers, the same calpipe_layer_value), but set-based: the scores are joined with the
--- maps' rows once, where calibrate_score evaluates each score's map on its own (20x to 190x
--- the scores per second on the demo database, BENCHMARKS.md §15). Binary maps (K classes:
--- calibrate_scores_table).
+-- (NULL: no map yet, or a NULL or NaN score). Equal row by row to calibrate_score_as_of to a
+-- few ulps (the same layers; a layer of terms compiled, calpipe_term_layers), but set-based:
+-- the scores are joined with the maps' rows once, where calibrate_score evaluates each score's
+-- map on its own (400x the scores per second under the default's maps on the demo database,
+-- BENCHMARKS.md §15). Binary maps (K classes: calibrate_scores_table).
 --   SELECT * FROM calibrate_table_as_of('fresh_scores', DATE '2010-11-01');
 CREATE OR REPLACE MACRO calibrate_table_as_of(tbl, as_of) AS TABLE
     -- (materialized: every reference reads the same row numbers, which pair each row with its
@@ -63,6 +183,7 @@ CREATE OR REPLACE MACRO calibrate_table_as_of(tbl, as_of) AS TABLE
     ),
     calpipe_maps AS (SELECT * FROM calpipe_maps_in_force('calpipe_rows', as_of)),
     calpipe_tops AS (SELECT stream, max(layer) AS top FROM calpipe_maps GROUP BY stream),
+    calpipe_terms AS (SELECT * FROM calpipe_term_layers('calpipe_maps')),
     -- every row's score checked, also of a stream without a map (as calibrate_score)
     calpipe_checked AS (
         SELECT e.calpipe_row AS r, CAST(e.stream AS VARCHAR) AS stream,
@@ -85,26 +206,32 @@ CREATE OR REPLACE MACRO calibrate_table_as_of(tbl, as_of) AS TABLE
     ),
     calpipe_ins AS (
         SELECT r, list(v ORDER BY layer DESC) AS ins
-        FROM calpipe_points_layer('calpipe_in_points', 'calpipe_maps') GROUP BY r
+        FROM calpipe_points_layer('calpipe_in_points', 'calpipe_maps', 'calpipe_terms') GROUP BY r
     ),
     calpipe_p0 AS (
         SELECT pt.r, pt.stream, 0 AS layer, pt.p AS q, i.ins
         FROM calpipe_points pt LEFT JOIN calpipe_ins i ON i.r = pt.r
     ),
-    calpipe_v0 AS (SELECT r, v FROM calpipe_points_layer('calpipe_p0', 'calpipe_maps')),
+    calpipe_v0 AS (
+        SELECT r, v FROM calpipe_points_layer('calpipe_p0', 'calpipe_maps', 'calpipe_terms')
+    ),
     -- a stack's top or a calibeating table at layer 0's value; a third layer at layer 1's
     calpipe_p1 AS (
         SELECT pt.r, pt.stream, 1 AS layer, v.v AS q, CAST(NULL AS DOUBLE[]) AS ins
         FROM calpipe_points pt JOIN calpipe_tops t ON t.stream = pt.stream AND t.top >= 1
         LEFT JOIN calpipe_v0 v ON v.r = pt.r
     ),
-    calpipe_v1 AS (SELECT r, v FROM calpipe_points_layer('calpipe_p1', 'calpipe_maps')),
+    calpipe_v1 AS (
+        SELECT r, v FROM calpipe_points_layer('calpipe_p1', 'calpipe_maps', 'calpipe_terms')
+    ),
     calpipe_p2 AS (
         SELECT pt.r, pt.stream, 2 AS layer, v.v AS q, CAST(NULL AS DOUBLE[]) AS ins
         FROM calpipe_points pt JOIN calpipe_tops t ON t.stream = pt.stream AND t.top >= 2
         LEFT JOIN calpipe_v1 v ON v.r = pt.r
     ),
-    calpipe_v2 AS (SELECT r, v FROM calpipe_points_layer('calpipe_p2', 'calpipe_maps')),
+    calpipe_v2 AS (
+        SELECT r, v FROM calpipe_points_layer('calpipe_p2', 'calpipe_maps', 'calpipe_terms')
+    ),
     calpipe_out AS (
         SELECT e.*,
                CASE WHEN c.p IS NULL THEN NULL
@@ -129,17 +256,133 @@ CREATE OR REPLACE MACRO calibrate_table_as_of(tbl, as_of) AS TABLE
 CREATE OR REPLACE MACRO calibrate_table(tbl) AS TABLE
     SELECT * FROM calibrate_table_as_of(tbl, DATE '9999-12-31');
 
+-- The K-class term layers of the maps in force (the relation named `maps`), compiled for the
+-- K-class set form as calpipe_term_layers compiles the binary ones: one row per (stream, layer)
+-- whose rows are all terms (calpipe_kterm's families); `inputs` the distinct input maps (struct
+-- ka, kb, eps, clip: vector scaling, or ka NULL for the clipped score), numbered i = 1, 2, ...;
+-- the Cox terms grouped by (input, beta): `g_in`, `g_b`, `g_terms` (struct w = the weight, ea =
+-- e^{alphas}, the class shifts' exponentials) and `g_ea` (per group, per class c the list of
+-- its terms' ea[c], for the classes' dot products); `id_in`/`id_w` the identity terms; `others`
+-- the other terms (struct i, family, a, b, alphas, w: temperature, by calpipe_kterm). Why: the
+-- K-class terms cost ~0.3 ms a vector under the default's maps joined row by row (a K-list per
+-- (vector, term), then unnested and summed by class), 3,500 vectors/s before #33 (BENCHMARKS §15).
+CREATE OR REPLACE MACRO calpipe_kterm_layers(maps) AS TABLE
+    WITH kl_m AS (
+        SELECT stream, layer, term, family, a, b, weight, alphas, in_ka, in_kb, in_eps, clip,
+               dense_rank() OVER (PARTITION BY stream, layer
+                                  ORDER BY in_ka, in_kb, in_eps, clip) AS i
+        FROM query_table(maps)
+        QUALIFY bool_and(family IN ('identity', 'cox', 'temperature'))
+                    OVER (PARTITION BY stream, layer)
+    ),
+    kl_layers AS (
+        SELECT stream, layer, list(s ORDER BY i) AS inputs
+        FROM (SELECT stream, layer, i,
+                     any_value({'ka': in_ka, 'kb': in_kb, 'eps': in_eps, 'clip': clip}) AS s
+              FROM kl_m GROUP BY stream, layer, i)
+        GROUP BY stream, layer
+    ),
+    kl_cox AS (
+        SELECT stream, layer, i, b,
+               list({'w': weight, 'ea': list_transform(alphas, lambda kl_x: exp(kl_x))}
+                    ORDER BY term) AS terms
+        FROM kl_m WHERE family = 'cox' GROUP BY stream, layer, i, b
+    ),
+    kl_groups AS (
+        SELECT stream, layer, list(i ORDER BY i, b) AS g_in, list(b ORDER BY i, b) AS g_b,
+               list(terms ORDER BY i, b) AS g_terms,
+               list(list_transform(range(1, len(terms[1].ea) + 1), lambda kl_c:
+                        list_transform(terms, lambda kl_t: kl_t.ea[kl_c])) ORDER BY i, b) AS g_ea
+        FROM kl_cox GROUP BY stream, layer
+    ),
+    kl_identity AS (
+        SELECT stream, layer, list(i ORDER BY term) AS id_in, list(weight ORDER BY term) AS id_w
+        FROM kl_m WHERE family = 'identity' GROUP BY stream, layer
+    ),
+    kl_others AS (
+        SELECT stream, layer,
+               list({'i': i, 'family': family, 'a': a, 'b': b, 'alphas': alphas, 'w': weight}
+                    ORDER BY term) AS others
+        FROM kl_m WHERE family = 'temperature' GROUP BY stream, layer
+    )
+    SELECT l.stream, l.layer, l.inputs,
+           coalesce(g.g_in, []) AS g_in, coalesce(g.g_b, []) AS g_b,
+           coalesce(g.g_terms, []) AS g_terms, coalesce(g.g_ea, []) AS g_ea,
+           coalesce(d.id_in, []) AS id_in, coalesce(d.id_w, []) AS id_w,
+           coalesce(o.others, []) AS others
+    FROM kl_layers l
+    LEFT JOIN kl_groups g ON g.stream = l.stream AND g.layer = l.layer
+    LEFT JOIN kl_identity d ON d.stream = l.stream AND d.layer = l.layer
+    LEFT JOIN kl_others o ON o.stream = l.stream AND o.layer = l.layer;
+
+-- A compiled K-class term layer's inputs at the vector q: each input's vector, kclip(q) or
+-- kclip(kinput(kclip(q))) as calpipe_kpoints_layer's terms compute it.
+CREATE OR REPLACE MACRO calpipe_kterm_inputs(inputs, q) AS
+    list_transform(inputs, lambda ki_i:
+        CASE WHEN ki_i.ka IS NULL THEN calpipe_kclip(q, ki_i.clip)
+             ELSE calpipe_kclip(calpipe_kinput(calpipe_kclip(q, ki_i.clip), ki_i.ka, ki_i.kb,
+                                               ki_i.eps), ki_i.clip)
+        END);
+
+-- Each Cox group's powers q_c^beta at its input's vector (qs: calpipe_kterm_inputs' list).
+CREATE OR REPLACE MACRO calpipe_kterm_powers(g_in, g_b, qs) AS
+    list_transform(list_zip(list_select(qs, g_in), g_b),
+                   lambda kp_z: list_transform(kp_z[1], lambda kp_x: pow(kp_x, kp_z[2])));
+
+-- Each Cox term's weight over its normaliser, w / sum_c q_c^beta e^{alpha_c}, by group (pws:
+-- calpipe_kterm_powers' list).
+CREATE OR REPLACE MACRO calpipe_kterm_scales(g_terms, pws) AS
+    list_transform(list_zip(pws, g_terms), lambda ks_z:
+        list_transform(ks_z[2], lambda ks_t: ks_t.w / list_dot_product(ks_z[1], ks_t.ea)));
+
+-- A compiled K-class term layer's vector (the sum over its terms of weight * f, class by class):
+-- a group's Cox terms add q_c^beta sum_t (w_t / S_t) e^{alpha_t,c} to class c (the terms'
+-- q_c^beta e^{alpha_c} / S_t, S_t the term's normaliser, summed in another order: a few ulps
+-- from it), the identity terms w q_c, the others w calpipe_kterm(...)_c.
+CREATE OR REPLACE MACRO calpipe_kterms_value(c, qs, pws, scs) AS
+    list_transform(range(1, len(qs[1]) + 1), lambda kv_c: list_sum([
+        list_sum(list_transform(list_zip(pws, scs, c.g_ea), lambda kv_z:
+            kv_z[1][kv_c] * list_dot_product(kv_z[2], kv_z[3][kv_c]))),
+        list_sum(list_transform(list_zip(c.id_in, c.id_w),
+                                lambda kv_d: kv_d[2] * qs[kv_d[1]][kv_c])),
+        list_sum(list_transform(c.others, lambda kv_o:
+            kv_o.w * calpipe_kterm(kv_o.family, kv_o.a, kv_o.b, kv_o.alphas, qs[kv_o.i])[kv_c]))
+    ]));
+
 -- The K-class set form (calibrate_scores_table): one layer of the maps in force evaluated at every
 -- point of the relation named `points` (r, stream, layer, q: a point's key, its stream, the
 -- layer, the score vector to evaluate it at) under the map rows of the relation named `maps`
--- (calibration_map's rows in force, layer NULL read as 0): (r, layer, v), v the layer's vector,
--- one row per point whose stream has rows in that layer. Each family as calpipe_klayer
--- evaluates it for one score (the same macros): the terms' sum class by class, the coupled step
+-- (calibration_map's rows in force, layer NULL read as 0) and their term layers compiled, the
+-- relation named `terms` (calpipe_kterm_layers of `maps`, once per query): (r, layer, v), v the
+-- layer's vector, one row per point whose stream has rows in that layer. A layer of terms is
+-- evaluated compiled (each input's vector once per point, the terms by dot products); each
+-- other family as calpipe_klayer evaluates it for one score (the same macros): the coupled step
 -- tables of the sub-problems (each sub-problem's piece by an ASOF join), the table of
--- categories, the partition tree (a recursive walk of every point at once), the Brier mode.
-CREATE OR REPLACE MACRO calpipe_kpoints_layer(points, maps) AS TABLE
+-- categories, the partition tree (a recursive walk of every point at once), the Brier mode,
+-- the terms' sum class by class of a layer mixing terms with them.
+CREATE OR REPLACE MACRO calpipe_kpoints_layer(points, maps, terms) AS TABLE
     WITH RECURSIVE kq_pt AS (SELECT r, stream, layer, q FROM query_table(points)),
-    kq_m AS (SELECT * FROM query_table(maps)),
+    -- a layer of terms compiled (calpipe_kterm_layers), the others' rows
+    kq_compiled AS (SELECT * FROM query_table(terms)),
+    kq_m AS (
+        SELECT m.* FROM query_table(maps) m
+        ANTI JOIN kq_compiled c ON c.stream = m.stream AND c.layer = m.layer
+    ),
+    -- (each input's vector, then each Cox group's powers and its terms' scales, computed once
+    -- per point, as columns the next projection reads)
+    kq_c_qs AS (
+        SELECT pt.r, pt.layer, c, calpipe_kterm_inputs(c.inputs, pt.q) AS qs
+        FROM kq_pt pt JOIN kq_compiled c ON c.stream = pt.stream AND c.layer = pt.layer
+    ),
+    kq_c_pws AS (
+        SELECT r, layer, c, qs, calpipe_kterm_powers(c.g_in, c.g_b, qs) AS pws FROM kq_c_qs
+    ),
+    kq_c_scs AS (
+        SELECT r, layer, c, qs, pws, calpipe_kterm_scales(c.g_terms, pws) AS scs FROM kq_c_pws
+    ),
+    kq_compiled_v AS (
+        SELECT r, layer, calpipe_kterms_value(c, qs, pws, scs) AS v FROM kq_c_scs
+    ),
     -- terms: sum over the terms of weight * f(kclip(q)) (or of the term's input map), by class
     kq_terms AS (
         SELECT pt.r, pt.layer, m.weight,
@@ -265,6 +508,7 @@ CREATE OR REPLACE MACRO calpipe_kpoints_layer(points, maps) AS TABLE
         UNION ALL SELECT r, layer, v, 2 FROM kq_tree_v
         UNION ALL SELECT r, layer, v, 3 FROM kq_brier_v
         UNION ALL SELECT r, layer, v, 4 FROM kq_term_v
+        UNION ALL SELECT r, layer, v, 4 FROM kq_compiled_v
     )
     -- calpipe_klayer's coalesce: the first kind with a value
     SELECT r, layer, arg_min(v, kind) FILTER (WHERE v IS NOT NULL) AS v
@@ -284,6 +528,7 @@ CREATE OR REPLACE MACRO calibrate_scores_table_as_of(tbl, as_of) AS TABLE
     calpipe_k AS (SELECT max(n_classes) AS n FROM calibrator_state),
     calpipe_maps AS (SELECT * FROM calpipe_maps_in_force('calpipe_rows', as_of)),
     calpipe_tops AS (SELECT stream, max(layer) AS top FROM calpipe_maps GROUP BY stream),
+    calpipe_terms AS (SELECT * FROM calpipe_kterm_layers('calpipe_maps')),
     calpipe_checked AS (
         SELECT e.calpipe_row AS r, CAST(e.stream AS VARCHAR) AS stream,
                calpipe_kscores(e.scores, k.n, calpipe_where_row('calibrate_scores_table',
@@ -295,13 +540,17 @@ CREATE OR REPLACE MACRO calibrate_scores_table_as_of(tbl, as_of) AS TABLE
         FROM calpipe_checked c SEMI JOIN calpipe_tops t ON t.stream = c.stream
         WHERE c.q IS NOT NULL
     ),
-    calpipe_v0 AS (SELECT r, v FROM calpipe_kpoints_layer('calpipe_p0', 'calpipe_maps')),
+    calpipe_v0 AS (
+        SELECT r, v FROM calpipe_kpoints_layer('calpipe_p0', 'calpipe_maps', 'calpipe_terms')
+    ),
     calpipe_p1 AS (
         SELECT pt.r, pt.stream, 1 AS layer, v.v AS q
         FROM calpipe_p0 pt JOIN calpipe_tops t ON t.stream = pt.stream AND t.top >= 1
         LEFT JOIN calpipe_v0 v ON v.r = pt.r
     ),
-    calpipe_v1 AS (SELECT r, v FROM calpipe_kpoints_layer('calpipe_p1', 'calpipe_maps')),
+    calpipe_v1 AS (
+        SELECT r, v FROM calpipe_kpoints_layer('calpipe_p1', 'calpipe_maps', 'calpipe_terms')
+    ),
     calpipe_out AS (
         SELECT e.*,
                CASE WHEN c.q IS NULL THEN NULL WHEN t.top >= 1 THEN v1.v ELSE v0.v END

@@ -542,6 +542,168 @@ def test_composite_experts_over_input_tables_in_sql(tmp_path, inputs):
         con.close()
 
 
+#: Scores at the edges of the term maps: 0 and 1, the smallest doubles (logits near -745) and
+#: the largest below 1 (logits near +37), the clip's edges and the doubles beside them.
+EDGE_SCORES = [0.0, 5e-324, 1e-300, 1e-17, 1e-9, 1e-4, 1e-3, np.nextafter(1e-3, 0.0),
+               np.nextafter(1e-3, 1.0), 0.5, 0.999, np.nextafter(0.999, 1.0), 1.0 - 1e-12,
+               np.nextafter(1.0, 0.0), 1.0]  # fmt: skip
+#: Streams of the compiled term tests: a drifting one, a stable one, a short one.
+TERM_STREAMS = (
+    StreamSpec("a", events_per_day=60),
+    StreamSpec("b", events_per_day=40, drift="shift", drift_day=1, strength=1.5),
+    StreamSpec("c", events_per_day=15, drift="overconfident", drift_day=2, strength=2.0),
+)
+
+
+def _term_table(con, streams: list[str], seed: int) -> pl.DataFrame:
+    """Random scores (uniform, and log-uniform towards 0 and 1) with :data:`EDGE_SCORES`, a NULL
+    and a NaN score, spread over ``streams`` and a stream without a map."""
+    rng = np.random.default_rng(seed)
+    p = np.concatenate([rng.uniform(0.0, 1.0, 300), 10.0 ** rng.uniform(-300, 0, 100),
+                        1.0 - 10.0 ** rng.uniform(-16, 0, 100), EDGE_SCORES])  # fmt: skip
+    p = np.clip(p, 0.0, 1.0)
+    n = p.size * len(streams)
+    return pl.DataFrame({
+        "stream": [streams[i % len(streams)] for i in range(n)] + ["nope", streams[0], streams[1]],
+        "score": [*np.repeat(p, len(streams)), 0.5, None, float("nan")],
+    })  # fmt: skip
+
+
+def _table_form(con, table: pl.DataFrame) -> np.ndarray:
+    con.register("fresh_scores", table.to_arrow())
+    try:
+        got = storage.query(con, "SELECT * FROM calibrate_table('fresh_scores')")
+    finally:
+        con.unregister("fresh_scores")
+    assert got["stream"].to_list() == table["stream"].to_list()
+    return got["protected_score"].to_numpy().astype(np.float64)
+
+
+@pytest.mark.parametrize(
+    ("method", "params"),
+    [("composite-experts", {}), ("jumper", {"family": "quadratic"}),
+     ("jumper", {"family": "cubic"}), ("composite-jumper", {"family": "cox"}), ("platt", SMALL_WINDOW),
+     ("temperature", SMALL_WINDOW)],
+    ids=["composite-experts", "quadratic", "cubic", "cox", "platt", "temperature"],
+)  # fmt: skip
+def test_the_set_form_s_compiled_term_layers_equal_the_serving_map(tmp_path, method, params):
+    """calibrate_table evaluates a layer of terms compiled (calpipe_term_layers: the input maps
+    once per score, the Cox terms by (input, beta)): on random scores of three streams, with 0,
+    1, the tiniest and largest doubles below 1, a NULL and a NaN score and a stream without a
+    map, it equals the serving map to 1e-12 (NULL where no forecast)."""
+    settings = Settings.make(method, **params)
+    events = generate.generate(n_days=4, streams=TERM_STREAMS, seed=5)
+    storage.write_landing(events, tmp_path / "landing")
+    con = storage.connect(tmp_path / "db.duckdb")
+    try:
+        pipeline.run_range(con, storage.EventSource.parse(str(tmp_path / "landing")),
+                           settings=settings)  # fmt: skip
+        assert storage.query(con, "SELECT count(*) AS n FROM calpipe_term_layers("
+                                  "'calibration_map')")["n"][0] > 0  # fmt: skip
+        table = _term_table(con, ["a", "b", "c"], seed=7)
+        got = _table_form(con, table)
+        day = storage.query(con, "SELECT max(date) AS d FROM calibrator_state")["d"][0]
+        fine = table.head(table.height - 3)
+        want = pipeline.serving_map(pipeline.state_as_of(con, day), fine, settings)
+        want = want["protected_score"].to_numpy()
+        assert np.all(np.isfinite(want))
+        assert np.max(np.abs(got[: fine.height] - want)) <= TOL
+        assert np.isnan(got[-3:]).all()  # no map, NULL, NaN: no forecast
+    finally:
+        con.close()
+
+
+def test_the_compiled_terms_at_huge_logits_equal_the_per_row_form(tmp_path):
+    """Input maps and Cox terms far out (an input's logit shifted by +-800, where e^z overflows,
+    two others by 6 and -2, inside the clip; alpha +-30), by editing the stored map: the set
+    form's compiled layer equals calibrate_score, which evaluates every row of the map on its
+    own, to 1e-12."""
+    con, _ = _chain(tmp_path, Settings.make("composite-experts"))
+    try:
+        # (input j's rows, terms 1 + 21 j .. 21 (j + 1), keep one map: the edit keys on j; an
+        # input not fitted yet, the base, is made a logistic map)
+        con.execute("""
+            UPDATE calibration_map SET
+                in_w1 = coalesce(in_w1, 1.5), in_w2 = coalesce(in_w2, 0.5),
+                in_eps = coalesce(in_eps, 0.01),
+                in_w0 = [800.0, -800.0, 6.0, -2.0][(term - 1) // 21]
+            WHERE term > 21""")
+        con.execute("UPDATE calibration_map SET a = CASE WHEN term % 5 = 0 THEN 30.0 "
+                    "WHEN term % 5 = 1 THEN -30.0 ELSE a END")  # fmt: skip
+        assert (
+            storage.query(con, "SELECT count(DISTINCT in_w0) AS n FROM calibration_map")["n"][0]
+            == 4
+        )
+        table = _term_table(con, ["a", "b"], seed=11)
+        got = _table_form(con, table)
+        fine = table.head(table.height - 3)
+        want = con.execute(
+            "SELECT calibrate_score(stream, score) FROM (SELECT unnest(?) AS stream, "
+            "unnest(?) AS score)", [fine["stream"].to_list(), fine["score"].to_list()],
+        ).fetchall()  # fmt: skip
+        want = np.array([w[0] for w in want], dtype=np.float64)
+        assert np.all(np.isfinite(want))
+        assert np.max(np.abs(got[: fine.height] - want)) <= TOL
+        assert np.isnan(got[-3:]).all()
+    finally:
+        con.close()
+
+
+@pytest.mark.parametrize(
+    ("method", "params"),
+    [("composite-experts", {}), ("jumper", {}), ("ops", {}),
+     ("temperature", {"window": 30, "refit_every": 11})],
+)  # fmt: skip
+def test_the_k_class_set_form_s_compiled_term_layers_equal_the_serving_map(
+    tmp_path, method, params
+):
+    """calibrate_scores_table evaluates a K-class layer of terms compiled (calpipe_kterm_layers:
+    each input's vector once, each Cox group's powers once, a class's terms as dot products):
+    on random vectors of three streams (Dirichlet, some with classes of 0, 1e-300 or 1e-17),
+    the corners, a NULL vector, one with a NaN and a stream without a map, it equals the
+    serving map to 1e-12."""
+    from tests.pipeline.test_labels import with_classes
+
+    settings = Settings.make(method, **params)
+    events = with_classes(generate.generate(n_days=4, streams=TERM_STREAMS, seed=5), K, seed=3)
+    storage.write_landing(events, tmp_path / "landing")
+    con = storage.connect(tmp_path / "k.duckdb")
+    try:
+        pipeline.run_range(con, storage.EventSource.parse(str(tmp_path / "landing")),
+                           settings=settings)  # fmt: skip
+        assert storage.query(con, "SELECT count(*) AS n FROM calpipe_kterm_layers("
+                                  "'calibration_map')")["n"][0] > 0  # fmt: skip
+        rng = np.random.default_rng(13)
+        v = rng.dirichlet(np.full(K, 0.7), size=200)
+        for j, tiny in enumerate((0.0, 1e-300, 1e-17)):
+            v[j * 20 : (j + 1) * 20, j % K] = tiny
+        v = np.vstack([v / v.sum(axis=1, keepdims=True), np.eye(K)])
+        streams = ["a", "b", "c"]
+        n = len(v) * len(streams)
+        fine = pl.DataFrame(
+            {"stream": [streams[i % 3] for i in range(n)],
+             "scores": np.repeat(v, len(streams), axis=0).tolist()},
+            schema_overrides={"scores": pl.List(pl.Float64)},
+        )  # fmt: skip
+        holes = pl.DataFrame(
+            {"stream": ["nope", "a", "b"],
+             "scores": [[0.25] * K, None, [0.5, float("nan"), 0.25, 0.25]]},
+            schema_overrides={"scores": pl.List(pl.Float64)},
+        )  # fmt: skip
+        con.register("fresh_vectors", pl.concat([fine, holes]).to_arrow())
+        got = storage.query(con, "SELECT * FROM calibrate_scores_table('fresh_vectors')")
+        con.unregister("fresh_vectors")
+        day = storage.query(con, "SELECT max(date) AS d FROM calibrator_state")["d"][0]
+        want = pipeline.serving_map(pipeline.state_as_of(con, day), fine, settings, score="scores")
+        want = np.asarray(want["protected_scores"].to_list(), dtype=np.float64)
+        value = np.asarray(got["protected_scores"].to_list()[:n], dtype=np.float64)
+        assert value.shape == want.shape == (n, K) and np.all(np.isfinite(want))
+        assert np.max(np.abs(value - want)) <= TOL, method
+        assert got["protected_scores"][-3:].to_list() == [None, None, None]
+    finally:
+        con.close()
+
+
 def test_a_stack_over_composite_experts_with_input_tables_has_no_sql_map():
     """An input table is evaluated at the score, so not under a stack's top: serving_map()."""
     settings = Settings.make(
@@ -602,9 +764,15 @@ def test_a_stream_given_as_a_number_is_its_text(tmp_path):
         table = storage.query(con, """
             WITH f AS (SELECT * FROM (VALUES (7, 0.3), (8, 0.3), (7, 0.6)) t(stream, score))
             SELECT * FROM calibrate_table('f')""")  # fmt: skip
+        as_text = storage.query(con, """
+            WITH f AS (SELECT * FROM (VALUES ('7', 0.3), ('7', 0.6)) t(stream, score))
+            SELECT * FROM calibrate_table('f')""")["protected_score"].to_list()  # fmt: skip
         want = con.execute("SELECT calibrate_score('7', 0.3), calibrate_score('7', 0.6)").fetchall()
         assert table["stream"].to_list() == [7, 8, 7]  # the table's own column, as it was
-        assert table["protected_score"].to_list() == [want[0][0], None, want[0][1]]
+        assert table["protected_score"].to_list() == [as_text[0], None, as_text[1]]
+        # (the set form evaluates a term layer compiled, calibrate_score row by row: equal to
+        # the serving map's 1e-12 both, not bit for bit)
+        assert np.allclose(as_text, want[0], rtol=0.0, atol=TOL)
     finally:
         con.close()
 
