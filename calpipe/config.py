@@ -30,22 +30,28 @@ STATE_WEIGHTS_SUM_TOL: float = 1e-6
 EMPTY_STATE_CACHE_SIZE: int = 64
 
 
-# --- Progress of a long call (engine/pieces.py; calpipe protect's bar, cli/progress.py) ---
-#: Events from which a call given a ``progress`` (``calpipe protect`` on a terminal) runs in
-#: pieces and draws a bar: the default method protects 0.3-0.9 M events/s on this 2-core
-#: machine (BENCHMARKS §9), so 2M events are seconds of waiting; a smaller call keeps the one
-#: kernel call and its ~1 ms overhead (BENCHMARKS §21) under a status line.
+# --- Big calls in pieces (engine/pieces.py) and their progress (calpipe protect's bar) ---
+#: Events from which a call runs its operation list in pieces with the kernel state carried
+#: (the same bits): each piece gathers its rows contiguously, so the kernels read them in
+#: order instead of jumping through the whole call's arrays. Measured side by side on 2M
+#: events (the nightly run's batches, PROTECT_BATCH_ROWS): the default method's kernel
+#: 1.5-1.6x faster with 1,000 or 10,000 streams, composite-jumper within noise; no gain
+#: measured at 0.5-1M events.
+PIECES_MIN_EVENTS: int = 1_500_000
+#: Events from which ``calpipe protect`` on a terminal draws a bar over them (its pieces tell
+#: progress): the default method protects 0.3-0.9 M events/s on this 2-core machine
+#: (BENCHMARKS §9), so 2M events are seconds of waiting; a smaller call keeps its status line.
 PROGRESS_MIN_EVENTS: int = 2_000_000
 #: Operations per piece: ~0.3-0.8 s of the default method's kernel, a bar that moves several
 #: times a second for composite-jumper, and 40 pieces on 10M events (each piece's own cost,
 #: a few gathers and one kernel call's setup, is repaid by the kernels' contiguous reads:
 #: BENCHMARKS §23).
-PROGRESS_PIECE_OPS: int = 250_000
+PIECE_OPS: int = 250_000
 #: Fewest operations per stream and piece (on average) for cutting every stream at the same
 #: fractions: each piece returns every stream's state anew (the default's ~760 floats, about
 #: one event's work), so 64 operations keep that copy near 1 % of the piece; streams shorter
 #: than that run whole, in groups of streams (engine/pieces.py).
-PROGRESS_MIN_STREAM_OPS: int = 64
+PIECE_MIN_STREAM_OPS: int = 64
 
 
 # --- Protected predictors and their families (calibrators/protected.py, families.py, kernels/mixture.py) ---

@@ -224,10 +224,11 @@ def protect_with_state(
 
     ``progress``, a callable, is told ``progress(events)`` as the kernels protect them (the
     counts add up to the frame's events; ``calpipe protect``'s bar). A frame of
-    :data:`calpipe.config.PROGRESS_MIN_EVENTS` events or more then runs its operation list in
-    pieces of about :data:`calpipe.config.PROGRESS_PIECE_OPS` operations with the kernel state
-    carried (:mod:`calpipe.engine.pieces`): the same rows and state, bit for bit, told after
-    each piece; a smaller frame runs as without it, told once at the end.
+    :data:`calpipe.config.PIECES_MIN_EVENTS` events or more runs its operation list in pieces
+    of about :data:`calpipe.config.PIECE_OPS` operations with the kernel state carried
+    (:mod:`calpipe.engine.pieces`: the same rows and state, bit for bit, and faster, the
+    kernels reading each piece's rows in order), told after each piece; a smaller frame runs
+    in one kernel call, told once at the end.
     """
     cal = calibrator_of(method, base_method=base_method, base_params=base_params, **params)
     df, back = as_polars(frame)
@@ -254,6 +255,10 @@ def calibrator_of(method: str | Calibrator, **params) -> Calibrator:
             f"got {given} too"
         )
     return method
+
+
+def _untold(events: int) -> None:
+    """The progress of a call that asked for none."""
 
 
 def _protect_frame(
@@ -382,11 +387,11 @@ def _run(
         key: np.ascontiguousarray(events[col].cast(pl.Int64).to_numpy())
         for key, col in cal.input_columns().items()
     }
-    if progress is not None and n >= config.PROGRESS_MIN_EVENTS:  # the same bits, in pieces
-        plan = plan_pieces(op_offsets, config.PROGRESS_PIECE_OPS, config.PROGRESS_MIN_STREAM_OPS)
+    if n >= config.PIECES_MIN_EVENTS:  # the same bits, in pieces: contiguous reads
+        plan = plan_pieces(op_offsets, config.PIECE_OPS, config.PIECE_MIN_STREAM_OPS)
         out, new_state = run_pieces(
             cal, n_classes, ext_scores, ext_labels, op_event, op_kind, op_offsets, bstate,
-            inputs, n_events=n, plan=plan, progress=progress,
+            inputs, n_events=n, plan=plan, progress=progress or _untold,
         )  # fmt: skip
     else:
         out, new_state = cal.run_batch(

@@ -108,7 +108,7 @@ def _protect_lowered(piece_ops: int) -> list[str]:
     ``piece_ops`` operations: small files then run in pieces as a big one does."""
     code = (
         "import sys; from calpipe import config; config.PROGRESS_MIN_EVENTS = 1_000; "
-        f"config.PROGRESS_PIECE_OPS = {piece_ops}; from calpipe.cli import main; "
+        f"config.PIECE_OPS = {piece_ops}; from calpipe.cli import main; "
         "sys.exit(main())"
     )
     return [sys.executable, "-c", code, "protect"]
