@@ -23,6 +23,24 @@ the replay or online, never on the events it scores)
 * ``segments-by-intensity`` (K = 7): ImageSegments sorted by ``intensity-mean``, the first 25 %
   training a multinomial logistic regression: the class priors drift (sky is bright, foliage
   dark). ``segments-random``: the control.
+* ``digits-by-intensity`` (K = 10): scikit-learn's bundled ``load_digits`` (1,797 8x8 images)
+  sorted by mean pixel intensity, the first 25 % training a multinomial logistic regression on
+  the standardized pixels, the other 75 % replayed in sorted order (the protocol of
+  ``segments-by-intensity``). Drifting: the covariates move along the sort (dark, thin strokes
+  first, heavy ones last) and so do the class priors (ones are light, zeros and eights heavy).
+  ``digits-random``: the same protocol in a random order, the control.
+* ``bank-nb``: a naive Bayes base (scikit-learn ``GaussianNB``) on bank-full.csv's seven numeric
+  columns, which are correlated (``pdays`` / ``previous``, ``duration`` / ``campaign``) and
+  skewed, so its scores are extreme and badly calibrated; ``bank-random``'s protocol (random
+  order, the first 20 % train, the rest replayed). Control: the order is random, the model is
+  just miscalibrated in a stationary way.
+* ``approval-daily``: river's bundled TrumpApproval (1,001 days of the approval rating and five
+  pollsters' numbers, in calendar order) as 1,000 binary events "does the approval rate rise the
+  next day" (base rate 0.44), forecast by river's online logistic regression (standardized
+  inputs: today's change, the pollsters' gaps to the rating and their daily changes),
+  test-then-train. Drifting: a calendar-ordered series whose level wanders (37 % to 44 %) and
+  whose rise rate per 100 days ranges over 0.35 - 0.52, short enough that every window is a
+  quarter of the stream.
 
 Methods
 -------
@@ -231,6 +249,74 @@ def segments_sorted(by: str | None, seed: int = 0) -> Stream:
     what = f"sorted by {by}" if by else "random order (control)"
     return Stream(name, p, y[n_train:], by is not None,
                   f"ImageSegments {what}, logistic regression on the first 25 %")  # fmt: skip
+
+
+def digits_sorted(by_intensity: bool, seed: int = 0) -> Stream:
+    """scikit-learn's bundled digits (K = 10) sorted by mean pixel intensity (False: a random
+    order), a multinomial logistic regression trained on the first 25 %, the rest replayed."""
+    from sklearn.datasets import load_digits
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.preprocessing import StandardScaler
+
+    x, y = load_digits(return_X_y=True)
+    if by_intensity:
+        order = np.lexsort((np.arange(len(y)), x.mean(axis=1)))
+    else:
+        order = np.random.default_rng(seed).permutation(len(y))
+    x, y = x[order], y[order]
+    n_train = len(y) // 4
+    sc = StandardScaler().fit(x[:n_train])
+    model = LogisticRegression(max_iter=2000).fit(sc.transform(x[:n_train]), y[:n_train])
+    p = np.zeros((len(y) - n_train, 10))
+    p[:, model.classes_] = model.predict_proba(sc.transform(x[n_train:]))
+    name = "digits-by-intensity" if by_intensity else "digits-random"
+    what = "sorted by mean pixel intensity" if by_intensity else "random order (control)"
+    return Stream(name, p, y[n_train:], by_intensity,
+                  f"scikit-learn digits {what}, logistic regression on the first 25 %")  # fmt: skip
+
+
+def bank_naive_bayes(n_max: int | None, seed: int = 0) -> Stream:
+    """GaussianNB on bank-full.csv's numeric columns in ``bank-random``'s order (the same
+    permutation): trained on the first 20 %, the rest replayed."""
+    from sklearn.naive_bayes import GaussianNB
+
+    df, y = _bank_table()
+    order = np.random.default_rng(seed).permutation(len(y))
+    if n_max:
+        order = order[np.linspace(0, len(order) - 1, n_max).astype(int)]
+    num = [c for c, t in df.schema.items() if t.is_numeric()]
+    x = df.select(num).cast(pl.Float64).to_numpy()[order]
+    y = y[order]
+    n_train = len(y) // 5
+    p = GaussianNB().fit(x[:n_train], y[:n_train]).predict_proba(x[n_train:])[:, 1]
+    return Stream("bank-nb", p, y[n_train:], False,
+                  f"bank-full.csv random order (control), Gaussian naive Bayes on the "
+                  f"{len(num)} numeric columns, trained on the first 20 %")  # fmt: skip
+
+
+def approval_daily() -> Stream:
+    """river's TrumpApproval, day t's event: does the approval rate rise from day t to t + 1,
+    forecast from what is known on day t by river's online logistic regression, test-then-train
+    (the first forecast, before any learning, is 0.5)."""
+    from river import compose, datasets, linear_model, preprocessing
+
+    rows = list(datasets.TrumpApproval())
+    polls = sorted(k for k in rows[0][0] if k != "ordinal_date")
+    m = compose.Pipeline(preprocessing.StandardScaler(), linear_model.LogisticRegression())
+    p = np.zeros(len(rows) - 1)
+    y = np.zeros(len(rows) - 1, np.int64)
+    for t in range(len(rows) - 1):
+        (x, a), prev = rows[t], rows[max(t - 1, 0)]
+        feats = {"change": a - prev[1]}
+        for k in polls:
+            feats[f"{k}_gap"] = x[k] - a
+            feats[f"{k}_change"] = x[k] - prev[0][k]
+        p[t] = m.predict_proba_one(feats).get(True, 0.5)
+        y[t] = int(rows[t + 1][1] > a)
+        m.learn_one(feats, bool(y[t]))
+    return Stream("approval-daily", p, y, True,
+                  "river TrumpApproval in calendar order, 'does the approval rise the next "
+                  "day', river logistic regression test-then-train")  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------
@@ -573,6 +659,11 @@ def build_streams(size: str) -> list[Stream]:
                 segments_sorted(None)]  # fmt: skip
     else:
         out += [segments_sorted("intensity-mean")]
+    # issue 34: the kinds of stream the default was reported to lose on
+    out += [digits_sorted(True)] + ([] if smoke else [digits_sorted(False)])
+    if BANK_CSV.exists():
+        out += [bank_naive_bayes(n and 7500)]
+    out += [approval_daily()]
     return out
 
 
