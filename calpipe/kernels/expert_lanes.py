@@ -100,60 +100,43 @@ def decay_row(memory, eps, warmup, refit_every, rho, max_iter, tol, n_bins) -> n
 
 
 @njit(cache=True, inline="always", error_model="numpy")
-def _forecast_inputs(q, e, o, x, s, lane, kinds, cols, par, st, clip, qin, fin_lane, u0s, u1s, fin):
-    """Step 1 for one lane: every input's forecast from its state now (raw in ``fin_lane`` and
-    ``fin[i, o]``, clipped in ``qin[1 + i]``), with the features its update reads (``u0s``,
-    ``u1s``); each libm value computed once per event (memo keyed by its argument)."""
-    mq, mlq = -1.0, 0.0  # ln q
-    m1, ml1 = -1.0, 0.0  # ln(1 - q)
-    mp, mlp = -1.0, 0.0  # log1p(-q)
-    for i in range(kinds.shape[0]):
-        kind = kinds[i]
-        c0 = cols[i]
-        if kind == IN_GIVEN:
-            f = q[e, c0]
-        elif kind == IN_DECAY:  # decay_beta._decay_beta, forecast
-            eps = par[i, 1]
-            qq = min(max(x, eps), 1.0 - eps)
-            if qq != mq:
-                mq, mlq = qq, math.log(qq)
-            if qq != mp:
-                mp, mlp = qq, math.log1p(-qq)
-            u0s[i, lane] = mlq
-            u1s[i, lane] = mlp
-            if st[s, c0] >= par[i, 2]:
-                f = sigmoid(st[s, c0 + 1] * mlq - st[s, c0 + 2] * mlp + st[s, c0 + 3])
-            else:
-                f = x
-        else:  # online_scaling._ons_binary, forecast
-            sc = par[i, 2]
-            qq = min(max(x, sc), 1.0 - sc)
-            if kind == IN_OBS:
-                if qq != mq:
-                    mq, mlq = qq, math.log(qq)
-                if qq != m1:
-                    m1, ml1 = qq, math.log(1.0 - qq)
-                u0 = mlq
-                u1 = -ml1
-                z = st[s, c0] * u0 + st[s, c0 + 1] * u1 + st[s, c0 + 2]
-            else:
-                u0 = math.log(qq / (1.0 - qq))
-                u1 = 1.0
-                z = st[s, c0] * u0 + st[s, c0 + 1]
-            f = sigmoid(z)
-            u0s[i, lane] = u0
-            u1s[i, lane] = u1
-        fin_lane[i, lane] = f
-        qin[1 + i, lane] = min(max(f, clip), 1.0 - clip)
-        if fin.shape[1] > 0:
-            fin[i, o] = f
+def _bin_of(edges, i, nb, z):
+    """``np.searchsorted(edges[i, 1:nb], z, side="right")`` (decay_beta's bin of the log-odds
+    z), numba's binary search written out on the row in place: the same comparisons
+    (``edge <= z``, a NaN z after every edge), hence the same bin, without the slice (a view
+    of ``edges`` whose reference count the hot loop would touch, an atomic operation)."""
+    lo, hi = 0, nb - 1
+    while lo < hi:
+        mid = lo + ((hi - lo) >> 1)
+        if z != z or edges[i, 1 + mid] <= z:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
 
 
 @njit(cache=True, inline="always", error_model="numpy")
-def _ons_learn(st, s, c0, beta, f, lab, u0, u1, gamma, radius, proj):
+def _ons_forecast(qq, beta, t0, t1, t2, lq, l1):
+    """Step 1 for an OPS / OBS input (``online_scaling._ons_binary``'s forecast) on the clipped
+    score ``qq``: ``(f, u0, u1)``, the forecast and the features its update reads. ``lq``,
+    ``l1``: ln qq and ln(1 - qq) (OBS; the caller's memo); OPS takes ln(qq / (1 - qq))."""
+    if beta:
+        u0 = lq
+        u1 = -l1
+        z = t0 * u0 + t1 * u1 + t2
+    else:
+        u0 = math.log(qq / (1.0 - qq))
+        u1 = 1.0
+        z = t0 * u0 + t1
+    return sigmoid(z), u0, u1
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def _ons_learn(st, s, c0, beta, f, lab, u0, u1, gamma, radius):
     """Step 3 for an OPS / OBS input: ``_ons_binary``'s update on the stream's state row
-    (theta, then A row-major), operation for operation. ``proj``: theta, A and the scratch
-    of ``project_kernel``, sized d (``_ons_binary`` projects its state arrays the same way)."""
+    (theta, then A row-major), operation for operation. Returns True when theta left the ball
+    of radius B: the caller then projects it (:func:`_ons_project`; rare), so that no scratch
+    array is referenced here (in the hot loop every array reference is an atomic count)."""
     d = 3 if beta else 2
     t0, t1 = st[s, c0], st[s, c0 + 1]
     t2 = st[s, c0 + 2] if beta else 0.0
@@ -164,12 +147,6 @@ def _ons_learn(st, s, c0, beta, f, lab, u0, u1, gamma, radius, proj):
     t0, t1, t2, a00, a01, a11, a02, a12, a22, norm2 = ons_step(
         t0, t1, t2, a00, a01, a11, a02, a12, a22, f - lab, u0, u1, beta, gamma
     )
-    if norm2 > radius * radius:  # the generalised projection on the ball (rare)
-        tv, av, shifted, rhs, lower, zz, out = proj
-        t0, t1, t2 = project_scalars(
-            t0, t1, t2, a00, a01, a11, a02, a12, a22, beta, radius,
-            tv, av, shifted, rhs, lower, zz, out,
-        )  # fmt: skip
     st[s, c0], st[s, c0 + 1] = t0, t1
     st[s, c0 + d], st[s, c0 + d + 1], st[s, c0 + d + d], st[s, c0 + d + d + 1] = a00, a01, a01, a11
     if beta:
@@ -177,14 +154,35 @@ def _ons_learn(st, s, c0, beta, f, lab, u0, u1, gamma, radius, proj):
         st[s, c0 + d + 2], st[s, c0 + d + 2 * d] = a02, a02
         st[s, c0 + d + d + 2], st[s, c0 + d + 2 * d + 1] = a12, a12
         st[s, c0 + d + 2 * d + 2] = a22
+    return norm2 > radius * radius
+
+
+@njit(cache=True, error_model="numpy")
+def _ons_project(st, s, c0, beta, radius, tv, av, shifted, rhs, lower, zz, out):
+    """The generalised projection of the stream's theta on the ball (``_ons_binary``'s, after
+    the step :func:`_ons_learn` wrote): ``project_kernel`` through the scratch of size d.
+    Not inlined: it runs rarely, and its array references stay out of the hot loop."""
+    d = 3 if beta else 2
+    t0, t1 = st[s, c0], st[s, c0 + 1]
+    t2 = st[s, c0 + 2] if beta else 0.0
+    a00, a01, a11 = st[s, c0 + d], st[s, c0 + d + 1], st[s, c0 + d + d + 1]
+    a02 = st[s, c0 + d + 2] if beta else 0.0
+    a12 = st[s, c0 + d + d + 2] if beta else 0.0
+    a22 = st[s, c0 + d + 2 * d + 2] if beta else 0.0
+    t0, t1, t2 = project_scalars(
+        t0, t1, t2, a00, a01, a11, a02, a12, a22, beta, radius,
+        tv, av, shifted, rhs, lower, zz, out,
+    )  # fmt: skip
+    st[s, c0], st[s, c0 + 1] = t0, t1
+    if beta:
+        st[s, c0 + 2] = t2
 
 
 @njit(cache=True, inline="always", error_model="numpy")
-def _decay_learn(st, s, c0, i, lab, z, k, par, x1, x2, w, cur_pos, cur_neg):
-    """Step 3 for a decay-beta input: ``_decay_beta``'s update (decay, count in bin ``k`` of
-    the log-odds ``z``, rescale, refit when due) on the stream's state row."""
-    lam, warmup, refit_every = par[i, 0], par[i, 2], par[i, 3]
-    nb = int(par[i, 7])
+def _decay_count(st, s, c0, lab, k, lam, nb):
+    """Step 3 for a decay-beta input, its count (``_decay_beta``'s operations): decay, count
+    in bin ``k`` of the label's log-odds, rescale. Returns the label count u (the caller
+    refits when it is due: :func:`_decay_refit`)."""
     pos = c0 + 5
     neg = c0 + 5 + nb
     st[s, c0 + 4] /= lam
@@ -198,18 +196,27 @@ def _decay_learn(st, s, c0, i, lab, z, k, par, x1, x2, w, cur_pos, cur_neg):
             st[s, neg + j] /= st[s, c0 + 4]
         st[s, c0 + 4] = 1.0
     st[s, c0] += 1.0
-    u = st[s, c0]
-    if u >= warmup and (u - warmup) % refit_every == 0:
-        if u == warmup:  # the first fit starts from the identity map
-            w[0], w[1], w[2] = 1.0, 1.0, 0.0
-        else:
-            w[0], w[1], w[2] = st[s, c0 + 1], st[s, c0 + 2], st[s, c0 + 3]
-        for j in range(nb):
-            cur_pos[j] = st[s, pos + j] / st[s, c0 + 4]
-            cur_neg[j] = st[s, neg + j] / st[s, c0 + 4]
-        fit_kernel(w, x1[i, :nb], x2[i, :nb], cur_pos[:nb], cur_neg[:nb], par[i, 4],
-                   int(par[i, 5]), par[i, 6])  # fmt: skip
-        st[s, c0 + 1], st[s, c0 + 2], st[s, c0 + 3] = w[0], w[1], w[2]
+    return st[s, c0]
+
+
+@njit(cache=True, error_model="numpy")
+def _decay_refit(st, s, c0, i, u, par, x1, x2, w, cur_pos, cur_neg):
+    """A decay-beta input's refit when its label count u is due (``_decay_beta``'s): the
+    per-input kernel's own ``fit_kernel`` on the bins' current counts. Not inlined: it runs
+    once every ``refit_every`` labels, and its array references stay out of the hot loop."""
+    nb = int(par[i, 7])
+    pos = c0 + 5
+    neg = c0 + 5 + nb
+    if u == par[i, 2]:  # the first fit starts from the identity map
+        w[0], w[1], w[2] = 1.0, 1.0, 0.0
+    else:
+        w[0], w[1], w[2] = st[s, c0 + 1], st[s, c0 + 2], st[s, c0 + 3]
+    for j in range(nb):
+        cur_pos[j] = st[s, pos + j] / st[s, c0 + 4]
+        cur_neg[j] = st[s, neg + j] / st[s, c0 + 4]
+    fit_kernel(w, x1[i, :nb], x2[i, :nb], cur_pos[:nb], cur_neg[:nb], par[i, 4],
+               int(par[i, 5]), par[i, 6])  # fmt: skip
+    st[s, c0 + 1], st[s, c0 + 2], st[s, c0 + 3] = w[0], w[1], w[2]
 
 
 @njit(cache=True, inline="always", error_model="numpy")
@@ -241,10 +248,11 @@ def _engine(
     w3 = np.empty(3)
     cur_pos = np.empty(max(nbm, 1))
     cur_neg = np.empty(max(nbm, 1))
-    proj2 = (np.empty(2), np.empty((2, 2)), np.empty((2, 2)), np.empty(2), np.empty((2, 2)),
-             np.empty(2), np.empty(2))  # fmt: skip
-    proj3 = (np.empty(3), np.empty((3, 3)), np.empty((3, 3)), np.empty(3), np.empty((3, 3)),
-             np.empty(3), np.empty(3))  # fmt: skip
+    # project_kernel's scratch (theta, A, shifted, rhs, lower, z, out) of size d = 2 and 3
+    tv2, rh2, zz2, ou2 = np.empty(2), np.empty(2), np.empty(2), np.empty(2)
+    av2, sh2, lo2 = np.empty((2, 2)), np.empty((2, 2)), np.empty((2, 2))
+    tv3, rh3, zz3, ou3 = np.empty(3), np.empty(3), np.empty(3), np.empty(3)
+    av3, sh3, lo3 = np.empty((3, 3)), np.empty((3, 3)), np.empty((3, 3))
     # decay-beta inputs with equal bins share the bin of a log-odds: the first such input
     same_bins = np.arange(n_in)
     for i in range(n_in):
@@ -275,6 +283,7 @@ def _engine(
     SP = carray(stack_empty(64), LANES)[:nl]
     SQ = carray(stack_empty(64), LANES)[:nl]
     y0 = carray(stack_empty(64), LANES).view(np.int64)[:nl]  # label is 0 (else 1)
+    LAB = carray(stack_empty(64), LANES).view(np.int64)[:nl]  # the label y_e
     upd = carray(stack_empty(64), LANES).view(np.int64)[:nl]  # this step updates
     fc = carray(stack_empty(64), LANES).view(np.int64)[:nl]  # this step forecasts
     busy = carray(stack_empty(64), LANES).view(np.int64)[:nl]
@@ -318,29 +327,79 @@ def _engine(
             break
         steps = steps_to_first_end(busy, lane_op, lane_end, nl)
         for _ in range(steps):
-            # 1. each lane's event, its inputs' forecasts (scalar: libm calls)
+            # 0. each lane's operation, event, base and label, gathered in one short loop: the
+            #    lanes' events lie far apart in the batch (streams interleaved in time), and the
+            #    cache misses of q[e] and y[e] overlap here instead of one after another
             for lane in range(nl):
                 o = lane_op[lane]
                 e = op_event[o]
                 kind = op_kind[o]
                 b = busy[lane]
                 lane_event[lane] = e
-                x = q[e, 0]
-                QIN[0, lane] = x
-                is0 = y[e] == 0
-                y0[lane] = is0
+                QIN[0, lane] = q[e, 0]
+                LAB[lane] = y[e]
                 upd[lane] = b & (kind != OP_FORECAST)
                 fc[lane] = b & (kind != OP_UPDATE)
+            # 1. its inputs' forecasts (scalar: libm calls), each libm value computed once per
+            #    event (a memo keyed by its argument); the features their updates read in U0, U1
+            for lane in range(nl):
+                x = QIN[0, lane]
+                is0 = LAB[lane] == 0
+                y0[lane] = is0
                 bb = 1.0 - x if is0 else x
                 BASE[lane] = bb
                 PWB[lane] = PW[lane] * bb
                 C[lane] = PWB[lane]
-                if b != 0:
-                    _forecast_inputs(q, e, o, x, lane_stream[lane], lane, kinds, cols, par, st,
-                                     clip, QIN, FIN, U0, U1, fin)  # fmt: skip
-                else:
+                if busy[lane] == 0:
                     for i in range(n_in):
                         QIN[1 + i, lane] = x
+                    continue
+                e = lane_event[lane]
+                o = lane_op[lane]
+                s = lane_stream[lane]
+                mq, mlq = -1.0, 0.0  # ln q
+                m1, ml1 = -1.0, 0.0  # ln(1 - q)
+                mp, mlp = -1.0, 0.0  # log1p(-q)
+                for i in range(n_in):
+                    kind = kinds[i]
+                    c0 = cols[i]
+                    if kind == IN_GIVEN:
+                        f = q[e, c0]
+                    elif kind == IN_DECAY:  # decay_beta._decay_beta, forecast
+                        eps = par[i, 1]
+                        qq = min(max(x, eps), 1.0 - eps)
+                        if qq != mq:
+                            mq, mlq = qq, math.log(qq)
+                        if qq != mp:
+                            mp, mlp = qq, math.log1p(-qq)
+                        U0[i, lane] = mlq
+                        U1[i, lane] = mlp
+                        if st[s, c0] >= par[i, 2]:
+                            f = sigmoid(st[s, c0 + 1] * mlq - st[s, c0 + 2] * mlp + st[s, c0 + 3])
+                        else:
+                            f = x
+                    else:  # online_scaling._ons_binary, forecast
+                        sc = par[i, 2]
+                        qq = min(max(x, sc), 1.0 - sc)
+                        if kind == IN_OBS:
+                            if qq != mq:
+                                mq, mlq = qq, math.log(qq)
+                            if qq != m1:
+                                m1, ml1 = qq, math.log(1.0 - qq)
+                            u0 = mlq
+                            u1 = -ml1
+                            z = st[s, c0] * u0 + st[s, c0 + 1] * u1 + st[s, c0 + 2]
+                        else:
+                            u0 = math.log(qq / (1.0 - qq))
+                            u1 = 1.0
+                            z = st[s, c0] * u0 + st[s, c0 + 1]
+                        f = sigmoid(z)
+                        U0[i, lane] = u0
+                        U1[i, lane] = u1
+                    FIN[i, lane] = f
+                    QIN[1 + i, lane] = min(max(f, clip), 1.0 - clip)
+                    if fin.shape[1] > 0:
+                        fin[i, o] = f
             # 2. the Cox terms, once per event: F[i T + t] = f_t(q_i)
             for i in range(1 + n_in):
                 eval_binary_lanes(_COX, params, exp_alpha, QIN[i], F[i * n_fun : (i + 1) * n_fun],
@@ -389,24 +448,31 @@ def _engine(
                     out_m[e] = M[lane]
                 if upd[lane] != 0 and n_in > 0:
                     s = lane_stream[lane]
-                    lab = y[e]
+                    lab = LAB[lane]
                     mz, mb, mk = np.nan, -1, 0
                     for i in range(n_in):
                         kind = kinds[i]
+                        c0 = cols[i]
                         if kind == IN_OPS:
-                            _ons_learn(st, s, cols[i], False, FIN[i, lane], lab, U0[i, lane],
-                                       U1[i, lane], par[i, 0], par[i, 1], proj2)  # fmt: skip
+                            if _ons_learn(st, s, c0, False, FIN[i, lane], lab, U0[i, lane],
+                                          U1[i, lane], par[i, 0], par[i, 1]):  # fmt: skip
+                                _ons_project(st, s, c0, False, par[i, 1], tv2, av2, sh2, rh2,
+                                             lo2, zz2, ou2)  # fmt: skip
                         elif kind == IN_OBS:
-                            _ons_learn(st, s, cols[i], True, FIN[i, lane], lab, U0[i, lane],
-                                       U1[i, lane], par[i, 0], par[i, 1], proj3)  # fmt: skip
+                            if _ons_learn(st, s, c0, True, FIN[i, lane], lab, U0[i, lane],
+                                          U1[i, lane], par[i, 0], par[i, 1]):  # fmt: skip
+                                _ons_project(st, s, c0, True, par[i, 1], tv3, av3, sh3, rh3,
+                                             lo3, zz3, ou3)  # fmt: skip
                         elif kind == IN_DECAY:
                             z = U0[i, lane] - U1[i, lane]
                             nb = int(par[i, 7])
                             if z != mz or same_bins[i] != mb:  # the bin of z, once per edges
                                 mz, mb = z, same_bins[i]
-                                mk = np.searchsorted(edges[i, 1:nb], z, side="right")
-                            _decay_learn(st, s, cols[i], i, lab, z, mk, par, x1, x2, w3,
-                                         cur_pos, cur_neg)  # fmt: skip
+                                mk = _bin_of(edges, i, nb, z)
+                            u = _decay_count(st, s, c0, lab, mk, par[i, 0], nb)
+                            warmup = par[i, 2]
+                            if u >= warmup and (u - warmup) % par[i, 3] == 0:
+                                _decay_refit(st, s, c0, i, u, par, x1, x2, w3, cur_pos, cur_neg)
                 lane_op[lane] += 1
         for lane in range(nl):  # retire finished lanes
             if busy[lane] != 0 and lane_op[lane] == lane_end[lane]:
