@@ -80,6 +80,10 @@ IN_GIVEN, IN_OPS, IN_OBS, IN_DECAY = 0, 1, 2, 3
 N_PAR = 8
 _COX = 2  # calpipe.families.COX
 _NL = config.EXPERT_LANES
+_CAP_W = config.EXPERT_LANE_WEIGHTS
+_CAP_E = config.EXPERT_LANE_EXPERTS
+_STACK_W = _NL * _CAP_W  # literals: the sizes of the lanes' scratch on the stack
+_STACK_E = _NL * _CAP_E
 _RESCALE = config.DECAY_BETA_RESCALE  # decay-beta's, a literal in the compiled kernel
 if not 1 <= _NL <= LANES:
     raise ValueError(f"config.EXPERT_LANES must be in [1, {LANES}]")
@@ -222,7 +226,7 @@ def _decay_refit(st, s, c0, i, u, par, x1, x2, w, cur_pos, cur_neg):
 @njit(cache=True, inline="always", error_model="numpy")
 def _engine(
     q, y, op_event, op_kind, op_offsets, order, start, kinds, cols, par, edges, params, rates,
-    clip, passive, active, log10m, st, out_p, out_m, fin, nl,
+    clip, passive, active, log10m, st, out_p, out_m, fin, nl, on_stack,
 ):  # fmt: skip
     """Streams ``order[0], order[1], ...`` (from op ``start[s]``) through ``nl`` lanes, one
     operation per lane per step (see the module docstring). Lanes are refilled from ``order`` as
@@ -263,9 +267,18 @@ def _engine(
                     break
     # Scratch, lane index last: S (R, E, lanes) holds V = A B_f({y}) (its normalisation 1 / C
     # deferred in INVP; INVP = 1 when S holds A itself), F and COL (E, lanes), inputs (I, lanes).
-    S = np.empty((n_rates, n_exp, nl))
-    F = np.empty((n_exp, nl))
-    COL = np.empty((n_exp, nl))
+    # On the stack (``on_stack``, a literal; the caller checks the sizes fit): LLVM then knows
+    # that S, F and COL overlap no other array, and vectorises their loops without run-time
+    # overlap checks, whose scalar fallback kept the sums C, TOT and PRED in memory (a
+    # store-to-load round trip per weight on their chains of adds).
+    if on_stack:
+        S = carray(stack_empty(_STACK_W), (n_rates, n_exp, nl))
+        F = carray(stack_empty(_STACK_E), (n_exp, nl))
+        COL = carray(stack_empty(_STACK_E), (n_exp, nl))
+    else:
+        S = np.empty((n_rates, n_exp, nl))
+        F = np.empty((n_exp, nl))
+        COL = np.empty((n_exp, nl))
     QIN = np.empty((1 + n_in, nl))  # clipped input forecasts, row 0 the base
     FIN = np.empty((max(n_in, 1), nl))  # raw input forecasts
     U0 = np.empty((max(n_in, 1), nl))  # what each input's update reads: ONS features u0, u1;
@@ -501,9 +514,21 @@ def _lanes(
     q, y, op_event, op_kind, op_offsets, order, start, kinds, cols, par, edges, params, rates,
     clip, passive, active, log10m, st, out_p, out_m, fin,
 ):  # fmt: skip
-    """:func:`_engine` with ``config.EXPERT_LANES`` lanes (a literal: fixed trip counts)."""
+    """:func:`_engine` with ``config.EXPERT_LANES`` lanes (a literal: fixed trip counts), its
+    weights' scratch on the stack (R E <= ``config.EXPERT_LANE_WEIGHTS``, E <=
+    ``config.EXPERT_LANE_EXPERTS``: :func:`stack_fits`)."""
     _engine(q, y, op_event, op_kind, op_offsets, order, start, kinds, cols, par, edges, params,
-            rates, clip, passive, active, log10m, st, out_p, out_m, fin, _NL)  # fmt: skip
+            rates, clip, passive, active, log10m, st, out_p, out_m, fin, _NL, True)  # fmt: skip
+
+
+@njit(cache=True, error_model="numpy")
+def _lanes_heap(
+    q, y, op_event, op_kind, op_offsets, order, start, kinds, cols, par, edges, params, rates,
+    clip, passive, active, log10m, st, out_p, out_m, fin,
+):  # fmt: skip
+    """:func:`_lanes` with its scratch on the heap: mixtures too large for the stack's."""
+    _engine(q, y, op_event, op_kind, op_offsets, order, start, kinds, cols, par, edges, params,
+            rates, clip, passive, active, log10m, st, out_p, out_m, fin, _NL, False)  # fmt: skip
 
 
 @njit(cache=True, error_model="numpy")
@@ -513,7 +538,12 @@ def _one_lane(
 ):  # fmt: skip
     """:func:`_engine` with one lane: one stream at a time."""
     _engine(q, y, op_event, op_kind, op_offsets, order, start, kinds, cols, par, edges, params,
-            rates, clip, passive, active, log10m, st, out_p, out_m, fin, 1)  # fmt: skip
+            rates, clip, passive, active, log10m, st, out_p, out_m, fin, 1, False)  # fmt: skip
+
+
+def stack_fits(n_rates: int, n_exp: int) -> bool:
+    """The lanes' scratch of R rates x E experts fits the stack's (:func:`_lanes`)."""
+    return n_rates * n_exp <= _CAP_W and n_exp <= _CAP_E
 
 
 def lanes_fit(n_streams: int) -> bool:
@@ -626,6 +656,6 @@ def composite_experts_binary(
     if lanes_fit(n_streams) if lanes is None else lanes:
         # Longest streams first, so lanes drain together and the one-stream tail is short.
         order = np.argsort(op_offsets[:-1] - op_offsets[1:], kind="stable")
-        _lanes(*args, order, start, *rest)
+        (_lanes if stack_fits(rates.shape[0], n_exp) else _lanes_heap)(*args, order, start, *rest)
     _one_lane(*args, np.arange(n_streams, dtype=np.int64), start, *rest)
     return out_p, out_m, passive, active, log10m, st, fin
