@@ -69,7 +69,14 @@ from numba import carray, njit
 from calpipe import config
 from calpipe.kernels.calfun import eval_binary_lanes
 from calpipe.kernels.decay_beta import fit_kernel
-from calpipe.kernels.numeric import LANES, sigmoid, stack_empty, steps_to_first_end, take_stream
+from calpipe.kernels.numeric import (
+    LANES,
+    opaque,
+    sigmoid,
+    stack_empty,
+    steps_to_first_end,
+    take_stream,
+)
 from calpipe.kernels.online_scaling import ons_step, project_scalars
 from calpipe.kernels.ops import OP_FORECAST, OP_UPDATE
 
@@ -82,8 +89,10 @@ _COX = 2  # calpipe.families.COX
 _NL = config.EXPERT_LANES
 _CAP_W = config.EXPERT_LANE_WEIGHTS
 _CAP_E = config.EXPERT_LANE_EXPERTS
+_CAP_R = config.EXPERT_LANE_RATES
 _STACK_W = _NL * _CAP_W  # literals: the sizes of the lanes' scratch on the stack
 _STACK_E = _NL * _CAP_E
+_STACK_R = _NL * config.EXPERT_LANE_RATES
 _RESCALE = config.DECAY_BETA_RESCALE  # decay-beta's, a literal in the compiled kernel
 if not 1 <= _NL <= LANES:
     raise ValueError(f"config.EXPERT_LANES must be in [1, {LANES}]")
@@ -289,7 +298,11 @@ def _engine(
     BASE = carray(stack_empty(64), LANES)[:nl]  # B_p({y})
     PWB = carray(stack_empty(64), LANES)[:nl]  # P B_p({y})
     C = carray(stack_empty(64), LANES)[:nl]  # Bayes numerator = p'(y)
-    TOT = carray(stack_empty(64), LANES)[:nl]  # sum_k A[J, k]; then its jump-mixing share
+    # sum_k A[J, k] of each rate; then its jump-mixing share J / E sum_k A[J, k]
+    if on_stack:
+        TOT = carray(stack_empty(_STACK_R), (n_rates, nl))
+    else:
+        TOT = np.empty((n_rates, nl))
     PRED = carray(stack_empty(64), LANES)[:nl]  # p'
     INV = carray(stack_empty(64), LANES)[:nl]
     TQ = carray(stack_empty(64), LANES)[:nl]  # eval_binary_lanes scratch
@@ -318,6 +331,7 @@ def _engine(
             for lane in range(nl):
                 S[j, k, lane] = init
     denom = float(n_exp)
+    nl_vec = opaque(nl)  # nl, as a run-time trip count (numeric.opaque)
     pos_k = 0  # next position in order
     n_busy = 0
     while True:
@@ -414,37 +428,52 @@ def _engine(
                     if fin.shape[1] > 0:
                         fin[i, o] = f
             # 2. the Cox terms, once per event: F[i T + t] = f_t(q_i)
+            #    (over an opaque lane count: with the literal one LLVM unrolled the lanes into
+            #    scalar divisions; so it vectorises them, the same divisions lane by lane)
             for i in range(1 + n_in):
                 eval_binary_lanes(_COX, params, exp_alpha, QIN[i], F[i * n_fun : (i + 1) * n_fun],
-                                  n_fun, nl, TQ, SP, SQ)  # fmt: skip
+                                  n_fun, nl_vec, TQ, SP, SQ)  # fmt: skip
             # 3. jump mixing, forecast and Bayes numerator (paper 001 Alg. 1 lines 5-13)
             for k in range(n_exp):
                 for lane in range(nl):
                     COL[k, lane] = 0.0
+            # sum_k A[J, k] of every rate in one pass over S (each sum in k order): the R chains
+            # of adds overlap (one pass per rate waited on one chain at a time)
+            for j in range(n_rates):
+                for lane in range(nl_vec):
+                    TOT[j, lane] = 0.0
+            for k in range(n_exp):
+                for j in range(n_rates):
+                    for lane in range(nl_vec):
+                        TOT[j, lane] += S[j, k, lane] * INVP[lane]
+            for lane in range(nl):
+                PRED[lane] = PW[lane] * QIN[0, lane]
             for j in range(n_rates):
                 jr = rates[j]
                 keep = 1.0 - jr
                 for lane in range(nl):
-                    TOT[lane] = 0.0
-                for k in range(n_exp):
-                    for lane in range(nl):
-                        TOT[lane] += S[j, k, lane] * INVP[lane]
-                for lane in range(nl):
-                    TOT[lane] = TOT[lane] * jr / denom
-                for k in range(n_exp):
-                    for lane in range(nl):
-                        a = S[j, k, lane] * INVP[lane]
-                        v = keep * a + TOT[lane]
-                        COL[k, lane] += v
-                        ft = F[k, lane]
-                        wv = v * (1.0 - ft if y0[lane] != 0 else ft)
-                        C[lane] += wv
-                        S[j, k, lane] = wv if upd[lane] != 0 else a
-            for lane in range(nl):
-                PRED[lane] = PW[lane] * QIN[0, lane]
-            for k in range(n_exp):
-                for lane in range(nl):
-                    PRED[lane] += COL[k, lane] * F[k, lane]
+                    TOT[j, lane] = TOT[j, lane] * jr / denom
+                if j < n_rates - 1:
+                    for k in range(n_exp):
+                        for lane in range(nl):
+                            a = S[j, k, lane] * INVP[lane]
+                            v = keep * a + TOT[j, lane]
+                            COL[k, lane] += v
+                            ft = F[k, lane]
+                            wv = v * (1.0 - ft if y0[lane] != 0 else ft)
+                            C[lane] += wv
+                            S[j, k, lane] = wv if upd[lane] != 0 else a
+                else:  # the last rate completes COL[k]: p' adds COL[k] f_k at once, in k order
+                    for k in range(n_exp):
+                        for lane in range(nl):
+                            a = S[j, k, lane] * INVP[lane]
+                            v = keep * a + TOT[j, lane]
+                            col = COL[k, lane] + v
+                            ft = F[k, lane]
+                            PRED[lane] += col * ft
+                            wv = v * (1.0 - ft if y0[lane] != 0 else ft)
+                            C[lane] += wv
+                            S[j, k, lane] = wv if upd[lane] != 0 else a
             for lane in range(nl):
                 INV[lane] = 1.0 / C[lane]
             # 4. commit: P, log10 S (libm log10, as expert_mixture), outputs, inputs learn
@@ -516,7 +545,7 @@ def _lanes(
 ):  # fmt: skip
     """:func:`_engine` with ``config.EXPERT_LANES`` lanes (a literal: fixed trip counts), its
     weights' scratch on the stack (R E <= ``config.EXPERT_LANE_WEIGHTS``, E <=
-    ``config.EXPERT_LANE_EXPERTS``: :func:`stack_fits`)."""
+    ``config.EXPERT_LANE_EXPERTS``, R <= ``config.EXPERT_LANE_RATES``: :func:`stack_fits`)."""
     _engine(q, y, op_event, op_kind, op_offsets, order, start, kinds, cols, par, edges, params,
             rates, clip, passive, active, log10m, st, out_p, out_m, fin, _NL, True)  # fmt: skip
 
@@ -543,7 +572,7 @@ def _one_lane(
 
 def stack_fits(n_rates: int, n_exp: int) -> bool:
     """The lanes' scratch of R rates x E experts fits the stack's (:func:`_lanes`)."""
-    return n_rates * n_exp <= _CAP_W and n_exp <= _CAP_E
+    return n_rates * n_exp <= _CAP_W and n_exp <= _CAP_E and n_rates <= _CAP_R
 
 
 def lanes_fit(n_streams: int) -> bool:
