@@ -57,6 +57,20 @@ per-input kernels and of ``expert_mixture._binary`` in their order:
 
 The refit of a decay-beta input (a Newton fit on its bins) runs for one lane at a time when its
 label count is due: it is the per-input kernel's own function.
+
+Speed (issue #33; BENCHMARKS.md §16), with the operations above unchanged:
+
+* the per-lane code (inputs' forecasts and updates) references no array through an inlined
+  helper: numba counts such references atomically (``NRT_incref`` / ``NRT_decref``, a
+  ``lock``-prefixed instruction each), which took a third of the kernel's time; the rare
+  projection and refit are calls of their own, inside their branches;
+* each step first gathers every lane's event, base and label in one short loop: the lanes'
+  events lie far apart in the batch, and their cache misses then overlap;
+* the weights S, the Cox terms F and the column sums COL are stack buffers (``on_stack``):
+  LLVM then knows they overlap nothing and keeps the chains of sums (C, p', the rates' totals)
+  in vector registers, without run-time overlap checks;
+* the Cox terms loop over an opaque lane count (:func:`calpipe.kernels.numeric.opaque`): a
+  literal one let LLVM unroll the lanes into scalar divisions before vectorising.
 """
 
 from __future__ import annotations
