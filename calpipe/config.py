@@ -292,6 +292,14 @@ EXPERT_INPUTS_BINARY: tuple[str, ...] = (
 #: sums per AVX2 vector and fastest measured (8 / 32 / 64: slower). A compile-time constant of
 #: the numba kernel: after changing it, clear the numba cache.
 EXPERT_LANES: int = 16
+#: The lanes kernel's weights (R rates x E experts) and experts per lane that its scratch holds
+#: on the stack (where LLVM vectorises its loops without run-time overlap checks): the default
+#: has 3 x 105 and 105; larger mixtures run the same kernel with heap scratch, slower. Stack:
+#: EXPERT_LANES x (WEIGHTS + 2 EXPERTS + RATES) x 8 bytes = 145 KiB. Compile-time constants.
+EXPERT_LANE_WEIGHTS: int = 640
+EXPERT_LANE_EXPERTS: int = 256
+#: ... and jumping rates R (the default has 3; the Composite Jumper's papers use a handful).
+EXPERT_LANE_RATES: int = 8
 
 #: K classes: online vector scaling (``ops``), the per-class slope and prior shift.
 EXPERT_INPUTS_MULTICLASS: tuple[str, ...] = ("ops",)

@@ -41,17 +41,41 @@ _RESCALE = config.DECAY_BETA_RESCALE  # a literal in the compiled kernel
 
 
 @njit(cache=True)
-def _objective(w, x1, x2, pos, neg, rho):
-    """Penalised negative log-likelihood of the binned data."""
+def _objective(w, x1, x2, pos, neg, rho, ez):
+    """Penalised negative log-likelihood of the binned data; ``ez[k]`` receives the exponential
+    that sigmoid(z_k) takes (e^-z for z >= 0, else e^z: :func:`calpipe.kernels.numeric.sigmoid`),
+    which the loss computes anyway: the next Newton step's gradient at this w reads it instead
+    of calling exp again (the same libm call on the same z, so the same value).
+
+    A bin's term of a label it has no count of (n = 0) is not evaluated: 0 * l is +0 for the
+    finite l >= 0 that a finite z gives, so the sum is the same to the bit; a non-finite z still
+    evaluates both (0 * inf is NaN, as before)."""
     f = 0.5 * rho * ((w[0] - 1.0) ** 2 + (w[1] - 1.0) ** 2 + w[2] ** 2)
     for k in range(x1.shape[0]):
         if pos[k] + neg[k] <= 0.0:
             continue
         z = w[0] * x1[k] + w[1] * x2[k] + w[2]
+        finite = z - z == 0.0
+        need_p = pos[k] != 0.0 or not finite
+        need_n = neg[k] != 0.0 or not finite
         # -ln sigma(z) = log1p(e^-z), -ln(1 - sigma(z)) = log1p(e^z), overflow-free
-        lp = math.log1p(math.exp(-z)) if z > -30.0 else -z
-        ln = math.log1p(math.exp(z)) if z < 30.0 else z
-        f += pos[k] * lp + neg[k] * ln
+        lp = 0.0
+        ln = 0.0
+        if z >= 0.0:
+            em = math.exp(-z)  # z > -30: the exp of lp
+            ez[k] = em
+            if need_p:
+                lp = math.log1p(em)
+            if need_n:
+                ln = math.log1p(math.exp(z)) if z < 30.0 else z
+        else:
+            ep = math.exp(z)  # z < 30 (or NaN): the exp of ln
+            ez[k] = ep
+            if need_n:
+                ln = math.log1p(ep) if z < 30.0 else z
+            if need_p:
+                lp = math.log1p(math.exp(-z)) if z > -30.0 else -z
+        f += (pos[k] * lp if need_p else 0.0) + (neg[k] * ln if need_n else 0.0)
     return f
 
 
@@ -61,7 +85,8 @@ def _newton(w, free, x1, x2, pos, neg, rho, max_iter, tol):
     place): Newton steps with step halving."""
     g = np.zeros(3)
     h = np.zeros((3, 3))
-    cur = _objective(w, x1, x2, pos, neg, rho)
+    ez = np.empty(x1.shape[0])  # the exponentials of sigmoid(z_k) at the last w evaluated
+    cur = _objective(w, x1, x2, pos, neg, rho, ez)
     for _ in range(max_iter):
         g[:] = 0.0
         h[:, :] = 0.0
@@ -74,7 +99,11 @@ def _newton(w, free, x1, x2, pos, neg, rho, max_iter, tol):
             m = pos[k] + neg[k]
             if m <= 0.0:
                 continue
-            s = sigmoid(w[0] * x1[k] + w[1] * x2[k] + w[2])
+            # sigmoid(z_k) with its exp from _objective at this w (the last one evaluated:
+            # the start, or the accepted trial)
+            z = w[0] * x1[k] + w[1] * x2[k] + w[2]
+            e = ez[k]
+            s = 1.0 / (1.0 + e) if z >= 0.0 else e / (1.0 + e)
             r = m * s - pos[k]  # d/dz of the loss
             v = m * s * (1.0 - s)
             xs = (x1[k], x2[k], 1.0)
@@ -92,11 +121,11 @@ def _newton(w, free, x1, x2, pos, neg, rho, max_iter, tol):
         step = np.linalg.solve(h, g)
         t = 1.0
         trial = w - step
-        new = _objective(trial, x1, x2, pos, neg, rho)
+        new = _objective(trial, x1, x2, pos, neg, rho, ez)
         while new > cur and t > 1e-10:
             t *= 0.5
             trial = w - t * step
-            new = _objective(trial, x1, x2, pos, neg, rho)
+            new = _objective(trial, x1, x2, pos, neg, rho, ez)
         if new > cur:
             break
         done = np.max(np.abs(trial - w)) < tol

@@ -57,6 +57,20 @@ per-input kernels and of ``expert_mixture._binary`` in their order:
 
 The refit of a decay-beta input (a Newton fit on its bins) runs for one lane at a time when its
 label count is due: it is the per-input kernel's own function.
+
+Speed (issue #33; BENCHMARKS.md §16), with the operations above unchanged:
+
+* the per-lane code (inputs' forecasts and updates) references no array through an inlined
+  helper: numba counts such references atomically (``NRT_incref`` / ``NRT_decref``, a
+  ``lock``-prefixed instruction each), which took a third of the kernel's time; the rare
+  projection and refit are calls of their own, inside their branches;
+* each step first gathers every lane's event, base and label in one short loop: the lanes'
+  events lie far apart in the batch, and their cache misses then overlap;
+* the weights S, the Cox terms F and the column sums COL are stack buffers (``on_stack``):
+  LLVM then knows they overlap nothing and keeps the chains of sums (C, p', the rates' totals)
+  in vector registers, without run-time overlap checks;
+* the Cox terms loop over an opaque lane count (:func:`calpipe.kernels.numeric.opaque`): a
+  literal one let LLVM unroll the lanes into scalar divisions before vectorising.
 """
 
 from __future__ import annotations
@@ -69,7 +83,14 @@ from numba import carray, njit
 from calpipe import config
 from calpipe.kernels.calfun import eval_binary_lanes
 from calpipe.kernels.decay_beta import fit_kernel
-from calpipe.kernels.numeric import LANES, sigmoid, stack_empty, steps_to_first_end, take_stream
+from calpipe.kernels.numeric import (
+    LANES,
+    opaque,
+    sigmoid,
+    stack_empty,
+    steps_to_first_end,
+    take_stream,
+)
 from calpipe.kernels.online_scaling import ons_step, project_scalars
 from calpipe.kernels.ops import OP_FORECAST, OP_UPDATE
 
@@ -80,6 +101,13 @@ IN_GIVEN, IN_OPS, IN_OBS, IN_DECAY = 0, 1, 2, 3
 N_PAR = 8
 _COX = 2  # calpipe.families.COX
 _NL = config.EXPERT_LANES
+_CAP_W = config.EXPERT_LANE_WEIGHTS
+_CAP_E = config.EXPERT_LANE_EXPERTS
+_CAP_R = config.EXPERT_LANE_RATES
+_STACK_W = _NL * _CAP_W  # literals: the sizes of the lanes' scratch on the stack
+_STACK_E = _NL * _CAP_E
+_STACK_R = _NL * config.EXPERT_LANE_RATES
+_WHOLE = 2.0**53  # below it every whole-number double converts to int64 exactly
 _RESCALE = config.DECAY_BETA_RESCALE  # decay-beta's, a literal in the compiled kernel
 if not 1 <= _NL <= LANES:
     raise ValueError(f"config.EXPERT_LANES must be in [1, {LANES}]")
@@ -100,60 +128,43 @@ def decay_row(memory, eps, warmup, refit_every, rho, max_iter, tol, n_bins) -> n
 
 
 @njit(cache=True, inline="always", error_model="numpy")
-def _forecast_inputs(q, e, o, x, s, lane, kinds, cols, par, st, clip, qin, fin_lane, u0s, u1s, fin):
-    """Step 1 for one lane: every input's forecast from its state now (raw in ``fin_lane`` and
-    ``fin[i, o]``, clipped in ``qin[1 + i]``), with the features its update reads (``u0s``,
-    ``u1s``); each libm value computed once per event (memo keyed by its argument)."""
-    mq, mlq = -1.0, 0.0  # ln q
-    m1, ml1 = -1.0, 0.0  # ln(1 - q)
-    mp, mlp = -1.0, 0.0  # log1p(-q)
-    for i in range(kinds.shape[0]):
-        kind = kinds[i]
-        c0 = cols[i]
-        if kind == IN_GIVEN:
-            f = q[e, c0]
-        elif kind == IN_DECAY:  # decay_beta._decay_beta, forecast
-            eps = par[i, 1]
-            qq = min(max(x, eps), 1.0 - eps)
-            if qq != mq:
-                mq, mlq = qq, math.log(qq)
-            if qq != mp:
-                mp, mlp = qq, math.log1p(-qq)
-            u0s[i, lane] = mlq
-            u1s[i, lane] = mlp
-            if st[s, c0] >= par[i, 2]:
-                f = sigmoid(st[s, c0 + 1] * mlq - st[s, c0 + 2] * mlp + st[s, c0 + 3])
-            else:
-                f = x
-        else:  # online_scaling._ons_binary, forecast
-            sc = par[i, 2]
-            qq = min(max(x, sc), 1.0 - sc)
-            if kind == IN_OBS:
-                if qq != mq:
-                    mq, mlq = qq, math.log(qq)
-                if qq != m1:
-                    m1, ml1 = qq, math.log(1.0 - qq)
-                u0 = mlq
-                u1 = -ml1
-                z = st[s, c0] * u0 + st[s, c0 + 1] * u1 + st[s, c0 + 2]
-            else:
-                u0 = math.log(qq / (1.0 - qq))
-                u1 = 1.0
-                z = st[s, c0] * u0 + st[s, c0 + 1]
-            f = sigmoid(z)
-            u0s[i, lane] = u0
-            u1s[i, lane] = u1
-        fin_lane[i, lane] = f
-        qin[1 + i, lane] = min(max(f, clip), 1.0 - clip)
-        if fin.shape[1] > 0:
-            fin[i, o] = f
+def _bin_of(edges, i, nb, z):
+    """``np.searchsorted(edges[i, 1:nb], z, side="right")`` (decay_beta's bin of the log-odds
+    z), numba's binary search written out on the row in place: the same comparisons
+    (``edge <= z``, a NaN z after every edge), hence the same bin, without the slice (a view
+    of ``edges`` whose reference count the hot loop would touch, an atomic operation)."""
+    lo, hi = 0, nb - 1
+    while lo < hi:
+        mid = lo + ((hi - lo) >> 1)
+        if z != z or edges[i, 1 + mid] <= z:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
 
 
 @njit(cache=True, inline="always", error_model="numpy")
-def _ons_learn(st, s, c0, beta, f, lab, u0, u1, gamma, radius, proj):
+def _ons_forecast(qq, beta, t0, t1, t2, lq, l1):
+    """Step 1 for an OPS / OBS input (``online_scaling._ons_binary``'s forecast) on the clipped
+    score ``qq``: ``(f, u0, u1)``, the forecast and the features its update reads. ``lq``,
+    ``l1``: ln qq and ln(1 - qq) (OBS; the caller's memo); OPS takes ln(qq / (1 - qq))."""
+    if beta:
+        u0 = lq
+        u1 = -l1
+        z = t0 * u0 + t1 * u1 + t2
+    else:
+        u0 = math.log(qq / (1.0 - qq))
+        u1 = 1.0
+        z = t0 * u0 + t1
+    return sigmoid(z), u0, u1
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def _ons_learn(st, s, c0, beta, f, lab, u0, u1, gamma, radius):
     """Step 3 for an OPS / OBS input: ``_ons_binary``'s update on the stream's state row
-    (theta, then A row-major), operation for operation. ``proj``: theta, A and the scratch
-    of ``project_kernel``, sized d (``_ons_binary`` projects its state arrays the same way)."""
+    (theta, then A row-major), operation for operation. Returns True when theta left the ball
+    of radius B: the caller then projects it (:func:`_ons_project`; rare), so that no scratch
+    array is referenced here (in the hot loop every array reference is an atomic count)."""
     d = 3 if beta else 2
     t0, t1 = st[s, c0], st[s, c0 + 1]
     t2 = st[s, c0 + 2] if beta else 0.0
@@ -164,12 +175,6 @@ def _ons_learn(st, s, c0, beta, f, lab, u0, u1, gamma, radius, proj):
     t0, t1, t2, a00, a01, a11, a02, a12, a22, norm2 = ons_step(
         t0, t1, t2, a00, a01, a11, a02, a12, a22, f - lab, u0, u1, beta, gamma
     )
-    if norm2 > radius * radius:  # the generalised projection on the ball (rare)
-        tv, av, shifted, rhs, lower, zz, out = proj
-        t0, t1, t2 = project_scalars(
-            t0, t1, t2, a00, a01, a11, a02, a12, a22, beta, radius,
-            tv, av, shifted, rhs, lower, zz, out,
-        )  # fmt: skip
     st[s, c0], st[s, c0 + 1] = t0, t1
     st[s, c0 + d], st[s, c0 + d + 1], st[s, c0 + d + d], st[s, c0 + d + d + 1] = a00, a01, a01, a11
     if beta:
@@ -177,14 +182,35 @@ def _ons_learn(st, s, c0, beta, f, lab, u0, u1, gamma, radius, proj):
         st[s, c0 + d + 2], st[s, c0 + d + 2 * d] = a02, a02
         st[s, c0 + d + d + 2], st[s, c0 + d + 2 * d + 1] = a12, a12
         st[s, c0 + d + 2 * d + 2] = a22
+    return norm2 > radius * radius
+
+
+@njit(cache=True, error_model="numpy")
+def _ons_project(st, s, c0, beta, radius, tv, av, shifted, rhs, lower, zz, out):
+    """The generalised projection of the stream's theta on the ball (``_ons_binary``'s, after
+    the step :func:`_ons_learn` wrote): ``project_kernel`` through the scratch of size d.
+    Not inlined: it runs rarely, and its array references stay out of the hot loop."""
+    d = 3 if beta else 2
+    t0, t1 = st[s, c0], st[s, c0 + 1]
+    t2 = st[s, c0 + 2] if beta else 0.0
+    a00, a01, a11 = st[s, c0 + d], st[s, c0 + d + 1], st[s, c0 + d + d + 1]
+    a02 = st[s, c0 + d + 2] if beta else 0.0
+    a12 = st[s, c0 + d + d + 2] if beta else 0.0
+    a22 = st[s, c0 + d + 2 * d + 2] if beta else 0.0
+    t0, t1, t2 = project_scalars(
+        t0, t1, t2, a00, a01, a11, a02, a12, a22, beta, radius,
+        tv, av, shifted, rhs, lower, zz, out,
+    )  # fmt: skip
+    st[s, c0], st[s, c0 + 1] = t0, t1
+    if beta:
+        st[s, c0 + 2] = t2
 
 
 @njit(cache=True, inline="always", error_model="numpy")
-def _decay_learn(st, s, c0, i, lab, z, k, par, x1, x2, w, cur_pos, cur_neg):
-    """Step 3 for a decay-beta input: ``_decay_beta``'s update (decay, count in bin ``k`` of
-    the log-odds ``z``, rescale, refit when due) on the stream's state row."""
-    lam, warmup, refit_every = par[i, 0], par[i, 2], par[i, 3]
-    nb = int(par[i, 7])
+def _decay_count(st, s, c0, lab, k, lam, nb):
+    """Step 3 for a decay-beta input, its count (``_decay_beta``'s operations): decay, count
+    in bin ``k`` of the label's log-odds, rescale. Returns the label count u (the caller
+    refits when it is due: :func:`_decay_refit`)."""
     pos = c0 + 5
     neg = c0 + 5 + nb
     st[s, c0 + 4] /= lam
@@ -198,24 +224,68 @@ def _decay_learn(st, s, c0, i, lab, z, k, par, x1, x2, w, cur_pos, cur_neg):
             st[s, neg + j] /= st[s, c0 + 4]
         st[s, c0 + 4] = 1.0
     st[s, c0] += 1.0
-    u = st[s, c0]
-    if u >= warmup and (u - warmup) % refit_every == 0:
-        if u == warmup:  # the first fit starts from the identity map
-            w[0], w[1], w[2] = 1.0, 1.0, 0.0
-        else:
-            w[0], w[1], w[2] = st[s, c0 + 1], st[s, c0 + 2], st[s, c0 + 3]
-        for j in range(nb):
-            cur_pos[j] = st[s, pos + j] / st[s, c0 + 4]
-            cur_neg[j] = st[s, neg + j] / st[s, c0 + 4]
-        fit_kernel(w, x1[i, :nb], x2[i, :nb], cur_pos[:nb], cur_neg[:nb], par[i, 4],
-                   int(par[i, 5]), par[i, 6])  # fmt: skip
-        st[s, c0 + 1], st[s, c0 + 2], st[s, c0 + 3] = w[0], w[1], w[2]
+    return st[s, c0]
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def _refit_due(u, warmup, every):
+    """``u >= warmup and (u - warmup) % every == 0``, decay_beta's test for a refit, without
+    the float modulo's call (numba's ``fmod``, ~2% of the kernel, twice per label) when both
+    operands are whole numbers below 2^53 and ``every`` >= 1 (label counts: always), where the
+    integer modulo gives the same answer; others take the float modulo as before."""
+    if u < warmup:
+        return False
+    d = u - warmup
+    if d == math.floor(d) and every == math.floor(every) and d < _WHOLE and 1.0 <= every < _WHOLE:
+        return int(d) % int(every) == 0
+    return d % every == 0
+
+
+@njit(cache=True, error_model="numpy")
+def _decay_refit(st, s, c0, i, u, par, x1, x2, w, cur_pos, cur_neg):
+    """A decay-beta input's refit when its label count u is due (``_decay_beta``'s): the
+    per-input kernel's own ``fit_kernel`` on the bins' current counts. Not inlined: it runs
+    once every ``refit_every`` labels, and its array references stay out of the hot loop."""
+    nb = int(par[i, 7])
+    pos = c0 + 5
+    neg = c0 + 5 + nb
+    if u == par[i, 2]:  # the first fit starts from the identity map
+        w[0], w[1], w[2] = 1.0, 1.0, 0.0
+    else:
+        w[0], w[1], w[2] = st[s, c0 + 1], st[s, c0 + 2], st[s, c0 + 3]
+    for j in range(nb):
+        cur_pos[j] = st[s, pos + j] / st[s, c0 + 4]
+        cur_neg[j] = st[s, neg + j] / st[s, c0 + 4]
+    fit_kernel(w, x1[i, :nb], x2[i, :nb], cur_pos[:nb], cur_neg[:nb], par[i, 4],
+               int(par[i, 5]), par[i, 6])  # fmt: skip
+    st[s, c0 + 1], st[s, c0 + 2], st[s, c0 + 3] = w[0], w[1], w[2]
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def _sum_rates3(S, INVP, TOT, j, n_exp, nl, T0, T1, T2):
+    """TOT[J, l] = sum_k S[J, k, l] INVP[l] (in k order) for rates J = j, j + 1, j + 2 in one
+    pass over k: three independent chains of adds, each lane's sums in the stack buffers
+    T0, T1, T2 (indexed by literals, so LLVM keeps them in vector registers; one rate at a
+    time, or a run-time rate index, left them in memory or in scalar registers)."""
+    for lane in range(nl):
+        T0[lane] = 0.0
+        T1[lane] = 0.0
+        T2[lane] = 0.0
+    for k in range(n_exp):
+        for lane in range(nl):
+            T0[lane] += S[j, k, lane] * INVP[lane]
+            T1[lane] += S[j + 1, k, lane] * INVP[lane]
+            T2[lane] += S[j + 2, k, lane] * INVP[lane]
+    for lane in range(nl):
+        TOT[j, lane] = T0[lane]
+        TOT[j + 1, lane] = T1[lane]
+        TOT[j + 2, lane] = T2[lane]
 
 
 @njit(cache=True, inline="always", error_model="numpy")
 def _engine(
     q, y, op_event, op_kind, op_offsets, order, start, kinds, cols, par, edges, params, rates,
-    clip, passive, active, log10m, st, out_p, out_m, fin, nl,
+    clip, passive, active, log10m, st, out_p, out_m, fin, nl, on_stack,
 ):  # fmt: skip
     """Streams ``order[0], order[1], ...`` (from op ``start[s]``) through ``nl`` lanes, one
     operation per lane per step (see the module docstring). Lanes are refilled from ``order`` as
@@ -241,10 +311,11 @@ def _engine(
     w3 = np.empty(3)
     cur_pos = np.empty(max(nbm, 1))
     cur_neg = np.empty(max(nbm, 1))
-    proj2 = (np.empty(2), np.empty((2, 2)), np.empty((2, 2)), np.empty(2), np.empty((2, 2)),
-             np.empty(2), np.empty(2))  # fmt: skip
-    proj3 = (np.empty(3), np.empty((3, 3)), np.empty((3, 3)), np.empty(3), np.empty((3, 3)),
-             np.empty(3), np.empty(3))  # fmt: skip
+    # project_kernel's scratch (theta, A, shifted, rhs, lower, z, out) of size d = 2 and 3
+    tv2, rh2, zz2, ou2 = np.empty(2), np.empty(2), np.empty(2), np.empty(2)
+    av2, sh2, lo2 = np.empty((2, 2)), np.empty((2, 2)), np.empty((2, 2))
+    tv3, rh3, zz3, ou3 = np.empty(3), np.empty(3), np.empty(3), np.empty(3)
+    av3, sh3, lo3 = np.empty((3, 3)), np.empty((3, 3)), np.empty((3, 3))
     # decay-beta inputs with equal bins share the bin of a log-odds: the first such input
     same_bins = np.arange(n_in)
     for i in range(n_in):
@@ -255,9 +326,18 @@ def _engine(
                     break
     # Scratch, lane index last: S (R, E, lanes) holds V = A B_f({y}) (its normalisation 1 / C
     # deferred in INVP; INVP = 1 when S holds A itself), F and COL (E, lanes), inputs (I, lanes).
-    S = np.empty((n_rates, n_exp, nl))
-    F = np.empty((n_exp, nl))
-    COL = np.empty((n_exp, nl))
+    # On the stack (``on_stack``, a literal; the caller checks the sizes fit): LLVM then knows
+    # that S, F and COL overlap no other array, and vectorises their loops without run-time
+    # overlap checks, whose scalar fallback kept the sums C, TOT and PRED in memory (a
+    # store-to-load round trip per weight on their chains of adds).
+    if on_stack:
+        S = carray(stack_empty(_STACK_W), (n_rates, n_exp, nl))
+        F = carray(stack_empty(_STACK_E), (n_exp, nl))
+        COL = carray(stack_empty(_STACK_E), (n_exp, nl))
+    else:
+        S = np.empty((n_rates, n_exp, nl))
+        F = np.empty((n_exp, nl))
+        COL = np.empty((n_exp, nl))
     QIN = np.empty((1 + n_in, nl))  # clipped input forecasts, row 0 the base
     FIN = np.empty((max(n_in, 1), nl))  # raw input forecasts
     U0 = np.empty((max(n_in, 1), nl))  # what each input's update reads: ONS features u0, u1;
@@ -268,13 +348,21 @@ def _engine(
     BASE = carray(stack_empty(64), LANES)[:nl]  # B_p({y})
     PWB = carray(stack_empty(64), LANES)[:nl]  # P B_p({y})
     C = carray(stack_empty(64), LANES)[:nl]  # Bayes numerator = p'(y)
-    TOT = carray(stack_empty(64), LANES)[:nl]  # sum_k A[J, k]; then its jump-mixing share
+    # sum_k A[J, k] of each rate; then its jump-mixing share J / E sum_k A[J, k]
+    T0 = carray(stack_empty(64), LANES)[:nl]  # three rates' sums in flight (_sum_rates3)
+    T1 = carray(stack_empty(64), LANES)[:nl]
+    T2 = carray(stack_empty(64), LANES)[:nl]
+    if on_stack:
+        TOT = carray(stack_empty(_STACK_R), (n_rates, nl))
+    else:
+        TOT = np.empty((n_rates, nl))
     PRED = carray(stack_empty(64), LANES)[:nl]  # p'
     INV = carray(stack_empty(64), LANES)[:nl]
     TQ = carray(stack_empty(64), LANES)[:nl]  # eval_binary_lanes scratch
     SP = carray(stack_empty(64), LANES)[:nl]
     SQ = carray(stack_empty(64), LANES)[:nl]
     y0 = carray(stack_empty(64), LANES).view(np.int64)[:nl]  # label is 0 (else 1)
+    LAB = carray(stack_empty(64), LANES).view(np.int64)[:nl]  # the label y_e
     upd = carray(stack_empty(64), LANES).view(np.int64)[:nl]  # this step updates
     fc = carray(stack_empty(64), LANES).view(np.int64)[:nl]  # this step forecasts
     busy = carray(stack_empty(64), LANES).view(np.int64)[:nl]
@@ -296,6 +384,7 @@ def _engine(
             for lane in range(nl):
                 S[j, k, lane] = init
     denom = float(n_exp)
+    nl_vec = opaque(nl)  # nl, as a run-time trip count (numeric.opaque)
     pos_k = 0  # next position in order
     n_busy = 0
     while True:
@@ -318,61 +407,134 @@ def _engine(
             break
         steps = steps_to_first_end(busy, lane_op, lane_end, nl)
         for _ in range(steps):
-            # 1. each lane's event, its inputs' forecasts (scalar: libm calls)
+            # 0. each lane's operation, event, base and label, gathered in one short loop: the
+            #    lanes' events lie far apart in the batch (streams interleaved in time), and the
+            #    cache misses of q[e] and y[e] overlap here instead of one after another
             for lane in range(nl):
                 o = lane_op[lane]
                 e = op_event[o]
                 kind = op_kind[o]
                 b = busy[lane]
                 lane_event[lane] = e
-                x = q[e, 0]
-                QIN[0, lane] = x
-                is0 = y[e] == 0
-                y0[lane] = is0
+                QIN[0, lane] = q[e, 0]
+                LAB[lane] = y[e]
                 upd[lane] = b & (kind != OP_FORECAST)
                 fc[lane] = b & (kind != OP_UPDATE)
+            # 1. its inputs' forecasts (scalar: libm calls), each libm value computed once per
+            #    event (a memo keyed by its argument); the features their updates read in U0, U1
+            for lane in range(nl):
+                x = QIN[0, lane]
+                is0 = LAB[lane] == 0
+                y0[lane] = is0
                 bb = 1.0 - x if is0 else x
                 BASE[lane] = bb
                 PWB[lane] = PW[lane] * bb
                 C[lane] = PWB[lane]
-                if b != 0:
-                    _forecast_inputs(q, e, o, x, lane_stream[lane], lane, kinds, cols, par, st,
-                                     clip, QIN, FIN, U0, U1, fin)  # fmt: skip
-                else:
+                if busy[lane] == 0:
                     for i in range(n_in):
                         QIN[1 + i, lane] = x
+                    continue
+                e = lane_event[lane]
+                o = lane_op[lane]
+                s = lane_stream[lane]
+                mq, mlq = -1.0, 0.0  # ln q
+                m1, ml1 = -1.0, 0.0  # ln(1 - q)
+                mp, mlp = -1.0, 0.0  # log1p(-q)
+                for i in range(n_in):
+                    kind = kinds[i]
+                    c0 = cols[i]
+                    if kind == IN_GIVEN:
+                        f = q[e, c0]
+                    elif kind == IN_DECAY:  # decay_beta._decay_beta, forecast
+                        eps = par[i, 1]
+                        qq = min(max(x, eps), 1.0 - eps)
+                        if qq != mq:
+                            mq, mlq = qq, math.log(qq)
+                        if qq != mp:
+                            mp, mlp = qq, math.log1p(-qq)
+                        U0[i, lane] = mlq
+                        U1[i, lane] = mlp
+                        if st[s, c0] >= par[i, 2]:
+                            f = sigmoid(st[s, c0 + 1] * mlq - st[s, c0 + 2] * mlp + st[s, c0 + 3])
+                        else:
+                            f = x
+                    else:  # online_scaling._ons_binary, forecast
+                        sc = par[i, 2]
+                        qq = min(max(x, sc), 1.0 - sc)
+                        if kind == IN_OBS:
+                            if qq != mq:
+                                mq, mlq = qq, math.log(qq)
+                            if qq != m1:
+                                m1, ml1 = qq, math.log(1.0 - qq)
+                            u0 = mlq
+                            u1 = -ml1
+                            z = st[s, c0] * u0 + st[s, c0 + 1] * u1 + st[s, c0 + 2]
+                        else:
+                            u0 = math.log(qq / (1.0 - qq))
+                            u1 = 1.0
+                            z = st[s, c0] * u0 + st[s, c0 + 1]
+                        f = sigmoid(z)
+                        U0[i, lane] = u0
+                        U1[i, lane] = u1
+                    FIN[i, lane] = f
+                    QIN[1 + i, lane] = min(max(f, clip), 1.0 - clip)
+                    if fin.shape[1] > 0:
+                        fin[i, o] = f
             # 2. the Cox terms, once per event: F[i T + t] = f_t(q_i)
+            #    (over an opaque lane count: with the literal one LLVM unrolled the lanes into
+            #    scalar divisions; so it vectorises them, the same divisions lane by lane)
             for i in range(1 + n_in):
                 eval_binary_lanes(_COX, params, exp_alpha, QIN[i], F[i * n_fun : (i + 1) * n_fun],
-                                  n_fun, nl, TQ, SP, SQ)  # fmt: skip
+                                  n_fun, nl_vec, TQ, SP, SQ)  # fmt: skip
             # 3. jump mixing, forecast and Bayes numerator (paper 001 Alg. 1 lines 5-13)
             for k in range(n_exp):
                 for lane in range(nl):
                     COL[k, lane] = 0.0
+            # sum_k A[J, k] of the rates three at a time, in one pass over S (each sum in k
+            # order): three chains of adds in flight, kept in vector registers (the rest of R
+            # one at a time)
+            j = 0
+            while j < n_rates:
+                if j + 3 <= n_rates:
+                    _sum_rates3(S, INVP, TOT, j, n_exp, nl, T0, T1, T2)
+                    j += 3
+                else:
+                    for lane in range(nl):
+                        T0[lane] = 0.0
+                    for k in range(n_exp):
+                        for lane in range(nl):
+                            T0[lane] += S[j, k, lane] * INVP[lane]
+                    for lane in range(nl):
+                        TOT[j, lane] = T0[lane]
+                    j += 1
+            for lane in range(nl):
+                PRED[lane] = PW[lane] * QIN[0, lane]
             for j in range(n_rates):
                 jr = rates[j]
                 keep = 1.0 - jr
                 for lane in range(nl):
-                    TOT[lane] = 0.0
-                for k in range(n_exp):
-                    for lane in range(nl):
-                        TOT[lane] += S[j, k, lane] * INVP[lane]
-                for lane in range(nl):
-                    TOT[lane] = TOT[lane] * jr / denom
-                for k in range(n_exp):
-                    for lane in range(nl):
-                        a = S[j, k, lane] * INVP[lane]
-                        v = keep * a + TOT[lane]
-                        COL[k, lane] += v
-                        ft = F[k, lane]
-                        wv = v * (1.0 - ft if y0[lane] != 0 else ft)
-                        C[lane] += wv
-                        S[j, k, lane] = wv if upd[lane] != 0 else a
-            for lane in range(nl):
-                PRED[lane] = PW[lane] * QIN[0, lane]
-            for k in range(n_exp):
-                for lane in range(nl):
-                    PRED[lane] += COL[k, lane] * F[k, lane]
+                    TOT[j, lane] = TOT[j, lane] * jr / denom
+                if j < n_rates - 1:
+                    for k in range(n_exp):
+                        for lane in range(nl):
+                            a = S[j, k, lane] * INVP[lane]
+                            v = keep * a + TOT[j, lane]
+                            COL[k, lane] += v
+                            ft = F[k, lane]
+                            wv = v * (1.0 - ft if y0[lane] != 0 else ft)
+                            C[lane] += wv
+                            S[j, k, lane] = wv if upd[lane] != 0 else a
+                else:  # the last rate completes COL[k]: p' adds COL[k] f_k at once, in k order
+                    for k in range(n_exp):
+                        for lane in range(nl):
+                            a = S[j, k, lane] * INVP[lane]
+                            v = keep * a + TOT[j, lane]
+                            col = COL[k, lane] + v
+                            ft = F[k, lane]
+                            PRED[lane] += col * ft
+                            wv = v * (1.0 - ft if y0[lane] != 0 else ft)
+                            C[lane] += wv
+                            S[j, k, lane] = wv if upd[lane] != 0 else a
             for lane in range(nl):
                 INV[lane] = 1.0 / C[lane]
             # 4. commit: P, log10 S (libm log10, as expert_mixture), outputs, inputs learn
@@ -389,24 +551,30 @@ def _engine(
                     out_m[e] = M[lane]
                 if upd[lane] != 0 and n_in > 0:
                     s = lane_stream[lane]
-                    lab = y[e]
+                    lab = LAB[lane]
                     mz, mb, mk = np.nan, -1, 0
                     for i in range(n_in):
                         kind = kinds[i]
+                        c0 = cols[i]
                         if kind == IN_OPS:
-                            _ons_learn(st, s, cols[i], False, FIN[i, lane], lab, U0[i, lane],
-                                       U1[i, lane], par[i, 0], par[i, 1], proj2)  # fmt: skip
+                            if _ons_learn(st, s, c0, False, FIN[i, lane], lab, U0[i, lane],
+                                          U1[i, lane], par[i, 0], par[i, 1]):  # fmt: skip
+                                _ons_project(st, s, c0, False, par[i, 1], tv2, av2, sh2, rh2,
+                                             lo2, zz2, ou2)  # fmt: skip
                         elif kind == IN_OBS:
-                            _ons_learn(st, s, cols[i], True, FIN[i, lane], lab, U0[i, lane],
-                                       U1[i, lane], par[i, 0], par[i, 1], proj3)  # fmt: skip
+                            if _ons_learn(st, s, c0, True, FIN[i, lane], lab, U0[i, lane],
+                                          U1[i, lane], par[i, 0], par[i, 1]):  # fmt: skip
+                                _ons_project(st, s, c0, True, par[i, 1], tv3, av3, sh3, rh3,
+                                             lo3, zz3, ou3)  # fmt: skip
                         elif kind == IN_DECAY:
                             z = U0[i, lane] - U1[i, lane]
                             nb = int(par[i, 7])
                             if z != mz or same_bins[i] != mb:  # the bin of z, once per edges
                                 mz, mb = z, same_bins[i]
-                                mk = np.searchsorted(edges[i, 1:nb], z, side="right")
-                            _decay_learn(st, s, cols[i], i, lab, z, mk, par, x1, x2, w3,
-                                         cur_pos, cur_neg)  # fmt: skip
+                                mk = _bin_of(edges, i, nb, z)
+                            u = _decay_count(st, s, c0, lab, mk, par[i, 0], nb)
+                            if _refit_due(u, par[i, 2], par[i, 3]):
+                                _decay_refit(st, s, c0, i, u, par, x1, x2, w3, cur_pos, cur_neg)
                 lane_op[lane] += 1
         for lane in range(nl):  # retire finished lanes
             if busy[lane] != 0 and lane_op[lane] == lane_end[lane]:
@@ -435,9 +603,21 @@ def _lanes(
     q, y, op_event, op_kind, op_offsets, order, start, kinds, cols, par, edges, params, rates,
     clip, passive, active, log10m, st, out_p, out_m, fin,
 ):  # fmt: skip
-    """:func:`_engine` with ``config.EXPERT_LANES`` lanes (a literal: fixed trip counts)."""
+    """:func:`_engine` with ``config.EXPERT_LANES`` lanes (a literal: fixed trip counts), its
+    weights' scratch on the stack (R E <= ``config.EXPERT_LANE_WEIGHTS``, E <=
+    ``config.EXPERT_LANE_EXPERTS``, R <= ``config.EXPERT_LANE_RATES``: :func:`stack_fits`)."""
     _engine(q, y, op_event, op_kind, op_offsets, order, start, kinds, cols, par, edges, params,
-            rates, clip, passive, active, log10m, st, out_p, out_m, fin, _NL)  # fmt: skip
+            rates, clip, passive, active, log10m, st, out_p, out_m, fin, _NL, True)  # fmt: skip
+
+
+@njit(cache=True, error_model="numpy")
+def _lanes_heap(
+    q, y, op_event, op_kind, op_offsets, order, start, kinds, cols, par, edges, params, rates,
+    clip, passive, active, log10m, st, out_p, out_m, fin,
+):  # fmt: skip
+    """:func:`_lanes` with its scratch on the heap: mixtures too large for the stack's."""
+    _engine(q, y, op_event, op_kind, op_offsets, order, start, kinds, cols, par, edges, params,
+            rates, clip, passive, active, log10m, st, out_p, out_m, fin, _NL, False)  # fmt: skip
 
 
 @njit(cache=True, error_model="numpy")
@@ -447,7 +627,12 @@ def _one_lane(
 ):  # fmt: skip
     """:func:`_engine` with one lane: one stream at a time."""
     _engine(q, y, op_event, op_kind, op_offsets, order, start, kinds, cols, par, edges, params,
-            rates, clip, passive, active, log10m, st, out_p, out_m, fin, 1)  # fmt: skip
+            rates, clip, passive, active, log10m, st, out_p, out_m, fin, 1, False)  # fmt: skip
+
+
+def stack_fits(n_rates: int, n_exp: int) -> bool:
+    """The lanes' scratch of R rates x E experts fits the stack's (:func:`_lanes`)."""
+    return n_rates * n_exp <= _CAP_W and n_exp <= _CAP_E and n_rates <= _CAP_R
 
 
 def lanes_fit(n_streams: int) -> bool:
@@ -560,6 +745,6 @@ def composite_experts_binary(
     if lanes_fit(n_streams) if lanes is None else lanes:
         # Longest streams first, so lanes drain together and the one-stream tail is short.
         order = np.argsort(op_offsets[:-1] - op_offsets[1:], kind="stable")
-        _lanes(*args, order, start, *rest)
+        (_lanes if stack_fits(rates.shape[0], n_exp) else _lanes_heap)(*args, order, start, *rest)
     _one_lane(*args, np.arange(n_streams, dtype=np.int64), start, *rest)
     return out_p, out_m, passive, active, log10m, st, fin

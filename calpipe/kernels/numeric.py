@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
@@ -119,6 +120,27 @@ def f64_bits(typingctx, x):
         return builder.bitcast(args[0], context.get_value_type(types.int64))
 
     return types.int64(types.float64), codegen
+
+
+@intrinsic
+def opaque(typingctx, n):
+    """``n`` itself, which LLVM cannot see through (an empty inline-asm move): a loop over
+    ``opaque(n)`` items, ``n`` a literal, keeps a run-time trip count.
+
+    Why: LLVM fully unrolls a short loop of a literal count (16 lanes) before its loop
+    vectoriser runs, and the unrolled scalar code is often not re-vectorised (the lanes of the
+    Cox terms came out as 16 scalar divisions); with a run-time count the loop vectoriser
+    vectorises it. The values computed are the same (the same IEEE operations per lane).
+    """
+    if not isinstance(n, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        ty = context.get_value_type(signature.return_type)
+        fnty = ir.FunctionType(ty, [ty])
+        return builder.asm(fnty, "", "=r,0", [args[0]], side_effect=False)
+
+    return types.int64(types.int64), codegen
 
 
 # fdlibm's e_exp.c (Sun Microsystems, 1993): x = k ln2 + r, |r| <= ln2 / 2 (ln2 split into hi

@@ -266,6 +266,25 @@ def test_mixture_of_given_inputs_in_lanes_equals_one_stream_at_a_time(n_streams)
         np.testing.assert_array_equal(a, b)
 
 
+def test_a_mixture_too_large_for_the_stack_runs_the_heap_lanes_with_the_same_bits():
+    """Past config.EXPERT_LANE_EXPERTS experts the lanes' scratch is on the heap
+    (``_lanes_heap``, the same body): the same bits as one stream at a time."""
+    n_streams = 2 * LANES + 3
+    x, y, ev, kd, off = make_batch(8, n_streams)
+    rng = np.random.default_rng(9)
+    q = np.column_stack([x, np.clip(x[:, None] + rng.normal(0, 0.1, (x.size, 5)), CLIP, 1 - CLIP)])
+    grid = [(a, b) for a in np.linspace(-3, 3, 11) for b in (0.5, 1.0, 2.0, 1.3, 0.8)]
+    fam = binary_family("cox2", grid)
+    n_exp = 6 * fam.size
+    assert not EL.stack_fits(2, n_exp)  # the heap path
+    act = np.full((n_streams, 2, n_exp), 0.6 / (2 * n_exp))
+    args = (q, y, ev, kd, off, fam.params, np.array([0.05, 1e-3]), np.full(n_streams, 0.4), act,
+            np.zeros(n_streams))  # fmt: skip
+    for a, b in zip(EM.expert_mixture_binary(*args), EM.expert_mixture_binary(*args, lanes=False),
+                    strict=True):  # fmt: skip
+        np.testing.assert_array_equal(a, b)
+
+
 # ----------------------------------------------------------------------------------------------
 # The paper oracles (1e-12)
 # ----------------------------------------------------------------------------------------------
