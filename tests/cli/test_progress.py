@@ -103,11 +103,12 @@ def test_calpipe_run_draws_a_bar_on_a_terminal_and_not_with_no_progress(tmp_path
 
 
 def _protect_lowered(piece_ops: int) -> list[str]:
-    """``calpipe protect`` in a process whose bar starts at 1,000 events (not
+    """``calpipe protect`` in a process whose bar and pieces start at 1,000 events (not
     ``config.PROGRESS_MIN_EVENTS``' millions: seconds of work) and whose pieces have
     ``piece_ops`` operations: small files then run in pieces as a big one does."""
     code = (
         "import sys; from calpipe import config; config.PROGRESS_MIN_EVENTS = 1_000; "
+        "config.PIECES_MIN_EVENTS = 1_000; "
         f"config.PIECE_OPS = {piece_ops}; from calpipe.cli import main; "
         "sys.exit(main())"
     )

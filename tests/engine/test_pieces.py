@@ -185,3 +185,10 @@ def test_a_big_call_without_progress_runs_in_pieces_with_the_one_call_s_bits(mon
     assert calls and calls[0] > 1  # it did run in pieces
     assert_frame_equal(cut.scores, one.scores, check_exact=True)
     assert_frame_equal(cut.state, one.state, check_exact=True)
+
+
+def test_a_bar_is_drawn_only_over_calls_that_run_in_pieces():
+    """``calpipe protect`` draws its bar from ``PROGRESS_MIN_EVENTS``; a call runs in pieces
+    (and tells progress more than once) from ``PIECES_MIN_EVENTS``: a bar below the pieces'
+    threshold would sit at 0 until the one kernel call returned."""
+    assert config.PROGRESS_MIN_EVENTS >= config.PIECES_MIN_EVENTS
