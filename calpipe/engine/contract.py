@@ -328,11 +328,13 @@ def lex_greater(a: Sequence[pl.Expr], b: Sequence[pl.Expr]) -> pl.Expr:
 class Replay:
     """How the rows of a frame replay: ``order`` sorts them by (stream, order keys) (None: they
     already do), and the sorted rows are ``counts[0]`` rows of stream 0, then stream 1, ...;
-    ``ids[i]`` is the stream of input row i."""
+    ``ids[i]`` is the stream of input row i (streams numbered by first appearance) and
+    ``first[s]`` the first input row of stream s."""
 
     order: np.ndarray | None
     counts: np.ndarray
     ids: np.ndarray
+    first: np.ndarray
 
 
 def stream_ids(df: pl.DataFrame, by: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -382,7 +384,11 @@ def _stream_ids_by_sort(df: pl.DataFrame, by: Sequence[str]) -> tuple[np.ndarray
     key = pl.col(by[0]) if len(by) == 1 else pl.struct(list(by))
     ids = df.select(key.rank("dense")).to_series().to_numpy().astype(np.int64) - 1
     _, first = np.unique(ids, return_index=True)
-    return ids, first.astype(np.int64)
+    # renumbered by first appearance, as the hashed ids are (the same ids either way)
+    by_first = np.argsort(first, kind="stable")
+    renumber = np.empty_like(by_first)
+    renumber[by_first] = np.arange(by_first.shape[0])
+    return renumber[ids].astype(np.int64), first[by_first].astype(np.int64)
 
 
 def replay_order(df: pl.DataFrame, cols: Columns) -> Replay:
@@ -423,7 +429,7 @@ def replay_order(df: pl.DataFrame, cols: Columns) -> Replay:
         increasing, ids_increasing = _within_stream_increasing(df, cols.order_by, ids, order)
     if not ids_increasing:  # event ids not increasing in replay order: check by hashing
         check_rules(df, [_duplicate_rule(cols)])
-    return Replay(order, counts, ids)
+    return Replay(order, counts, ids, first)
 
 
 def _within_stream_increasing(

@@ -65,10 +65,16 @@ from calpipe.kernels import ops
 
 @dataclass
 class ProtectResult:
-    """Output of :func:`protect_with_state`: the protected rows and one state row per stream."""
+    """Output of :func:`protect_with_state`: the protected rows and one state row per stream.
+
+    ``groups``, when the call had rows: ``(ids, first)``, the stream of each row of ``scores``
+    (dense ids numbered by first appearance, as :func:`calpipe.kernels.grouping.dense_ids`
+    numbers them) and each stream's first row -- the grouping the engine computed, which the
+    nightly monitoring reuses instead of grouping the same rows again (~0.25 s per 2M rows)."""
 
     scores: pl.DataFrame
     state: pl.DataFrame
+    groups: tuple[np.ndarray, np.ndarray] | None = None
 
 
 def protect(
@@ -238,7 +244,7 @@ def protect_with_state(
     if back is None:
         return result
     # pandas / Arrow in: the scores go back in that kind (the state stays a polars frame)
-    return ProtectResult(back(result.scores), result.state)
+    return ProtectResult(back(result.scores), result.state, result.groups)
 
 
 def calibrator_of(method: str | Calibrator, **params) -> Calibrator:
@@ -427,7 +433,9 @@ def _run(
         log10m=new_state.log10m, peak=peak, weights=weights_series(*new_state.flat()),
         last_rows=last_rows, pending=pending,
     )  # fmt: skip
-    return ProtectResult(scored, merge_state(state0, new_state_df, streams, cols))
+    return ProtectResult(
+        scored, merge_state(state0, new_state_df, streams, cols), (replay.ids, replay.first)
+    )
 
 
 def with_outputs(df: pl.DataFrame, columns: list[pl.Series]) -> pl.DataFrame:

@@ -95,7 +95,11 @@ class Batch:
 
     @cached_property
     def groups(self) -> tuple[np.ndarray, np.ndarray]:
-        """Stream ids of the engine's output rows (= of :attr:`protected`'s, same order)."""
+        """Stream ids of the engine's output rows (= of :attr:`protected`'s, same order): the
+        engine's own grouping of them where it gave one (the same ids: both number the streams
+        by first appearance)."""
+        if self.result is not None and self.result.groups is not None:
+            return self.result.groups
         return stream_groups(self.protected, ["stream"])
 
     @cached_property
@@ -299,7 +303,7 @@ def detect_changes(
     after = freeze(chain.cal, chain.n_classes, after, frozen, batch.result.state, batch.day)
     batch.changes = rows
     batch.result = ProtectResult(
-        batch.result.scores, with_detector(batch.result.state, state, after)
+        batch.result.scores, with_detector(batch.result.state, state, after), batch.result.groups
     )
 
 

@@ -108,6 +108,19 @@ def test_a_hash_collision_cannot_merge_streams(monkeypatch):
     assert got.equals(want)
 
 
+def test_stream_ids_after_a_hash_collision_number_streams_by_first_appearance(monkeypatch):
+    # The fallback used to number streams by the keys' sort rank: the nightly monitoring,
+    # which reuses the engine's grouping (ProtectResult.groups), needs first appearance.
+    df = pl.DataFrame({"s": ["b", "a", "b", "c", "a"]})
+    want = contract.stream_ids(df, ("s",))
+    monkeypatch.setattr(
+        contract.G, "dense_ids", lambda h: (np.zeros(h.shape[0], np.int64), np.zeros(1, np.int64))
+    )
+    ids, first = contract.stream_ids(df, ("s",))
+    assert ids.tolist() == want[0].tolist() == [0, 1, 0, 2, 1]
+    assert first.tolist() == want[1].tolist() == [0, 1, 3]
+
+
 def test_stream_ids_number_streams_by_first_appearance_with_several_keys():
     df = pl.DataFrame({"a": ["x", "y", "x", "x", None], "b": [1, 1, 1, 2, 1]})
     ids, first = contract.stream_ids(df, ("a", "b"))

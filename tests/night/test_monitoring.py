@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import calpipe
 from calpipe.night.monitoring import (
     arrival_stats,
     arrived_in_rows,
@@ -85,3 +86,32 @@ def test_both_paths_are_taken(shuffle_ids):
     shuffled ids the sort."""
     rows = protected(2000, 5, 1, shuffle_ids)
     assert labels_in_id_order(rows, stream_groups(rows, ["stream"])) is not shuffle_ids
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("label_time", [False, True])
+def test_the_engines_groups_are_the_monitorings_stream_groups(shuffle, label_time):
+    # The night reuses ProtectResult.groups for its monitoring (Batch.groups): they must be
+    # the very ids stream_groups gives the output rows, or every per-stream metric would be
+    # attributed to another stream.
+    rng = np.random.default_rng(3)
+    n = 600
+    t = (np.datetime64("2024-01-01T00:00") + np.arange(n).astype("timedelta64[m]")).astype(
+        "datetime64[us]"
+    )
+    df = pl.DataFrame({
+        "stream": rng.choice(["s" + str(i) for i in range(9)], n),
+        "event_time": t, "event_id": np.arange(n),
+        "score": rng.uniform(0.05, 0.95, n), "label": rng.integers(0, 2, n),
+    })  # fmt: skip
+    if label_time:
+        df = df.with_columns(label_time=pl.col("event_time") + pl.duration(minutes=30))
+    if shuffle:
+        df = df[rng.permutation(n)]
+    res = calpipe.protect_with_state(
+        df, by="stream", label_time="label_time" if label_time else None
+    )
+    ids, first = res.groups
+    want_ids, want_first = stream_groups(res.scores, ["stream"])
+    np.testing.assert_array_equal(ids, want_ids)
+    np.testing.assert_array_equal(first, want_first)
