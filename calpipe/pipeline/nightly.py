@@ -135,15 +135,27 @@ def data_span(con, source: EventSource | None, labels: EventSource | None = None
 
 def _read_day(
     con, source: EventSource, d: dt.date, last: dt.date, chain: Chain, to: dt.date | None = None,
-    part: tuple[int, int] | None = None,
-) -> pl.DataFrame:  # fmt: skip
+    part: tuple[int, int] | None = None, settled: bool = False,
+) -> pl.DataFrame | None:  # fmt: skip
     """Day ``d``'s events (the days [d, to] with ``to``; of the streams of ``part``,
     :func:`parts_of_night`) from the source, checked unique against
     the stored history outside [d, last] (the writer has no INSERT pending when a day is read:
     the connection is free), their number of classes the database's (the first events of a new
-    database set it, and the chain's)."""
+    database set it, and the chain's).
+
+    ``settled``: a read that consults nothing stored (``con`` need not be the database's: a
+    database without stored events, whose id type and classes the chain already holds, as
+    :meth:`_Nights._parts` reads a new database's night ahead): no history check, and None
+    when the events' id type or classes are not the chain's, for the caller to read them
+    again through the database (which raises the usual error)."""
     chunk = read_source(con, source, d, to or d, part)
     check_part(chunk["stream"], part, f"{source.describe()}, day {d}")
+    if settled:
+        kind = pl.Int64 if chunk.schema["event_id"].is_integer() else pl.String
+        # (the chain's id type is None until a part with events set it)
+        if not chunk.height or kind != chain.id_type or frame_n_classes(chunk) != chain.n_classes:
+            return None  # (an empty part too: the run's connection gives it the chain's form)
+        return chunk
     if chunk.height:
         # the database's id type is settled by the first day with events (one catalog query a
         # day cost ~1.6 ms behind the writer's pending INSERT: a second of the demo's 892 days)
@@ -459,14 +471,18 @@ class _Nights:
         d: dt.date,
         part: tuple[int, int] | None = None,
         con: duckdb.DuckDBPyConnection | None = None,
-    ) -> _DayEvents:
+        settled: bool = False,
+    ) -> _DayEvents | None:
         """Day ``d``'s events and checked labels (of ``part``, read through ``con``, by default
-        the run's connection); a big night is read part by part as it runs (:meth:`_parts`)."""
+        the run's connection); a big night is read part by part as it runs (:meth:`_parts`).
+        ``settled``: as :func:`_read_day` (None: read the part again through the database)."""
         k = parts_of_night(self.inputs, d) if part is None else 1
         if k > 1:
             return _DayEvents(None, recorded_rows(self.inputs, d, SCORES) or 0, parts=k)
         con = con or self.con
-        chunk = _read_day(con, self.source, d, self.end, self.chain, part=part)
+        chunk = _read_day(con, self.source, d, self.end, self.chain, part=part, settled=settled)
+        if chunk is None:
+            return None
         arrived = night_arrivals(con, self.labels, d, chunk, self.on_unknown_label, part)
         feed = f"labels {self.labels and self.labels.describe()}, day {d}"
         for rows in (arrived.rows, arrived.quarantined):
@@ -488,6 +504,13 @@ class _Nights:
         thread while the part before runs (DuckDB and polars release the GIL; one part ahead
         at most; BENCHMARKS.md §19: a 10M + 10M-label night 5-12 % faster, its peak 10-14 %
         lower).
+        A database that stores no events yet (its first night; a backfill's first day) has no
+        history to consult: when ``d`` is the ``first`` day of its transaction and there is no
+        label feed, the first part is read through the run's connection (it settles the id
+        type and classes inside the night's transaction) and the others ahead, in the thread,
+        through a connection of their own that reads the files and nothing stored
+        (``settled`` reads: a part whose id type or classes differ is read again through the
+        run's connection, which raises the usual error).
         Otherwise each part waits for the writer's pending INSERTs (the days before ``d`` in
         this transaction are visible to its own connection only). Either way the parts come,
         and a bad one fails the night, in order."""
@@ -499,21 +522,24 @@ class _Nights:
         # outside the night's transaction, and change the chain from the reading thread)
         resumed = self.chain.state is not None and self.chain.state.height > 0
         reader = storage.committed_reader(self.con) if first and resumed else None
+        fresh = reader is None and first and self._nothing_stored(writer)
+        if fresh:
+            reader = storage.configure_session(duckdb.connect())
 
-        def read(i: int) -> _DayEvents:
-            return self._read(d, (i, day.parts), reader)
+        def read(i: int) -> _DayEvents | None:
+            return self._read(d, (i, day.parts), reader, settled=fresh)
 
         ahead = None if reader is None else ThreadPoolExecutor(1, "calpipe-read")
         n_events = n_labels = 0  # (no local holds a part: the engine frees each)
         try:
-            coming = None if ahead is None else ahead.submit(read, 0)
+            coming = None if ahead is None or fresh else ahead.submit(read, 0)
             for i in range(day.parts):
-                if ahead is None:
+                part = None if coming is None else coming.result()
+                if part is None:
                     writer.wait()  # the part's reads need the connection (no INSERT pending)
-                    part = read(i)
-                else:
-                    part = coming.result()
-                    coming = ahead.submit(read, i + 1) if i + 1 < day.parts else None
+                    part = self._read(d, (i, day.parts))
+                more = ahead is not None and i + 1 < day.parts
+                coming = ahead.submit(read, i + 1) if more else None
                 n_events += part.height
                 n_labels += part.arrivals.rows.height + part.arrivals.quarantined.height
                 yield part
@@ -530,6 +556,17 @@ class _Nights:
                 f"day {d}: its {day.parts} parts read {n_events} events and {n_labels} labels; "
                 f"its files hold {want[0]} and {want[1]} (did a file change during the run?)"
             )
+
+    def _nothing_stored(self, writer: storage.PartitionWriter) -> bool:
+        """Whether a night's parts can be read ahead as a new database's (:meth:`_parts`): no
+        label feed (its lookup consults the history), a source of files (not a table of this
+        database), and no event stored (as the night's transaction sees it: what it replaces
+        is deleted already)."""
+        if self.labels is not None or self.source.kind == "table":
+            return False
+        writer.wait()  # (the connection is free)
+        row = storage.fetch_one(self.con, "SELECT count(*) FROM scored_events")
+        return row is not None and row[0] == 0
 
     def _night(
         self, writer: storage.PartitionWriter, d: dt.date, day: _DayEvents, *, first: bool

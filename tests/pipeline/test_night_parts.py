@@ -273,3 +273,81 @@ def test_a_big_night_after_a_stored_chain_of_empty_days_sets_its_types_in_its_tr
         )
     finally:
         con.close()
+
+
+@pytest.fixture
+def reads(monkeypatch):
+    """The connection each read of the events went through, in order (a new database's parts
+    read ahead go through one of their own, not the run's)."""
+    seen: list = []
+    read_source = nightly.read_source
+
+    def spy(con, *args, **kw):
+        seen.append(con)
+        return read_source(con, *args, **kw)
+
+    monkeypatch.setattr(nightly, "read_source", spy)
+    return seen
+
+
+@pytest.mark.parametrize(("k", "string_ids"), [(2, False), (2, True), (4, False)])
+def test_a_new_databases_first_night_reads_its_parts_ahead_and_writes_one_parts_rows(
+    tmp_path, events, parts, reads, k, string_ids
+):
+    """A new database's first night (no label feed) reads its parts after the first ahead,
+    through a connection of their own: the same tables as one part, string ids (the first
+    part switches the id column inside the night's transaction) and K classes included."""
+    scores = with_classes(events, k, seed=3)
+    if string_ids:
+        scores = scores.with_columns(pl.format("e-{}", "event_id").alias("event_id"))
+    dbs = []
+    for name, rows in (("parts", 12), ("whole", 10**9)):
+        nightly.NIGHT_PART_ROWS = rows
+        landing = tmp_path / name / "scores"
+        for i in range(N_DAYS):
+            write_day(scores, landing, day(i), "event_time")
+        con = storage.connect(tmp_path / name / "db.duckdb")
+        reads.clear()
+        pipeline.run_range(con, storage.EventSource.parse(str(landing)), end=day(0),
+                           settings=Settings.make("composite-experts"))  # fmt: skip
+        own = sum(c is con for c in reads)  # the first night's reads through the run's connection
+        if name == "parts":  # the first part, and parts without events (read again there)
+            assert parts[0] >= 3 and own < parts[0] and len(reads) > own, (parts, own)
+        # the next nights resume the chain: their parts are read through the committed reader
+        pipeline.run_range(con, storage.EventSource.parse(str(landing)),
+                           settings=Settings.make("composite-experts"))  # fmt: skip
+        dbs.append(con)
+    try:
+        _assert_same_tables(*dbs)
+    finally:
+        for con in dbs:
+            con.close()
+
+
+def test_a_bad_event_in_a_part_read_ahead_is_refused_and_nothing_is_written(
+    tmp_path, events, parts, reads
+):
+    """A score out of [0, 1] in the first night's last part of a new database: refused with
+    the day, stream and event, nothing written (the parts before it were protected and
+    sent to the writer)."""
+    first = events.filter(pl.col("event_time").dt.date() == day(0))
+    k = -(-first.height // 12)  # (the night's parts: nightly.parts_of_night)
+    names = first["stream"].unique().sort()
+    later = names.filter(pl.Series(stream_part(names, k) > 0))
+    assert later.len(), "every stream in the first part: the test would not read ahead"
+    bad_stream = later[-1]
+    row = first.with_row_index().filter(pl.col("stream") == bad_stream)["index"][-1]
+    first = first.with_columns(
+        pl.when(pl.int_range(pl.len()) == row).then(1.5).otherwise(pl.col("score")).alias("score")
+    )
+    landing = tmp_path / "scores"
+    write_day(first, landing, day(0), "event_time")
+    con = storage.connect(tmp_path / "db.duckdb")
+    try:
+        with pytest.raises(InputError, match=rf"day {day(0)}.*{bad_stream}"):
+            pipeline.run_range(con, storage.EventSource.parse(str(landing)))
+        assert any(c is not con for c in reads)  # (parts were read ahead)
+        for t in ("scored_events", "protected_scores", "calibrator_state", "pipeline_days"):
+            assert storage.query(con, f"SELECT count(*) AS n FROM {t}")["n"][0] == 0, t
+    finally:
+        con.close()
