@@ -651,7 +651,7 @@ def main(argv=None) -> None:
     only = (
         set(args.only.split(","))
         if args.only
-        else {"1", "2", "3", "4", "5", "6", "7", "8", "9", "13", "14", "15", "16", "va"}
+        else {"1", "2", "3", "4", "5", "6", "7", "8", "9", "13", "14", "15", "16", "24", "va"}
     )
     t_suite = time.perf_counter()
     parts = [
@@ -714,6 +714,10 @@ def main(argv=None) -> None:
 
         emit(experts_floor.measure(args.size, args.repeat))
         emit(experts_floor.measure_tiny(args.size, args.repeat))
+    if "24" in only:  # a big call in pieces vs one kernel call
+        from benchmarks import pieces
+
+        emit(pieces.measure(args.size, args.repeat))
     total = f"Suite wall time: {time.perf_counter() - t_suite:.0f} s (`--size {args.size}`).\n"
     print(total, flush=True)
     parts.append(total)
