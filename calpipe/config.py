@@ -403,8 +403,8 @@ SMOOTH_ECE_RTOL: float = 1e-5
 
 #: Resamples of the smooth ECE's block bootstrap (metrics.smooth_ece_interval): the 2.5 % and
 #: 97.5 % quantiles of a percentile interval rest on ~25 resamples each at 1,000 (Efron &
-#: Tibshirani 1993, §19.3: >= 1,000 for percentile intervals, 200 being enough only for a
-#: standard error); their Monte Carlo error is then a few per cent of the interval's width.
+#: Tibshirani 1993 ask ~1,000 for percentile intervals, 200 being enough only for a standard
+#: error); their Monte Carlo error is then a few per cent of the interval's width.
 #: The cost is 1,000 smooth ECEs of the stream (~3 s at 36,000 events).
 SMOOTH_ECE_BOOTSTRAP_RESAMPLES: int = 1000
 

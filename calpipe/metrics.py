@@ -455,10 +455,35 @@ def grouped_corp_classwise(
       -log p_y: the K-class log loss has no CORP decomposition.
 
     MCB = 0 exactly when every class's probability is its own PAV recalibration, i.e. the
-    forecasts are classwise calibrated in CORP's empirical sense (Kull & Flach's classwise
-    calibration); a calibrated forecaster's MCB shrinks to 0 as n grows. MCB >= 0 and DSC >= 0
+    forecasts are classwise calibrated (Kull et al. 2019) in CORP's empirical sense; a calibrated forecaster's MCB shrinks to 0 as n grows. MCB >= 0 and DSC >= 0
     term by term (PAV's optimality). For K = 2, ``brier_*`` is twice the binary decomposition
     of P(y = 1) (both classes contribute (p - y)^2, as :func:`grouped_brier` of (1 - p, p)).
+
+    Parameters
+    ----------
+    p : numpy.ndarray
+        (n, K) class probabilities.
+    y : numpy.ndarray
+        (n,) labels 0..K-1 as floats; NaN = unknown (ignored).
+    ids : numpy.ndarray
+        (n,) dense group ids in [0, n_groups).
+    n_groups : int
+        Number of groups.
+
+    Returns
+    -------
+    dict of str to numpy.ndarray
+        ``{log,brier}_{miscalibration,discrimination,uncertainty,score}``, each (n_groups,),
+        NaN for a group without labelled rows.
+
+    References
+    ----------
+    Dimitriadis, T., Gneiting, T. & Jordan, A. I. (2021). Stable reliability diagrams for
+    probabilistic classifiers. PNAS 118(8), e2016191118. Kull, M. & Flach, P. (2015). Novel
+    decompositions of proper scoring rules for classification: score adjustment as precursor
+    to calibration. ECML PKDD. Kull, M., Perello-Nieto, M., Kängsepp, M., Silva Filho, T.,
+    Song, H. & Flach, P. (2019). Beyond temperature scaling: obtaining well-calibrated
+    multi-class probabilities with Dirichlet calibration. NeurIPS.
 
     Examples
     --------
@@ -497,12 +522,12 @@ def bootstrap_block_length(n: int) -> int:
     Hall, Horowitz & Jing (Biometrika 1995) show that the block length minimising the mean
     squared error of a block-bootstrap variance or bias estimate grows as n^(1/3) (n^(1/4) for a
     distribution function, n^(1/5) for a two-sided coverage); n^(1/3) is the usual default
-    (Lahiri 2003, §7) and gives the longer blocks of the three, the cautious side for drifting
+    (Lahiri 2003) and gives the longer blocks of the three, the cautious side for drifting
     streams whose dependence is not short-range. The constant 1 is not tuned: 34 events at
     36,169, 12 at 1,348.
 
-    >>> [bootstrap_block_length(n) for n in (1, 8, 9, 1000, 36169)]
-    [1, 2, 3, 10, 34]
+    >>> tuple(bootstrap_block_length(n) for n in (1, 8, 9, 1000, 36169))
+    (1, 2, 3, 10, 34)
     """
     if n < 1:
         return 1
@@ -622,6 +647,38 @@ def smooth_ece_interval(
     smooth ECE near 0, for which the estimate itself is biased. Replicates:
     :func:`smooth_ece_bootstrap`; resamples :data:`calpipe.config.SMOOTH_ECE_BOOTSTRAP_RESAMPLES`.
 
+    Parameters
+    ----------
+    p : numpy.ndarray
+        (n,) probabilities of label 1, or (n, K) class probabilities, in time order.
+    y : numpy.ndarray
+        (n,) labels as floats (0/1, or 0..K-1); NaN = unknown, dropped before resampling.
+    level : float
+        Two-sided level of the interval (:data:`calpipe.config.SMOOTH_ECE_BOOTSTRAP_LEVEL`).
+    n_resamples : int
+        Bootstrap resamples.
+    block_length : int, optional
+        Events per block; default :func:`bootstrap_block_length` of the labelled events.
+    seed : int
+        Seed of the resampling (:data:`calpipe.config.SMOOTH_ECE_BOOTSTRAP_SEED`).
+
+    Returns
+    -------
+    tuple of float
+        (smooth ECE, lower bound, upper bound); the smooth ECE is :func:`grouped_smooth_ece`'s
+        to the bit.
+
+    References
+    ----------
+    Błasiok, J. & Nakkiran, P. (2024). Smooth ECE: principled reliability diagrams via kernel
+    smoothing. ICLR. Künsch, H. R. (1989). The jackknife and the bootstrap for general
+    stationary observations. Ann. Statist. 17, 1217-1241. Politis, D. N. & Romano, J. P.
+    (1992). A circular block-resampling procedure for stationary data. In *Exploring the Limits
+    of Bootstrap*, 263-270. Hall, P., Horowitz, J. L. & Jing, B.-Y. (1995). On blocking rules
+    for the bootstrap with dependent data. Biometrika 82, 561-574.
+
+    Examples
+    --------
     >>> rng = np.random.default_rng(0)
     >>> p = rng.uniform(0.1, 0.9, 2000)
     >>> y = (rng.uniform(size=2000) < p**1.2).astype(float)
@@ -652,7 +709,20 @@ def smooth_ece_difference_interval(
     blocks (:func:`smooth_ece_bootstrap` with one seed), so the noise the outcomes put into both
     smooth ECEs largely cancels in the difference; the interval is recentred on the difference
     as :func:`smooth_ece_interval`'s (no floor: a difference may be negative). An interval
-    that contains 0 says the two smooth ECEs are not told apart by this stream."""
+    that contains 0 says the two smooth ECEs are not told apart by this stream.
+
+    Parameters
+    ----------
+    p, q : numpy.ndarray
+        The two forecasters' (n,) or (n, K) forecasts of the same events, in time order.
+    y, level, n_resamples, block_length, seed
+        As :func:`smooth_ece_interval`.
+
+    Returns
+    -------
+    tuple of float
+        (smECE(p) - smECE(q), lower bound, upper bound).
+    """
     y = np.asarray(y, np.float64)
     kw = {"n_resamples": n_resamples, "block_length": block_length, "seed": seed}
     reps = smooth_ece_bootstrap(p, y, **kw) - smooth_ece_bootstrap(q, y, **kw)
