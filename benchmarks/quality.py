@@ -84,14 +84,16 @@ than a block. Circular (Politis & Romano 1992) so that the first and last events
 shows most, are drawn as often as the others; block length ceil(n^(1/3)) (Hall, Horowitz &
 Jing 1995's MSE-optimal rate for variances; 33-34 events on the bank streams, 10-14 on the
 short ones; :func:`calpipe.metrics.bootstrap_block_length`). 1,000 resamples
-(:data:`calpipe.config.SMOOTH_ECE_BOOTSTRAP_RESAMPLES`: enough for 2.5 % quantiles), seed
+(:data:`calpipe.config.SMOOTH_ECE_BOOTSTRAP_RESAMPLES`: enough for 2.5 % quantiles; 200 at smoke
+size, :data:`SMOKE_RESAMPLES`), seed
 :data:`BOOTSTRAP_SEED`: the intervals are reproducible to the bit. The forecasts are resampled,
 not the methods re-run: the interval is the evaluation's sampling noise given the forecasts. The
 smooth ECE is biased upward near 0 and a resample adds noise on top, so the replicates sit above
 the estimate and the plain percentile interval can miss it; the interval shown is the percentile
 interval moved by the bootstrap's median bias (centred on the estimate; the metric's docstring
-gives the measurement). It costs ~2 x 1,000 smooth ECEs per stream: seconds on the 36,000-event
-streams, a fraction of one on the smoke size's.
+gives the measurement). It costs 3 x 1,000 smooth ECEs per stream (the default's resamples,
+then both forecasters' for the difference): ~10 s on a 36,000-event stream, ~1-2 minutes in
+all; at smoke size a few seconds.
 
 Pass rule (issue 11): on every drifting stream the default's mean log loss is <= the best
 anchor's (the anchor with the lowest log loss); on every stream it is <= the base's + ln 2 / n;
@@ -139,6 +141,11 @@ SMOOTH_ECE_SLACK = 0.005
 #: The seed of the smooth ECE's bootstrap (the library's default; stated here because the
 #: report's intervals are reproducible from it).
 BOOTSTRAP_SEED = config.SMOOTH_ECE_BOOTSTRAP_SEED
+#: Bootstrap resamples at smoke size (CI): the run checks that the report is made, its intervals
+#: are informational, and 200 resamples cost a fifth of the 1,000 of the full size
+#: (:data:`calpipe.config.SMOOTH_ECE_BOOTSTRAP_RESAMPLES`), whose quantiles they would only
+#: roughen.
+SMOKE_RESAMPLES = 200
 
 #: paper 001 Table 11 (mean log loss over five seeds): model -> (Phishing base, protected,
 #: ImageSegments base, protected)
@@ -543,7 +550,9 @@ def evaluate(s: Stream, p: np.ndarray, mart: np.ndarray | None) -> dict:
     return row
 
 
-def evaluate_stream(s: Stream) -> list[dict]:
+def evaluate_stream(
+    s: Stream, n_resamples: int = config.SMOOTH_ECE_BOOTSTRAP_RESAMPLES
+) -> list[dict]:
     runs: list[tuple[str, str, np.ndarray, np.ndarray | None]] = [("base", "base", s.p, None)]
     names = ONLINE + sorted(WINDOWED)
     for m in names:
@@ -573,11 +582,16 @@ def evaluate_stream(s: Stream) -> list[dict]:
                      next(r[2] for r in runs if r[1] == "ops"), None))  # fmt: skip
     rows = [{"stream": s.name, "kind": k, "method": m, **evaluate(s, p, mart)}
             for k, m, p, mart in runs]  # fmt: skip
-    intervals(s, runs, rows)
+    intervals(s, runs, rows, n_resamples)
     return rows
 
 
-def intervals(s: Stream, runs: list, rows: list[dict]) -> None:
+def intervals(
+    s: Stream,
+    runs: list,
+    rows: list[dict],
+    n_resamples: int = config.SMOOTH_ECE_BOOTSTRAP_RESAMPLES,
+) -> None:
     """The default's smooth ECE with its block-bootstrap interval
     (:func:`calpipe.metrics.smooth_ece_interval`) and its difference to the best anchor's (by
     log loss, as :func:`verdict` picks it) with the paired interval
@@ -589,8 +603,9 @@ def intervals(s: Stream, runs: list, rows: list[dict]) -> None:
               key=lambda i: rows[i]["log_loss"])  # fmt: skip
     p_d, p_a = runs[i_d][2], runs[i_a][2]
     y = s.y.astype(np.float64)
-    _, lo, hi = metrics.smooth_ece_interval(p_d, y, seed=BOOTSTRAP_SEED)
-    diff, dlo, dhi = metrics.smooth_ece_difference_interval(p_d, p_a, y, seed=BOOTSTRAP_SEED)
+    kw = {"n_resamples": n_resamples, "seed": BOOTSTRAP_SEED}
+    _, lo, hi = metrics.smooth_ece_interval(p_d, y, **kw)
+    diff, dlo, dhi = metrics.smooth_ece_difference_interval(p_d, p_a, y, **kw)
     rows[i_d].update(smece_lo=lo, smece_hi=hi, dsmece=diff, dsmece_lo=dlo, dsmece_hi=dhi)
 
 
@@ -659,7 +674,8 @@ def cpu_model() -> str:
     return platform.processor() or "unknown CPU"
 
 
-def markdown(streams, results, verdicts, t11, size, seconds) -> str:
+def markdown(streams, results, verdicts, t11, size, seconds, resamples=None) -> str:
+    resamples = resamples or config.SMOOTH_ECE_BOOTSTRAP_RESAMPLES
     lines = ["# Forecast quality", "",
              f"`python -m benchmarks.quality --size {size}` on {cpu_model()}, "
              f"{seconds:.0f} s. Generated; do not edit by hand.", "",
@@ -687,7 +703,7 @@ def markdown(streams, results, verdicts, t11, size, seconds) -> str:
               "streams) default <= the best anchor's log loss; `smooth_ece` default's smooth ECE "
               f"<= the best anchor's (by log loss) + {SMOOTH_ECE_SLACK}. `95 %`: the default's "
               "smooth ECE's circular block bootstrap interval (blocks of ceil(n^(1/3)) events, "
-              f"{config.SMOOTH_ECE_BOOTSTRAP_RESAMPLES:,} resamples, seed "
+              f"{resamples:,} resamples, seed "
               f"{BOOTSTRAP_SEED}; the percentile interval moved by the bootstrap's median bias, "
               "`calpipe.metrics.smooth_ece_interval`); `difference, 95 %`: default's smooth ECE "
               "minus the best anchor's, with the paired interval on the same resamples (one "
@@ -762,13 +778,15 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     streams = build_streams(args.size)
-    results = {s.name: evaluate_stream(s) for s in streams}
+    resamples = SMOKE_RESAMPLES if args.size == "smoke" else config.SMOOTH_ECE_BOOTSTRAP_RESAMPLES
+    results = {s.name: evaluate_stream(s, resamples) for s in streams}
     verdicts = [verdict(s, results[s.name]) for s in streams]
     if args.size == "full":
         t11 = table_11(list(TABLE_11), [1, 2, 3, 4, 5], None)
     else:
         t11 = table_11(["Hoeffding", "ARF"], [1], 600)
-    text = markdown(streams, results, verdicts, t11, args.size, time.perf_counter() - t0)
+    text = markdown(streams, results, verdicts, t11, args.size, time.perf_counter() - t0,
+                    resamples)  # fmt: skip
     if args.out:
         Path(args.out).write_text(text + "\n")
     else:

@@ -43,16 +43,17 @@ def test_the_default_row_gets_its_interval_and_the_paired_difference(k):
     runs = runs_of(s)
     rows = [{"stream": s.name, "kind": kd, "method": m, **quality.evaluate(s, p, mart)}
             for kd, m, p, mart in runs]  # fmt: skip
-    quality.intervals(s, runs, rows)
+    quality.intervals(s, runs, rows, 100)
     d = next(r for r in rows if r["kind"] == "default")
     best = min((r for r in rows if r["kind"] == "anchor"), key=lambda r: r["log_loss"])
     y = s.y.astype(float)
+    kw = {"n_resamples": 100, "seed": quality.BOOTSTRAP_SEED}
     assert (d["smooth_ece"], d["smece_lo"], d["smece_hi"]) == metrics.smooth_ece_interval(
-        runs[1][2], y, seed=quality.BOOTSTRAP_SEED
+        runs[1][2], y, **kw
     )
     anchor_p = next(r[2] for r in runs if r[1] == best["method"])
     assert (d["dsmece"], d["dsmece_lo"], d["dsmece_hi"]) == (
-        metrics.smooth_ece_difference_interval(runs[1][2], anchor_p, y, seed=quality.BOOTSTRAP_SEED)
+        metrics.smooth_ece_difference_interval(runs[1][2], anchor_p, y, **kw)
     )
     assert d["dsmece"] == pytest.approx(d["smooth_ece"] - best["smooth_ece"], abs=1e-15)
     assert d["smece_lo"] <= d["smooth_ece"] <= d["smece_hi"]
@@ -60,7 +61,8 @@ def test_the_default_row_gets_its_interval_and_the_paired_difference(k):
     assert v["smece_ci"] == (d["smece_lo"], d["smece_hi"])
     # the verdict keeps the point rule
     assert v["checks"]["smooth_ece"] == (d["smooth_ece"] <= best["smooth_ece"] + 0.005)
-    text = quality.markdown([s], {s.name: rows}, [v], [], "smoke", 1.0)
+    text = quality.markdown([s], {s.name: rows}, [v], [], "smoke", 1.0, 100)
+    assert "100 resamples" in text
     width, prev = 0, ""
     for line in text.splitlines():  # every row of a table has its header's columns
         if line.startswith("|"):
