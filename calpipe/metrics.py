@@ -171,11 +171,13 @@ def smooth_ece(p: str, y: str, *, multiclass: bool = False) -> pl.Expr:
 CORP_FIELDS = ("miscalibration", "discrimination", "uncertainty", "score")
 
 
-def corp(p: str, y: str, *, score: str = "log") -> pl.Expr:
+def corp(p: str, y: str, *, score: str = "log", multiclass: bool = False) -> pl.Expr:
     """CORP decomposition (Dimitriadis, Gneiting & Jordan, PNAS 2021, eqs. (2)-(4)) of the mean
     ``score`` ("log": natural log loss as :func:`log_loss`; "brier") of binary forecasts: a struct
     {miscalibration, discrimination, uncertainty, score} with score = MCB - DSC + UNC, from the
-    PAV recalibration of the forecasts (ties pooled) and the climatology mean y.
+    PAV recalibration of the forecasts (ties pooled) and the climatology mean y. K classes
+    (``multiclass``): the classwise decomposition (:func:`grouped_corp_classwise`: "brier" is
+    the K-class Brier score's, "log" the one-vs-rest log score's, not the log loss's).
 
     >>> df = pl.DataFrame({"p": [0.1, 0.4, 0.35, 0.8], "y": [0, 0, 1, 1]})
     >>> d = df.select(corp("p", "y", score="brier")).item()
@@ -187,9 +189,17 @@ def corp(p: str, y: str, *, score: str = "log") -> pl.Expr:
     dtype = pl.Struct({f: pl.Float64 for f in CORP_FIELDS})
 
     def fn(s: pl.Series) -> pl.Series:
-        f, yy = _pair(s, p, y, False)
-        d = grouped_corp(f, yy, np.zeros(f.size, np.int64), 1)
-        row = {k: float(d[f"{score}_{k}"][0]) if f.size else None for k in CORP_FIELDS}
+        if multiclass:
+            df = s.struct.unnest().filter(pl.col(y).is_not_null())
+            f = np.asarray(df[p].cast(pl.List(pl.Float64)).to_list(), float)
+            yy = df[y].cast(pl.Float64).to_numpy()
+            # (no labelled row: an empty 1-d array, which the binary form turns into nulls)
+            grouped = grouped_corp_classwise if f.size else grouped_corp
+        else:
+            f, yy = _pair(s, p, y, False)
+            grouped = grouped_corp
+        d = grouped(f, yy, np.zeros(len(yy), np.int64), 1)
+        row = {k: float(d[f"{score}_{k}"][0]) if len(yy) else None for k in CORP_FIELDS}
         return pl.Series([row], dtype=dtype)
 
     return pl.struct(p, y).map_batches(fn, return_dtype=dtype, returns_scalar=True)

@@ -713,3 +713,30 @@ def test_smooth_ece_interval_refuses_bad_arguments_by_name(kwargs, match):
     p, y = miscalibrated_stream(9, 300)
     with pytest.raises(ValueError, match=match):
         metrics.smooth_ece_interval(p, y, **kwargs)
+
+
+def test_classwise_corp_expression_equals_the_grouped_form():
+    p, y = multiclass_data(12, 300, 3, 0.1)
+    g = np.random.default_rng(12).integers(0, 3, size=300)
+    df = frame(p, y, g)
+    got = (
+        df.group_by("g")
+        .agg(
+            metrics.corp("p", "y", score="brier", multiclass=True).alias("brier"),
+            metrics.corp("p", "y", multiclass=True).alias("log"),
+        )
+        .sort("g")
+    )
+    d = metrics.grouped_corp_classwise(p, y, g, 3)
+    for s in ("log", "brier"):
+        for k in metrics.CORP_FIELDS:
+            assert got[s].struct.field(k).to_list() == pytest.approx(
+                d[f"{s}_{k}"].tolist(), rel=1e-12
+            )
+    assert df.select(metrics.corp("p", "y", score="brier", multiclass=True)).item()[
+        "score"
+    ] == pytest.approx(df.select(metrics.brier("p", "y", multiclass=True)).item(), rel=1e-12)
+    empty = df.filter(pl.col("y").is_null())
+    assert empty.select(metrics.corp("p", "y", multiclass=True)).item() == dict.fromkeys(
+        metrics.CORP_FIELDS
+    )
