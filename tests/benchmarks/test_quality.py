@@ -1,0 +1,88 @@
+"""benchmarks.quality's report of issue #34: the default's smooth ECE interval and its paired
+difference to the best anchor (on hand-made runs: no calibrator is run here, the full suite is
+``make quality``), and the Brier CORP columns for binary and K-class streams."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from benchmarks import quality
+from calpipe import metrics
+
+
+def stream(k: int, n: int = 1500, seed: int = 0) -> quality.Stream:
+    rng = np.random.default_rng(seed)
+    if k == 2:
+        p = rng.beta(1.0, 3.0, size=n)
+        y = (rng.random(n) < np.clip(1.2 * p, 0, 1)).astype(np.int64)
+    else:
+        p = rng.dirichlet(np.ones(k), size=n)
+        y = (rng.random(n)[:, None] > np.cumsum(p, axis=1)).sum(axis=1)
+    return quality.Stream(f"test-{k}", p, y, True, "hand-made")
+
+
+def runs_of(s: quality.Stream):
+    """base, a default (the base sharpened a little) and two anchors: the base flattened
+    towards its mean, and the base itself (the better by log loss on these streams)."""
+    if s.k == 2:
+        sharp = np.clip(s.p * 1.1, 0.0, 1.0)
+        flat = 0.5 * s.p + 0.5 * s.p.mean()
+    else:
+        sharp = s.p**1.1 / (s.p**1.1).sum(axis=1, keepdims=True)
+        flat = 0.5 * s.p + 0.5 / s.k
+    return [("base", "base", s.p, None), ("default", quality.DEFAULT, sharp, None),
+            ("anchor", "flat", flat, None), ("anchor", "same", s.p, None)]  # fmt: skip
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_the_default_row_gets_its_interval_and_the_paired_difference(k):
+    s = stream(k)
+    runs = runs_of(s)
+    rows = [{"stream": s.name, "kind": kd, "method": m, **quality.evaluate(s, p, mart)}
+            for kd, m, p, mart in runs]  # fmt: skip
+    quality.intervals(s, runs, rows, 100)
+    d = next(r for r in rows if r["kind"] == "default")
+    best = min((r for r in rows if r["kind"] == "anchor"), key=lambda r: r["log_loss"])
+    y = s.y.astype(float)
+    kw = {"n_resamples": 100, "seed": quality.BOOTSTRAP_SEED}
+    assert (d["smooth_ece"], d["smece_lo"], d["smece_hi"]) == metrics.smooth_ece_interval(
+        runs[1][2], y, **kw
+    )
+    anchor_p = next(r[2] for r in runs if r[1] == best["method"])
+    assert (d["dsmece"], d["dsmece_lo"], d["dsmece_hi"]) == (
+        metrics.smooth_ece_difference_interval(runs[1][2], anchor_p, y, **kw)
+    )
+    assert d["dsmece"] == pytest.approx(d["smooth_ece"] - best["smooth_ece"], abs=1e-15)
+    assert d["smece_lo"] <= d["smooth_ece"] <= d["smece_hi"]
+    v = quality.verdict(s, rows)
+    assert v["smece_ci"] == (d["smece_lo"], d["smece_hi"])
+    # the verdict keeps the point rule
+    assert v["checks"]["smooth_ece"] == (d["smooth_ece"] <= best["smooth_ece"] + 0.005)
+    text = quality.markdown([s], {s.name: rows}, [v], [], "smoke", 1.0, 100)
+    assert "100 resamples" in text
+    width, prev = 0, ""
+    for line in text.splitlines():  # every row of a table has its header's columns
+        if line.startswith("|"):
+            width = width if prev.startswith("|") else line.count("|")
+            assert line.count("|") == width, line
+        prev = line
+    assert f"[{d['smece_lo']:.4f}, {d['smece_hi']:.4f}]" in text
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_the_brier_corp_columns_decompose_the_brier_column(k):
+    s = stream(k, n=800, seed=1)
+    row = quality.evaluate(s, s.p, None)
+    y = s.y.astype(float)
+    one = np.zeros(len(y), np.int64)
+    d = (metrics.grouped_corp(s.p, y, one, 1) if k == 2
+         else metrics.grouped_corp_classwise(s.p, y, one, 1))  # fmt: skip
+    assert row["mcb_brier"] == d["brier_miscalibration"][0] >= 0.0
+    assert row["dsc_brier"] == d["brier_discrimination"][0] >= 0.0
+    unc = d["brier_uncertainty"][0]
+    assert row["brier"] == pytest.approx(row["mcb_brier"] - row["dsc_brier"] + unc, abs=1e-12)
+    # the log loss columns: binary only (the K-class log loss has no CORP decomposition)
+    assert math.isnan(row["mcb"]) == (k > 2)
