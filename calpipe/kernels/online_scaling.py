@@ -39,8 +39,9 @@ dl/db_c = f_c - [c = y] (the multinomial logistic regression's on the features (
 the same G&R Algorithm 1 / Hazan Algorithm 12 recursion above over the full K^2 + K parameters:
 A is (K^2 + K) x (K^2 + K), solved by Cholesky every label and factored again at each
 bisection step of a projection. Cost per label O(d^3 / 3) = O(K^6 / 3) flops (K = 7: d = 56,
-~0.06 Mflop; K = 10: d = 110, ~0.5 Mflop) and a state of d + d^2 doubles per stream (K = 10:
-12,210 doubles, 98 KB); :data:`calpipe.config.OMS_MAX_CLASSES` bounds K. The softmax of
+~0.06 Mflop, measured ~45 us; K = 10: d = 110, ~0.5 Mflop, ~0.3 ms; K = 16: d = 272, ~4.6 ms;
+vector scaling: under 10 us) and a state of d + d^2 doubles per stream (K = 10: 12,210 doubles,
+98 KB); :data:`calpipe.config.OMS_MAX_CLASSES` bounds K. The softmax of
 W ln q + b is a log-loss exp-concave model on the bounded ball, so Hazan's Thm. 4.5 gives the
 O(d log T) regret against the best fixed (W, b) with ||theta|| <= B as for vector scaling.
 Vector scaling is matrix scaling with W diagonal: the matrix model contains it, at K^2 - K more
