@@ -341,6 +341,11 @@ OPS_SCORE_CLIP: float = 0.01
 #: Calibeating bins of the expert's forecast: equal-width of [0, 1] (G&R §3 use 10: epsilon = 0.1).
 CALIBEATING_N_BINS: int = 10
 
+#: Online matrix scaling (``oms``) learns d = K^2 + K parameters with a d x d ONS matrix: per
+#: label O(d^3 / 3) flops and d + d^2 doubles of state per stream, so K is capped where that is
+#: still ~5 ms a label and 0.6 MB a stream (K = 16: d = 272); vector scaling (``ops``) has none.
+OMS_MAX_CLASSES: int = 16
+
 
 # --- Isotonic and ROC-regularized isotonic regression (kernels/isotonic.py) ---
 #: Sorted scores within this distance of the first score of their run are one tie group (pooled

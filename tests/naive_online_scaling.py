@@ -22,7 +22,7 @@ def features(p, kind: str, clip: float):
     if kind == "beta":
         q = min(max(p, clip), 1.0 - clip)
         return np.array([math.log(q), -math.log(1.0 - q), 1.0])
-    # vector scaling, K classes: parameters (a_1..a_K, b_1..b_K)
+    # vector and matrix scaling, K classes: ln of the row floored at clip, renormalised
     q = np.maximum(np.asarray(p, dtype=float), clip)
     q = q / q.sum()
     return np.log(q)
@@ -51,8 +51,36 @@ def project(theta, a, radius):
     return at(hi)
 
 
+def matrix_stream(scores, labels, *, gamma=0.1, radius=100.0, eps=0.01, clip=0.01):
+    """Online matrix scaling of one stream (all labels known), written from G&R Algorithm 1
+    (Hazan 2016, Algorithm 12) with the multinomial logistic model of Guo et al. 2017:
+    theta = (W (K x K, row-major), b (K)), forecast softmax(W ln q + b), theta_1 = (I, 0),
+    A_0 = eps I; per label g = grad of -ln softmax(W ln q + b)_y = ((f - e_y) ln q^T, f - e_y),
+    A += g g^T, theta <- Pi^A_{||.|| <= radius}(theta - A^-1 g / gamma)."""
+    scores = np.asarray(scores, dtype=float)
+    k = scores.shape[1]
+    w = np.eye(k)
+    b = np.zeros(k)
+    a = eps * np.eye(k * k + k)
+    out = []
+    for p, y in zip(scores, labels, strict=True):
+        lnq = features(p, "vector", clip)
+        z = np.array([sum(w[c, j] * lnq[j] for j in range(k)) + b[c] for c in range(k)])
+        e = np.exp(z - z.max())
+        f = e / e.sum()
+        out.append(f)
+        r = f - np.eye(k)[y]
+        g = np.concatenate([np.outer(r, lnq).ravel(), r])
+        a = a + np.outer(g, g)
+        theta = project(np.concatenate([w.ravel(), b]) - np.linalg.solve(a, g) / gamma, a, radius)
+        w, b = theta[: k * k].reshape(k, k), theta[k * k :]
+    return np.array(out)
+
+
 def ons_stream(scores, labels, *, kind="platt", gamma=0.1, radius=100.0, eps=0.01, clip=0.01):
     """OPS / online beta / online vector scaling forecasts of one stream (all labels known)."""
+    if kind == "matrix":
+        return matrix_stream(scores, labels, gamma=gamma, radius=radius, eps=eps, clip=clip)
     binary = kind in ("platt", "beta")
     if kind == "platt":
         theta = np.array([1.0, 0.0])

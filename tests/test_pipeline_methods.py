@@ -45,6 +45,7 @@ CASES = {
     "tobs": {},
     "hobs": {"n_bins": 4},
     "online-histogram": {"n_bins": 5},
+    "oms": {},
     "composite-experts": {},
     "decay-beta": {"memory": 40},
 }

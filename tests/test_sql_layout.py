@@ -85,6 +85,7 @@ CHANGED_SINCE_SPLIT = {
     "calpipe_kpoints_layer": "#33: a K-class term layer evaluated compiled (calpipe_kterm_layers)",
     "calibrate_table_as_of": "#33: compiles the term layers once (calpipe_points_layer's terms)",
     "calibrate_scores_table_as_of": "#33: compiles the K-class term layers once, for both layers",
+    "calpipe_kinput": "#34: a matrix scaling input (oms: ka the K^2 entries of W)",
 }
 ADDED_SINCE_SPLIT = {
     "calpipe_kshow": "#36 item 16: a score vector as an error message shows it",

@@ -740,9 +740,10 @@ class Calibrator(Generic[StateT]):
         functions), ``"brier"`` (the Brier compatibility mode's weights), ``"temperature"``,
         ``"calreg"`` / ``"calreg_fp"`` (calibrated regression), ``"calibeat"`` (an expert's map,
         then a bin table), ``"stack"`` (a stack of two methods with forms). K classes:
-        ``"terms"``, ``"brier"``, ``"vector"``, ``"temperature"``, ``"tables"`` (binary step
-        tables coupled across classes), ``"categories"`` (Venn taxonomies), ``"tree"``
-        (ROC-isotonic's partition tree), ``"stack"``. Each method declares its own; this
+        ``"terms"``, ``"brier"``, ``"vector"``, ``"matrix"`` (online matrix scaling),
+        ``"temperature"``, ``"tables"`` (binary step tables coupled across classes),
+        ``"categories"`` (Venn taxonomies), ``"tree"`` (ROC-isotonic's partition tree),
+        ``"stack"``. Each method declares its own; this
         default is the binary logistic or step form, and none for K classes."""
         if n_classes > 2:
             return None

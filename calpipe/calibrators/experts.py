@@ -70,7 +70,7 @@ from calpipe.calibrators.base import (
 )
 from calpipe.calibrators.batch import BATCH_METHODS
 from calpipe.calibrators.decay import DecayBeta
-from calpipe.calibrators.online_scaling import OBS, OPS
+from calpipe.calibrators.online_scaling import OBS, OMS, OPS, vector_as_matrix
 from calpipe.calibrators.protected import JUMPING_RATES, PASSIVE_WEIGHT
 from calpipe.calibrators.windowed import WindowedCalibrator
 from calpipe.errors import ParameterError, StateError
@@ -82,11 +82,11 @@ from calpipe.kernels import online_scaling as OS
 from calpipe.kernels.mixture import serving_weights
 from calpipe.kernels.ops import OP_FORECAST, with_forecast_copies
 
-#: The calibrators that may serve as inputs: online Platt/beta scaling (no window) and the
+#: The calibrators that may serve as inputs: online Platt/beta/matrix scaling (no window) and the
 #: windowed batch calibrators (a trailing window refitted every few labels, the practitioner's
 #: nightly refit). Each forecasts an update-only op's copy from its state at that time.
 INPUT_METHODS: dict[str, type[Calibrator]] = {
-    cls.name: cls for cls in (OPS, OBS, DecayBeta, *BATCH_METHODS)
+    cls.name: cls for cls in (OPS, OBS, OMS, DecayBeta, *BATCH_METHODS)
 }
 
 _rate_ok = number_in(0.0, 1.0, lo_open=True, hi_open=False)
@@ -416,8 +416,10 @@ class CompositeExperts(Calibrator[FlatState]):
         (``ops``, ``obs``, windowed ``platt``/``beta``; an unfitted window: the base), for K
         classes as its vector scaling map (``ops``: online vector scaling). A binary input
         without a logistic map (isotonic, Venn-ABERS, ...: a step or linear table, see
-        :meth:`table_inputs`) is named in ``in_table``. Raises ParameterError for a K-class
-        input without a vector scaling map."""
+        :meth:`table_inputs`) is named in ``in_table``. K classes: each input's
+        ``k_input_map``, ``[a, b, eps]`` (2K + 1) when every input is vector scaling, else
+        ``[W row-major, b, eps]`` (K^2 + K + 1), vector maps written with W = diag(a) (``oms``:
+        online matrix scaling). Raises ParameterError for a K-class input without such a map."""
         k = n_classes
         fam = self.family(k)
         head, subs = self._split(state, k)
@@ -425,7 +427,8 @@ class CompositeExperts(Calibrator[FlatState]):
         n_rates = len(self.rates)
         active = np.ascontiguousarray(head[:, 1:]).reshape(n, n_rates, -1)
         weight = np.column_stack([head[:, 0], serving_weights(active, self.rates)])
-        width = 4 if k == 2 else 2 * k + 1
+        matrix = k > 2 and any(c.sql_form(k) == "matrix" for c in self._inputs(k))
+        width = 4 if k == 2 else (k * k + k + 1 if matrix else 2 * k + 1)
         inputs = np.full((n, weight.shape[1], width), np.nan)
         in_table = np.full(weight.shape[1], -1, dtype=np.int64)
         tables = self.table_input_indices() if k == 2 else []
@@ -434,11 +437,15 @@ class CompositeExperts(Calibrator[FlatState]):
             if i in tables:
                 in_table[lo : lo + t] = tables.index(i)
                 continue
-            if not hasattr(cal, "logistic_map" if k == 2 else "vector_map"):
+            if not hasattr(cal, "logistic_map" if k == 2 else "k_input_map"):
                 raise ParameterError(f"input {cal.name!r} of {self.name!r} has no SQL form")
-            inputs[:, lo : lo + t] = (cal.logistic_map(sub) if k == 2 else cal.vector_map(sub, k))[
-                :, None, :
-            ]
+            if k == 2:
+                m = cal.logistic_map(sub)
+            else:
+                m = cal.k_input_map(sub, k)
+                if matrix and m.shape[1] == 2 * k + 1:
+                    m = vector_as_matrix(m, k)
+            inputs[:, lo : lo + t] = m[:, None, :]
         n_in = 1 + len(subs)
         alphas = None
         if k > 2:
@@ -457,9 +464,9 @@ class CompositeExperts(Calibrator[FlatState]):
     def sql_form(self, n_classes: int = 2) -> str | None:
         """The mixture's terms when every input's map can be a term's input: binary, a logistic
         map or a step table of its own (:meth:`table_input_indices`); K classes, online vector
-        scaling's map."""
+        or matrix scaling's map."""
         if n_classes > 2:
-            ok = all(c.sql_form(n_classes) == "vector" for c in self._inputs(n_classes))
+            ok = all(c.sql_form(n_classes) in ("vector", "matrix") for c in self._inputs(n_classes))
         else:
             ok = all(c.has_logistic_map() or c.sql_form(2) == "steps" for c in self._inputs(2))
         return "terms" if ok else None

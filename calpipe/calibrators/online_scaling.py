@@ -13,6 +13,9 @@ method              forecast                                                    
 ``tobs``, ``hobs``  online beta scaling + tracking / hedging calibeating (G&R §5)       binary
 ``online-histogram`` online histogram binning: the mean label of earlier events in the    binary
                     base forecast's equal-width bin (tracking calibeating of the base)
+``oms``             online matrix scaling: softmax(W ln q + b), (W, b) in R^{K^2 + K} by    matrix
+                    the same ONS from the identity (W = I, b = 0); binary: online beta    scaling
+                    scaling, the same model family (``obs``)
 ==================  ==================================================================  =========
 
 K classes (``ops`` only): the multinomial analogue is **online vector scaling**, softmax of
@@ -25,6 +28,16 @@ Regret (Hazan 2016, Thm. 4.5; G&R Thm. 2.1): the cumulative log loss of OPS/OBS 
 the best fixed map with ||theta|| <= B in hindsight by O(d log T); tracking/hedging calibeating
 add calibration on top (G&R Thms. 3.1-3.2: the Brier score of TOPS beats OPS's by its sharpness
 term; HOPS is also calibrated for adversarial sequences, up to the grid width).
+
+K classes (``oms``): **online matrix scaling**, the full-matrix form of Guo et al. (2017):
+softmax(W ln q + b), W K x K, learnt by the same ONS (G&R Algorithm 1) over the K^2 + K
+parameters. It contains vector scaling (W diagonal) and can move probability between classes
+(a class confused with another), at K^2 - K more parameters: the regret term grows from 2K to
+K^2 + K times O(log T), the state to d + d^2 = O(K^4) doubles and a label costs O(K^6) flops
+(:data:`calpipe.config.OMS_MAX_CLASSES` bounds K; see the kernel's docstring). Binary scores:
+matrix scaling of (1 - p, p) is sigmoid((W_11 - W_01) ln p + (W_10 - W_00) ln(1 - p) + b_1 -
+b_0), beta scaling's family, so ``oms`` runs online beta scaling (``obs``'s identifiable
+parametrisation) there.
 
 Every method keeps a fixed-length state per stream ([theta, A, calibeating statistics]), so a
 stream run in chunks with the state carried equals one pass bit for bit. Kernel:
@@ -206,6 +219,11 @@ class OnlineScaling(OnlineCalibrator):
         eps = np.full((state.n_streams, 1), float(self._get("score_clip")))
         return np.ascontiguousarray(np.hstack([w, eps]))
 
+    def k_input_map(self, state: FlatState, n_classes: int) -> np.ndarray:
+        """The K-class map as the input of a map term (``in_ka``, ``in_kb``, ``in_eps``):
+        :meth:`vector_map` (``ops``; :meth:`OMS.matrix_map` for ``oms``)."""
+        return self.vector_map(state, n_classes)
+
     def vector_map(self, state: FlatState, n_classes: int) -> np.ndarray:
         """Each stream's current K-class map (online vector scaling) as ``[a_1..a_K, b_1..b_K,
         eps]``: softmax(a_c ln c_c + b_c), c the row floored at eps and renormalised (the
@@ -319,16 +337,84 @@ class OnlineHistogram(OnlineScaling):
     check_params = ({}, {"n_bins": 3})
 
 
-ONLINE_SCALING_METHODS = (OPS, TOPS, HOPS, OBS, TOBS, HOBS, OnlineHistogram)
+class OMS(OnlineScaling):
+    """Online matrix scaling (module docstring): softmax(W ln q + b), theta = (W row-major, b)
+    by the Online Newton Step of G&R Algorithm 1 (Hazan 2016, Algorithm 12) from the identity
+    (W = I, b = 0: the base); binary scores: online beta scaling (``obs``), the same family.
+
+    State of a stream (K classes): ``[theta (K^2 + K), A ((K^2 + K) x (K^2 + K))]``; binary:
+    ``obs``'s ``[theta (3), A (3 x 3)]``. K is at most :data:`calpipe.config.OMS_MAX_CLASSES`.
+    """
+
+    name = "oms"
+    summary = (
+        "online matrix scaling: softmax(W ln p + b) by the Online Newton Step (Gupta & Ramdas "
+        "2023, Alg. 1, full K x K + K); binary: online beta scaling"
+    )
+    classes = "both"
+    model = OS.MODEL_BETA
+    parameters: ClassVar[dict[str, Param]] = {**_ONS_PARAMS, "clip": CLIP_PARAM}
+    check_params = ({}, {"radius": 1.5, "rho": 1.0})
+
+    def _model(self, n_classes: int) -> int:
+        return OS.MODEL_MATRIX if n_classes > 2 else self.model
+
+    def check_classes(self, n_classes: int) -> None:
+        super().check_classes(n_classes)
+        if n_classes > config.OMS_MAX_CLASSES:
+            raise ParameterError(
+                f"method {self.name!r} learns K^2 + K parameters with a (K^2 + K)^2 Newton matrix "
+                f"per stream: at most K = {config.OMS_MAX_CLASSES} classes "
+                f"(config.OMS_MAX_CLASSES); the frame has K = {n_classes} (use 'ops', online "
+                "vector scaling, 2K parameters)"
+            )
+
+    def sql_form(self, n_classes: int = 2) -> str | None:
+        """K classes: the matrix map; binary: the logistic (beta) map."""
+        return "matrix" if n_classes > 2 else "logistic"
+
+    def vector_map(self, state: FlatState, n_classes: int) -> np.ndarray:
+        raise ParameterError(f"method {self.name!r} has a K-class matrix map, not a vector map")
+
+    def k_input_map(self, state: FlatState, n_classes: int) -> np.ndarray:
+        return self.matrix_map(state, n_classes)
+
+    def matrix_map(self, state: FlatState, n_classes: int) -> np.ndarray:
+        """Each stream's current K-class map as ``[W_11..W_1K, ..., W_K1..W_KK, b_1..b_K,
+        eps]``: softmax(W ln c + b), c the row floored at eps and renormalised (the kernel's
+        ``_matrix_forecast``; the SQL form of ``oms`` and of an ``oms`` input of
+        ``composite-experts``)."""
+        if n_classes <= 2:
+            raise ParameterError(f"method {self.name!r}: the matrix map is K-class (K >= 3)")
+        d = OS.n_params(OS.MODEL_MATRIX, n_classes)
+        theta = state.values.reshape(state.n_streams, -1)[:, :d]
+        eps = np.full((state.n_streams, 1), float(self._get("score_clip")))
+        return np.ascontiguousarray(np.hstack([theta, eps]))
+
+
+def vector_as_matrix(v: np.ndarray, n_classes: int) -> np.ndarray:
+    """Vector maps ``[a (K), b (K), eps]`` (rows) as matrix maps ``[diag(a) row-major, b, eps]``:
+    the same map (the off-diagonal zeros add exact zeros to each logit)."""
+    k = n_classes
+    v = np.asarray(v, dtype=np.float64)
+    out = np.zeros((*v.shape[:-1], k * k + k + 1))
+    out[..., : k * k : k + 1] = v[..., :k]
+    out[..., k * k :] = v[..., k:]
+    return out
+
+
+ONLINE_SCALING_METHODS = (OPS, TOPS, HOPS, OBS, TOBS, HOBS, OnlineHistogram, OMS)
 
 __all__ = [
     "HOBS",
     "HOPS",
     "OBS",
+    "OMS",
     "ONLINE_SCALING_METHODS",
     "OPS",
     "TOBS",
     "TOPS",
     "OnlineHistogram",
     "OnlineScaling",
+    "vector_as_matrix",
 ]

@@ -30,9 +30,9 @@ module                     implements                                         so
 ``histogram``              equal-mass histogram binning                       Zadrozny & Elkan 2001
 ``calibrated_regression``  online ridge on test functions, fixed-point        paper 004 Algorithm 2
                            forecast
-``online_scaling``         online Platt / beta / vector scaling (ONS),        Gupta & Ramdas, ICML 2023
-                           tracking and hedging calibeating, online           (Algorithm 1, §3)
-                           histogram binning
+``online_scaling``         online Platt / beta / vector / matrix scaling      Gupta & Ramdas, ICML 2023
+                           (ONS), tracking and hedging calibeating, online    (Algorithm 1, §3);
+                           histogram binning                                  Guo et al. 2017 (matrix)
 ``decay_beta``             beta calibration refitted on exponentially         Kull et al. 2017 (the model);
                            forgotten log-odds bin counts (``decay-beta``)     calpipe (the forgetting)
 ``expert_mixture``         Composite Jumper over experts (inputs x Cox        paper 001 Algorithm 1

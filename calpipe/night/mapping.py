@@ -194,13 +194,13 @@ def _k_rows(cal, st, keys: pl.DataFrame, form: str, k: int, layer: int = 0) -> p
             np.full((n * t, 4), np.nan), float(cal.params["clip"]), layer,
         )  # fmt: skip
         alphas = np.tile(mt.alphas, (n, 1))
-        return frame.with_columns(_k_inputs(inputs.reshape(n * t, 2 * k + 1), k, alphas))
-    if form == "vector":  # one identity term whose input is the vector scaling map
+        return frame.with_columns(_k_inputs(inputs.reshape(n * t, -1), k, alphas))
+    if form in ("vector", "matrix"):  # one identity term whose input is the scaling map
         frame = _term_frame(
             keys, 1, np.full(n, "identity"), np.zeros(n), np.zeros(n), np.ones(n),
             np.full((n, 4), np.nan), 0.0, layer,
         )  # fmt: skip
-        return frame.with_columns(_k_inputs(cal.vector_map(st, k), k, np.zeros((n, k))))
+        return frame.with_columns(_k_inputs(cal.k_input_map(st, k), k, np.zeros((n, k))))
     te = cal.temperature_map(st, k)  # a = 1/T, b = eps; identity until fitted
     fitted = ~np.isnan(te[:, 0])
     frame = _term_frame(
@@ -346,17 +346,21 @@ def _k_tree_rows(cal, st, keys: pl.DataFrame, k: int, layer: int) -> pl.DataFram
 
 def _k_inputs(inputs: np.ndarray, k: int, alphas: np.ndarray) -> list[pl.Series]:
     """The K-class columns of term rows: ``alphas`` (rows, K); ``inputs`` (rows, 2K + 1) =
-    [a_1..a_K, b_1..b_K, eps] of a vector scaling input, NaN rows for the clipped base."""
+    [a_1..a_K, b_1..b_K, eps] of a vector scaling input, or (rows, K^2 + K + 1) = [W row-major,
+    b_1..b_K, eps] of a matrix scaling input (``in_ka`` then holds K^2 values: the SQL input
+    map tells them apart by its length), NaN rows for the clipped base."""
     base = np.isnan(inputs[:, 0])
+    wide = k * k if inputs.shape[1] == k * k + k + 1 else k
 
     def lists(block: np.ndarray, name: str) -> pl.Series:
-        s = pl.Series(name, block, dtype=pl.Array(pl.Float64, k)).cast(pl.List(pl.Float64))
+        s = pl.Series(name, block, dtype=pl.Array(pl.Float64, block.shape[1]))
+        s = s.cast(pl.List(pl.Float64))
         return pl.select(pl.when(pl.Series(~base)).then(s).otherwise(None).alias(name)).to_series()
 
     eps = pl.Series("in_eps", np.where(base, np.nan, inputs[:, -1])).fill_nan(None)
     return [
         pl.Series("alphas", alphas, dtype=pl.Array(pl.Float64, k)).cast(pl.List(pl.Float64)),
-        lists(inputs[:, :k], "in_ka"), lists(inputs[:, k : 2 * k], "in_kb"), eps,
+        lists(inputs[:, :wide], "in_ka"), lists(inputs[:, wide : wide + k], "in_kb"), eps,
     ]  # fmt: skip
 
 

@@ -54,12 +54,21 @@ CREATE OR REPLACE MACRO calpipe_softmax(z) AS
             lambda sm_e: list_transform([list_sum(sm_e)],
                 lambda sm_s: list_transform(sm_e, lambda x: x / sm_s))[1])[1])[1])[1];
 
--- A K-class term's input q(p): p itself (ka NULL), or vector scaling (online vector scaling, an
--- input of composite-experts or ops itself): softmax(ka[c] ln kclip(p, eps)[c] + kb[c]).
+-- A K-class term's input q(p): p itself (ka NULL), vector scaling (online vector scaling, an
+-- input of composite-experts or ops itself; ka and kb of K values): softmax(ka[c] ln
+-- kclip(p, eps)[c] + kb[c]), or matrix scaling (online matrix scaling, oms; ka the K^2 entries
+-- of W row by row, kb the K intercepts): softmax(sum_j W[c, j] ln kclip(p, eps)[j] + kb[c]),
+-- the sum over j in order then kb[c] added, as the kernel's _matrix_forecast.
 CREATE OR REPLACE MACRO calpipe_kinput(p, ka, kb, eps) AS
     CASE WHEN ka IS NULL THEN p
-         ELSE calpipe_softmax(list_transform(calpipe_kclip(p, eps),
+         WHEN len(ka) = len(kb)
+         THEN calpipe_softmax(list_transform(calpipe_kclip(p, eps),
                                              lambda x, i: ka[i] * ln(x) + kb[i]))
+         ELSE calpipe_softmax(list_transform(
+                  [list_transform(calpipe_kclip(p, eps), lambda km_x: ln(km_x))],
+                  lambda km_l: list_transform(kb, lambda km_b, km_c:
+                      list_sum(list_transform(km_l, lambda km_v, km_j:
+                          ka[(km_c - 1) * len(kb) + km_j] * km_v)) + km_b))[1])
     END;
 
 -- One K-class calibrating function of a term at q: the identity, the Cox function of paper 001

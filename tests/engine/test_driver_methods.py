@@ -40,6 +40,8 @@ CASES: dict[str, tuple[str, dict, tuple[int, ...]]] = {
     "calibrated-regression": ("calibrated-regression", {"powers": 2, "score_tents": 3}, (2,)),
     "cj+platt": ("composite-jumper", {"base_method": "platt", "base_params": {"window": 5}}, (2,)),
     "ops": ("ops", {"rho": 1.0}, (2, 3)),
+    "oms": ("oms", {"rho": 1.0}, (2, 3)),
+    "ce+oms": ("composite-experts", {"inputs": ("ops", "oms")}, (3,)),
     "tops": ("tops", {"n_bins": 4}, (2,)),
     "hops": ("hops", {}, (2,)),
     "obs": ("obs", {}, (2,)),

@@ -234,7 +234,10 @@ K_CLASS = [
     ("jumper", {}),
     ("mean-jumper", {}),
     ("composite-experts", {}),
+    ("composite-experts", {"inputs": ("ops", "oms")}),  # vector and matrix inputs in one map
+    ("composite-experts", {"inputs": ("oms",)}),
     ("ops", {}),
+    ("oms", {}),  # online matrix scaling: in_ka holds the K^2 entries of W
     ("temperature", {"window": 30, "refit_every": 11}),
     ("histogram", {"window": 30, "refit_every": 11, "n_bins": 4}),  # one-vs-rest
     ("histogram", {"window": 30, "refit_every": 11, "prior_strength": 0.0, "n_bins": 12}),
