@@ -146,19 +146,13 @@ class Chain:
         state: pl.DataFrame | None,
         arrivals: Arrivals | None = None,
         late: pl.DataFrame | None = None,
-        learnt=None,
     ):
         """One :func:`calpipe.protect_with_state` call over the streams of ``events`` (columns
         :data:`PROTECT_INPUT`) from ``state``, learning the night's label ``arrivals``: those of
         the events go to their rows (:func:`~calpipe.pipeline.labels.attach_labels`), ``late``
         (the arrivals of ``state``'s streams for earlier events) to the state's pending updates
         (:func:`~calpipe.pipeline.labels.learn_late`). Raises InputError for events that break
-        the data contract (validated there).
-
-        ``learnt``: a :class:`concurrent.futures.Future` of ``learn_late(engine_state(state),
-        late)`` when the caller computed it ahead (the nightly run, in its reading thread while
-        the part before runs): its state is used, and its error raised here, where the call
-        would have raised it."""
+        the data contract (validated there)."""
         events = attach_labels(events, arrivals)
         if late is not None and late.height and not self.cal.supports_label_time:
             raise StateError(
@@ -169,8 +163,7 @@ class Chain:
         return protect_with_state(
             events, **{col: col}, label="label", by=STREAM_KEYS, order_by=REPLAY_ORDER,
             label_time="label_time" if "label_time" in events.columns else None,
-            method=self.cal,
-            state=learn_late(engine_state(state), late) if learnt is None else learnt.result(),
+            method=self.cal, state=learn_late(engine_state(state), late),
         )  # fmt: skip
 
     def day_row(

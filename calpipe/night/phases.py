@@ -214,7 +214,6 @@ def night_part(
     arrivals: Arrivals | None,
     source: str,
     batch_rows: int,
-    learnt=None,
 ) -> Iterator[tuple[str, Any]]:
     """Night ``day`` of a part of whole streams, in phases (the module's table): its ``events``
     (the data contract's names plus ``event_date``), its streams' state of the day before
@@ -231,8 +230,7 @@ def night_part(
     outputs are checked (:func:`~calpipe.night.chain.check_outputs`) before the ``batch``
     phase. Memory (``calpipe run``'s nights of several batches): the caller hands ``events``
     over (keeps no reference) and drops each context before asking for the next: a batch is
-    then freed before the next one runs. ``learnt``: the late labels' pending updates computed
-    ahead (:meth:`Chain.protect`), used when the part is one batch."""
+    then freed before the next one runs."""
     arrivals = arrivals or Arrivals.empty(day)
     check_stream_names(events, source)
     # stored types already (the usual case): a writer stores a batch's events while the engine
@@ -264,9 +262,7 @@ def night_part(
         if early:
             yield "events", batch
         try:
-            batch.result = chain.protect(
-                rows.select(protect_input), state, arrivals, late_i, learnt if k == 1 else None
-            )
+            batch.result = chain.protect(rows.select(protect_input), state, arrivals, late_i)
         except InputError as exc:
             raise source_error(exc, source, rows) from None
         check_outputs(batch.result.scores, day)  # before the night's transaction commits

@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -23,7 +23,7 @@ import polars as pl
 from calpipe import storage
 from calpipe.engine.driver import protect_by_day
 from calpipe.errors import CalpipeError, StateError
-from calpipe.night.arrivals import Arrivals, learn_late
+from calpipe.night.arrivals import Arrivals
 from calpipe.night.chain import Chain, check_outputs, state_digests
 from calpipe.night.changes import engine_state
 from calpipe.night.classes import frame_n_classes, score_column
@@ -273,26 +273,11 @@ class _DayEvents:
     height: int
     arrivals: Arrivals | None = None
     parts: int = 1
-    #: the part's late labels in its streams' pending updates, computed as it was read ahead
-    #: (a Future of :func:`calpipe.night.arrivals.learn_late`; :meth:`_Nights._parts`)
-    learnt: Future | None = None
 
     def take(self) -> tuple[pl.DataFrame, Arrivals | None]:
         taken = self.frame, self.arrivals
-        self.frame = self.arrivals = self.learnt = None
+        self.frame = self.arrivals = None
         return taken
-
-
-def _learnt(state: pl.DataFrame, arrivals: Arrivals) -> Future:
-    """A done Future of the part's late labels in its streams' pending updates, or of the
-    error that raised (:meth:`calpipe.night.chain.Chain.protect` raises it where it would
-    have: the night's checks keep their order)."""
-    done: Future = Future()
-    try:
-        done.set_result(learn_late(engine_state(state), arrivals.late))
-    except Exception as exc:  # (re-raised by the engine call that would have raised it)
-        done.set_exception(exc)
-    return done
 
 
 def _run_day(
@@ -320,11 +305,9 @@ def _run_day(
     done = []
     for i, part in enumerate(parts):
         state = before.filter(pl.Series(part_of == i)) if split else before
-        learnt = part.learnt
         events, arrivals = part.take()
-        night = night_part(chain, d, events, state, arrivals, source.describe(),
-                           PROTECT_BATCH_ROWS, learnt)  # fmt: skip
-        del events, arrivals, learnt  # held by the night function alone: it frees them
+        night = night_part(chain, d, events, state, arrivals, source.describe(), PROTECT_BATCH_ROWS)
+        del events, arrivals  # held by the night function alone: it frees them when done
         for phase, context in night:
             if phase == "part":
                 done.append(context)
@@ -543,17 +526,8 @@ class _Nights:
         if fresh:
             reader = storage.configure_session(duckdb.connect())
 
-        # a resumed chain's late labels go to their streams' pending updates as their part is
-        # read ahead (BENCHMARKS.md §26: a fifth of a label night's main thread)
-        before = self.chain.state
-        ahead_learn = reader is not None and not fresh and self.labels is not None
-        part_of = stream_part(before["stream"], day.parts) if ahead_learn else None
-
         def read(i: int) -> _DayEvents | None:
-            part = self._read(d, (i, day.parts), reader, settled=fresh)
-            if part is not None and ahead_learn and part.arrivals.late.height:
-                part.learnt = _learnt(before.filter(pl.Series(part_of == i)), part.arrivals)
-            return part
+            return self._read(d, (i, day.parts), reader, settled=fresh)
 
         ahead = None if reader is None else ThreadPoolExecutor(1, "calpipe-read")
         n_events = n_labels = 0  # (no local holds a part: the engine frees each)

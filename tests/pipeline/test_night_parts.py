@@ -74,31 +74,14 @@ def _assert_same_tables(a, b) -> None:
         assert ta[t].equals(tb[t]), t
 
 
-@pytest.fixture
-def learnt_ahead(monkeypatch):
-    """How many parts had their late labels learnt as they were read ahead."""
-    seen: list[int] = []
-    learn_late = nightly.learn_late
-
-    def spy(state, late):
-        seen.append(late.height)
-        return learn_late(state, late)
-
-    monkeypatch.setattr(nightly, "learn_late", spy)
-    return seen
-
-
 @pytest.mark.parametrize(("k", "late"), [(2, None), (4, 2)])
-def test_a_night_in_parts_writes_the_rows_of_one_part(
-    tmp_path, events, parts, learnt_ahead, k, late
-):
-    """Late labels (reordered, learnt as their parts are read ahead), K classes, and (late=2)
-    a scores day landing two nights late: its labels quarantined as unknown, then replayed."""
+def test_a_night_in_parts_writes_the_rows_of_one_part(tmp_path, events, parts, k, late):
+    """Late labels (reordered), K classes, and (late=2) a scores day landing two nights late:
+    its labels quarantined as unknown, then replayed."""
     scores, labels, truth = split_feed(with_classes(events, k, seed=3), seed=6)
     kw = {"late": late, "on_unknown_label": "quarantine"} if late else {}
     parted, *_ = run_nights(tmp_path / "parts", scores, labels, method="composite-jumper", **kw)
     assert max(parts) >= 3 and len(parts) >= N_DAYS, parts  # (nights did run in parts)
-    assert len(learnt_ahead) >= 3 and min(learnt_ahead) > 0, learnt_ahead
     n_parted = len(parts)
     nightly.NIGHT_PART_ROWS = 10**9  # (restored by the fixture's monkeypatch)
     whole, *_ = run_nights(tmp_path / "whole", scores, labels, method="composite-jumper", **kw)
@@ -366,33 +349,5 @@ def test_a_bad_event_in_a_part_read_ahead_is_refused_and_nothing_is_written(
         assert any(c is not con for c in reads)  # (parts were read ahead)
         for t in ("scored_events", "protected_scores", "calibrator_state", "pipeline_days"):
             assert storage.query(con, f"SELECT count(*) AS n FROM {t}")["n"][0] == 0, t
-    finally:
-        con.close()
-
-
-def test_an_error_learning_late_labels_ahead_fails_the_night_and_nothing_is_written(
-    tmp_path, events, parts, monkeypatch
-):
-    """The late labels' pending updates of a part read ahead are computed in the reading
-    thread; their error (here: forced in every part after the first) is raised by the night
-    where the engine call would have raised it, and the day's transaction keeps nothing."""
-    con, src, lsrc, _ = _two_nights(tmp_path, events)
-    learn_late, calls = nightly.learn_late, []
-
-    def failing(state, late):
-        calls.append(late.height)
-        if len(calls) > 1:
-            raise StateError("a late label the state refuses")
-        return learn_late(state, late)
-
-    monkeypatch.setattr(nightly, "learn_late", failing)
-    try:
-        before = _tables(con)
-        with pytest.raises(StateError, match="a late label the state refuses"):
-            pipeline.run_range(con, src, labels=lsrc)
-        assert len(calls) >= 2, calls  # (the parts' late labels were learnt ahead)
-        after = _tables(con)
-        for t in before:
-            assert after[t].equals(before[t]), t
     finally:
         con.close()
