@@ -1,0 +1,558 @@
+"""The default method's K-class recursion with its online vector scaling inputs, all streams of
+a batch in SIMD lanes: paper 001's Composite Jumper (Algorithm 1) over the experts (input i,
+K-class Cox function theta, paper 001 eq. (1)), the inputs -- online vector scaling, the K-class
+``ops`` (Gupta & Ramdas 2023, Alg. 1 with the vector model of Guo et al. 2017) -- learnt in the
+same pass. The binary counterpart is :mod:`calpipe.kernels.expert_lanes`.
+
+Public entry point: :func:`composite_experts_multiclass`; the calibrator is
+:class:`calpipe.calibrators.experts.CompositeExperts` (which dispatches here for K >= 3 classes
+when every input is ``ops``).
+
+Recursion
+---------
+At each operation of a stream (:mod:`calpipe.kernels.ops`) on event e with base forecast p_e
+(a row on the simplex, already floored at ``clip`` and renormalised):
+
+1. every input i forecasts q_{e,i} from its state *now*: with c_k = max(p_k, eps) / sum_k'
+   max(p_k', eps) (eps its score clip), q_{e,i} = softmax_k(a_k ln c_k + b_k)
+   (``online_scaling._vector_forecast``), then floored at ``clip`` and renormalised for the
+   mixture (``clip_probabilities``, numpy's sum order: :func:`np_row_sum`); q_{e,0} = p_e;
+2. the mixture, exactly ``expert_mixture._multiclass`` (paper 001 Alg. 1, lines 4-15, expert
+   k = i T + t with f_k(e) = f_t(q_{e,i}) the K-class Cox function of paper 001 eq. (1)):
+
+       A[J, k] <- (1 - J) A[J, k] + J / E * sum_k' A[J, k']                   (jump-mixing)
+       p'_c    <- P p_c + sum_k (sum_J A[J, k]) f_k(e)_c                       (forecast)
+       P <- P p_y,  A[J, k] <- A[J, k] f_k(e)_y,  C = P + sum A                (Bayes)
+       P, A <- P / C, A / C;  log10 S <- log10 S + log10 C - log10 p_y
+
+3. at an update, every input learns y_e by the Online Newton Step of
+   :mod:`calpipe.kernels.online_scaling` (Hazan 2016, Alg. 12): g = (q - e_y) (x) (ln c, 1),
+   A <- A + g g^T, theta <- Pi^A_{|theta| <= B}(theta - A^{-1} g / gamma).
+
+An update-only op (a delayed label) is handled in place: step 1 is each input's forecast at the
+label's time, which the per-input path obtained from a forecast op on a copy of the event.
+
+Engines, and why every stream's outputs are bit-identical to running it alone
+-----------------------------------------------------------------------------
+As in :mod:`calpipe.kernels.expert_lanes`: one body (:func:`_engine`) compiled with
+``config.EXPERT_LANES`` lanes (lane l of every scratch array holds one stream, each step
+advances every lane by one operation, the loops over lanes vectorise and the lanes' chains of
+sums hide each other's latency) and with one lane, which finishes the streams the lanes hand
+back (the scheduler of :mod:`calpipe.kernels.numeric`). Per stream, both run the floating-point
+operations of ``online_scaling._online_scaling`` (vector model), of ``clip_probabilities`` and of
+``expert_mixture._multiclass`` in their order:
+
+* every sum keeps its order: sum_k' A in k order (:func:`calpipe.kernels.expert_lanes.sum_rates3`),
+  the column sums in J order, each class's p'_c in k order, C in (J, k) order; the Cox terms'
+  normaliser sum_c in class order (``calfun.eval_multiclass_t``), p_c^beta once per distinct
+  beta; the inputs' sums in class order; the mixture's renormalisation of an input's row in
+  numpy's pairwise order;
+* the inputs' transcendental calls are libm's (``math.log``, ``math.exp``) and the mixture's
+  ``math.log10``, as in the per-input kernels; the ONS step is the per-input kernel's own
+  ``cholesky_solve`` and ``project_kernel`` on a copy of the stream's (theta, A);
+* the normalisation A <- A / C is deferred as in the binary lanes: S holds V = A f_y and INVP
+  = 1 / C, and A is read as v * (1 / C), the same product.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import carray, njit
+
+from calpipe import config
+from calpipe.kernels.calfun import distinct_betas
+from calpipe.kernels.expert_lanes import sum_rates3
+from calpipe.kernels.numeric import (
+    LANES,
+    cholesky_solve,
+    opaque,
+    stack_empty,
+    steps_to_first_end,
+    take_stream,
+)
+from calpipe.kernels.online_scaling import project_kernel
+from calpipe.kernels.ops import OP_FORECAST, OP_UPDATE
+
+#: Columns of an input's row of ``par``: ONS step 1/gamma, radius B, score clip eps.
+N_PAR = 3
+_NL = config.EXPERT_LANES
+_CAP_W = config.EXPERT_LANE_WEIGHTS
+_CAP_E = config.EXPERT_LANE_EXPERTS
+_CAP_R = config.EXPERT_LANE_RATES
+_CAP_KE = config.EXPERT_LANE_CLASS_TERMS
+_CAP_K = config.EXPERT_LANE_CLASSES
+_STACK_W = _NL * _CAP_W  # literals: the sizes of the lanes' scratch on the stack
+_STACK_E = _NL * _CAP_E
+_STACK_R = _NL * _CAP_R
+_STACK_KE = _NL * _CAP_KE
+_STACK_K = _NL * _CAP_K
+#: numpy's pairwise summation sums a contiguous run of at most this many values in one block
+#: (``PW_BLOCKSIZE``): :func:`np_row_sum` reproduces that block, so K <= this.
+NP_BLOCK = 128
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def np_row_sum(w, k):
+    """``w[:k].sum()`` in numpy's order for a contiguous row of k <= ``NP_BLOCK`` doubles (its
+    pairwise summation's block: k < 8 in order; else eight running sums over strides of 8,
+    combined ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7)), then the tail in order). The
+    renormalisation of ``clip_probabilities`` divides by this sum."""
+    if k < 8:
+        s = 0.0
+        for c in range(k):
+            s += w[c]
+        return s
+    r0, r1, r2, r3 = w[0], w[1], w[2], w[3]
+    r4, r5, r6, r7 = w[4], w[5], w[6], w[7]
+    i = 8
+    top = k - k % 8
+    while i < top:
+        r0 += w[i]
+        r1 += w[i + 1]
+        r2 += w[i + 2]
+        r3 += w[i + 3]
+        r4 += w[i + 4]
+        r5 += w[i + 5]
+        r6 += w[i + 6]
+        r7 += w[i + 7]
+        i += 8
+    s = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    while i < k:
+        s += w[i]
+        i += 1
+    return s
+
+
+@njit(cache=True, error_model="numpy")
+def _vector_learn(st, s, c0, k, f, u, lab, gamma, radius, th, aa, g, step, lower, zz, shifted,
+                  rhs, out):  # fmt: skip
+    """Step 3 for an online vector scaling input: ``_online_scaling``'s update (vector model)
+    on a copy (``th``, ``aa``) of the stream's theta and A, written back. ``f`` (K,) the
+    forecast, ``u`` (K,) ln c. Not inlined: its array references stay out of the lanes' loop."""
+    d = 2 * k
+    for i in range(d):
+        th[i] = st[s, c0 + i]
+    for i in range(d):
+        for j in range(d):
+            aa[i, j] = st[s, c0 + d + i * d + j]
+    for c in range(k):
+        r = f[c] - (1.0 if c == lab else 0.0)
+        g[c] = r * u[c]
+        g[k + c] = r
+    for i in range(d):
+        for j in range(d):
+            aa[i, j] += g[i] * g[j]
+    cholesky_solve(aa, g, lower, zz, step)
+    for i in range(d):
+        th[i] -= step[i] / gamma
+    project_kernel(th, aa, radius, shifted, rhs, lower, zz, out)
+    for i in range(d):
+        st[s, c0 + i] = th[i]
+    for i in range(d):
+        for j in range(d):
+            st[s, c0 + d + i * d + j] = aa[i, j]
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def _engine(
+    q, y, op_event, op_kind, op_offsets, order, start, cols, par, betas, alphas, rates, clip,
+    st, log10m, out_p, out_m, fin, nl, on_stack,
+):  # fmt: skip
+    """Streams ``order[0], order[1], ...`` (from op ``start[s]``) through ``nl`` lanes, one
+    operation per lane per step (see the module docstring and ``expert_lanes._engine``, whose
+    scheduling this repeats). ``st`` (S, L) is the packed state (P in column 0, A (R x E)
+    row-major from column 1, input i's theta and A from column ``cols[i]``), updated in place
+    with ``log10m``."""
+    n_streams = order.shape[0]
+    k_cls = q.shape[1]
+    n_in = cols.shape[0]
+    n_fun = betas.shape[0]
+    n_rates = rates.shape[0]
+    n_exp = (1 + n_in) * n_fun
+    d = 2 * k_cls
+    distinct, beta_of = distinct_betas(betas)
+    n_dist = distinct.shape[0]
+    exp_alpha_t = np.ascontiguousarray(np.exp(alphas).T)  # (K, T), as _multiclass
+    # the ONS step's scratch (one lane at a time)
+    th, g, step, zz, rhs, out = (np.empty(d), np.empty(d), np.empty(d), np.empty(d),
+                                 np.empty(d), np.empty(d))  # fmt: skip
+    aa, lower, shifted = np.empty((d, d)), np.empty((d, d)), np.empty((d, d))
+    fv = np.empty(k_cls)  # one lane's input forecast and ln c, for its update
+    uv = np.empty(k_cls)
+    wrow = np.empty(k_cls)  # a row floored at clip, before numpy's sum
+    zrow = np.empty(k_cls)
+    # Scratch, lane index last: S (R, E, lanes) holds V = A f_y (normalisation deferred in
+    # INVP), F (K, E, lanes) the Cox terms of every class, FL (E, lanes) those of the label's
+    # class, COL (E, lanes) the column sums, PRED (K, lanes) p'. On the stack when they fit
+    # (``on_stack``: LLVM then vectorises their loops without run-time overlap checks).
+    if on_stack:
+        S = carray(stack_empty(_STACK_W), (n_rates, n_exp, nl))
+        F = carray(stack_empty(_STACK_KE), (k_cls, n_exp, nl))
+        FL = carray(stack_empty(_STACK_E), (n_exp, nl))
+        COL = carray(stack_empty(_STACK_E), (n_exp, nl))
+        TOT = carray(stack_empty(_STACK_R), (n_rates, nl))
+        PRED = carray(stack_empty(_STACK_K), (k_cls, nl))
+    else:
+        S = np.empty((n_rates, n_exp, nl))
+        F = np.empty((k_cls, n_exp, nl))
+        FL = np.empty((n_exp, nl))
+        COL = np.empty((n_exp, nl))
+        TOT = np.empty((n_rates, nl))
+        PRED = np.empty((k_cls, nl))
+    QIN = np.empty((1 + n_in, k_cls, nl))  # the mixture's input rows, row 0 the base
+    FIN = np.empty((max(n_in, 1), k_cls, nl))  # raw input forecasts
+    U = np.empty((max(n_in, 1), k_cls, nl))  # ln c of each input's floored score row
+    POW = np.empty((k_cls, max(n_dist, 1), nl))  # p_c^beta per distinct beta
+    SSUM = np.empty((n_fun, nl))  # the Cox terms' normalisers
+    PW = carray(stack_empty(64), LANES)[:nl]  # P
+    M = carray(stack_empty(64), LANES)[:nl]  # log10 S
+    INVP = carray(stack_empty(64), LANES)[:nl]  # 1 / C of S's pending normalisation, or 1
+    BASE = carray(stack_empty(64), LANES)[:nl]  # p_y
+    PWB = carray(stack_empty(64), LANES)[:nl]  # P p_y
+    C = carray(stack_empty(64), LANES)[:nl]  # Bayes numerator = p'(y)
+    T0 = carray(stack_empty(64), LANES)[:nl]  # three rates' sums in flight (sum_rates3)
+    T1 = carray(stack_empty(64), LANES)[:nl]
+    T2 = carray(stack_empty(64), LANES)[:nl]
+    INV = carray(stack_empty(64), LANES)[:nl]
+    LAB = carray(stack_empty(64), LANES).view(np.int64)[:nl]  # the label (0 if none)
+    upd = carray(stack_empty(64), LANES).view(np.int64)[:nl]  # this step updates
+    fc = carray(stack_empty(64), LANES).view(np.int64)[:nl]  # this step forecasts
+    busy = carray(stack_empty(64), LANES).view(np.int64)[:nl]
+    lane_stream = carray(stack_empty(64), LANES).view(np.int64)[:nl]
+    lane_op = carray(stack_empty(64), LANES).view(np.int64)[:nl]  # next op (idle: op 0)
+    lane_end = carray(stack_empty(64), LANES).view(np.int64)[:nl]
+    lane_event = carray(stack_empty(64), LANES).view(np.int64)[:nl]
+    init = 1.0 / (n_rates * n_exp + 1.0)  # idle lanes compute on a valid state
+    for lane in range(nl):
+        busy[lane] = 0
+        lane_op[lane] = 0
+        lane_end[lane] = 0
+        lane_stream[lane] = 0
+        PW[lane] = init
+        M[lane] = 0.0
+        INVP[lane] = 1.0
+    for j in range(n_rates):
+        for kk in range(n_exp):
+            for lane in range(nl):
+                S[j, kk, lane] = init
+    denom = float(n_exp)
+    nl_vec = opaque(nl)  # nl, as a run-time trip count (numeric.opaque)
+    pos_k = 0
+    n_busy = 0
+    while True:
+        for lane in range(nl):  # refill idle lanes
+            if busy[lane] != 0:
+                continue
+            pos_k, s = take_stream(
+                lane, order, pos_k, start, op_offsets, busy, lane_stream, lane_op, lane_end
+            )
+            if s < 0:
+                continue
+            n_busy += 1
+            for j in range(n_rates):
+                for kk in range(n_exp):
+                    S[j, kk, lane] = st[s, 1 + j * n_exp + kk]
+            PW[lane] = st[s, 0]
+            M[lane] = log10m[s]
+            INVP[lane] = 1.0
+        if n_busy == 0 or (pos_k == n_streams and 2 * n_busy < nl):
+            break
+        steps = steps_to_first_end(busy, lane_op, lane_end, nl)
+        for _ in range(steps):
+            # 0. each lane's operation, event and label, gathered in one short loop
+            for lane in range(nl):
+                o = lane_op[lane]
+                e = op_event[o]
+                kind = op_kind[o]
+                b = busy[lane]
+                lane_event[lane] = e
+                u_ = b & (kind != OP_FORECAST)
+                upd[lane] = u_
+                fc[lane] = b & (kind != OP_UPDATE)
+                LAB[lane] = y[e] if u_ != 0 else 0
+            # 1. the base row and the inputs' forecasts (scalar: libm calls)
+            for lane in range(nl):
+                e = lane_event[lane]
+                for c in range(k_cls):
+                    QIN[0, c, lane] = q[e, c]
+                bb = q[e, LAB[lane]]
+                BASE[lane] = bb
+                PWB[lane] = PW[lane] * bb
+                C[lane] = PWB[lane]
+                if busy[lane] == 0:
+                    for i in range(n_in):
+                        for c in range(k_cls):
+                            QIN[1 + i, c, lane] = q[e, c]
+                    continue
+                o = lane_op[lane]
+                s = lane_stream[lane]
+                for i in range(n_in):  # online_scaling._vector_forecast
+                    c0 = cols[i]
+                    sc = par[i, 2]
+                    tot = 0.0
+                    for c in range(k_cls):
+                        tot += max(q[e, c], sc)
+                    zmax = -np.inf
+                    for c in range(k_cls):
+                        lq = math.log(max(q[e, c], sc) / tot)
+                        U[i, c, lane] = lq
+                        z = st[s, c0 + c] * lq + st[s, c0 + k_cls + c]
+                        zrow[c] = z
+                        zmax = max(zmax, z)
+                    ssum = 0.0
+                    for c in range(k_cls):
+                        ez = math.exp(zrow[c] - zmax)
+                        zrow[c] = ez
+                        ssum += ez
+                    for c in range(k_cls):  # the forecast, then clip_probabilities for the mixture
+                        f = zrow[c] / ssum
+                        FIN[i, c, lane] = f
+                        if fin.shape[1] > 0:
+                            fin[i, o, c] = f
+                        wrow[c] = f if (f >= clip or f != f) else clip  # np.maximum(f, clip)
+                    wsum = np_row_sum(wrow, k_cls)
+                    for c in range(k_cls):
+                        QIN[1 + i, c, lane] = wrow[c] / wsum
+            # 2. the Cox terms of every input (calfun.eval_multiclass_t), lanes innermost
+            for i in range(1 + n_in):
+                for bi in range(n_dist):
+                    beta = distinct[bi]
+                    for c in range(k_cls):
+                        if beta == 1.0:
+                            for lane in range(nl_vec):
+                                POW[c, bi, lane] = QIN[i, c, lane]
+                        elif beta == 0.5:
+                            for lane in range(nl_vec):
+                                POW[c, bi, lane] = math.sqrt(QIN[i, c, lane])
+                        elif beta == 2.0:
+                            for lane in range(nl_vec):
+                                POW[c, bi, lane] = QIN[i, c, lane] * QIN[i, c, lane]
+                        else:
+                            for lane in range(nl_vec):
+                                POW[c, bi, lane] = QIN[i, c, lane] ** beta
+                for t in range(n_fun):
+                    for lane in range(nl):
+                        SSUM[t, lane] = 0.0
+                for c in range(k_cls):
+                    for t in range(n_fun):
+                        bt = beta_of[t]
+                        ea = exp_alpha_t[c, t]
+                        for lane in range(nl):
+                            v = POW[c, bt, lane] * ea
+                            F[c, i * n_fun + t, lane] = v
+                            SSUM[t, lane] += v
+                for c in range(k_cls):
+                    for t in range(n_fun):
+                        for lane in range(nl_vec):
+                            F[c, i * n_fun + t, lane] = F[c, i * n_fun + t, lane] / SSUM[t, lane]
+            for kk in range(n_exp):  # the label's class's terms, for Bayes
+                for lane in range(nl):
+                    FL[kk, lane] = F[LAB[lane], kk, lane]
+            # 3. jump mixing, forecast and Bayes numerator (paper 001 Alg. 1 lines 5-13)
+            for kk in range(n_exp):
+                for lane in range(nl):
+                    COL[kk, lane] = 0.0
+            j = 0
+            while j < n_rates:
+                if j + 3 <= n_rates:
+                    sum_rates3(S, INVP, TOT, j, n_exp, nl, T0, T1, T2)
+                    j += 3
+                else:
+                    for lane in range(nl):
+                        T0[lane] = 0.0
+                    for kk in range(n_exp):
+                        for lane in range(nl):
+                            T0[lane] += S[j, kk, lane] * INVP[lane]
+                    for lane in range(nl):
+                        TOT[j, lane] = T0[lane]
+                    j += 1
+            for c in range(k_cls):
+                for lane in range(nl):
+                    PRED[c, lane] = PW[lane] * QIN[0, c, lane]
+            for j in range(n_rates):
+                jr = rates[j]
+                keep = 1.0 - jr
+                for lane in range(nl):
+                    TOT[j, lane] = TOT[j, lane] * jr / denom
+                last = j == n_rates - 1
+                for kk in range(n_exp):
+                    for lane in range(nl):
+                        a = S[j, kk, lane] * INVP[lane]
+                        v = keep * a + TOT[j, lane]
+                        col = COL[kk, lane] + v
+                        COL[kk, lane] = col
+                        wv = v * FL[kk, lane]
+                        C[lane] += wv
+                        S[j, kk, lane] = wv if upd[lane] != 0 else a
+                    if last:  # COL[k] complete: p'_c adds COL[k] f_k(e)_c, in k order
+                        for c in range(k_cls):
+                            for lane in range(nl):
+                                PRED[c, lane] += COL[kk, lane] * F[c, kk, lane]
+            for lane in range(nl):
+                INV[lane] = 1.0 / C[lane]
+            # 4. commit: P, log10 S (libm log10, as expert_mixture), outputs, inputs learn
+            for lane in range(nl):
+                e = lane_event[lane]
+                if upd[lane] != 0:
+                    PW[lane] = PWB[lane] * INV[lane]
+                    M[lane] += math.log10(C[lane] / BASE[lane])
+                    INVP[lane] = INV[lane]
+                else:
+                    INVP[lane] = 1.0
+                if fc[lane] != 0:
+                    for c in range(k_cls):
+                        out_p[e, c] = PRED[c, lane]
+                    out_m[e] = M[lane]
+                if upd[lane] != 0:
+                    s = lane_stream[lane]
+                    for i in range(n_in):
+                        for c in range(k_cls):
+                            fv[c] = FIN[i, c, lane]
+                            uv[c] = U[i, c, lane]
+                        _vector_learn(st, s, cols[i], k_cls, fv, uv, LAB[lane], par[i, 0],
+                                      par[i, 1], th, aa, g, step, lower, zz, shifted, rhs,
+                                      out)  # fmt: skip
+                lane_op[lane] += 1
+        for lane in range(nl):  # retire finished lanes
+            if busy[lane] != 0 and lane_op[lane] == lane_end[lane]:
+                _lane_out(lane, lane_stream[lane], S, INVP, PW, M, st, log10m)
+                start[lane_stream[lane]] = lane_end[lane]
+                busy[lane] = 0
+                n_busy -= 1
+    for lane in range(nl):  # hand the busy streams back to the one-lane engine
+        if busy[lane] != 0:
+            _lane_out(lane, lane_stream[lane], S, INVP, PW, M, st, log10m)
+            start[lane_stream[lane]] = lane_op[lane]
+
+
+@njit(cache=True, inline="always")
+def _lane_out(lane, s, S, INVP, PW, M, st, log10m):
+    """Write lane ``lane``'s state (its weights normalised) back to stream ``s``."""
+    n_exp = S.shape[1]
+    for j in range(S.shape[0]):
+        for k in range(n_exp):
+            st[s, 1 + j * n_exp + k] = S[j, k, lane] * INVP[lane]
+    st[s, 0] = PW[lane]
+    log10m[s] = M[lane]
+
+
+@njit(cache=True, error_model="numpy")
+def _lanes(q, y, op_event, op_kind, op_offsets, order, start, cols, par, betas, alphas, rates,
+           clip, st, log10m, out_p, out_m, fin):  # fmt: skip
+    """:func:`_engine` with ``config.EXPERT_LANES`` lanes, its scratch on the stack
+    (:func:`stack_fits`)."""
+    _engine(q, y, op_event, op_kind, op_offsets, order, start, cols, par, betas, alphas, rates,
+            clip, st, log10m, out_p, out_m, fin, _NL, True)  # fmt: skip
+
+
+@njit(cache=True, error_model="numpy")
+def _lanes_heap(q, y, op_event, op_kind, op_offsets, order, start, cols, par, betas, alphas,
+                rates, clip, st, log10m, out_p, out_m, fin):  # fmt: skip
+    """:func:`_lanes` with its scratch on the heap: mixtures too large for the stack's."""
+    _engine(q, y, op_event, op_kind, op_offsets, order, start, cols, par, betas, alphas, rates,
+            clip, st, log10m, out_p, out_m, fin, _NL, False)  # fmt: skip
+
+
+@njit(cache=True, error_model="numpy")
+def _one_lane(q, y, op_event, op_kind, op_offsets, order, start, cols, par, betas, alphas,
+              rates, clip, st, log10m, out_p, out_m, fin):  # fmt: skip
+    """:func:`_engine` with one lane: one stream at a time."""
+    _engine(q, y, op_event, op_kind, op_offsets, order, start, cols, par, betas, alphas, rates,
+            clip, st, log10m, out_p, out_m, fin, 1, False)  # fmt: skip
+
+
+def stack_fits(n_rates: int, n_exp: int, n_classes: int) -> bool:
+    """The lanes' scratch of R rates x E experts x K classes fits the stack's (:func:`_lanes`)."""
+    return (
+        n_rates * n_exp <= _CAP_W and n_exp <= _CAP_E and n_rates <= _CAP_R
+        and n_classes * n_exp <= _CAP_KE and n_classes <= _CAP_K
+    )  # fmt: skip
+
+
+def lanes_fit(n_streams: int) -> bool:
+    """A batch runs in lanes when it has streams to fill them twice over (else one at a time)."""
+    return n_streams >= 2 * _NL
+
+
+def ops_row(gamma: float, radius: float, score_clip: float) -> np.ndarray:
+    """``par`` row of an online vector scaling input: ONS step 1/gamma, radius B, score clip."""
+    return np.array([gamma, radius, score_clip], dtype=np.float64)
+
+
+def composite_experts_multiclass(
+    q, y, op_event, op_kind, op_offsets, cols, par, betas, alphas, rates, clip, state, log10m,
+    *, input_forecasts: bool = True, lanes: bool | None = None,
+):  # fmt: skip
+    """K-class Composite Jumper over experts with its online vector scaling inputs learnt in the
+    same pass.
+
+    Returns ``(p' (n, K), log10 S (n,), state_end (S, L), log10 S_end (S,), fin (I, m, K))``.
+
+    Parameters
+    ----------
+    q : (n, K) base forecasts, each row floored at ``clip`` and renormalised (the mixture's
+        input 0; every input reads it).
+    y : (n,) labels in [0, K), read at update ops.
+    op_event, op_kind, op_offsets : the operation list (:mod:`calpipe.kernels.ops`).
+    cols : (I,) the first column of each input's state (theta (2K), then A (2K x 2K)
+        row-major) in ``state``.
+    par : (I, N_PAR) each input's parameters (:func:`ops_row`).
+    betas (T,), alphas (T, K) : the K-class Cox functions (paper 001 eq. (1)); rates (R,);
+        clip: an input's forecast joins the mixture floored at ``clip`` and renormalised.
+    state : (S, L) each stream's state: P in column 0, A (R x E, row-major, expert k = i T + t
+        is function t of input i, input 0 the base) in columns 1 to R E, the inputs at
+        ``cols``; other columns are carried unchanged. log10m (S,). Inputs are not modified.
+    input_forecasts : return ``fin`` (I, m, K), every input's raw forecast at every op (what
+        its own test martingale reads); else an empty (I, 0, K) array.
+    lanes : force the lanes (True) or one stream at a time (False); None: by the batch size.
+
+    The outputs of every stream are bit-identical to the per-input path (each input's
+    ``online_scaling`` over the operations with a forecast copy before each delayed label,
+    ``clip_probabilities`` of its forecasts, then ``expert_mixture.expert_mixture_multiclass``).
+    """
+    q = np.ascontiguousarray(q, dtype=np.float64)
+    op_offsets = np.ascontiguousarray(op_offsets, dtype=np.int64)
+    op_event = np.ascontiguousarray(op_event, dtype=np.int64)
+    op_kind = np.ascontiguousarray(op_kind, dtype=np.int8)
+    y = np.ascontiguousarray(y, dtype=np.int64)
+    cols = np.ascontiguousarray(cols, dtype=np.int64).reshape(-1)
+    par = np.ascontiguousarray(par, dtype=np.float64).reshape(cols.shape[0], N_PAR)
+    betas = np.ascontiguousarray(betas, dtype=np.float64)
+    alphas = np.ascontiguousarray(alphas, dtype=np.float64)
+    rates = np.ascontiguousarray(rates, dtype=np.float64)
+    n_streams = op_offsets.shape[0] - 1
+    if q.ndim != 2 or not 2 <= q.shape[1] <= NP_BLOCK or y.shape[0] != q.shape[0]:
+        raise ValueError(
+            f"q must be (n, K) with 2 <= K <= {NP_BLOCK} and y (n,); got {q.shape}, {y.shape}"
+        )
+    k = q.shape[1]
+    if alphas.shape != (betas.shape[0], k):
+        raise ValueError(f"alphas must be (T = {betas.shape[0]}, K = {k}); got {alphas.shape}")
+    n_exp = (1 + cols.shape[0]) * betas.shape[0]
+    head = 1 + rates.shape[0] * n_exp
+    st = np.array(state, dtype=np.float64)  # the one copy: the new state
+    if st.ndim != 2 or st.shape[0] != n_streams or st.shape[1] < head:
+        raise ValueError(f"state must be (S = {n_streams}, >= {head}); got {st.shape}")
+    d = 2 * k
+    if np.any((cols < head) | (cols + d + d * d > st.shape[1])):
+        raise ValueError("an input's columns are outside the state or inside the mixture's")
+    log10m = np.array(log10m, dtype=np.float64)
+    if log10m.shape != (n_streams,):
+        raise ValueError(f"log10m must be (S = {n_streams},); got {log10m.shape}")
+    if op_event.shape != op_kind.shape:
+        raise ValueError("op_event and op_kind must have the same length")
+    out_p = np.full((q.shape[0], k), np.nan)
+    out_m = np.full(q.shape[0], np.nan)
+    fin = np.full((cols.shape[0], op_event.shape[0] if input_forecasts else 0, k), np.nan)
+    start = op_offsets[:-1].copy()  # next operation of each stream
+    args = (q, y, op_event, op_kind, op_offsets)
+    rest = (cols, par, betas, alphas, rates, float(clip), st, log10m, out_p, out_m, fin)
+    if lanes_fit(n_streams) if lanes is None else lanes:
+        # Longest streams first, so lanes drain together and the one-stream tail is short.
+        order = np.argsort(op_offsets[:-1] - op_offsets[1:], kind="stable")
+        fits = stack_fits(rates.shape[0], n_exp, k)
+        (_lanes if fits else _lanes_heap)(*args, order, start, *rest)
+    _one_lane(*args, np.arange(n_streams, dtype=np.int64), start, *rest)
+    return out_p, out_m, st, log10m, fin
