@@ -305,6 +305,10 @@ EXPERT_LANE_RATES: int = 8
 #: K = 4 4 x 102 = 408 (64 KiB more stack); larger K run the same kernel with heap scratch.
 EXPERT_LANE_CLASS_TERMS: int = 512
 EXPERT_LANE_CLASSES: int = 16
+#: ... and the online vector scaling parameters d = 2K up to which its ONS step's scratch for
+#: every lane (theta, A and its Cholesky factor: EXPERT_LANES x (4 d + 2 d^2) doubles, 18 KiB at
+#: d = 8) is on the stack: K <= 4.
+EXPERT_LANE_ONS_DIM: int = 8
 
 #: K classes: online vector scaling (``ops``), the per-class slope and prior shift.
 EXPERT_INPUTS_MULTICLASS: tuple[str, ...] = ("ops",)

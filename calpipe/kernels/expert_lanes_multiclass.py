@@ -88,9 +88,14 @@ _STACK_E = _NL * _CAP_E
 _STACK_R = _NL * _CAP_R
 _STACK_KE = _NL * _CAP_KE
 _STACK_K = _NL * _CAP_K
+_ONS_D = config.EXPERT_LANE_ONS_DIM
+_ONS_BUF = _NL * (4 * _ONS_D + 2 * _ONS_D * _ONS_D)
+_LEARN_D = 2 * _CAP_K  # the ONS step's scratch on the stack up to this d = 2K
+_LEARN_BUF = 6 * _LEARN_D + 3 * _LEARN_D * _LEARN_D
 #: numpy's pairwise summation sums a contiguous run of at most this many values in one block
 #: (``PW_BLOCKSIZE``): :func:`np_row_sum` reproduces that block, so K <= this.
 NP_BLOCK = 128
+_ROWS = 2 * NP_BLOCK  # a literal: two rows of K <= NP_BLOCK on the stack
 
 
 @njit(cache=True, inline="always", error_model="numpy")
@@ -125,36 +130,6 @@ def np_row_sum(w, k):
     return s
 
 
-@njit(cache=True, error_model="numpy")
-def _vector_learn(st, s, c0, k, f, u, lab, gamma, radius, th, aa, g, step, lower, zz, shifted,
-                  rhs, out):  # fmt: skip
-    """Step 3 for an online vector scaling input: ``_online_scaling``'s update (vector model)
-    on a copy (``th``, ``aa``) of the stream's theta and A, written back. ``f`` (K,) the
-    forecast, ``u`` (K,) ln c. Not inlined: its array references stay out of the lanes' loop."""
-    d = 2 * k
-    for i in range(d):
-        th[i] = st[s, c0 + i]
-    for i in range(d):
-        for j in range(d):
-            aa[i, j] = st[s, c0 + d + i * d + j]
-    for c in range(k):
-        r = f[c] - (1.0 if c == lab else 0.0)
-        g[c] = r * u[c]
-        g[k + c] = r
-    for i in range(d):
-        for j in range(d):
-            aa[i, j] += g[i] * g[j]
-    cholesky_solve(aa, g, lower, zz, step)
-    for i in range(d):
-        th[i] -= step[i] / gamma
-    project_kernel(th, aa, radius, shifted, rhs, lower, zz, out)
-    for i in range(d):
-        st[s, c0 + i] = th[i]
-    for i in range(d):
-        for j in range(d):
-            st[s, c0 + d + i * d + j] = aa[i, j]
-
-
 @njit(cache=True, inline="always", error_model="numpy")
 def _engine(
     q, y, op_event, op_kind, op_offsets, order, start, cols, par, betas, alphas, rates, clip,
@@ -175,14 +150,36 @@ def _engine(
     distinct, beta_of = distinct_betas(betas)
     n_dist = distinct.shape[0]
     exp_alpha_t = np.ascontiguousarray(np.exp(alphas).T)  # (K, T), as _multiclass
-    # the ONS step's scratch (one lane at a time)
-    th, g, step, zz, rhs, out = (np.empty(d), np.empty(d), np.empty(d), np.empty(d),
-                                 np.empty(d), np.empty(d))  # fmt: skip
-    aa, lower, shifted = np.empty((d, d)), np.empty((d, d)), np.empty((d, d))
-    fv = np.empty(k_cls)  # one lane's input forecast and ln c, for its update
-    uv = np.empty(k_cls)
-    wrow = np.empty(k_cls)  # a row floored at clip, before numpy's sum
-    zrow = np.empty(k_cls)
+    # Per-lane scratch (one lane at a time) on the stack, where its references cost no atomic
+    # reference counts (a heap array passed to a helper in the hot loop does): the ONS step's
+    # theta, A, gradient, step and project_kernel's scratch (heap beyond _LEARN_D); a row
+    # floored at clip (before numpy's sum) and the softmax's exponents.
+    if d <= _LEARN_D:
+        buf = carray(stack_empty(_LEARN_BUF), _LEARN_BUF)
+    else:
+        buf = np.empty(6 * d + 3 * d * d)
+    th, g, step = buf[:d], buf[d : 2 * d], buf[2 * d : 3 * d]
+    zz, rhs, out = buf[3 * d : 4 * d], buf[4 * d : 5 * d], buf[5 * d : 6 * d]
+    aa = buf[6 * d : 6 * d + d * d].reshape(d, d)
+    lower = buf[6 * d + d * d : 6 * d + 2 * d * d].reshape(d, d)
+    shifted = buf[6 * d + 2 * d * d : 6 * d + 3 * d * d].reshape(d, d)
+    rows = carray(stack_empty(_ROWS), _ROWS)
+    # the ONS step of every lane at once (lanes last): theta, g, Cholesky's z and the step
+    # (d, lanes), A and its factor L (d, d, lanes); on the stack up to d = _ONS_D
+    if d <= _ONS_D and on_stack:
+        ons = carray(stack_empty(_ONS_BUF), _ONS_BUF)
+    else:
+        ons = np.empty((4 * d + 2 * d * d) * nl)
+    TH = ons[: d * nl].reshape(d, nl)
+    G = ons[d * nl : 2 * d * nl].reshape(d, nl)
+    ZV = ons[2 * d * nl : 3 * d * nl].reshape(d, nl)
+    STEP = ons[3 * d * nl : 4 * d * nl].reshape(d, nl)
+    AA = ons[4 * d * nl : (4 * d + d * d) * nl].reshape(d, d, nl)
+    LOW = ons[(4 * d + d * d) * nl : (4 * d + 2 * d * d) * nl].reshape(d, d, nl)
+    SV = carray(stack_empty(64), LANES)[:nl]
+    OK = carray(stack_empty(64), LANES).view(np.int64)[:nl]
+    wrow = rows[:k_cls]
+    zrow = rows[NP_BLOCK : NP_BLOCK + k_cls]
     # Scratch, lane index last: S (R, E, lanes) holds V = A f_y (normalisation deferred in
     # INVP), F (K, E, lanes) the Cox terms of every class, FL (E, lanes) those of the label's
     # class, COL (E, lanes) the column sums, PRED (K, lanes) p'. On the stack when they fit
@@ -405,16 +402,100 @@ def _engine(
                     for c in range(k_cls):
                         out_p[e, c] = PRED[c, lane]
                     out_m[e] = M[lane]
-                if upd[lane] != 0:
-                    s = lane_stream[lane]
-                    for i in range(n_in):
-                        for c in range(k_cls):
-                            fv[c] = FIN[i, c, lane]
-                            uv[c] = U[i, c, lane]
-                        _vector_learn(st, s, cols[i], k_cls, fv, uv, LAB[lane], par[i, 0],
-                                      par[i, 1], th, aa, g, step, lower, zz, shifted, rhs,
-                                      out)  # fmt: skip
                 lane_op[lane] += 1
+            # 5. the inputs learn the label: _online_scaling's ONS step (vector model), every
+            #    lane at once (lanes innermost: each lane's chain of operations is the scalar
+            #    kernel's, the lanes' chains overlap); written back for the lanes that update
+            n_upd = 0
+            for lane in range(nl):
+                n_upd += upd[lane]
+            for i in range(n_in if n_upd > 0 else 0):
+                c0 = cols[i]
+                for lane in range(nl):  # gather each lane's (theta, A)
+                    s = lane_stream[lane]
+                    for a_ in range(d):
+                        TH[a_, lane] = st[s, c0 + a_]
+                    for a_ in range(d):
+                        for b_ in range(d):
+                            AA[a_, b_, lane] = st[s, c0 + d + a_ * d + b_]
+                for c in range(k_cls):
+                    for lane in range(nl):
+                        r = FIN[i, c, lane] - (1.0 if c == LAB[lane] else 0.0)
+                        G[c, lane] = r * U[i, c, lane]
+                        G[k_cls + c, lane] = r
+                for a_ in range(d):
+                    for b_ in range(d):
+                        for lane in range(nl):
+                            AA[a_, b_, lane] += G[a_, lane] * G[b_, lane]
+                # numeric.cholesky_solve(A, g) -> STEP, its operations lane by lane
+                for lane in range(nl):
+                    OK[lane] = 1
+                for jj in range(d):
+                    for lane in range(nl):
+                        SV[lane] = AA[jj, jj, lane]
+                    for kk in range(jj):
+                        for lane in range(nl):
+                            SV[lane] -= LOW[jj, kk, lane] * LOW[jj, kk, lane]
+                    for lane in range(nl):
+                        if not SV[lane] > 0.0:
+                            OK[lane] = 0
+                        LOW[jj, jj, lane] = math.sqrt(SV[lane]) if SV[lane] > 0.0 else 1.0
+                    for i2 in range(jj + 1, d):
+                        for lane in range(nl):
+                            SV[lane] = AA[i2, jj, lane]
+                        for kk in range(jj):
+                            for lane in range(nl):
+                                SV[lane] -= LOW[i2, kk, lane] * LOW[jj, kk, lane]
+                        for lane in range(nl):
+                            LOW[i2, jj, lane] = SV[lane] / LOW[jj, jj, lane]
+                for i2 in range(d):  # L z = g
+                    for lane in range(nl):
+                        SV[lane] = G[i2, lane]
+                    for kk in range(i2):
+                        for lane in range(nl):
+                            SV[lane] -= LOW[i2, kk, lane] * ZV[kk, lane]
+                    for lane in range(nl):
+                        ZV[i2, lane] = SV[lane] / LOW[i2, i2, lane]
+                for i2 in range(d - 1, -1, -1):  # L^T step = z
+                    for lane in range(nl):
+                        SV[lane] = ZV[i2, lane]
+                    for kk in range(i2 + 1, d):
+                        for lane in range(nl):
+                            SV[lane] -= LOW[kk, i2, lane] * STEP[kk, lane]
+                    for lane in range(nl):
+                        STEP[i2, lane] = SV[lane] / LOW[i2, i2, lane]
+                gamma = par[i, 0]
+                radius = par[i, 1]
+                for lane in range(nl):
+                    if upd[lane] == 0:
+                        continue
+                    s = lane_stream[lane]
+                    if OK[lane] == 0:  # a pivot <= 0 (A not positive-definite to rounding)
+                        for a_ in range(d):  # the scalar kernel, step as its scratch holds it
+                            for b_ in range(d):
+                                aa[a_, b_] = AA[a_, b_, lane]
+                            g[a_] = G[a_, lane]
+                        cholesky_solve(aa, g, lower, zz, step)
+                        for a_ in range(d):
+                            STEP[a_, lane] = step[a_]
+                    norm2 = 0.0  # theta <- theta - step / gamma; project_kernel's own test
+                    for a_ in range(d):
+                        t_ = TH[a_, lane] - STEP[a_, lane] / gamma
+                        TH[a_, lane] = t_
+                        norm2 += t_ * t_
+                    if norm2 > radius * radius:  # the projection on the ball (rare)
+                        for a_ in range(d):
+                            th[a_] = TH[a_, lane]
+                            for b_ in range(d):
+                                aa[a_, b_] = AA[a_, b_, lane]
+                        project_kernel(th, aa, radius, shifted, rhs, lower, zz, out)
+                        for a_ in range(d):
+                            TH[a_, lane] = th[a_]
+                    for a_ in range(d):
+                        st[s, c0 + a_] = TH[a_, lane]
+                    for a_ in range(d):
+                        for b_ in range(d):
+                            st[s, c0 + d + a_ * d + b_] = AA[a_, b_, lane]
         for lane in range(nl):  # retire finished lanes
             if busy[lane] != 0 and lane_op[lane] == lane_end[lane]:
                 _lane_out(lane, lane_stream[lane], S, INVP, PW, M, st, log10m)
