@@ -330,13 +330,13 @@ def _engine(
                             for lane in range(nl_vec):
                                 POW[c, bi, lane] = QIN[i, c, lane] ** beta
                 for t in range(n_fun):
-                    for lane in range(nl):
+                    for lane in range(nl_vec):
                         SSUM[t, lane] = 0.0
                 for c in range(k_cls):
                     for t in range(n_fun):
                         bt = beta_of[t]
                         ea = exp_alpha_t[c, t]
-                        for lane in range(nl):
+                        for lane in range(nl_vec):
                             v = POW[c, bt, lane] * ea
                             F[c, i * n_fun + t, lane] = v
                             SSUM[t, lane] += v
@@ -344,9 +344,13 @@ def _engine(
                     for t in range(n_fun):
                         for lane in range(nl_vec):
                             F[c, i * n_fun + t, lane] = F[c, i * n_fun + t, lane] / SSUM[t, lane]
-            for kk in range(n_exp):  # the label's class's terms, for Bayes
-                for lane in range(nl):
-                    FL[kk, lane] = F[LAB[lane], kk, lane]
+            # the label's class's terms, for Bayes (a select per class: it vectorises, where
+            # the gather F[LAB[lane], k, lane] did not)
+            for c in range(k_cls):
+                for kk in range(n_exp):
+                    for lane in range(nl_vec):
+                        if LAB[lane] == c:
+                            FL[kk, lane] = F[c, kk, lane]
             # 3. jump mixing, forecast and Bayes numerator (paper 001 Alg. 1 lines 5-13)
             for kk in range(n_exp):
                 for lane in range(nl):
@@ -411,7 +415,7 @@ def _engine(
                 n_upd += upd[lane]
             for i in range(n_in if n_upd > 0 else 0):
                 c0 = cols[i]
-                for lane in range(nl):  # gather each lane's (theta, A)
+                for lane in range(nl_vec):  # gather each lane's (theta, A)
                     s = lane_stream[lane]
                     for a_ in range(d):
                         TH[a_, lane] = st[s, c0 + a_]
@@ -419,50 +423,50 @@ def _engine(
                         for b_ in range(d):
                             AA[a_, b_, lane] = st[s, c0 + d + a_ * d + b_]
                 for c in range(k_cls):
-                    for lane in range(nl):
+                    for lane in range(nl_vec):
                         r = FIN[i, c, lane] - (1.0 if c == LAB[lane] else 0.0)
                         G[c, lane] = r * U[i, c, lane]
                         G[k_cls + c, lane] = r
                 for a_ in range(d):
                     for b_ in range(d):
-                        for lane in range(nl):
+                        for lane in range(nl_vec):
                             AA[a_, b_, lane] += G[a_, lane] * G[b_, lane]
                 # numeric.cholesky_solve(A, g) -> STEP, its operations lane by lane
-                for lane in range(nl):
+                for lane in range(nl_vec):
                     OK[lane] = 1
                 for jj in range(d):
-                    for lane in range(nl):
+                    for lane in range(nl_vec):
                         SV[lane] = AA[jj, jj, lane]
                     for kk in range(jj):
-                        for lane in range(nl):
+                        for lane in range(nl_vec):
                             SV[lane] -= LOW[jj, kk, lane] * LOW[jj, kk, lane]
-                    for lane in range(nl):
+                    for lane in range(nl_vec):
                         if not SV[lane] > 0.0:
                             OK[lane] = 0
                         LOW[jj, jj, lane] = math.sqrt(SV[lane]) if SV[lane] > 0.0 else 1.0
                     for i2 in range(jj + 1, d):
-                        for lane in range(nl):
+                        for lane in range(nl_vec):
                             SV[lane] = AA[i2, jj, lane]
                         for kk in range(jj):
-                            for lane in range(nl):
+                            for lane in range(nl_vec):
                                 SV[lane] -= LOW[i2, kk, lane] * LOW[jj, kk, lane]
-                        for lane in range(nl):
+                        for lane in range(nl_vec):
                             LOW[i2, jj, lane] = SV[lane] / LOW[jj, jj, lane]
                 for i2 in range(d):  # L z = g
-                    for lane in range(nl):
+                    for lane in range(nl_vec):
                         SV[lane] = G[i2, lane]
                     for kk in range(i2):
-                        for lane in range(nl):
+                        for lane in range(nl_vec):
                             SV[lane] -= LOW[i2, kk, lane] * ZV[kk, lane]
-                    for lane in range(nl):
+                    for lane in range(nl_vec):
                         ZV[i2, lane] = SV[lane] / LOW[i2, i2, lane]
                 for i2 in range(d - 1, -1, -1):  # L^T step = z
-                    for lane in range(nl):
+                    for lane in range(nl_vec):
                         SV[lane] = ZV[i2, lane]
                     for kk in range(i2 + 1, d):
-                        for lane in range(nl):
+                        for lane in range(nl_vec):
                             SV[lane] -= LOW[kk, i2, lane] * STEP[kk, lane]
-                    for lane in range(nl):
+                    for lane in range(nl_vec):
                         STEP[i2, lane] = SV[lane] / LOW[i2, i2, lane]
                 gamma = par[i, 0]
                 radius = par[i, 1]
