@@ -483,6 +483,40 @@ def likelihood_gale_ends(
     )  # fmt: skip
 
 
+def likelihood_gale_ends_multiclass(
+    forecasts: np.ndarray,
+    base: np.ndarray,
+    labels: np.ndarray,
+    is_update: np.ndarray,
+    op_offsets: np.ndarray,
+    log10m0: np.ndarray,
+    clip: float,
+) -> np.ndarray:
+    """:func:`likelihood_gale`'s end values (I, S) for I K-class forecasters at once:
+    ``forecasts`` (I, m, K) and ``base`` (m, K) per op, ``log10m0`` (I, S), one ``clip``.
+
+    Only the label's entry of each clipped row is formed: clip_probabilities(p)[y] is
+    max(p_y, clip) / (the row of max(p, clip) summed, in numpy's order), the same division of
+    the same values as the whole row's, so every value equals ``likelihood_gale``'s for that
+    row to the bit (the base's term computed once)."""
+    m = base.shape[0]
+    at = np.arange(m)
+    y = np.where(is_update, np.maximum(labels, 0), 0)
+
+    def label_prob(p):
+        q = np.maximum(p, clip)
+        return q[at, y] / q.sum(axis=1)
+
+    lb = np.log10(label_prob(base))
+    contrib = np.empty((forecasts.shape[0], m))
+    for i in range(forecasts.shape[0]):
+        contrib[i] = np.where(is_update, np.log10(label_prob(forecasts[i])) - lb, 0.0)
+    return _segment_ends(
+        contrib, op_offsets,
+        np.ascontiguousarray(log10m0, dtype=np.float64).reshape(contrib.shape[0], -1),
+    )  # fmt: skip
+
+
 def clip_probabilities(p: np.ndarray, eps: float) -> np.ndarray:
     """Binary: min(max(p, eps), 1 - eps). K classes: max(p_c, eps) renormalised."""
     if p.ndim == 1:

@@ -64,8 +64,8 @@ from calpipe.calibrators.base import (
     RunOutput,
     check_mixture_weights,
     clip_probabilities,
-    likelihood_gale,
     likelihood_gale_ends,
+    likelihood_gale_ends_multiclass,
     ragged_concat,
     ragged_take,
 )
@@ -597,22 +597,28 @@ class CompositeExperts(Calibrator[FlatState]):
         base = x[op_event]
         lab = labels[op_event]
         is_update = op_kind != OP_FORECAST
-        for i, cal in enumerate(self._inputs(k)):
-            f = fin[i]
-            if not (np.isfinite(f) & (f >= 0.0) & (f <= 1.0)).all():
-                o = int(np.flatnonzero(~(np.isfinite(f) & (f >= 0.0) & (f <= 1.0)).all(1))[0])
+        cals = self._inputs(k)
+        for i, cal in enumerate(cals):
+            ok = (np.isfinite(fin[i]) & (fin[i] >= 0.0) & (fin[i] <= 1.0)).all(axis=1)
+            if not ok.all():  # as the input's own run (OnlineCalibrator)
+                o = int(np.flatnonzero(~ok)[0])
                 s = int(np.searchsorted(op_offsets, o, side="right") - 1)
                 raise StateError(
                     f"method {cal.name!r}: stream {s}'s forecast of event {int(op_event[o])} is "
-                    f"{f[o].tolist()}, not a probability: its state is no state this method "
+                    f"{fin[i, o].tolist()}, not a probability: its state is no state this method "
                     "can have written",
                     stream=s,
-                )  # as the input's own run (OnlineCalibrator)
-            _, end = likelihood_gale(
-                f, cal.martingale_base(base), lab, is_update, op_offsets,
-                m[:, starts[i] + 1].copy(), cal.params["clip"],
+                )
+        # each input's own test martingale, from its forecast at every op; inputs sharing a
+        # clip in one pass (base term once)
+        for clip in {float(c.params["clip"]) for c in cals}:
+            idx = [i for i, c in enumerate(cals) if float(c.params["clip"]) == clip]
+            got = likelihood_gale_ends_multiclass(
+                fin[idx], cals[idx[0]].martingale_base(base), lab, is_update, op_offsets,
+                np.ascontiguousarray(m[:, [starts[i] + 1 for i in idx]].T), clip,
             )  # fmt: skip
-            new[:, starts[i] + 1] = end
+            for row, i in enumerate(idx):
+                new[:, starts[i] + 1] = got[row]
         return RunOutput(p, lm), FlatState(new.ravel(), state.offsets.copy(), lm_end)
 
     def _run_fused_empty(self, x, op_event, op_kind, op_offsets, state):
