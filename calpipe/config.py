@@ -309,6 +309,9 @@ EXPERT_LANE_CLASSES: int = 16
 #: every lane (theta, A and its Cholesky factor: EXPERT_LANES x (4 d + 2 d^2) doubles, 18 KiB at
 #: d = 8) is on the stack: K <= 4.
 EXPERT_LANE_ONS_DIM: int = 8
+#: ... and the inputs' states (theta, A: I (d + d^2) values, 42 for the default K = 3, 72 at
+#: K = 4) each lane keeps on the stack while it runs a stream: EXPERT_LANES x this x 8 bytes.
+EXPERT_LANE_INPUT_STATE: int = 160
 
 #: K classes: online vector scaling (``ops``), the per-class slope and prior shift.
 EXPERT_INPUTS_MULTICLASS: tuple[str, ...] = ("ops",)

@@ -90,6 +90,8 @@ _STACK_KE = _NL * _CAP_KE
 _STACK_K = _NL * _CAP_K
 _ONS_D = config.EXPERT_LANE_ONS_DIM
 _ONS_BUF = _NL * (4 * _ONS_D + 2 * _ONS_D * _ONS_D)
+_IN_CAP = config.EXPERT_LANE_INPUT_STATE
+_STACK_IN = _NL * _IN_CAP
 _LEARN_D = 2 * _CAP_K  # the ONS step's scratch on the stack up to this d = 2K
 _LEARN_BUF = 6 * _LEARN_D + 3 * _LEARN_D * _LEARN_D
 #: numpy's pairwise summation sums a contiguous run of at most this many values in one block
@@ -178,6 +180,21 @@ def _engine(
     LOW = ons[(4 * d + d * d) * nl : (4 * d + 2 * d * d) * nl].reshape(d, d, nl)
     SV = carray(stack_empty(64), LANES)[:nl]
     OK = carray(stack_empty(64), LANES).view(np.int64)[:nl]
+    # each lane's inputs' (theta, A), resident like its weights S: read from the state when
+    # the lane takes a stream, written back when it gives it up (IS[i, a, lane]: theta_a for
+    # a < d, then A row-major); on the stack when they fit
+    d2 = d + d * d
+    if on_stack and n_in * d2 <= _IN_CAP:
+        IS = carray(stack_empty(_STACK_IN), (n_in, d2, nl))
+    else:
+        IS = np.empty((n_in, d2, nl))
+    for i in range(n_in):
+        for a_ in range(d2):
+            for lane in range(nl):
+                IS[i, a_, lane] = 0.0
+        for a_ in range(d):
+            for lane in range(nl):
+                IS[i, d + a_ * d + a_, lane] = 1.0  # idle lanes compute on a valid state
     wrow = rows[:k_cls]
     zrow = rows[NP_BLOCK : NP_BLOCK + k_cls]
     # Scratch, lane index last: S (R, E, lanes) holds V = A f_y (normalisation deferred in
@@ -254,6 +271,9 @@ def _engine(
             PW[lane] = st[s, 0]
             M[lane] = log10m[s]
             INVP[lane] = 1.0
+            for i in range(n_in):
+                for a_ in range(d2):
+                    IS[i, a_, lane] = st[s, cols[i] + a_]
         if n_busy == 0 or (pos_k == n_streams and 2 * n_busy < nl):
             break
         steps = steps_to_first_end(busy, lane_op, lane_end, nl)
@@ -284,9 +304,7 @@ def _engine(
                             QIN[1 + i, c, lane] = q[e, c]
                     continue
                 o = lane_op[lane]
-                s = lane_stream[lane]
                 for i in range(n_in):  # online_scaling._vector_forecast
-                    c0 = cols[i]
                     sc = par[i, 2]
                     tot = 0.0
                     for c in range(k_cls):
@@ -295,7 +313,7 @@ def _engine(
                     for c in range(k_cls):
                         lq = math.log(max(q[e, c], sc) / tot)
                         U[i, c, lane] = lq
-                        z = st[s, c0 + c] * lq + st[s, c0 + k_cls + c]
+                        z = IS[i, c, lane] * lq + IS[i, k_cls + c, lane]
                         zrow[c] = z
                         zmax = max(zmax, z)
                     ssum = 0.0
@@ -414,14 +432,6 @@ def _engine(
             for lane in range(nl):
                 n_upd += upd[lane]
             for i in range(n_in if n_upd > 0 else 0):
-                c0 = cols[i]
-                for lane in range(nl_vec):  # gather each lane's (theta, A)
-                    s = lane_stream[lane]
-                    for a_ in range(d):
-                        TH[a_, lane] = st[s, c0 + a_]
-                    for a_ in range(d):
-                        for b_ in range(d):
-                            AA[a_, b_, lane] = st[s, c0 + d + a_ * d + b_]
                 for c in range(k_cls):
                     for lane in range(nl_vec):
                         r = FIN[i, c, lane] - (1.0 if c == LAB[lane] else 0.0)
@@ -430,7 +440,9 @@ def _engine(
                 for a_ in range(d):
                     for b_ in range(d):
                         for lane in range(nl_vec):
-                            AA[a_, b_, lane] += G[a_, lane] * G[b_, lane]
+                            AA[a_, b_, lane] = (
+                                IS[i, d + a_ * d + b_, lane] + G[a_, lane] * G[b_, lane]
+                            )
                 # numeric.cholesky_solve(A, g) -> STEP, its operations lane by lane
                 for lane in range(nl_vec):
                     OK[lane] = 1
@@ -473,7 +485,6 @@ def _engine(
                 for lane in range(nl):
                     if upd[lane] == 0:
                         continue
-                    s = lane_stream[lane]
                     if OK[lane] == 0:  # a pivot <= 0 (A not positive-definite to rounding)
                         for a_ in range(d):  # the scalar kernel, step as its scratch holds it
                             for b_ in range(d):
@@ -484,7 +495,7 @@ def _engine(
                             STEP[a_, lane] = step[a_]
                     norm2 = 0.0  # theta <- theta - step / gamma; project_kernel's own test
                     for a_ in range(d):
-                        t_ = TH[a_, lane] - STEP[a_, lane] / gamma
+                        t_ = IS[i, a_, lane] - STEP[a_, lane] / gamma
                         TH[a_, lane] = t_
                         norm2 += t_ * t_
                     if norm2 > radius * radius:  # the projection on the ball (rare)
@@ -495,26 +506,35 @@ def _engine(
                         project_kernel(th, aa, radius, shifted, rhs, lower, zz, out)
                         for a_ in range(d):
                             TH[a_, lane] = th[a_]
-                    for a_ in range(d):
-                        st[s, c0 + a_] = TH[a_, lane]
-                    for a_ in range(d):
-                        for b_ in range(d):
-                            st[s, c0 + d + a_ * d + b_] = AA[a_, b_, lane]
+                # the lanes that update keep the new (theta, A)
+                for a_ in range(d):
+                    for lane in range(nl_vec):
+                        if upd[lane] != 0:
+                            IS[i, a_, lane] = TH[a_, lane]
+                for a_ in range(d):
+                    for b_ in range(d):
+                        for lane in range(nl_vec):
+                            if upd[lane] != 0:
+                                IS[i, d + a_ * d + b_, lane] = AA[a_, b_, lane]
         for lane in range(nl):  # retire finished lanes
             if busy[lane] != 0 and lane_op[lane] == lane_end[lane]:
-                _lane_out(lane, lane_stream[lane], S, INVP, PW, M, st, log10m)
+                _lane_out(lane, lane_stream[lane], S, INVP, PW, M, IS, cols, st, log10m)
                 start[lane_stream[lane]] = lane_end[lane]
                 busy[lane] = 0
                 n_busy -= 1
     for lane in range(nl):  # hand the busy streams back to the one-lane engine
         if busy[lane] != 0:
-            _lane_out(lane, lane_stream[lane], S, INVP, PW, M, st, log10m)
+            _lane_out(lane, lane_stream[lane], S, INVP, PW, M, IS, cols, st, log10m)
             start[lane_stream[lane]] = lane_op[lane]
 
 
 @njit(cache=True, inline="always")
-def _lane_out(lane, s, S, INVP, PW, M, st, log10m):
-    """Write lane ``lane``'s state (its weights normalised) back to stream ``s``."""
+def _lane_out(lane, s, S, INVP, PW, M, IS, cols, st, log10m):
+    """Write lane ``lane``'s state (its weights normalised, its inputs' theta and A) back to
+    stream ``s``."""
+    for i in range(IS.shape[0]):
+        for a in range(IS.shape[1]):
+            st[s, cols[i] + a] = IS[i, a, lane]
     n_exp = S.shape[1]
     for j in range(S.shape[0]):
         for k in range(n_exp):
