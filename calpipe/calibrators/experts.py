@@ -11,8 +11,10 @@ al. 2017) refitted on exponentially forgotten counts with memories of 1,000 and 
 a fixed-size state), which forgets what online scaling keeps; K classes: ``ops`` (online vector
 scaling). The experts are the pairs (input i, Cox function theta) on a grid wider
 than paper 001's (shifts of the log-odds up to |alpha| = 4, slopes beta in [1/2, 2]; K classes
-shifts of 1 and 2 on each class), started on the inputs' identities. Kernel:
-:mod:`calpipe.kernels.expert_mixture`.
+shifts of 1 and 2 on each class), started on the inputs' identities. Kernels:
+:mod:`calpipe.kernels.expert_lanes` (binary) and :mod:`calpipe.kernels.expert_lanes_multiclass`
+(K classes) learn the default inputs and the mixture in one pass, streams in SIMD lanes;
+:mod:`calpipe.kernels.expert_mixture` runs the mixture of any inputs.
 
 Guarantees (log loss, natural logs, n labelled events, E = I |Theta| experts, R rates)
 --------------------------------------------------------------------------------------
@@ -65,7 +67,6 @@ from calpipe.calibrators.base import (
     check_mixture_weights,
     clip_probabilities,
     likelihood_gale_ends,
-    likelihood_gale_ends_multiclass,
     ragged_concat,
     ragged_take,
 )
@@ -613,7 +614,7 @@ class CompositeExperts(Calibrator[FlatState]):
         # clip in one pass (base term once)
         for clip in {float(c.params["clip"]) for c in cals}:
             idx = [i for i, c in enumerate(cals) if float(c.params["clip"]) == clip]
-            got = likelihood_gale_ends_multiclass(
+            got = likelihood_gale_ends(
                 fin[idx], cals[idx[0]].martingale_base(base), lab, is_update, op_offsets,
                 np.ascontiguousarray(m[:, [starts[i] + 1 for i in idx]].T), clip,
             )  # fmt: skip

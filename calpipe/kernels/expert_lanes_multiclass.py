@@ -48,10 +48,32 @@ operations of ``online_scaling._online_scaling`` (vector model), of ``clip_proba
   beta; the inputs' sums in class order; the mixture's renormalisation of an input's row in
   numpy's pairwise order;
 * the inputs' transcendental calls are libm's (``math.log``, ``math.exp``) and the mixture's
-  ``math.log10``, as in the per-input kernels; the ONS step is the per-input kernel's own
-  ``cholesky_solve`` and ``project_kernel`` on a copy of the stream's (theta, A);
+  ``math.log10``, as in the per-input kernels (numpy's SIMD log10 of the inputs' own test
+  martingales stays in numpy: ``calibrators.base.likelihood_gale_ends``);
+* the ONS step (A <- A + g g^T, then ``numeric.cholesky_solve``'s factorisation and two
+  substitutions, theta <- theta - step / gamma) runs for every lane at once with the lanes
+  innermost: each lane's operations are the scalar kernel's in its order (sqrt and division
+  are correctly rounded in vector registers as in scalar ones, and nothing is fused into an
+  FMA); the rare projection on the ball is ``project_kernel`` itself on a copy of the lane's
+  (theta, A); a non-positive pivot (A not positive-definite to rounding, which the state
+  checks refuse) sends the lane to the scalar ``cholesky_solve``, whose step is then its
+  scratch's, as the per-input kernel's is;
 * the normalisation A <- A / C is deferred as in the binary lanes: S holds V = A f_y and INVP
   = 1 / C, and A is read as v * (1 / C), the same product.
+
+Speed (issue #33; BENCHMARKS.md §25): the per-input path ran the inputs' kernel over the
+operation list with forecast copies, renormalised its forecasts in numpy and ran the mixture one
+stream at a time, whose chains of sums (C over R E weights, p'_c over E experts per class) are
+latency-bound. Here those chains run in lanes, and:
+
+* each lane keeps its inputs' theta and A resident (``IS``, like its weights ``S``): read
+  when it takes a stream, written back when it gives it up;
+* the ONS step's lane loops and the Cox terms' divisions run over an opaque lane count
+  (:func:`calpipe.kernels.numeric.opaque`) so that LLVM vectorises them instead of unrolling
+  them into scalars; the label's Cox terms are selected class by class (a select vectorises,
+  the gather ``F[y_l, k, l]`` did not);
+* no heap array is passed to a helper in the per-lane code (each such reference is an atomic
+  reference count): the per-lane scratch is on the stack.
 """
 
 from __future__ import annotations

@@ -14,11 +14,7 @@ import pytest
 import calpipe
 from calpipe import config
 from calpipe.calibrators import make_calibrator
-from calpipe.calibrators.base import (
-    likelihood_gale,
-    likelihood_gale_ends,
-    likelihood_gale_ends_multiclass,
-)
+from calpipe.calibrators.base import likelihood_gale, likelihood_gale_ends
 from calpipe.calibrators.experts import CompositeExperts
 from calpipe.kernels.ops import OP_FORECAST
 from tests.kernels.ops import make_ops
@@ -198,7 +194,7 @@ def test_the_k_class_default_through_protect_with_label_time_is_the_same_frame(e
 
 
 @pytest.mark.parametrize("k", [3, 4, 9])
-def test_likelihood_gale_ends_multiclass_equals_likelihood_gale_row_by_row(k):
+def test_likelihood_gale_ends_of_k_classes_equals_likelihood_gale_row_by_row(k):
     rng = np.random.default_rng(k)
     ops = make_ops(rng, 500, 7)
     m = ops.op_event.shape[0]
@@ -208,7 +204,7 @@ def test_likelihood_gale_ends_multiclass_equals_likelihood_gale_row_by_row(k):
     y = rng.integers(-1, k, m)
     upd = ops.op_kind != OP_FORECAST
     m0 = rng.normal(0, 1, (3, 7))
-    ends = likelihood_gale_ends_multiclass(f, base, y, upd, ops.op_offsets, m0, 1e-3)
+    ends = likelihood_gale_ends(f, base, y, upd, ops.op_offsets, m0, 1e-3)
     for i in range(3):
         _, want = likelihood_gale(f[i], base, y, upd, ops.op_offsets, m0[i], 1e-3)
         np.testing.assert_array_equal(ends[i], want)
