@@ -670,6 +670,9 @@ def composite_experts_multiclass(
         raise ValueError(f"log10m must be (S = {n_streams},); got {log10m.shape}")
     if op_event.shape != op_kind.shape:
         raise ValueError("op_event and op_kind must have the same length")
+    lab = y[op_event[op_kind != OP_FORECAST]]
+    if lab.size and (lab.min() < 0 or lab.max() >= k):  # the kernel indexes rows with it
+        raise ValueError(f"labels read at update ops must be in [0, {k})")
     out_p = np.full((q.shape[0], k), np.nan)
     out_m = np.full(q.shape[0], np.nan)
     fin = np.full((cols.shape[0], op_event.shape[0] if input_forecasts else 0, k), np.nan)

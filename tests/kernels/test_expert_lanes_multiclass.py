@@ -310,6 +310,10 @@ def test_arguments_are_checked_and_not_modified():
     with pytest.raises(ValueError, match="inside the mixture"):
         EK.composite_experts_multiclass(x, y, ev, kd, off, np.array([3]), *args[1:], state.m,
                                         state.log10m)  # fmt: skip
+    bad = y.copy()
+    bad[ev[kd != OP_FORECAST][0]] = k
+    with pytest.raises(ValueError, match="labels read at update ops"):
+        EK.composite_experts_multiclass(x, bad, ev, kd, off, *args, state.m, state.log10m)
     with pytest.raises(ValueError, match="alphas"):
         EK.composite_experts_multiclass(x, y, ev, kd, off, *args[:3], fam.alphas[:, :2],
                                         *args[4:], state.m, state.log10m)  # fmt: skip
