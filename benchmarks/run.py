@@ -23,7 +23,9 @@ Measurements (the numbering of BENCHMARKS.md):
    (:mod:`benchmarks.online`); 14. many small days in spans vs day by day, and ``calpipe demo``
    (:mod:`benchmarks.small_days`); 15. serving maps in SQL, a table of scores at once vs per
    score (:mod:`benchmarks.serving`); 16. the default method against its 105-term compute floor,
-   before and after its lanes kernel (:mod:`benchmarks.experts_floor`);
+   before and after its lanes kernel (:mod:`benchmarks.experts_floor`); 25. the default on K = 3
+   classes, its per-input engine against the K-class lanes kernel
+   (:mod:`benchmarks.experts_multiclass`);
 and the Venn-ABERS speed against the ``venn-abers`` package (:mod:`benchmarks.venn_abers`).
 
 ``protect`` measurements run in a child process each (``--child``), so that the peak RSS
@@ -651,7 +653,7 @@ def main(argv=None) -> None:
     only = (
         set(args.only.split(","))
         if args.only
-        else {"1", "2", "3", "4", "5", "6", "7", "8", "9", "13", "14", "15", "16", "24", "va"}
+        else {"1", "2", "3", "4", "5", "6", "7", "8", "9", "13", "14", "15", "16", "24", "25", "va"}
     )
     t_suite = time.perf_counter()
     parts = [
@@ -718,6 +720,10 @@ def main(argv=None) -> None:
         from benchmarks import pieces
 
         emit(pieces.measure(args.size, args.repeat))
+    if "25" in only:  # the K-class default: per-input engine vs the K-class lanes kernel
+        from benchmarks import experts_multiclass
+
+        emit(experts_multiclass.measure(args.size, args.repeat))
     total = f"Suite wall time: {time.perf_counter() - t_suite:.0f} s (`--size {args.size}`).\n"
     print(total, flush=True)
     parts.append(total)

@@ -300,6 +300,18 @@ EXPERT_LANE_WEIGHTS: int = 640
 EXPERT_LANE_EXPERTS: int = 256
 #: ... and jumping rates R (the default has 3; the Composite Jumper's papers use a handful).
 EXPERT_LANE_RATES: int = 8
+#: K classes (calpipe/kernels/expert_lanes_multiclass.py): the Cox terms of every class
+#: (K x E) and the classes K its stack scratch holds: the default K = 3 has 3 x 78 = 234 and
+#: K = 4 4 x 102 = 408 (64 KiB more stack); larger K run the same kernel with heap scratch.
+EXPERT_LANE_CLASS_TERMS: int = 512
+EXPERT_LANE_CLASSES: int = 16
+#: ... and the online vector scaling parameters d = 2K up to which its ONS step's scratch for
+#: every lane (theta, A and its Cholesky factor: EXPERT_LANES x (4 d + 2 d^2) doubles, 18 KiB at
+#: d = 8) is on the stack: K <= 4.
+EXPERT_LANE_ONS_DIM: int = 8
+#: ... and the inputs' states (theta, A: I (d + d^2) values, 42 for the default K = 3, 72 at
+#: K = 4) each lane keeps on the stack while it runs a stream: EXPERT_LANES x this x 8 bytes.
+EXPERT_LANE_INPUT_STATE: int = 160
 
 #: K classes: online vector scaling (``ops``), the per-class slope and prior shift.
 EXPERT_INPUTS_MULTICLASS: tuple[str, ...] = ("ops",)

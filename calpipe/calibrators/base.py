@@ -466,19 +466,27 @@ def likelihood_gale_ends(
     """:func:`likelihood_gale`'s end values (I, S) for I binary forecasters at once:
     ``forecasts`` (I, m) per op, ``log10m0`` (I, S), one ``clip``. The same elementwise
     operations (the base's term computed once), so every value equals ``likelihood_gale``'s
-    for that row to the bit."""
-    f = clip_probabilities(forecasts, clip) if forecasts.ndim == 1 else np.clip(
-        forecasts, clip, 1.0 - clip
-    )  # fmt: skip
-    b = clip_probabilities(base, clip)
-    y = np.maximum(labels, 0)
-    one = y == 1
-    contrib = np.where(
-        is_update, np.log10(np.where(one, f, 1.0 - f)) - np.log10(np.where(one, b, 1.0 - b)), 0.0
-    )
-    rows = 1 if f.ndim == 1 else f.shape[0]  # explicit: -1 cannot be inferred from 0 ops
+    for that row to the bit. K classes: ``forecasts`` (I, m, K), ``base`` (m, K); only the
+    label's entry of a clipped row is formed, max(p_y, clip) / (the row of max(p, clip) summed
+    in numpy's order), the same division of the same values as the whole row's."""
+    if base.ndim == 2:
+        y = np.where(is_update, np.maximum(labels, 0), 0)
+        at = np.arange(base.shape[0])
+        q = [np.maximum(p, clip) for p in (base, *forecasts)]
+        lp = [np.log10(v[at, y] / v.sum(axis=1)) for v in q]
+        contrib = np.array([np.where(is_update, v - lp[0], 0.0) for v in lp[1:]])
+        rows, m = len(forecasts), base.shape[0]
+    else:
+        f = np.clip(forecasts, clip, 1.0 - clip) if forecasts.ndim > 1 else clip_probabilities(
+            forecasts, clip
+        )  # fmt: skip
+        b = clip_probabilities(base, clip)
+        one = np.maximum(labels, 0) == 1
+        contrib = np.where(is_update, np.log10(np.where(one, f, 1.0 - f))
+                           - np.log10(np.where(one, b, 1.0 - b)), 0.0)  # fmt: skip
+        rows, m = 1 if f.ndim == 1 else f.shape[0], f.shape[-1]  # (-1 fails on 0 ops)
     return _segment_ends(
-        np.ascontiguousarray(contrib).reshape(rows, f.shape[-1]), op_offsets,
+        np.ascontiguousarray(contrib).reshape(rows, m), op_offsets,
         np.ascontiguousarray(log10m0, dtype=np.float64).reshape(rows, op_offsets.shape[0] - 1),
     )  # fmt: skip
 

@@ -11,8 +11,10 @@ al. 2017) refitted on exponentially forgotten counts with memories of 1,000 and 
 a fixed-size state), which forgets what online scaling keeps; K classes: ``ops`` (online vector
 scaling). The experts are the pairs (input i, Cox function theta) on a grid wider
 than paper 001's (shifts of the log-odds up to |alpha| = 4, slopes beta in [1/2, 2]; K classes
-shifts of 1 and 2 on each class), started on the inputs' identities. Kernel:
-:mod:`calpipe.kernels.expert_mixture`.
+shifts of 1 and 2 on each class), started on the inputs' identities. Kernels:
+:mod:`calpipe.kernels.expert_lanes` (binary) and :mod:`calpipe.kernels.expert_lanes_multiclass`
+(K classes) learn the default inputs and the mixture in one pass, streams in SIMD lanes;
+:mod:`calpipe.kernels.expert_mixture` runs the mixture of any inputs.
 
 Guarantees (log loss, natural logs, n labelled events, E = I |Theta| experts, R rates)
 --------------------------------------------------------------------------------------
@@ -77,6 +79,7 @@ from calpipe.errors import ParameterError, StateError
 from calpipe.families import Family, binary_family, multiclass_family
 from calpipe.kernels import decay_beta as DB
 from calpipe.kernels import expert_lanes as EL
+from calpipe.kernels import expert_lanes_multiclass as EK
 from calpipe.kernels import expert_mixture as EM
 from calpipe.kernels import online_scaling as OS
 from calpipe.kernels.mixture import serving_weights
@@ -228,6 +231,10 @@ class CompositeExperts(Calibrator[FlatState]):
     #: (:mod:`calpipe.kernels.expert_lanes`; other inputs: as "per-input"); "per-input" -- each
     #: input's own kernel, then the mixture in lanes; "per-stream" -- each input's own kernel,
     #: then the mixture one stream at a time (the kernels before lanes; tests and benchmarks).
+    #: K >= 3 classes: "fused" -- inputs that are all ``ops`` (online vector scaling) learnt
+    #: inside the K-class lanes kernel (:mod:`calpipe.kernels.expert_lanes_multiclass`; other
+    #: inputs: as "per-input"); "per-input" and "per-stream" -- each input's own kernel, then the
+    #: mixture one stream at a time (``expert_mixture.expert_mixture_multiclass``).
     engine: ClassVar[str] = "fused"
 
     # -- configuration -------------------------------------------------------------------------
@@ -563,6 +570,65 @@ class CompositeExperts(Calibrator[FlatState]):
                 new[:, starts[i] + 1] = got[row]
         return RunOutput(p, lm), FlatState(new.ravel(), state.offsets.copy(), lm_end)
 
+    def lane_inputs_multiclass(self, n_classes: int) -> np.ndarray | None:
+        """The K-class inputs as ``expert_lanes_multiclass`` rows ``par`` (I, 3) when every one
+        is ``ops`` (online vector scaling, learnt inside the kernel), else None."""
+        if n_classes > EK.NP_BLOCK:
+            return None
+        rows = []
+        for cal in self._inputs(n_classes):
+            if type(cal) is not OPS:
+                return None
+            rows.append(EK.ops_row(*(float(cal.params[k]) for k in ("gamma", "radius",
+                                                                    "score_clip"))))  # fmt: skip
+        return np.array(rows, dtype=np.float64).reshape(len(rows), EK.N_PAR)
+
+    def _run_fused_multiclass(self, x, labels, op_event, op_kind, op_offsets, state, par):
+        """The K-class batch through
+        :func:`~calpipe.kernels.expert_lanes_multiclass.composite_experts_multiclass` on the
+        state read in place (as :meth:`_run_fused`); each input's test martingale from its
+        forecast at every op (``likelihood_gale``, as the input computes it run alone)."""
+        k = x.shape[1]
+        uniform = self._uniform(state, k)
+        if uniform is None:  # _split names what departs from the layout; else no streams
+            head, subs = self._split(state, k)
+            uniform = self._uniform(self._join(head, subs, state.log10m), k)
+            if uniform is None:
+                return RunOutput(np.full(x.shape, np.nan), np.full(x.shape[0], np.nan)), state
+        m, starts = uniform
+        fam = self.family(k)
+        cols = np.array([at + 2 for at in starts], dtype=np.int64)
+        p, lm, new, lm_end, fin = EK.composite_experts_multiclass(
+            x, labels, op_event, op_kind, op_offsets, cols, par, fam.betas, fam.alphas,
+            self.rates, self.params["clip"], m, state.log10m,
+        )  # fmt: skip
+        base = x[op_event]
+        lab = labels[op_event]
+        is_update = op_kind != OP_FORECAST
+        cals = self._inputs(k)
+        for i, cal in enumerate(cals):
+            ok = (np.isfinite(fin[i]) & (fin[i] >= 0.0) & (fin[i] <= 1.0)).all(axis=1)
+            if not ok.all():  # as the input's own run (OnlineCalibrator)
+                o = int(np.flatnonzero(~ok)[0])
+                s = int(np.searchsorted(op_offsets, o, side="right") - 1)
+                raise StateError(
+                    f"method {cal.name!r}: stream {s}'s forecast of event {int(op_event[o])} is "
+                    f"{fin[i, o].tolist()}, not a probability: its state is no state this method "
+                    "can have written",
+                    stream=s,
+                )
+        # each input's own test martingale, from its forecast at every op; inputs sharing a
+        # clip in one pass (base term once)
+        for clip in {float(c.params["clip"]) for c in cals}:
+            idx = [i for i, c in enumerate(cals) if float(c.params["clip"]) == clip]
+            got = likelihood_gale_ends(
+                fin[idx], cals[idx[0]].martingale_base(base), lab, is_update, op_offsets,
+                np.ascontiguousarray(m[:, [starts[i] + 1 for i in idx]].T), clip,
+            )  # fmt: skip
+            for row, i in enumerate(idx):
+                new[:, starts[i] + 1] = got[row]
+        return RunOutput(p, lm), FlatState(new.ravel(), state.offsets.copy(), lm_end)
+
     def _run_fused_empty(self, x, op_event, op_kind, op_offsets, state):
         """A batch of no streams (nothing to run; its operations must be none)."""
         return RunOutput(np.full(x.shape[0], np.nan), np.full(x.shape[0], np.nan)), state
@@ -578,6 +644,13 @@ class CompositeExperts(Calibrator[FlatState]):
                 return self._run_fused(
                     np.ascontiguousarray(scores, dtype=np.float64), np.asarray(labels),
                     op_event, op_kind, op_offsets, state, codes,
+                )  # fmt: skip
+        if n_classes > 2 and self.engine == "fused":
+            par = self.lane_inputs_multiclass(n_classes)
+            if par is not None:
+                return self._run_fused_multiclass(
+                    np.ascontiguousarray(scores, dtype=np.float64), np.asarray(labels),
+                    op_event, op_kind, op_offsets, state, par,
                 )  # fmt: skip
         head, subs = self._split(state, n_classes)
         # Each update-only op (a label of an event forecast earlier) gets a forecast op on a copy

@@ -262,7 +262,7 @@ def _decay_refit(st, s, c0, i, u, par, x1, x2, w, cur_pos, cur_neg):
 
 
 @njit(cache=True, inline="always", error_model="numpy")
-def _sum_rates3(S, INVP, TOT, j, n_exp, nl, T0, T1, T2):
+def sum_rates3(S, INVP, TOT, j, n_exp, nl, T0, T1, T2):
     """TOT[J, l] = sum_k S[J, k, l] INVP[l] (in k order) for rates J = j, j + 1, j + 2 in one
     pass over k: three independent chains of adds, each lane's sums in the stack buffers
     T0, T1, T2 (indexed by literals, so LLVM keeps them in vector registers; one rate at a
@@ -349,7 +349,7 @@ def _engine(
     PWB = carray(stack_empty(64), LANES)[:nl]  # P B_p({y})
     C = carray(stack_empty(64), LANES)[:nl]  # Bayes numerator = p'(y)
     # sum_k A[J, k] of each rate; then its jump-mixing share J / E sum_k A[J, k]
-    T0 = carray(stack_empty(64), LANES)[:nl]  # three rates' sums in flight (_sum_rates3)
+    T0 = carray(stack_empty(64), LANES)[:nl]  # three rates' sums in flight (sum_rates3)
     T1 = carray(stack_empty(64), LANES)[:nl]
     T2 = carray(stack_empty(64), LANES)[:nl]
     if on_stack:
@@ -496,7 +496,7 @@ def _engine(
             j = 0
             while j < n_rates:
                 if j + 3 <= n_rates:
-                    _sum_rates3(S, INVP, TOT, j, n_exp, nl, T0, T1, T2)
+                    sum_rates3(S, INVP, TOT, j, n_exp, nl, T0, T1, T2)
                     j += 3
                 else:
                     for lane in range(nl):

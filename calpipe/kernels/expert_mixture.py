@@ -25,7 +25,9 @@ bounds derived in :class:`calpipe.calibrators.experts.CompositeExperts`.
 Speed: batches of many binary streams run in SIMD lanes through
 :mod:`calpipe.kernels.expert_lanes` (which also learns the default's inputs in the same pass),
 bit-identical per stream to :func:`_binary`, the one-stream engine here; K classes run one
-stream at a time. Every sum is in a fixed order, so k chunks with the state carried equal one
+stream at a time here (:func:`_multiclass`), and the default's K-class inputs (online vector
+scaling) and mixture run in lanes in :mod:`calpipe.kernels.expert_lanes_multiclass`,
+bit-identical per stream to the inputs' kernels followed by :func:`_multiclass`. Every sum is in a fixed order, so k chunks with the state carried equal one
 pass bit for bit.
 """
 

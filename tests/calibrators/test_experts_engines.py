@@ -124,3 +124,87 @@ def test_likelihood_gale_ends_equals_likelihood_gale_row_by_row():
         _, want = likelihood_gale(f[i], base, y, upd, ops.op_offsets, m0[i],
                                   config.DEFAULT_CLIP_EPS)  # fmt: skip
         np.testing.assert_array_equal(ends[i], want)
+
+
+# ----------------------------------------------------------------------------------------------
+# K classes: "fused" (online vector scaling learnt inside the K-class lanes kernel,
+# :mod:`calpipe.kernels.expert_lanes_multiclass`) against "per-input" and "per-stream"
+# ----------------------------------------------------------------------------------------------
+K_INPUTS = (None, ("ops:radius=1.5:score_clip=0.05",), ("ops", "ops:gamma=0.5:radius=2"), ())
+
+
+def _batch_k(seed, n, n_streams, k):
+    rng = np.random.default_rng(seed)
+    p = rng.dirichlet(np.full(k, 0.5), n)
+    p[rng.random(n) < 0.05, 0] = 0.0
+    p /= p.sum(axis=1, keepdims=True)
+    y = (p.cumsum(axis=1) < rng.random(n)[:, None]).sum(axis=1).clip(0, k - 1)
+    return p, y.astype(np.int64), make_ops(rng, n, n_streams, p_unlabelled=0.1, p_delayed=0.2)
+
+
+@pytest.mark.parametrize("n_streams", [1, 65, 200])
+@pytest.mark.parametrize("k", [3, 4])
+@pytest.mark.parametrize("inputs", K_INPUTS, ids=["default", "projections", "two-ops", "base"])
+def test_k_class_engines_give_the_same_bits(engine, n_streams, k, inputs):
+    kw = {} if inputs is None else {"inputs": inputs}
+    cal = make_calibrator("composite-experts", **kw)
+    assert cal.lane_inputs_multiclass(k) is not None  # the fused path runs
+    x, y, ops = _batch_k(n_streams + k, 30 * n_streams, n_streams, k)
+    state = cal.initial_state(n_streams, k)
+    runs = _runs(engine, cal, x, y, ops, state)
+    _assert_same(runs["fused"], runs["per-stream"])
+    _assert_same(runs["per-input"], runs["per-stream"])
+    # a second batch from the carried state (labels of the first batch's events pending)
+    x2, y2, ops2 = _batch_k(n_streams + 1, 20 * n_streams, n_streams, k)
+    again = _runs(engine, cal, x2, y2, ops2, runs["per-stream"][1])
+    _assert_same(again["fused"], again["per-stream"])
+
+
+def test_k_class_input_without_a_lane_kernel_takes_the_per_input_path(engine):
+    cal = make_calibrator(
+        "composite-experts", inputs=("ops", "temperature:window=20:refit_every=5")
+    )
+    assert cal.lane_inputs_multiclass(3) is None
+    x, y, ops = _batch_k(3, 3000, 70, 3)
+    runs = _runs(engine, cal, x, y, ops, cal.initial_state(70, 3))
+    _assert_same(runs["fused"], runs["per-stream"])
+
+
+def test_the_k_class_default_through_protect_with_label_time_is_the_same_frame(engine):
+    """End to end: calpipe.protect on K = 3 scores with delayed labels (label_time)."""
+    rng = np.random.default_rng(9)
+    n = 5000
+    t0 = pl.datetime(2026, 1, 1)
+    p = rng.dirichlet(np.full(3, 0.7), n)
+    df = pl.DataFrame({
+        "stream": rng.integers(0, 80, n).astype(str), "event_id": np.arange(n),
+        "scores": p.tolist(), "label": rng.integers(0, 3, n), "lag": rng.integers(0, 400, n),
+    }).with_columns(
+        (t0 + pl.duration(seconds=pl.col("event_id"))).alias("event_time"),
+    ).with_columns(
+        (pl.col("event_time") + pl.duration(seconds=pl.col("lag"))).alias("label_time")
+    )  # fmt: skip
+    frames = {}
+    for name in ("fused", "per-input"):
+        engine(name)
+        res = calpipe.protect_with_state(df, scores="scores", label_time="label_time")
+        frames[name] = (res.scores, res.state)
+    assert frames["fused"][0].equals(frames["per-input"][0])
+    assert frames["fused"][1].equals(frames["per-input"][1])
+
+
+@pytest.mark.parametrize("k", [3, 4, 9])
+def test_likelihood_gale_ends_of_k_classes_equals_likelihood_gale_row_by_row(k):
+    rng = np.random.default_rng(k)
+    ops = make_ops(rng, 500, 7)
+    m = ops.op_event.shape[0]
+    f = rng.dirichlet(np.full(k, 0.5), (3, m))
+    f[:, ::17, 0] = 0.0
+    base = rng.dirichlet(np.full(k, 0.5), m)
+    y = rng.integers(-1, k, m)
+    upd = ops.op_kind != OP_FORECAST
+    m0 = rng.normal(0, 1, (3, 7))
+    ends = likelihood_gale_ends(f, base, y, upd, ops.op_offsets, m0, 1e-3)
+    for i in range(3):
+        _, want = likelihood_gale(f[i], base, y, upd, ops.op_offsets, m0[i], 1e-3)
+        np.testing.assert_array_equal(ends[i], want)
