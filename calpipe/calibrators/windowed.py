@@ -250,7 +250,10 @@ class WindowedCalibrator(Calibrator[FlatState]):
             # Runs of consecutive ops that share a map: one predict call each.
             ep = epoch[lo:hi]
             cuts = np.flatnonzero(np.diff(ep)) + 1
-            for a, b in zip(np.r_[0, cuts], np.r_[cuts, hi - lo], strict=True):
+            # (a stream with no operation in this batch -- a piece of a big call may hold none
+            # of a fitted stream's -- has no run: it keeps its window and fit)
+            runs = zip(np.r_[0, cuts], np.r_[cuts, hi - lo], strict=True) if hi > lo else ()
+            for a, b in runs:
                 j = int(ep[a])
                 ev = op_event[lo + a : lo + b]
                 sl = slice(lo + a, lo + b)
