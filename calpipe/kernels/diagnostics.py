@@ -191,7 +191,7 @@ def _smooth_ece_one(f, r, min_sigma, points_per_sigma, rtol):
     return v, s
 
 
-@njit(cache=True, nogil=True)  # (the nightly monitoring runs two at once)
+@njit(cache=True)
 def smooth_ece_groups(f, y, ids, n_groups, min_sigma, points_per_sigma, rtol):
     """(smECE, sigma*) of every group (``ids`` dense in [0, n_groups)); NaN for an empty group."""
     order, counts = counting_sort_kernel(ids, n_groups)
@@ -209,7 +209,7 @@ def smooth_ece_groups(f, y, ids, n_groups, min_sigma, points_per_sigma, rtol):
     return out, sig
 
 
-@njit(cache=True, nogil=True)  # (the nightly monitoring runs two at once)
+@njit(cache=True)
 def bin_cells(p, y, ids, n_groups, n_bins):
     """(count, sum of p, sum of y) of every (group, bin) cell, cell ``ids[i] * n_bins + b`` with
     b = the equal-width bin of ``p[i]`` in [0, 1] (the ECE's and the reliability diagram's
@@ -235,7 +235,7 @@ def _xlogx(x):
     return 0.0 if x <= 0.0 else x * math.log(x)
 
 
-@njit(cache=True, nogil=True)  # (the nightly monitoring runs two at once)
+@njit(cache=True)
 def corp_groups(f, y, ids, n_groups):
     """Per group: (mean log score of f_hat, mean Brier of f_hat, mean log score of r, mean Brier
     of r) with f_hat the PAV recalibration of ``f`` on tie-pooled forecasts and r = mean y.

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import polars as pl
@@ -37,11 +36,6 @@ from calpipe.kernels.grouping import dense_ids, increasing_in_groups
 from calpipe.night.arrivals import Arrivals
 
 #: The CORP columns of :func:`_corp_columns` (binary forecasts only: null for K classes).
-#: Labelled rows from which :func:`daily_metrics` computes the protected forecast's smooth ECE
-#: and CORP in a second thread beside the base's (their kernels release the GIL): a thread costs
-#: ~0.1 ms, and the nightly run's batches of ~2M rows spend ~0.3 s in each (py-spy).
-PARALLEL_METRICS_ROWS: int = 200_000
-
 _CORP_COLUMNS = (
     *[f"{who}_{name}_{part}" for name in ("log_loss", "brier") for who in ("base", "protected")
       for part in ("mcb", "dsc")],
@@ -185,31 +179,17 @@ def daily_metrics(
         "base_brier": metrics.grouped_brier(base_l, y, ids_l, n_groups),
         "protected_brier": metrics.grouped_brier(prot_l, y, ids_l, n_groups),
     }
-    want_corp = corp and not multiclass  # (K classes: the null columns above)
-
-    def shape(who: str, p: np.ndarray) -> dict[str, np.ndarray]:
-        """One forecast's smooth ECE and CORP columns: the day's costliest metrics."""
-        out = {f"{who}_smooth_ece": metrics.grouped_smooth_ece(p, y, ids_l, n_groups)}
-        return out | (_corp_columns({who: p}, y, ids_l, n_groups, losses) if want_corp else {})
-
-    # the protected forecast's in a second thread on big batches (their kernels release the
-    # GIL): the night's main thread runs the engine, these metrics and little else
-    if y.shape[0] >= PARALLEL_METRICS_ROWS:
-        with ThreadPoolExecutor(1, "calpipe-metrics") as pool:
-            prot_shape = pool.submit(shape, "protected", prot_l)
-            shapes = shape("base", base_l) | prot_shape.result()
-    else:
-        shapes = shape("base", base_l) | shape("protected", prot_l)
-    if not multiclass:  # (in _corp_columns' order: base's columns, then protected's)
-        corp = {c: v for c, v in shapes.items() if not c.endswith("_smooth_ece")}
+    if not multiclass:  # (K classes: the null columns above)
+        forecasts = {"base": base_l, "protected": prot_l}
+        corp = _corp_columns(forecasts, y, ids_l, n_groups, losses) if corp else {}
     values = {
         "n_events": np.bincount(ids, minlength=n_groups).astype(np.int64),
         "n_labelled": n_lab.astype(np.int64),
         **losses,
         "base_ece": base_ece,
         "protected_ece": prot_ece,
-        "base_smooth_ece": shapes["base_smooth_ece"],
-        "protected_smooth_ece": shapes["protected_smooth_ece"],
+        "base_smooth_ece": metrics.grouped_smooth_ece(base_l, y, ids_l, n_groups),
+        "protected_smooth_ece": metrics.grouped_smooth_ece(prot_l, y, ids_l, n_groups),
         **corp,
         **means,
         "log10_martingale_max": peak,

@@ -13,7 +13,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import calpipe
-from calpipe.night import monitoring
 from calpipe.night.monitoring import (
     arrival_stats,
     arrived_in_rows,
@@ -116,26 +115,3 @@ def test_the_engines_groups_are_the_monitorings_stream_groups(shuffle, label_tim
     want_ids, want_first = stream_groups(res.scores, ["stream"])
     np.testing.assert_array_equal(ids, want_ids)
     np.testing.assert_array_equal(first, want_first)
-
-
-def test_the_metrics_in_two_threads_are_the_metrics_in_one(monkeypatch):
-    # daily_metrics computes the protected forecast's smooth ECE and CORP in a second thread
-    # on big batches: the same columns, in the same order, to the bit
-    rng = np.random.default_rng(7)
-    n = 5_000
-    base = rng.uniform(0.02, 0.98, n)
-    rows = pl.DataFrame({
-        "stream": rng.choice(["a", "b", "c", "d"], n),
-        "base_score": base,
-        "protected_score": np.clip(base + rng.normal(0, 0.05, n), 0.01, 0.99),
-        "label": (rng.random(n) < base).astype(np.int64),
-        "log10_martingale": rng.normal(0, 1, n),
-    })  # fmt: skip
-    unlabelled = pl.Series(rng.random(n) < 0.1)
-    rows = rows.with_columns(pl.when(unlabelled).then(None).otherwise("label").alias("label"))
-    monkeypatch.setattr(monitoring, "PARALLEL_METRICS_ROWS", 10**9)
-    one = monitoring.daily_metrics(rows, ["stream"])
-    monkeypatch.setattr(monitoring, "PARALLEL_METRICS_ROWS", 0)
-    two = monitoring.daily_metrics(rows, ["stream"])
-    assert one.columns == two.columns
-    assert one.equals(two)
