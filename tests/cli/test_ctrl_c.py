@@ -174,7 +174,9 @@ def test_only_the_command_gets_the_starting_handler():
     assert not is_the_command(["-c"], ["python", "-c", "import calpipe"])
     assert not is_the_command(["x"], ["python", "-m", "pytest", "-m", "slow"])
     assert not is_the_command(["nb.py"], ["python", "nb.py", "-m"])
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # here, under pytest
+    # here, under pytest, calpipe installed nothing (another library may have: a Spark
+    # context started earlier in this process installs its own; this test once failed so)
+    assert getattr(signal.getsignal(signal.SIGINT), "__module__", None) != "calpipe._starting"
 
 
 def test_a_systemerror_over_a_keyboardinterrupt_is_ctrl_c():
