@@ -11,6 +11,7 @@ from __future__ import annotations
 import signal
 
 import duckdb
+from polars.exceptions import PanicException
 
 from calpipe._starting import MESSAGE as STARTING_MESSAGE
 from calpipe._starting import hand_back, is_the_command
@@ -18,17 +19,23 @@ from calpipe._starting import hand_back, is_the_command
 #: How Ctrl-C surfaces: Python's KeyboardInterrupt, DuckDB's own when it lands mid-query
 #: (duckdb.InterruptException, or a RuntimeError "Query interrupted" from a catalog query), or
 #: a SystemError raised over a KeyboardInterrupt that landed inside a C extension's call
-#: (numba's dispatcher: "CPUDispatcher(...) returned a result with an exception set").
-INTERRUPTS = (KeyboardInterrupt, duckdb.InterruptException, RuntimeError, SystemError)
+#: (numba's dispatcher: "CPUDispatcher(...) returned a result with an exception set"), or
+#: polars' Rust panic over one that landed while its numpy bridge imported numpy ("access NumPy
+#: array API capsule: PyErr { type: <class 'KeyboardInterrupt'> ... }": exit 1 in a CI run).
+INTERRUPTS = (KeyboardInterrupt, duckdb.InterruptException, RuntimeError, SystemError,
+              PanicException)  # fmt: skip
 
 
 def is_interrupt(exc: BaseException) -> bool:
     """Whether ``exc`` (one of :data:`INTERRUPTS`) is Ctrl-C. A ``SystemError`` is one when a
     KeyboardInterrupt is anywhere in its chain of causes and contexts: numba, loading a cached
     kernel when Ctrl-C landed, raised over an error that was itself raised over the
-    KeyboardInterrupt (only the first link was looked at: exit 1 and a traceback)."""
+    KeyboardInterrupt (only the first link was looked at: exit 1 and a traceback). A Rust
+    panic of polars is one when its message names the KeyboardInterrupt it was raised over."""
     if isinstance(exc, SystemError):
         return any(isinstance(e, KeyboardInterrupt) for e in _chain(exc))
+    if isinstance(exc, PanicException):  # the KeyboardInterrupt is only named in its message
+        return "KeyboardInterrupt" in str(exc)
     if isinstance(exc, RuntimeError) and not isinstance(exc, duckdb.InterruptException):
         return "interrupted" in str(exc).lower()
     return isinstance(exc, INTERRUPTS)

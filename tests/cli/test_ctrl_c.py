@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from calpipe import generate, storage
-from calpipe.cli.interrupts import STARTING_MESSAGE, is_interrupt, is_the_command
+from calpipe.cli.interrupts import INTERRUPTS, STARTING_MESSAGE, is_interrupt, is_the_command
 from calpipe.generate import StreamSpec
 from tests.test_faults import hold_database
 
@@ -191,6 +191,19 @@ def test_a_systemerror_over_a_keyboardinterrupt_is_ctrl_c():
         assert is_interrupt(exc)
     assert not is_interrupt(SystemError("something else"))
     assert is_interrupt(KeyboardInterrupt()) and not is_interrupt(RuntimeError("boom"))
+
+
+def test_a_polars_panic_over_a_keyboardinterrupt_is_ctrl_c():
+    """A CI run's Ctrl-C landed while polars' numpy bridge imported numpy: a Rust panic naming
+    the KeyboardInterrupt, exit 1 with its message; it is an interruption, other panics not."""
+    from polars.exceptions import PanicException
+
+    panic = PanicException(
+        "Failed to access NumPy array API capsule: PyErr { type: <class 'KeyboardInterrupt'>, "
+        "value: KeyboardInterrupt(), traceback: None }"
+    )
+    assert isinstance(panic, INTERRUPTS) and is_interrupt(panic)
+    assert not is_interrupt(PanicException("index out of bounds"))
 
 
 def test_a_systemerror_two_links_above_a_keyboardinterrupt_was_a_traceback():
