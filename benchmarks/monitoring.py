@@ -47,8 +47,9 @@ def _switch_off() -> None:
     def no_detector(chain, batch, state, late):
         batch.changes = pl.DataFrame(schema=changes.CHANGE_SCHEMA)
         batch.result = ProtectResult(
-            batch.result.scores, changes.with_detector(batch.result.state, state, None)
-        )
+            batch.result.scores, changes.with_detector(batch.result.state, state, None),
+            batch.result.groups,  # (as the night's: the monitoring reuses the engine's grouping)
+        )  # fmt: skip
 
     phases.detect_changes = no_detector
     t = tables.TABLES["performance_estimates"]
