@@ -607,16 +607,7 @@ class CompositeExperts(Calibrator[FlatState]):
         is_update = op_kind != OP_FORECAST
         cals = self._inputs(k)
         for i, cal in enumerate(cals):
-            ok = (np.isfinite(fin[i]) & (fin[i] >= 0.0) & (fin[i] <= 1.0)).all(axis=1)
-            if not ok.all():  # as the input's own run (OnlineCalibrator)
-                o = int(np.flatnonzero(~ok)[0])
-                s = int(np.searchsorted(op_offsets, o, side="right") - 1)
-                raise StateError(
-                    f"method {cal.name!r}: stream {s}'s forecast of event {int(op_event[o])} is "
-                    f"{fin[i, o].tolist()}, not a probability: its state is no state this method "
-                    "can have written",
-                    stream=s,
-                )
+            cal.check_forecasts(fin[i], op_event, op_offsets)  # as the input's own run
         # each input's own test martingale, from its forecast at every op; inputs sharing a
         # clip in one pass (base term once)
         for clip in {float(c.params["clip"]) for c in cals}:

@@ -124,7 +124,7 @@ class OnlineCalibrator(Calibrator[FlatState]):
         # The forecast in force at each original op (update-only ops: their inserted copy).
         at_op = np.where(upd_only, 0, op_event)
         at_op[upd_only] = pseudo
-        self._check_forecasts(p[at_op], op_event, op_offsets)
+        self.check_forecasts(p[at_op], op_event, op_offsets)
         log10m_op, log10m_end = likelihood_gale(
             p[at_op], self.martingale_base(scores[op_event]), labels[op_event],
             op_kind != OP_FORECAST, op_offsets, state.log10m, self.params["clip"],
@@ -138,7 +138,7 @@ class OnlineCalibrator(Calibrator[FlatState]):
         new = FlatState(np.ascontiguousarray(new_vectors.ravel()), state.offsets.copy(), log10m_end)
         return RunOutput(p[:n], out_m, extra), new
 
-    def _check_forecasts(self, forecast, op_event, op_offsets) -> None:
+    def check_forecasts(self, forecast, op_event, op_offsets) -> None:
         """StateError unless every forecast (one per op) is a probability: a state the load
         checks let through must not become silent NaN or out-of-[0, 1] forecasts."""
         ok = np.isfinite(forecast) & (forecast >= 0.0) & (forecast <= 1.0)

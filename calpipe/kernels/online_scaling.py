@@ -141,6 +141,17 @@ def _binary_features(p, model, clip, u):
         u[2] = 1.0
 
 
+@njit(cache=True, inline="always")
+def _softmax_in_place(out, k, zmax):
+    """out[:k] <- softmax(out[:k]), ``zmax`` its largest entry (the shift against overflow)."""
+    s = 0.0
+    for c in range(k):
+        out[c] = math.exp(out[c] - zmax)
+        s += out[c]
+    for c in range(k):
+        out[c] /= s
+
+
 @njit(cache=True)
 def _vector_forecast(row, theta, clip, lnq, out):
     """Vector scaling of one K-class score row: lnq = ln of the floored, renormalised row."""
@@ -154,12 +165,7 @@ def _vector_forecast(row, theta, clip, lnq, out):
         z = theta[c] * lnq[c] + theta[k + c]
         out[c] = z
         zmax = max(zmax, z)
-    s = 0.0
-    for c in range(k):
-        out[c] = math.exp(out[c] - zmax)
-        s += out[c]
-    for c in range(k):
-        out[c] /= s
+    _softmax_in_place(out, k, zmax)
 
 
 @njit(cache=True)
@@ -180,12 +186,7 @@ def _matrix_forecast(row, theta, clip, lnq, out):
         z += theta[k * k + c]
         out[c] = z
         zmax = max(zmax, z)
-    s = 0.0
-    for c in range(k):
-        out[c] = math.exp(out[c] - zmax)
-        s += out[c]
-    for c in range(k):
-        out[c] /= s
+    _softmax_in_place(out, k, zmax)
 
 
 @njit(cache=True)
