@@ -166,7 +166,8 @@ CREATE TABLE IF NOT EXISTS calibration_daily (
     protected_smooth_ece         DOUBLE,
     -- CORP decomposition (Dimitriadis, Gneiting & Jordan 2021) of each mean loss over labelled
     -- events: loss = mcb - dsc + unc (miscalibration, discrimination, uncertainty), from the
-    -- PAV recalibration of the forecasts; unc depends on the labels only.
+    -- PAV recalibration of the forecasts; unc depends on the labels only. K classes: the Brier
+    -- columns sum the one-vs-rest decompositions of the classes; the log loss's are NULL.
     base_log_loss_mcb            DOUBLE,
     base_log_loss_dsc            DOUBLE,
     protected_log_loss_mcb       DOUBLE,

@@ -35,14 +35,6 @@ from calpipe.engine.ordering import sort_by_keys
 from calpipe.kernels.grouping import dense_ids, increasing_in_groups
 from calpipe.night.arrivals import Arrivals
 
-#: The CORP columns of :func:`_corp_columns` (binary forecasts only: null for K classes).
-_CORP_COLUMNS = (
-    *[f"{who}_{name}_{part}" for name in ("log_loss", "brier") for who in ("base", "protected")
-      for part in ("mcb", "dsc")],
-    "log_loss_unc",
-    "brier_unc",
-)  # fmt: skip
-
 #: The metrics of ``calibration_arrivals`` (those of ``calibration_daily`` over labelled rows).
 _ARRIVAL_METRICS = tuple(
     f"{who}_{m}"
@@ -77,13 +69,24 @@ def _corp_columns(
     Brier score of base and protected (``forecasts``, of labelled rows): the columns
     ``{base,protected}_{log_loss,brier}_{mcb,dsc}`` and the uncertainty ``{log_loss,brier}_unc``
     (the labels' alone, the same for both forecasts). ``losses``: the columns
-    ``{base,protected}_{log_loss,brier}`` already computed."""
+    ``{base,protected}_{log_loss,brier}`` already computed.
+
+    K classes ((n, K) forecasts): the Brier columns are the classwise decomposition
+    (:func:`calpipe.metrics.grouped_corp_classwise`: one vs rest per class, summed), which
+    decomposes the K-class Brier score itself; the log loss's columns are NaN, because the
+    K-class log loss -log p_y has no CORP decomposition (no unique isotonic recalibration of a
+    probability vector)."""
     out: dict[str, np.ndarray] = {}
     for who, p in forecasts.items():
-        d = metrics.grouped_corp(
-            p, y, ids, n_groups,
-            log_score=losses[f"{who}_log_loss"], brier_score=losses[f"{who}_brier"],
-        )  # fmt: skip
+        if p.ndim == 2:
+            d = metrics.grouped_corp_classwise(p, y, ids, n_groups)
+            nan = np.full(n_groups, np.nan)
+            d |= {f"log_{t}": nan for t in ("miscalibration", "discrimination", "uncertainty")}
+        else:
+            d = metrics.grouped_corp(
+                p, y, ids, n_groups,
+                log_score=losses[f"{who}_log_loss"], brier_score=losses[f"{who}_brier"],
+            )  # fmt: skip
         for score, name in (("log", "log_loss"), ("brier", "brier")):
             out[f"{who}_{name}_mcb"] = d[f"{score}_miscalibration"]
             out[f"{who}_{name}_dsc"] = d[f"{score}_discrimination"]
@@ -117,8 +120,9 @@ def daily_metrics(
 
     K classes (``base_scores``/``protected_scores`` vectors): log loss of the label's
     probability, the multiclass Brier score (sum over classes), ECE and smooth ECE of the top
-    label (:func:`calpipe.metrics.top_label`); the CORP decomposition and the means are binary
-    and null.
+    label (:func:`calpipe.metrics.top_label`), the classwise CORP decomposition of the Brier
+    score (:func:`_corp_columns`); the log loss's CORP columns and the means are binary and
+    null.
 
     The metrics are :mod:`calpipe.metrics`' grouped numpy forms (every group at once, as
     per-group sums in row order: the same rows in the same order give the same bits). Groups
@@ -155,10 +159,9 @@ def daily_metrics(
         ids_l, y = ids[labelled], y_all[labelled]
         base_l, prot_l = base[labelled], prot[labelled]
     del y_all
-    if multiclass:  # ECE of the top label (smooth ECE reduces to it itself); CORP is binary
+    if multiclass:  # ECE of the top label (smooth ECE reduces to it itself)
         base_ece = metrics.grouped_ece(*metrics.top_label(base_l, y), ids_l, n_groups)
         prot_ece = metrics.grouped_ece(*metrics.top_label(prot_l, y), ids_l, n_groups)
-        corp = dict.fromkeys(_CORP_COLUMNS if corp else (), np.full(n_groups, np.nan))
         no_mean = np.full(n_groups, np.nan)
         means = {"mean_score": no_mean, "mean_protected": no_mean, "mean_label": no_mean}
     else:
@@ -179,9 +182,8 @@ def daily_metrics(
         "base_brier": metrics.grouped_brier(base_l, y, ids_l, n_groups),
         "protected_brier": metrics.grouped_brier(prot_l, y, ids_l, n_groups),
     }
-    if not multiclass:  # (K classes: the null columns above)
-        forecasts = {"base": base_l, "protected": prot_l}
-        corp = _corp_columns(forecasts, y, ids_l, n_groups, losses) if corp else {}
+    forecasts = {"base": base_l, "protected": prot_l}
+    corp = _corp_columns(forecasts, y, ids_l, n_groups, losses) if corp else {}
     values = {
         "n_events": np.bincount(ids, minlength=n_groups).astype(np.int64),
         "n_labelled": n_lab.astype(np.int64),

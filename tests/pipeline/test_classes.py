@@ -13,6 +13,7 @@ import datetime as dt
 import numpy as np
 import polars as pl
 import pytest
+from sklearn.isotonic import IsotonicRegression
 
 import calpipe
 from calpipe import generate, metrics, pipeline, storage
@@ -105,8 +106,26 @@ def test_k_class_monitoring_is_the_metrics_k_class_forms(tmp_path, events):
                 ece = sum(abs(conf[b == i].sum() - hit[b == i].sum()) for i in range(10)) / len(y)
                 got = daily.filter(pl.col("date") == d, pl.col("stream") == s)[f"{who}_ece"]
                 assert got.item() == pytest.approx(ece, abs=1e-12)
-        # the binary-only columns are null, not NaN
-        for c in ("base_log_loss_mcb", "brier_unc", "mean_score", "mean_label"):
+            # the classwise CORP of the Brier score, from its definition: per class c, PAV of
+            # p_c against 1{y = c} (scikit-learn's isotonic regression), summed over classes
+            for (d, s), g in rows.filter(pl.col("label").is_not_null()).group_by("date", "stream"):
+                p, y = vectors(g[col]), g["label"].to_numpy()
+                mcb = dsc = unc = 0.0
+                for c in range(p.shape[1]):
+                    hit = (y == c).astype(float)
+                    pav = IsotonicRegression(y_min=0, y_max=1).fit_transform(p[:, c], hit)
+                    score, best = np.mean((p[:, c] - hit) ** 2), np.mean((pav - hit) ** 2)
+                    climat = np.mean((hit.mean() - hit) ** 2)
+                    mcb, dsc, unc = mcb + score - best, dsc + climat - best, unc + climat
+                got = daily.filter(pl.col("date") == d, pl.col("stream") == s)
+                assert got[f"{who}_brier_mcb"].item() == pytest.approx(mcb, abs=1e-12)
+                assert got[f"{who}_brier_dsc"].item() == pytest.approx(dsc, abs=1e-12)
+                assert got["brier_unc"].item() == pytest.approx(unc, abs=1e-12)
+                assert mcb - dsc + unc == pytest.approx(got[f"{who}_brier"].item(), abs=1e-12)
+        # the binary-only columns are null, not NaN: the K-class log loss has no CORP
+        # decomposition (no unique isotonic recalibration of a vector)
+        for c in ("base_log_loss_mcb", "protected_log_loss_dsc", "log_loss_unc", "mean_score",
+                  "mean_label"):  # fmt: skip
             assert daily[c].null_count() == daily.height, c
     finally:
         con.close()
