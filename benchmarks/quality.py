@@ -95,8 +95,9 @@ gives the measurement). It costs 3 x 1,000 smooth ECEs per stream (the default's
 then both forecasters' for the difference): ~10 s on a 36,000-event stream, ~1-2 minutes in
 all; at smoke size a few seconds.
 
-Pass rule (issue 11): on every drifting stream the default's mean log loss is <= the best
-anchor's (the anchor with the lowest log loss); on every stream it is <= the base's + ln 2 / n;
+Pass rule (issues 11 and 34): on every drifting stream the default's mean log loss is <= the
+best anchor's (the anchor with the lowest log loss), on every control within
+:data:`CONTROL_SLACK` = 0.002 nats of it; on every stream it is <= the base's + ln 2 / n;
 its smooth ECE is <= that best anchor's + 0.005. (Comparing with the lowest smooth ECE of any
 anchor would reward forecasts that buy calibration with log loss, as TOPS does: the table shows
 every anchor's smooth ECE for that reading too.) The verdict keeps the point values, the issue's
@@ -138,6 +139,9 @@ REFIT = 500
 EPS = 1e-6  # anchors' forecasts are clipped to [EPS, 1 - EPS] before their logits
 DEFAULT = "composite-experts"
 SMOOTH_ECE_SLACK = 0.005
+#: On a control (no drift) a frozen anchor fitted on the first window is the right model, and
+#: the default may trail it by the cost of not knowing that: at most this many nats (issue 34).
+CONTROL_SLACK = 0.002
 #: The seed of the smooth ECE's bootstrap (the library's default; stated here because the
 #: report's intervals are reproducible from it).
 BOOTSTRAP_SEED = config.SMOOTH_ECE_BOOTSTRAP_SEED
@@ -622,6 +626,8 @@ def verdict(s: Stream, rows: list[dict]) -> dict:
     }
     if s.drift:
         checks["beats_best_anchor"] = d["log_loss"] <= best["log_loss"]
+    else:
+        checks["near_best_anchor"] = d["log_loss"] <= best["log_loss"] + CONTROL_SLACK
     return {"stream": s.name, "n": n, "K": s.k, "drift": s.drift, "default": d["log_loss"],
             "base": base["log_loss"], "best_anchor": best["method"],
             "best_anchor_ll": best["log_loss"], "default_smece": d["smooth_ece"],
@@ -700,7 +706,8 @@ def markdown(streams, results, verdicts, t11, size, seconds, resamples=None) -> 
             f"{'pass' if not failed else 'FAIL: ' + ', '.join(failed)} |"
         )
     lines += ["", "Checks: `insurance` default <= base + ln 2 / n; `beats_best_anchor` (drifting "
-              "streams) default <= the best anchor's log loss; `smooth_ece` default's smooth ECE "
+              "streams) default <= the best anchor's log loss; `near_best_anchor` (controls) "
+              f"default <= the best anchor's log loss + {CONTROL_SLACK}; `smooth_ece` default's smooth ECE "
               f"<= the best anchor's (by log loss) + {SMOOTH_ECE_SLACK}. `95 %`: the default's "
               "smooth ECE's circular block bootstrap interval (blocks of ceil(n^(1/3)) events, "
               f"{resamples:,} resamples, seed "

@@ -86,3 +86,27 @@ def test_the_brier_corp_columns_decompose_the_brier_column(k):
     assert row["brier"] == pytest.approx(row["mcb_brier"] - row["dsc_brier"] + unc, abs=1e-12)
     # the log loss columns: binary only (the K-class log loss has no CORP decomposition)
     assert math.isnan(row["mcb"]) == (k > 2)
+
+
+@pytest.mark.parametrize("behind", [0.0015, 0.0025])
+@pytest.mark.parametrize("drift", [True, False])
+def test_a_control_passes_within_0_002_nats_of_the_best_anchor_a_drifting_stream_must_beat_it(
+    drift, behind
+):
+    """Issue #34's targets: on a control the default may trail the best anchor by at most
+    ``CONTROL_SLACK`` = 0.002 nats; on a drifting stream not at all."""
+    s = stream(2)
+    s = quality.Stream(s.name, s.p, s.y, drift, s.source)
+    rows = [{"kind": "base", "method": "base", "log_loss": 0.5, "smooth_ece": 0.02},
+            {"kind": "anchor", "method": "a", "log_loss": 0.3, "smooth_ece": 0.02},
+            {"kind": "anchor", "method": "b", "log_loss": 0.31, "smooth_ece": 0.01},
+            {"kind": "default", "method": quality.DEFAULT, "log_loss": 0.3 + behind,
+             "smooth_ece": 0.02, "smece_lo": 0.0, "smece_hi": 0.0, "dsmece": 0.0,
+             "dsmece_lo": 0.0, "dsmece_hi": 0.0}]  # fmt: skip
+    checks = quality.verdict(s, rows)["checks"]
+    if drift:
+        assert "near_best_anchor" not in checks and checks["beats_best_anchor"] is False
+    else:
+        assert "beats_best_anchor" not in checks
+        assert checks["near_best_anchor"] is (behind < quality.CONTROL_SLACK)
+    assert checks["insurance"] and checks["smooth_ece"]
