@@ -214,6 +214,13 @@ class CompositeExperts(Calibrator[FlatState]):
         ),
         "jumping_rates": JUMPING_RATES,
         "pi": PASSIVE_WEIGHT,
+        "restart": Param(
+            config.EXPERT_JUMP_RESTART,
+            number_in(0.0, 1.0, lo_open=False, hi_open=True),
+            "a number in [0, 1)",
+            "probability that a jump goes back to the start (each input's identity) instead of "
+            "to a uniform expert; 0 = paper 001's uniform jumps (config.EXPERT_JUMP_RESTART)",
+        ),
         "clip": Param(
             config.DEFAULT_CLIP_EPS,
             number_in(0.0, 0.5),
@@ -288,7 +295,7 @@ class CompositeExperts(Calibrator[FlatState]):
         return multiclass_family(n_classes, "cox2", betas=np.unique(arr[:, 1]), alpha_shifts=shifts)
 
     def config(self, n_classes: int) -> dict[str, Any]:
-        return {
+        out = {
             "method": self.name,
             "n_classes": n_classes,
             "inputs": [c.config(n_classes) for c in self._inputs(n_classes)],
@@ -298,6 +305,22 @@ class CompositeExperts(Calibrator[FlatState]):
             "pi": float(self.params["pi"]),
             "clip": float(self.params["clip"]),
         }
+        if self.params["restart"] != 0.0:  # restart 0 keeps the fingerprint of the states
+            out["restart"] = float(self.params["restart"])  # written before it existed
+        return out
+
+    def restart_to(self, n_classes: int) -> np.ndarray:
+        """The distribution a restarting jump draws from (E,): the mixture's start, each input's
+        identity with probability 1 / I (:meth:`initial_state`'s active weights, per rate)."""
+        fam = self.family(n_classes)
+        n_in = 1 + len(self.input_specs(n_classes))
+        to = np.zeros(n_in * fam.size)
+        to[fam.identity_index :: fam.size] = 1.0 / n_in
+        return to
+
+    def _restart_kw(self, n_classes: int) -> dict[str, Any]:
+        """The kernels' ``restart`` and ``restart_to`` arguments."""
+        return {"restart": float(self.params["restart"]), "restart_to": self.restart_to(n_classes)}
 
     # -- state: [P, A (R*E), (length_i, log10 S_i, vector_i) per input] -------------------------
     def _head_size(self, n_classes: int) -> int:
@@ -433,7 +456,9 @@ class CompositeExperts(Calibrator[FlatState]):
         n, t = head.shape[0], fam.size
         n_rates = len(self.rates)
         active = np.ascontiguousarray(head[:, 1:]).reshape(n, n_rates, -1)
-        weight = np.column_stack([head[:, 0], serving_weights(active, self.rates)])
+        weight = np.column_stack(
+            [head[:, 0], serving_weights(active, self.rates, **self._restart_kw(k))]
+        )
         matrix = k > 2 and any(c.sql_form(k) == "matrix" for c in self._inputs(k))
         width = 4 if k == 2 else (k * k + k + 1 if matrix else 2 * k + 1)
         inputs = np.full((n, weight.shape[1], width), np.nan)
@@ -553,7 +578,7 @@ class CompositeExperts(Calibrator[FlatState]):
         p, lm, _, _, lm_end, new, fin = EL.composite_experts_binary(
             x[:, None], labels, op_event, op_kind, op_offsets, kinds, cols, par, edges,
             fam.params, self.rates, self.params["clip"], None, None, state.log10m, m,
-            packed=True,
+            packed=True, **self._restart_kw(2),
         )  # fmt: skip
         # each input's own test martingale, from its forecast at every op; inputs sharing a
         # clip in one pass (base term once)
@@ -600,7 +625,7 @@ class CompositeExperts(Calibrator[FlatState]):
         cols = np.array([at + 2 for at in starts], dtype=np.int64)
         p, lm, new, lm_end, fin = EK.composite_experts_multiclass(
             x, labels, op_event, op_kind, op_offsets, cols, par, fam.betas, fam.alphas,
-            self.rates, self.params["clip"], m, state.log10m,
+            self.rates, self.params["clip"], m, state.log10m, **self._restart_kw(k),
         )  # fmt: skip
         base = x[op_event]
         lab = labels[op_event]
@@ -670,11 +695,12 @@ class CompositeExperts(Calibrator[FlatState]):
             p, lm, pw, a, lm_end = EM.expert_mixture_binary(
                 q, y, ext_event, ext_kind, ext_offsets, fam.params, self.rates, passive, active,
                 state.log10m, lanes=None if self.engine != "per-stream" else False,
+                **self._restart_kw(2),
             )  # fmt: skip
         else:
             p, lm, pw, a, lm_end = EM.expert_mixture_multiclass(
                 q, y, ext_event, ext_kind, ext_offsets, fam.betas, fam.alphas, self.rates,
-                passive, active, state.log10m,
+                passive, active, state.log10m, **self._restart_kw(n_classes),
             )  # fmt: skip
         new_head = np.concatenate([pw[:, None], a.reshape(head.shape[0], -1)], axis=1)
         new = self._join(new_head, new_subs, lm_end)
