@@ -517,9 +517,9 @@ def _engine(
                 jr = rates[j]
                 keep = 1.0 - jr
                 for lane in range(nl):  # jump_mix_restart's operations, in its order
-                    g = TOT[j, lane] * jr
-                    TOT[j, lane] = g
-                    ADD[j, lane] = g * uniform / denom
+                    gj = TOT[j, lane] * jr
+                    TOT[j, lane] = gj
+                    ADD[j, lane] = gj * uniform / denom
                 if j < n_rates - 1:
                     for k in range(n_exp):
                         rk = rto[k]
