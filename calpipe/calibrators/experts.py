@@ -11,7 +11,11 @@ al. 2017) refitted on exponentially forgotten counts with memories of 1,000 and 
 a fixed-size state), which forgets what online scaling keeps; K classes: ``ops`` (online vector
 scaling). The experts are the pairs (input i, Cox function theta) on a grid wider
 than paper 001's (shifts of the log-odds up to |alpha| = 4, slopes beta in [1/2, 2]; K classes
-shifts of 1 and 2 on each class), started on the inputs' identities. Kernels:
+shifts of 1 and 2 on each class), started on the inputs' identities. A jump of the mixture goes
+back to that start (an input's identity, each with probability 1 / I) with probability
+``restart`` = 1/2 (``config.EXPERT_JUMP_RESTART``), else to a uniform expert as in paper 001:
+switching to another input then costs ln(2 I / J) nats instead of ln(I |Theta| / J)
+(``notes/short_streams.md``). Kernels:
 :mod:`calpipe.kernels.expert_lanes` (binary) and :mod:`calpipe.kernels.expert_lanes_multiclass`
 (K classes) learn the default inputs and the mixture in one pass, streams in SIMD lanes;
 :mod:`calpipe.kernels.expert_mixture` runs the mixture of any inputs.
@@ -21,7 +25,10 @@ Guarantees (log loss, natural logs, n labelled events, E = I |Theta| experts, R 
 Let L(.) be cumulative log loss and w_0 the prior. The Bayes mixture of the passive expert and
 the R Jumpers (paper 001 §2) loses at most ln(1 / prior) to each of its components, and the
 Jumper of rate J is the Bayes mixture over expert *sequences* under the Markov prior "jump with
-probability J to a uniform expert" (paper 000 §3), so:
+probability J to an expert drawn from mu" (paper 000 §3 with mu uniform; its derandomisation
+holds for any jump distribution mu). Here mu = (1 - w) uniform + w r, r the start (each input's
+identity 1 / I) and w = ``restart``: a jump lands on expert k with probability at least
+J (1 - w) / E, on input i's identity with probability at least J w / I. So:
 
 1. **Insurance** (paper 001, Prop. 1): L(composite-experts) <= L(base) + ln(1 / pi). With the
    default pi = 1/2: at most ln 2 above the base over the whole stream, whatever happens.
@@ -32,7 +39,12 @@ probability J to a uniform expert" (paper 000 §3), so:
    I = 5 inputs (base, OPS, OBS, two decay-beta fits), for theta = identity:
    L <= L(input i) + ln(30) + 1e-4 n, e.g. within ln 30 + 1e-4 n of each beta refit and of OPS.
 3. **Switching**: for any sequence of experts with k switches,
-   L <= L(sequence) + ln(R I / (1 - pi)) + k ln(E / J) + (n - 1 - k) ln(1 / (1 - J)).
+   L <= L(sequence) + ln(R I / (1 - pi)) + sum over the switches of ln(1 / (J mu(target)))
+   + (n - 1 - k) ln(1 / (1 - J)): a switch to any expert costs at most ln(E / ((1 - w) J))
+   (w = 1/2: ln(2E / J), ln 2 more than paper 001's uniform jumps), a switch to an input's
+   identity at most ln(I / (w J)) = ln(2 I / J) (uniform jumps: ln(E / J); with the default
+   I = 5 inputs and |Theta| = 21, ln 10 instead of ln 105: 2.35 nats less a switch; K = 10
+   with inputs (ops, oms), |Theta| = 123: 4.1 nats less).
 
 Together with OPS's own O(d log n) regret against the best fixed Platt map (Hazan 2016,
 Thm. 4.5), (2) gives L <= min_{a, b} L(Platt_{a, b}) + O(log n) + 1e-4 n + ln 30. The bounds are

@@ -18,6 +18,7 @@ from calpipe.calibrators import make_calibrator
 from calpipe.errors import ParameterError, StateError
 from calpipe.families import binary_family, evaluate, multiclass_family
 from calpipe.kernels.expert_mixture import expert_mixture_binary, expert_mixture_multiclass
+from calpipe.kernels.mixture import jump_mix, jump_mix_restart, restart_terms
 from calpipe.kernels.ops import OP_STEP
 from tests import naive_online_scaling as naive
 
@@ -144,22 +145,21 @@ def test_multiclass_kernel_with_restarting_jumps_equals_the_loop():
 
 
 def test_restart_zero_is_paper_001s_jumps_bit_for_bit():
-    """restart=0 runs the operations of the uniform jumps exactly (the states written before
-    the restart existed keep their fingerprint and their forecasts)."""
+    """restart=0 runs the operations of the uniform jumps exactly (jump_mix_restart with
+    restart 0 gives jump_mix's bits, weights down to 1e-300 included), and the states written
+    before the restart existed keep their fingerprint."""
     rng = np.random.default_rng(12)
     x = rng.uniform(0.01, 0.99, 400)
     y = (rng.uniform(size=400) < x**1.5).astype(np.int64)
     zero = make_calibrator("composite-experts", restart=0.0)
-    out, st = zero.run(x, y)
+    _, st = zero.run(x, y)
     assert "restart" not in zero.config(2)
-    q = rng.uniform(0.05, 0.95, (100, 3))
-    fam = binary_family("cox2", [(0, 1), (2, 0.5)])
-    rates = np.array([0.05, 0.001])
-    args = (q, y[:100], np.arange(100), np.full(100, OP_STEP, np.int8), np.array([0, 100]),
-            fam.params, rates, *_initial(fam, 3, rates, 0.3))  # fmt: skip
-    for a, b in zip(expert_mixture_binary(*args, lanes=False),
-                    expert_mixture_binary(*args, lanes=False, restart=0.0,
-                                          restart_to=_restart_to(fam, 3)), strict=True):
+    active = rng.uniform(0, 1, (3, 40)) * 10.0 ** rng.integers(-300, 0, (3, 40))
+    rates = np.array([0.3, 1e-2, 1e-4])
+    want, got = (np.empty((3, 40)), np.empty(40)), (np.empty((3, 40)), np.empty(40))
+    jump_mix(active, rates, *want)
+    jump_mix_restart(active, rates, *restart_terms(0.0, None, 40), *got)
+    for a, b in zip(want, got, strict=True):
         np.testing.assert_array_equal(a, b)
     default = make_calibrator("composite-experts")
     assert default.config(2)["restart"] == config.EXPERT_JUMP_RESTART
