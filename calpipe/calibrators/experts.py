@@ -11,7 +11,11 @@ al. 2017) refitted on exponentially forgotten counts with memories of 1,000 and 
 a fixed-size state), which forgets what online scaling keeps; K classes: ``ops`` (online vector
 scaling). The experts are the pairs (input i, Cox function theta) on a grid wider
 than paper 001's (shifts of the log-odds up to |alpha| = 4, slopes beta in [1/2, 2]; K classes
-shifts of 1 and 2 on each class), started on the inputs' identities. Kernels:
+shifts of 1 and 2 on each class), started on the inputs' identities. A jump of the mixture goes
+back to that start (an input's identity, each with probability 1 / I) with probability
+``restart`` = 1/2 (``config.EXPERT_JUMP_RESTART``), else to a uniform expert as in paper 001:
+switching to another input then costs ln(2 I / J) nats instead of ln(I |Theta| / J)
+(``notes/short_streams.md``). Kernels:
 :mod:`calpipe.kernels.expert_lanes` (binary) and :mod:`calpipe.kernels.expert_lanes_multiclass`
 (K classes) learn the default inputs and the mixture in one pass, streams in SIMD lanes;
 :mod:`calpipe.kernels.expert_mixture` runs the mixture of any inputs.
@@ -21,7 +25,10 @@ Guarantees (log loss, natural logs, n labelled events, E = I |Theta| experts, R 
 Let L(.) be cumulative log loss and w_0 the prior. The Bayes mixture of the passive expert and
 the R Jumpers (paper 001 §2) loses at most ln(1 / prior) to each of its components, and the
 Jumper of rate J is the Bayes mixture over expert *sequences* under the Markov prior "jump with
-probability J to a uniform expert" (paper 000 §3), so:
+probability J to an expert drawn from mu" (paper 000 §3 with mu uniform; its derandomisation
+holds for any jump distribution mu). Here mu = (1 - w) uniform + w r, r the start (each input's
+identity 1 / I) and w = ``restart``: a jump lands on expert k with probability at least
+J (1 - w) / E, on input i's identity with probability at least J w / I. So:
 
 1. **Insurance** (paper 001, Prop. 1): L(composite-experts) <= L(base) + ln(1 / pi). With the
    default pi = 1/2: at most ln 2 above the base over the whole stream, whatever happens.
@@ -32,7 +39,12 @@ probability J to a uniform expert" (paper 000 §3), so:
    I = 5 inputs (base, OPS, OBS, two decay-beta fits), for theta = identity:
    L <= L(input i) + ln(30) + 1e-4 n, e.g. within ln 30 + 1e-4 n of each beta refit and of OPS.
 3. **Switching**: for any sequence of experts with k switches,
-   L <= L(sequence) + ln(R I / (1 - pi)) + k ln(E / J) + (n - 1 - k) ln(1 / (1 - J)).
+   L <= L(sequence) + ln(R I / (1 - pi)) + sum over the switches of ln(1 / (J mu(target)))
+   + (n - 1 - k) ln(1 / (1 - J)): a switch to any expert costs at most ln(E / ((1 - w) J))
+   (w = 1/2: ln(2E / J), ln 2 more than paper 001's uniform jumps), a switch to an input's
+   identity at most ln(I / (w J)) = ln(2 I / J) (uniform jumps: ln(E / J); with the default
+   I = 5 inputs and |Theta| = 21, ln 10 instead of ln 105: 2.35 nats less a switch; K = 10
+   with inputs (ops, oms), |Theta| = 123: 4.1 nats less).
 
 Together with OPS's own O(d log n) regret against the best fixed Platt map (Hazan 2016,
 Thm. 4.5), (2) gives L <= min_{a, b} L(Platt_{a, b}) + O(log n) + 1e-4 n + ln 30. The bounds are
@@ -214,6 +226,13 @@ class CompositeExperts(Calibrator[FlatState]):
         ),
         "jumping_rates": JUMPING_RATES,
         "pi": PASSIVE_WEIGHT,
+        "restart": Param(
+            config.EXPERT_JUMP_RESTART,
+            number_in(0.0, 1.0, lo_open=False, hi_open=True),
+            "a number in [0, 1)",
+            "probability that a jump goes back to the start (each input's identity) instead of "
+            "to a uniform expert; 0 = paper 001's uniform jumps (config.EXPERT_JUMP_RESTART)",
+        ),
         "clip": Param(
             config.DEFAULT_CLIP_EPS,
             number_in(0.0, 0.5),
@@ -288,7 +307,7 @@ class CompositeExperts(Calibrator[FlatState]):
         return multiclass_family(n_classes, "cox2", betas=np.unique(arr[:, 1]), alpha_shifts=shifts)
 
     def config(self, n_classes: int) -> dict[str, Any]:
-        return {
+        out = {
             "method": self.name,
             "n_classes": n_classes,
             "inputs": [c.config(n_classes) for c in self._inputs(n_classes)],
@@ -298,6 +317,22 @@ class CompositeExperts(Calibrator[FlatState]):
             "pi": float(self.params["pi"]),
             "clip": float(self.params["clip"]),
         }
+        if self.params["restart"] != 0.0:  # restart 0 keeps the fingerprint of the states
+            out["restart"] = float(self.params["restart"])  # written before it existed
+        return out
+
+    def restart_to(self, n_classes: int) -> np.ndarray:
+        """The distribution a restarting jump draws from (E,): the mixture's start, each input's
+        identity with probability 1 / I (:meth:`initial_state`'s active weights, per rate)."""
+        fam = self.family(n_classes)
+        n_in = 1 + len(self.input_specs(n_classes))
+        to = np.zeros(n_in * fam.size)
+        to[fam.identity_index :: fam.size] = 1.0 / n_in
+        return to
+
+    def _restart_kw(self, n_classes: int) -> dict[str, Any]:
+        """The kernels' ``restart`` and ``restart_to`` arguments."""
+        return {"restart": float(self.params["restart"]), "restart_to": self.restart_to(n_classes)}
 
     # -- state: [P, A (R*E), (length_i, log10 S_i, vector_i) per input] -------------------------
     def _head_size(self, n_classes: int) -> int:
@@ -433,7 +468,9 @@ class CompositeExperts(Calibrator[FlatState]):
         n, t = head.shape[0], fam.size
         n_rates = len(self.rates)
         active = np.ascontiguousarray(head[:, 1:]).reshape(n, n_rates, -1)
-        weight = np.column_stack([head[:, 0], serving_weights(active, self.rates)])
+        weight = np.column_stack(
+            [head[:, 0], serving_weights(active, self.rates, **self._restart_kw(k))]
+        )
         matrix = k > 2 and any(c.sql_form(k) == "matrix" for c in self._inputs(k))
         width = 4 if k == 2 else (k * k + k + 1 if matrix else 2 * k + 1)
         inputs = np.full((n, weight.shape[1], width), np.nan)
@@ -553,7 +590,7 @@ class CompositeExperts(Calibrator[FlatState]):
         p, lm, _, _, lm_end, new, fin = EL.composite_experts_binary(
             x[:, None], labels, op_event, op_kind, op_offsets, kinds, cols, par, edges,
             fam.params, self.rates, self.params["clip"], None, None, state.log10m, m,
-            packed=True,
+            packed=True, **self._restart_kw(2),
         )  # fmt: skip
         # each input's own test martingale, from its forecast at every op; inputs sharing a
         # clip in one pass (base term once)
@@ -600,7 +637,7 @@ class CompositeExperts(Calibrator[FlatState]):
         cols = np.array([at + 2 for at in starts], dtype=np.int64)
         p, lm, new, lm_end, fin = EK.composite_experts_multiclass(
             x, labels, op_event, op_kind, op_offsets, cols, par, fam.betas, fam.alphas,
-            self.rates, self.params["clip"], m, state.log10m,
+            self.rates, self.params["clip"], m, state.log10m, **self._restart_kw(k),
         )  # fmt: skip
         base = x[op_event]
         lab = labels[op_event]
@@ -670,11 +707,12 @@ class CompositeExperts(Calibrator[FlatState]):
             p, lm, pw, a, lm_end = EM.expert_mixture_binary(
                 q, y, ext_event, ext_kind, ext_offsets, fam.params, self.rates, passive, active,
                 state.log10m, lanes=None if self.engine != "per-stream" else False,
+                **self._restart_kw(2),
             )  # fmt: skip
         else:
             p, lm, pw, a, lm_end = EM.expert_mixture_multiclass(
                 q, y, ext_event, ext_kind, ext_offsets, fam.betas, fam.alphas, self.rates,
-                passive, active, state.log10m,
+                passive, active, state.log10m, **self._restart_kw(n_classes),
             )  # fmt: skip
         new_head = np.concatenate([pw[:, None], a.reshape(head.shape[0], -1)], axis=1)
         new = self._join(new_head, new_subs, lm_end)

@@ -19,7 +19,7 @@ At each operation of a stream (:mod:`calpipe.kernels.ops`) on event e with base 
 2. the mixture, exactly :mod:`calpipe.kernels.expert_mixture` (paper 001 Alg. 1, lines 4-15,
    expert k = i T + t with f_k(e) = f_t(q_{e,i})):
 
-       A[J, k] <- (1 - J) A[J, k] + J / E * sum_k' A[J, k']                   (jump-mixing)
+       A[J, k] <- (1 - J) A[J, k] + J ((1 - w) / E + w r_k) sum_k' A[J, k']    (jump-mixing)
        p'      <- P p + sum_{J, k} A[J, k] f_k(e)                              (forecast)
        P <- P B_p({y}),  A[J, k] <- A[J, k] B_{f_k(e)}({y}),  C = P + sum A   (Bayes)
        P, A <- P / C, A / C;  log10 S <- log10 S + log10 C - log10 B_p({y})
@@ -83,6 +83,7 @@ from numba import carray, njit
 from calpipe import config
 from calpipe.kernels.calfun import eval_binary_lanes
 from calpipe.kernels.decay_beta import fit_kernel
+from calpipe.kernels.mixture import restart_terms
 from calpipe.kernels.numeric import (
     LANES,
     opaque,
@@ -285,7 +286,7 @@ def sum_rates3(S, INVP, TOT, j, n_exp, nl, T0, T1, T2):
 @njit(cache=True, inline="always", error_model="numpy")
 def _engine(
     q, y, op_event, op_kind, op_offsets, order, start, kinds, cols, par, edges, params, rates,
-    clip, passive, active, log10m, st, out_p, out_m, fin, nl, on_stack,
+    uniform, rto, clip, passive, active, log10m, st, out_p, out_m, fin, nl, on_stack,
 ):  # fmt: skip
     """Streams ``order[0], order[1], ...`` (from op ``start[s]``) through ``nl`` lanes, one
     operation per lane per step (see the module docstring). Lanes are refilled from ``order`` as
@@ -352,10 +353,13 @@ def _engine(
     T0 = carray(stack_empty(64), LANES)[:nl]  # three rates' sums in flight (sum_rates3)
     T1 = carray(stack_empty(64), LANES)[:nl]
     T2 = carray(stack_empty(64), LANES)[:nl]
+    # (then g = J sum_k A[J, k]; ADD its uniform share g (1 - w) / E, restart: + g w r_k)
     if on_stack:
         TOT = carray(stack_empty(_STACK_R), (n_rates, nl))
+        ADD = carray(stack_empty(_STACK_R), (n_rates, nl))
     else:
         TOT = np.empty((n_rates, nl))
+        ADD = np.empty((n_rates, nl))
     PRED = carray(stack_empty(64), LANES)[:nl]  # p'
     INV = carray(stack_empty(64), LANES)[:nl]
     TQ = carray(stack_empty(64), LANES)[:nl]  # eval_binary_lanes scratch
@@ -512,13 +516,16 @@ def _engine(
             for j in range(n_rates):
                 jr = rates[j]
                 keep = 1.0 - jr
-                for lane in range(nl):
-                    TOT[j, lane] = TOT[j, lane] * jr / denom
+                for lane in range(nl):  # jump_mix_restart's operations, in its order
+                    gj = TOT[j, lane] * jr
+                    TOT[j, lane] = gj
+                    ADD[j, lane] = gj * uniform / denom
                 if j < n_rates - 1:
                     for k in range(n_exp):
+                        rk = rto[k]
                         for lane in range(nl):
                             a = S[j, k, lane] * INVP[lane]
-                            v = keep * a + TOT[j, lane]
+                            v = keep * a + (ADD[j, lane] + TOT[j, lane] * rk)
                             COL[k, lane] += v
                             ft = F[k, lane]
                             wv = v * (1.0 - ft if y0[lane] != 0 else ft)
@@ -526,9 +533,10 @@ def _engine(
                             S[j, k, lane] = wv if upd[lane] != 0 else a
                 else:  # the last rate completes COL[k]: p' adds COL[k] f_k at once, in k order
                     for k in range(n_exp):
+                        rk = rto[k]
                         for lane in range(nl):
                             a = S[j, k, lane] * INVP[lane]
-                            v = keep * a + TOT[j, lane]
+                            v = keep * a + (ADD[j, lane] + TOT[j, lane] * rk)
                             col = COL[k, lane] + v
                             ft = F[k, lane]
                             PRED[lane] += col * ft
@@ -601,33 +609,33 @@ def _lane_out(lane, s, S, INVP, PW, M, active, passive, log10m):
 @njit(cache=True, error_model="numpy")
 def _lanes(
     q, y, op_event, op_kind, op_offsets, order, start, kinds, cols, par, edges, params, rates,
-    clip, passive, active, log10m, st, out_p, out_m, fin,
+    uniform, rto, clip, passive, active, log10m, st, out_p, out_m, fin,
 ):  # fmt: skip
     """:func:`_engine` with ``config.EXPERT_LANES`` lanes (a literal: fixed trip counts), its
     weights' scratch on the stack (R E <= ``config.EXPERT_LANE_WEIGHTS``, E <=
     ``config.EXPERT_LANE_EXPERTS``, R <= ``config.EXPERT_LANE_RATES``: :func:`stack_fits`)."""
     _engine(q, y, op_event, op_kind, op_offsets, order, start, kinds, cols, par, edges, params,
-            rates, clip, passive, active, log10m, st, out_p, out_m, fin, _NL, True)  # fmt: skip
+            rates, uniform, rto, clip, passive, active, log10m, st, out_p, out_m, fin, _NL, True)  # fmt: skip
 
 
 @njit(cache=True, error_model="numpy")
 def _lanes_heap(
     q, y, op_event, op_kind, op_offsets, order, start, kinds, cols, par, edges, params, rates,
-    clip, passive, active, log10m, st, out_p, out_m, fin,
+    uniform, rto, clip, passive, active, log10m, st, out_p, out_m, fin,
 ):  # fmt: skip
     """:func:`_lanes` with its scratch on the heap: mixtures too large for the stack's."""
     _engine(q, y, op_event, op_kind, op_offsets, order, start, kinds, cols, par, edges, params,
-            rates, clip, passive, active, log10m, st, out_p, out_m, fin, _NL, False)  # fmt: skip
+            rates, uniform, rto, clip, passive, active, log10m, st, out_p, out_m, fin, _NL, False)  # fmt: skip
 
 
 @njit(cache=True, error_model="numpy")
 def _one_lane(
     q, y, op_event, op_kind, op_offsets, order, start, kinds, cols, par, edges, params, rates,
-    clip, passive, active, log10m, st, out_p, out_m, fin,
+    uniform, rto, clip, passive, active, log10m, st, out_p, out_m, fin,
 ):  # fmt: skip
     """:func:`_engine` with one lane: one stream at a time."""
     _engine(q, y, op_event, op_kind, op_offsets, order, start, kinds, cols, par, edges, params,
-            rates, clip, passive, active, log10m, st, out_p, out_m, fin, 1, False)  # fmt: skip
+            rates, uniform, rto, clip, passive, active, log10m, st, out_p, out_m, fin, 1, False)  # fmt: skip
 
 
 def stack_fits(n_rates: int, n_exp: int) -> bool:
@@ -643,7 +651,7 @@ def lanes_fit(n_streams: int) -> bool:
 def composite_experts_binary(
     q, y, op_event, op_kind, op_offsets, kinds, cols, par, edges, params, rates, clip,
     passive, active, log10m, in_state, *, input_forecasts: bool = True, lanes: bool | None = None,
-    packed: bool = False,
+    packed: bool = False, restart: float = 0.0, restart_to=None,
 ):  # fmt: skip
     """Binary Composite Jumper over experts with its inputs learnt in the same pass.
 
@@ -669,6 +677,9 @@ def composite_experts_binary(
     input_forecasts : return ``fin`` (I, m), every input's raw forecast at every op (what its
         own test martingale reads); else an empty (I, 0) array.
     lanes : force the lanes (True) or one stream at a time (False); None: by the batch size.
+    restart, restart_to : a jump goes to the distribution ``restart_to`` (E,) with probability
+        ``restart``, else to a uniform expert (:func:`calpipe.kernels.mixture.jump_mix_restart`,
+        whose operations the lanes run); 0 / None: paper 001's uniform jumps.
     packed : ``in_state`` (S, L) holds the mixture state too: P in column 0 and A (R x E,
         row-major) in columns 1 to R E (``passive`` and ``active`` are then None). Its one
         copy is the new state: the returned P and A are views into the returned
@@ -740,8 +751,9 @@ def composite_experts_binary(
     fin = np.full((kinds.shape[0], op_event.shape[0] if input_forecasts else 0), np.nan)
     start = op_offsets[:-1].copy()  # next operation of each stream
     args = (q, y, op_event, op_kind, op_offsets)
-    rest = (kinds, cols, par, edges, params, rates, float(clip), passive, active, log10m, st,
-            out_p, out_m, fin)  # fmt: skip
+    uniform, rto = restart_terms(restart, restart_to, n_exp)
+    rest = (kinds, cols, par, edges, params, rates, uniform, rto, float(clip), passive, active,
+            log10m, st, out_p, out_m, fin)  # fmt: skip
     if lanes_fit(n_streams) if lanes is None else lanes:
         # Longest streams first, so lanes drain together and the one-stream tail is short.
         order = np.argsort(op_offsets[:-1] - op_offsets[1:], kind="stable")

@@ -20,7 +20,7 @@ At each operation of a stream (:mod:`calpipe.kernels.ops`) on event e with base 
 2. the mixture, exactly ``expert_mixture._multiclass`` (paper 001 Alg. 1, lines 4-15, expert
    k = i T + t with f_k(e) = f_t(q_{e,i}) the K-class Cox function of paper 001 eq. (1)):
 
-       A[J, k] <- (1 - J) A[J, k] + J / E * sum_k' A[J, k']                   (jump-mixing)
+       A[J, k] <- (1 - J) A[J, k] + J ((1 - w) / E + w r_k) sum_k' A[J, k']    (jump-mixing)
        p'_c    <- P p_c + sum_k (sum_J A[J, k]) f_k(e)_c                       (forecast)
        P <- P p_y,  A[J, k] <- A[J, k] f_k(e)_y,  C = P + sum A                (Bayes)
        P, A <- P / C, A / C;  log10 S <- log10 S + log10 C - log10 p_y
@@ -86,6 +86,7 @@ from numba import carray, njit
 from calpipe import config
 from calpipe.kernels.calfun import distinct_betas
 from calpipe.kernels.expert_lanes import sum_rates3
+from calpipe.kernels.mixture import restart_terms
 from calpipe.kernels.numeric import (
     LANES,
     cholesky_solve,
@@ -156,8 +157,8 @@ def np_row_sum(w, k):
 
 @njit(cache=True, inline="always", error_model="numpy")
 def _engine(
-    q, y, op_event, op_kind, op_offsets, order, start, cols, par, betas, alphas, rates, clip,
-    st, log10m, out_p, out_m, fin, nl, on_stack,
+    q, y, op_event, op_kind, op_offsets, order, start, cols, par, betas, alphas, rates, uniform,
+    rto, clip, st, log10m, out_p, out_m, fin, nl, on_stack,
 ):  # fmt: skip
     """Streams ``order[0], order[1], ...`` (from op ``start[s]``) through ``nl`` lanes, one
     operation per lane per step (see the module docstring and ``expert_lanes._engine``, whose
@@ -229,6 +230,7 @@ def _engine(
         FL = carray(stack_empty(_STACK_E), (n_exp, nl))
         COL = carray(stack_empty(_STACK_E), (n_exp, nl))
         TOT = carray(stack_empty(_STACK_R), (n_rates, nl))
+        ADD = carray(stack_empty(_STACK_R), (n_rates, nl))  # jump_mix_restart's uniform share
         PRED = carray(stack_empty(_STACK_K), (k_cls, nl))
     else:
         S = np.empty((n_rates, n_exp, nl))
@@ -236,6 +238,7 @@ def _engine(
         FL = np.empty((n_exp, nl))
         COL = np.empty((n_exp, nl))
         TOT = np.empty((n_rates, nl))
+        ADD = np.empty((n_rates, nl))
         PRED = np.empty((k_cls, nl))
     QIN = np.empty((1 + n_in, k_cls, nl))  # the mixture's input rows, row 0 the base
     FIN = np.empty((max(n_in, 1), k_cls, nl))  # raw input forecasts
@@ -415,13 +418,16 @@ def _engine(
             for j in range(n_rates):
                 jr = rates[j]
                 keep = 1.0 - jr
-                for lane in range(nl):
-                    TOT[j, lane] = TOT[j, lane] * jr / denom
+                for lane in range(nl):  # jump_mix_restart's operations, in its order
+                    gj = TOT[j, lane] * jr
+                    TOT[j, lane] = gj
+                    ADD[j, lane] = gj * uniform / denom
                 last = j == n_rates - 1
                 for kk in range(n_exp):
+                    rk = rto[kk]
                     for lane in range(nl):
                         a = S[j, kk, lane] * INVP[lane]
-                        v = keep * a + TOT[j, lane]
+                        v = keep * a + (ADD[j, lane] + TOT[j, lane] * rk)
                         col = COL[kk, lane] + v
                         COL[kk, lane] = col
                         wv = v * FL[kk, lane]
@@ -567,27 +573,27 @@ def _lane_out(lane, s, S, INVP, PW, M, IS, cols, st, log10m):
 
 @njit(cache=True, error_model="numpy")
 def _lanes(q, y, op_event, op_kind, op_offsets, order, start, cols, par, betas, alphas, rates,
-           clip, st, log10m, out_p, out_m, fin):  # fmt: skip
+           uniform, rto, clip, st, log10m, out_p, out_m, fin):  # fmt: skip
     """:func:`_engine` with ``config.EXPERT_LANES`` lanes, its scratch on the stack
     (:func:`stack_fits`)."""
     _engine(q, y, op_event, op_kind, op_offsets, order, start, cols, par, betas, alphas, rates,
-            clip, st, log10m, out_p, out_m, fin, _NL, True)  # fmt: skip
+            uniform, rto, clip, st, log10m, out_p, out_m, fin, _NL, True)  # fmt: skip
 
 
 @njit(cache=True, error_model="numpy")
 def _lanes_heap(q, y, op_event, op_kind, op_offsets, order, start, cols, par, betas, alphas,
-                rates, clip, st, log10m, out_p, out_m, fin):  # fmt: skip
+                rates, uniform, rto, clip, st, log10m, out_p, out_m, fin):  # fmt: skip
     """:func:`_lanes` with its scratch on the heap: mixtures too large for the stack's."""
     _engine(q, y, op_event, op_kind, op_offsets, order, start, cols, par, betas, alphas, rates,
-            clip, st, log10m, out_p, out_m, fin, _NL, False)  # fmt: skip
+            uniform, rto, clip, st, log10m, out_p, out_m, fin, _NL, False)  # fmt: skip
 
 
 @njit(cache=True, error_model="numpy")
 def _one_lane(q, y, op_event, op_kind, op_offsets, order, start, cols, par, betas, alphas,
-              rates, clip, st, log10m, out_p, out_m, fin):  # fmt: skip
+              rates, uniform, rto, clip, st, log10m, out_p, out_m, fin):  # fmt: skip
     """:func:`_engine` with one lane: one stream at a time."""
     _engine(q, y, op_event, op_kind, op_offsets, order, start, cols, par, betas, alphas, rates,
-            clip, st, log10m, out_p, out_m, fin, 1, False)  # fmt: skip
+            uniform, rto, clip, st, log10m, out_p, out_m, fin, 1, False)  # fmt: skip
 
 
 def stack_fits(n_rates: int, n_exp: int, n_classes: int) -> bool:
@@ -610,7 +616,8 @@ def ops_row(gamma: float, radius: float, score_clip: float) -> np.ndarray:
 
 def composite_experts_multiclass(
     q, y, op_event, op_kind, op_offsets, cols, par, betas, alphas, rates, clip, state, log10m,
-    *, input_forecasts: bool = True, lanes: bool | None = None,
+    *, input_forecasts: bool = True, lanes: bool | None = None, restart: float = 0.0,
+    restart_to=None,
 ):  # fmt: skip
     """K-class Composite Jumper over experts with its online vector scaling inputs learnt in the
     same pass.
@@ -634,6 +641,8 @@ def composite_experts_multiclass(
     input_forecasts : return ``fin`` (I, m, K), every input's raw forecast at every op (what
         its own test martingale reads); else an empty (I, 0, K) array.
     lanes : force the lanes (True) or one stream at a time (False); None: by the batch size.
+    restart, restart_to : the jump distribution, as in
+        :func:`calpipe.kernels.expert_lanes.composite_experts_binary`.
 
     The outputs of every stream are bit-identical to the per-input path (each input's
     ``online_scaling`` over the operations with a forecast copy before each delayed label,
@@ -678,7 +687,9 @@ def composite_experts_multiclass(
     fin = np.full((cols.shape[0], op_event.shape[0] if input_forecasts else 0, k), np.nan)
     start = op_offsets[:-1].copy()  # next operation of each stream
     args = (q, y, op_event, op_kind, op_offsets)
-    rest = (cols, par, betas, alphas, rates, float(clip), st, log10m, out_p, out_m, fin)
+    uniform, rto = restart_terms(restart, restart_to, n_exp)
+    rest = (cols, par, betas, alphas, rates, uniform, rto, float(clip), st, log10m, out_p, out_m,
+            fin)  # fmt: skip
     if lanes_fit(n_streams) if lanes is None else lanes:
         # Longest streams first, so lanes drain together and the one-stream tail is short.
         order = np.argsort(op_offsets[:-1] - op_offsets[1:], kind="stable")

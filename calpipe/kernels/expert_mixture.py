@@ -12,12 +12,14 @@ the pairs (i, theta) of an input and a calibrating function, E = I |Theta| of th
 f_{i,theta}(e) = f_theta(q_{e,i}). Per update, exactly paper 001 Algorithm 1 (lines 4-15) with
 that set of functions:
 
-    A[J, k] <- (1 - J) A[J, k] + J / E * sum_k' A[J, k']                   (jump-mixing)
+    A[J, k] <- (1 - J) A[J, k] + J ((1 - w) / E + w r_k) sum_k' A[J, k']    (jump-mixing)
     p'      <- P p + sum_{J, k} A[J, k] f_k(e)                              (forecast)
     P <- P B_p({y}),  A[J, k] <- A[J, k] B_{f_k(e)}({y}),  C = P + sum A   (Bayes)
     P, A <- P / C, A / C;  log10 S <- log10 S + log10 C - log10 B_p({y})
 
-The proofs of paper 001 (and of Lemma 1 of paper 000 for the gale) use only that each f_k(e)
+A jump goes to a uniform expert (paper 001's line 5: w = 0) or, with probability w (the
+``restart``), to the restart distribution r (the default method's: its start, each input's
+identity equally): :func:`calpipe.kernels.mixture.jump_mix_restart`. The proofs of paper 001 (and of Lemma 1 of paper 000 for the gale) use only that each f_k(e)
 is a probability forecast fixed before y_e: they hold for this set as for the Cox grid on p.
 Hence log10 S is a test martingale of the base forecasts, and the cumulative log loss obeys the
 bounds derived in :class:`calpipe.calibrators.experts.CompositeExperts`.
@@ -40,14 +42,15 @@ from numba import njit
 
 from calpipe.kernels import expert_lanes as EL
 from calpipe.kernels.calfun import distinct_betas, eval_binary, eval_multiclass_t
-from calpipe.kernels.mixture import jump_mix
+from calpipe.kernels.mixture import jump_mix_restart, restart_terms
 from calpipe.kernels.ops import OP_FORECAST, OP_UPDATE
 
 _COX = 2  # calpipe.families.COX: the kernel code of the Cox family
 
 
 @njit(cache=True, error_model="numpy")
-def _binary(q, y, op_event, op_kind, op_offsets, params, rates, passive, active, log10m):
+def _binary(q, y, op_event, op_kind, op_offsets, params, rates, passive, active, log10m, uniform,
+            restart_to):  # fmt: skip
     n_streams = op_offsets.shape[0] - 1
     n_in = q.shape[1]
     n_fun = params.shape[0]
@@ -71,7 +74,7 @@ def _binary(q, y, op_event, op_kind, op_offsets, params, rates, passive, active,
             kind = op_kind[o]
             for i in range(n_in):
                 eval_binary(_COX, params, exp_alpha, q[e, i], f[i * n_fun :], n_fun)
-            jump_mix(a, rates, mixed, col)  # paper 001 Alg. 1 line 5
+            jump_mix_restart(a, rates, uniform, restart_to, mixed, col)  # paper 001 Alg. 1 line 5
             pe = q[e, 0]
             if kind != OP_UPDATE:
                 pred = pw * pe
@@ -105,7 +108,8 @@ def _binary(q, y, op_event, op_kind, op_offsets, params, rates, passive, active,
 
 
 @njit(cache=True, error_model="numpy")
-def _multiclass(q, y, op_event, op_kind, op_offsets, betas, alphas, rates, passive, active, log10m):
+def _multiclass(q, y, op_event, op_kind, op_offsets, betas, alphas, rates, passive, active, log10m,
+                uniform, restart_to):  # fmt: skip
     n_streams = op_offsets.shape[0] - 1
     n_in, k = q.shape[1], q.shape[2]
     n_fun = betas.shape[0]
@@ -132,7 +136,7 @@ def _multiclass(q, y, op_event, op_kind, op_offsets, betas, alphas, rates, passi
             kind = op_kind[o]
             for i in range(n_in):
                 eval_multiclass_t(q[e, i], distinct, beta_of, exp_alpha_t, powers, ssum, f[i])
-            jump_mix(a, rates, mixed, col)
+            jump_mix_restart(a, rates, uniform, restart_to, mixed, col)
             if kind != OP_UPDATE:
                 for c in range(k):
                     pred = pw * q[e, 0, c]
@@ -179,7 +183,7 @@ def _check(q, op_event, op_kind, op_offsets, rates, passive, active, log10m, n_f
 
 
 def expert_mixture_binary(q, y, op_event, op_kind, op_offsets, params, rates, passive, active,
-                          log10m, *, lanes=None):  # fmt: skip
+                          log10m, *, lanes=None, restart=0.0, restart_to=None):  # fmt: skip
     """Binary Composite Jumper over inputs: ``(p', log10 S, P, A, log10 S_end)``.
 
     Parameters
@@ -190,6 +194,9 @@ def expert_mixture_binary(q, y, op_event, op_kind, op_offsets, params, rates, pa
     params : (T, 2) Cox (alpha, beta) of the calibrating functions.
     rates : (R,) jumping rates. passive (S,), active (S, R, I * T), log10m (S,): the state
         (expert k = i * T + t is function t of input i). Inputs are not modified.
+    restart, restart_to : a jump goes to the distribution ``restart_to`` (E,) with probability
+        ``restart`` and to a uniform expert otherwise (:func:`calpipe.kernels.mixture.
+        jump_mix_restart`); 0 / None: paper 001's uniform jumps.
     lanes : None: batches of many streams run in SIMD lanes
         (:func:`calpipe.kernels.expert_lanes.composite_experts_binary` with every input given),
         others one stream at a time; False: one stream at a time. Same bits either way.
@@ -212,25 +219,26 @@ def expert_mixture_binary(q, y, op_event, op_kind, op_offsets, params, rates, pa
     op_kind = np.ascontiguousarray(op_kind, dtype=np.int8)
     _check(q, op_event, op_kind, op_offsets, *args, params.shape[0], 2)
     y = np.ascontiguousarray(y, dtype=np.int64)
+    uniform, to = restart_terms(restart, restart_to, q.shape[1] * params.shape[0])
     if lanes is None and EL.lanes_fit(op_offsets.shape[0] - 1):
         n_in = q.shape[1] - 1
         out = EL.composite_experts_binary(
             q, y, op_event, op_kind, op_offsets, np.full(n_in, EL.IN_GIVEN),
             np.arange(1, n_in + 1), np.zeros((n_in, EL.N_PAR)), np.zeros((n_in, 1)), params,
             args[0], 0.0, *args[1:], np.zeros((op_offsets.shape[0] - 1, 0)),
-            input_forecasts=False, lanes=True,
+            input_forecasts=False, lanes=True, restart=restart, restart_to=restart_to,
         )  # fmt: skip
         return out[:5]
-    return _binary(q, y, op_event, op_kind, op_offsets, params, *args)
+    return _binary(q, y, op_event, op_kind, op_offsets, params, *args, uniform, to)
 
 
 def expert_mixture_multiclass(q, y, op_event, op_kind, op_offsets, betas, alphas, rates, passive,
-                              active, log10m):  # fmt: skip
+                              active, log10m, *, restart=0.0, restart_to=None):  # fmt: skip
     """K-class Composite Jumper over inputs: ``(p' (n, K), log10 S, P, A, log10 S_end)``.
 
     ``q`` (n, I, K): input forecasts (rows on the open simplex), input 0 the clipped base;
     ``betas`` (T,) and ``alphas`` (T, K): the Cox functions of paper 001 eq. (1); the rest as in
-    :func:`expert_mixture_binary`.
+    :func:`expert_mixture_binary` (``restart``, ``restart_to`` too).
     """
     q = np.ascontiguousarray(q, dtype=np.float64)
     args = [np.ascontiguousarray(v, dtype=np.float64) for v in (rates, passive, active, log10m)]
@@ -238,8 +246,9 @@ def expert_mixture_multiclass(q, y, op_event, op_kind, op_offsets, betas, alphas
     op_event = np.ascontiguousarray(op_event, dtype=np.int64)
     op_kind = np.ascontiguousarray(op_kind, dtype=np.int8)
     _check(q, op_event, op_kind, op_offsets, *args, np.asarray(betas).shape[0], 3)
+    uniform, to = restart_terms(restart, restart_to, q.shape[1] * np.asarray(betas).shape[0])
     return _multiclass(
         q, np.ascontiguousarray(y, dtype=np.int64), op_event, op_kind, op_offsets,
         np.ascontiguousarray(betas, dtype=np.float64),
-        np.ascontiguousarray(alphas, dtype=np.float64), *args,
+        np.ascontiguousarray(alphas, dtype=np.float64), *args, uniform, to,
     )  # fmt: skip

@@ -5,7 +5,8 @@ Algorithm 1).
 Public entry points: :func:`mixture_binary`, :func:`mixture_multiclass` (all streams of a batch
 over an operation list, :mod:`calpipe.kernels.ops`), :func:`binary_event` (one event of one
 stream, in place: the online form), :func:`jump_mix` (the jump-mixing step,
-the one copy every kernel and the serving map use) and :func:`serving_weights` (the weights of
+the one copy every kernel and the serving map use; :func:`jump_mix_restart` its form with a
+non-uniform jump distribution, the default method's) and :func:`serving_weights` (the weights of
 the serving map p -> p' of a state).
 
 Mixture recursion (log loss)
@@ -86,6 +87,53 @@ def jump_mix(active, rates, mixed, col_sum):
             col_sum[t] += v
 
 
+@njit(cache=True, inline="always")
+def jump_mix_restart(active, rates, uniform, restart_to, mixed, col_sum):
+    """:func:`jump_mix` with a jump distribution that is not uniform: a jump of the Jumper of
+    rate J goes to a uniform expert with probability ``uniform`` = 1 - w and to expert t with
+    probability ``restart_to[t]`` (summing to w; :func:`restart_terms`), i.e.
+
+        mixed[j, t] = (1 - J_j) A[j, t] + (g_j (1 - w) / |Theta| + g_j restart_to[t]),
+        g_j = J_j sum_t' A[j, t'],
+
+    in this order (every engine of the default method uses it). With w = 0 (``uniform`` 1,
+    ``restart_to`` 0) every operation gives :func:`jump_mix`'s bits: g (1 - w) = g and
+    x + 0 = x. Paper 000 §3 derandomises the Markov chain "stay with probability 1 - J, else
+    draw from mu"; its guarantee (the Bayes mixture over expert sequences) holds for any jump
+    distribution mu, a switch to expert t costing ln(1 / (J mu(t))) instead of ln(|Theta| / J).
+    """
+    n_rates, n_fun = active.shape
+    for t in range(n_fun):
+        col_sum[t] = 0.0
+    for j in range(n_rates):
+        tot = 0.0
+        for t in range(n_fun):
+            tot += active[j, t]
+        g = tot * rates[j]
+        add = g * uniform / n_fun
+        keep = 1.0 - rates[j]
+        for t in range(n_fun):
+            v = keep * active[j, t] + (add + g * restart_to[t])
+            mixed[j, t] = v
+            col_sum[t] += v
+
+
+def restart_terms(restart: float, restart_to, n_exp: int) -> tuple[float, np.ndarray]:
+    """``(uniform, restart_to)`` for :func:`jump_mix_restart` from the probability ``restart``
+    w in [0, 1) that a jump goes to the distribution ``restart_to`` (n_exp,) (None: no
+    restart) rather than to a uniform expert: (1 - w, w restart_to), computed once here so that
+    every engine reads the same numbers."""
+    if restart_to is None or restart == 0.0:
+        return 1.0, np.zeros(n_exp)
+    to = np.ascontiguousarray(restart_to, dtype=np.float64)
+    if to.shape != (n_exp,) or np.any(to < 0) or not 0.0 <= restart < 1.0:
+        raise ValueError(
+            f"restart must be in [0, 1) and restart_to (E = {n_exp},) nonnegative; got "
+            f"{restart} and shape {to.shape}"
+        )
+    return 1.0 - float(restart), float(restart) * to
+
+
 @njit(cache=True)
 def _serving_weights(active, rates):
     n_streams, n_rates, n_fun = active.shape
@@ -96,18 +144,33 @@ def _serving_weights(active, rates):
     return weights
 
 
-def serving_weights(active: np.ndarray, rates: np.ndarray) -> np.ndarray:
+@njit(cache=True)
+def _serving_weights_restart(active, rates, uniform, restart_to):
+    n_streams, n_rates, n_fun = active.shape
+    weights = np.empty((n_streams, n_fun))
+    mixed = np.empty((n_rates, n_fun))
+    for s in range(n_streams):
+        jump_mix_restart(active[s], rates, uniform, restart_to, mixed, weights[s])
+    return weights
+
+
+def serving_weights(
+    active: np.ndarray, rates: np.ndarray, restart: float = 0.0, restart_to=None
+) -> np.ndarray:
     """Weights W (S, T) of the serving map of S states: W[s, t] = sum_J mixed^J_t.
 
     The serving map of a state is its next forecast (the mixture after the next jump-mixing
     step): p' = P p + sum_t W[t] f_t(p) on the clipped p, where P is the passive weight (which
-    jump mixing leaves alone) and mixed = :func:`jump_mix` of the active weights. ``active``
-    (S, R, T) and ``rates`` (R,) as in :func:`mixture_binary`.
+    jump mixing leaves alone) and mixed = :func:`jump_mix` of the active weights (with a
+    ``restart`` w > 0 towards ``restart_to``: :func:`jump_mix_restart`, as the default method's
+    kernels). ``active`` (S, R, T) and ``rates`` (R,) as in :func:`mixture_binary`.
 
     >>> import numpy as np
     >>> a = np.array([[[0.5, 0.0, 0.0]]])  # P = 0.5, all active weight on the identity
     >>> serving_weights(a, np.array([0.3])).round(3).tolist()  # 0.7 * 0.5 + 0.3 * 0.5 / 3
     [[0.4, 0.05, 0.05]]
+    >>> serving_weights(a, np.array([0.3]), 0.5, np.array([1.0, 0, 0])).round(3).tolist()
+    [[0.45, 0.025, 0.025]]
     """
     active = np.ascontiguousarray(active, dtype=np.float64)
     rates = np.ascontiguousarray(rates, dtype=np.float64)
@@ -115,7 +178,10 @@ def serving_weights(active: np.ndarray, rates: np.ndarray) -> np.ndarray:
         raise ValueError(
             f"active must be (S, R, T) and rates (R,); got {active.shape} and {rates.shape}"
         )
-    return _serving_weights(active, rates)
+    if restart_to is None or restart == 0.0:
+        return _serving_weights(active, rates)
+    uniform, to = restart_terms(restart, restart_to, active.shape[2])
+    return _serving_weights_restart(active, rates, uniform, to)
 
 
 # --------------------------------------------------------------------------------------------

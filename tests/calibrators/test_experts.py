@@ -18,14 +18,17 @@ from calpipe.calibrators import make_calibrator
 from calpipe.errors import ParameterError, StateError
 from calpipe.families import binary_family, evaluate, multiclass_family
 from calpipe.kernels.expert_mixture import expert_mixture_binary, expert_mixture_multiclass
+from calpipe.kernels.mixture import jump_mix, jump_mix_restart, restart_terms
 from calpipe.kernels.ops import OP_STEP
 from tests import naive_online_scaling as naive
 
 BANK = Path(__file__).resolve().parents[2] / "data" / "bank_marketing_scored.parquet"
 
 
-def loop(q, y, fam, rates, pi):
-    """Paper 001 Algorithm 1 over experts (input i, function t), one event at a time."""
+def loop(q, y, fam, rates, pi, restart=0.0):
+    """Paper 001 Algorithm 1 over experts (input i, function t), one event at a time; a jump
+    goes to an input's identity (each with probability 1 / I) with probability ``restart``,
+    else to a uniform expert (``restart`` 0: Algorithm 1's line 5)."""
     n, n_in = q.shape[:2]
     t_n = fam.size
     experts = [(i, t) for i in range(n_in) for t in range(t_n)]
@@ -40,7 +43,8 @@ def loop(q, y, fam, rates, pi):
         for j, rate in enumerate(rates):
             tot = sum(w[(j, x)] for x in experts)
             for x in experts:
-                w[(j, x)] = (1 - rate) * w[(j, x)] + rate * tot / len(experts)
+                to = (1 - restart) / len(experts) + (restart / n_in if x[1] == ident else 0.0)
+                w[(j, x)] = (1 - rate) * w[(j, x)] + rate * tot * to
         base = q[e, 0]
         pred = passive * base + sum(w[k] * f[k[1]] for k in w)
         out.append(pred)
@@ -94,13 +98,116 @@ def test_multiclass_kernel_equals_the_loop():
     assert abs(m[-1] - log10s) < 1e-10
 
 
+def _restart_to(fam, n_in):
+    to = np.zeros(n_in * fam.size)
+    to[fam.identity_index :: fam.size] = 1.0 / n_in
+    return to
+
+
+@pytest.mark.parametrize("lanes", [False, None])
+def test_binary_kernel_with_restarting_jumps_equals_the_loop(lanes):
+    """restart w: a jump goes to an input's identity (1 / I each) with probability w, else to a
+    uniform expert: the kernels (one stream at a time, and in lanes for many streams) equal the
+    loop, which draws the jump from that distribution."""
+    rng = np.random.default_rng(10)
+    n_streams = 1 if lanes is False else 40  # None: 40 copies of the stream run in lanes
+    q = rng.uniform(0.05, 0.95, (150, 3))
+    y = rng.integers(0, 2, 150)
+    fam = binary_family("cox2", [(0, 1), (2, 0.5), (-4, 2), (1, 0.25)])
+    rates = np.array([0.05, 0.001])
+    want, log10s = loop(q, y, fam, rates, 0.3, restart=0.5)
+    qq = np.tile(q, (n_streams, 1))
+    yy = np.tile(y, n_streams)
+    off = np.arange(0, 150 * n_streams + 1, 150)
+    p, m, *_ = expert_mixture_binary(qq, yy, np.arange(qq.shape[0]),
+                                     np.full(qq.shape[0], OP_STEP, np.int8), off, fam.params,
+                                     rates, *_initial(fam, 3, rates, 0.3, n_streams), lanes=lanes,
+                                     restart=0.5, restart_to=_restart_to(fam, 3))  # fmt: skip
+    np.testing.assert_allclose(p, np.tile(want, n_streams), atol=1e-12, rtol=0)
+    assert abs(m[-1] - log10s) < 1e-10
+    uniform, _ = loop(q, y, fam, rates, 0.3)
+    assert np.abs(want - uniform).max() > 1e-3  # restarting is another mixture
+
+
+def test_multiclass_kernel_with_restarting_jumps_equals_the_loop():
+    rng = np.random.default_rng(11)
+    q = rng.dirichlet(np.ones(3), (80, 2))
+    y = rng.integers(0, 3, 80)
+    fam = multiclass_family(3, "cox2", betas=(1.0, 0.5), alpha_shifts=(1.0, 2.0))
+    rates = np.array([0.05, 0.01])
+    p, m, *_ = expert_mixture_multiclass(q, y, np.arange(80), np.full(80, OP_STEP, np.int8),
+                                         np.array([0, 80]), fam.betas, fam.alphas, rates,
+                                         *_initial(fam, 2, rates, 0.5), restart=0.25,
+                                         restart_to=_restart_to(fam, 2))  # fmt: skip
+    want, log10s = loop(q, y, fam, rates, 0.5, restart=0.25)
+    np.testing.assert_allclose(p, want, atol=1e-12, rtol=0)
+    assert abs(m[-1] - log10s) < 1e-10
+
+
+def test_restart_zero_is_paper_001s_jumps_bit_for_bit():
+    """restart=0 runs the operations of the uniform jumps exactly (jump_mix_restart with
+    restart 0 gives jump_mix's bits, weights down to 1e-300 included), and the states written
+    before the restart existed keep their fingerprint."""
+    rng = np.random.default_rng(12)
+    x = rng.uniform(0.01, 0.99, 400)
+    y = (rng.uniform(size=400) < x**1.5).astype(np.int64)
+    zero = make_calibrator("composite-experts", restart=0.0)
+    _, st = zero.run(x, y)
+    assert "restart" not in zero.config(2)
+    active = rng.uniform(0, 1, (3, 40)) * 10.0 ** rng.integers(-300, 0, (3, 40))
+    rates = np.array([0.3, 1e-2, 1e-4])
+    want, got = (np.empty((3, 40)), np.empty(40)), (np.empty((3, 40)), np.empty(40))
+    jump_mix(active, rates, *want)
+    jump_mix_restart(active, rates, *restart_terms(0.0, None, 40), *got)
+    for a, b in zip(want, got, strict=True):
+        np.testing.assert_array_equal(a, b)
+    default = make_calibrator("composite-experts")
+    assert default.config(2)["restart"] == config.EXPERT_JUMP_RESTART
+    assert default.fingerprint(2) != zero.fingerprint(2)
+    with pytest.raises(StateError, match="fingerprint"):
+        default.run(x[:3], y[:3], state=st)
+
+
+def test_switching_between_inputs_costs_ln_2i_over_j_per_switch():
+    """Bound 3 with restarting jumps: for a sequence of k switches between inputs' identities,
+    L <= L(sequence) + ln(R I / (1 - pi)) + k ln(I / (w J)) + (n - 1 - k) ln(1 / (1 - J)) for
+    every rate J (w = 1/2: ln(2 I / J) a switch, against ln(I |Theta| / J) for uniform jumps).
+    Two inputs take turns being right (the base, then a forecast the base knows nothing of):
+    the restart loses less than the uniform jumps, by about k ln(|Theta| / 2)."""
+    rng = np.random.default_rng(13)
+    n, block = 3000, 500
+    x = rng.uniform(0.05, 0.95, n)
+    u = rng.uniform(0.05, 0.95, n)
+    odd = (np.arange(n) // block) % 2 == 1
+    y = (rng.uniform(size=n) < np.where(odd, u, x)).astype(np.int64)
+    q = np.column_stack([x, u])
+    grid = [(a, b) for a in config.EXPERT_COX_ALPHAS for b in config.EXPERT_COX_BETAS]
+    fam = binary_family("cox2", grid)
+    rates = np.array(config.DEFAULT_JUMPING_RATES)
+    pi, w = config.DEFAULT_PI, config.EXPERT_JUMP_RESTART
+    ops = (q, y, np.arange(n), np.full(n, OP_STEP, np.int8), np.array([0, n]), fam.params, rates)
+    p, *_ = expert_mixture_binary(*ops, *_initial(fam, 2, rates, pi), restart=w,
+                                  restart_to=_restart_to(fam, 2))  # fmt: skip
+    p0, *_ = expert_mixture_binary(*ops, *_initial(fam, 2, rates, pi))
+    best = _loss(np.where(odd, u, x), y)  # the right input's identity, k = 5 switches
+    k = n // block - 1
+    loss, loss0 = _loss(p, y), _loss(p0, y)
+    for j in rates:
+        slack = (math.log(len(rates) * 2 / (1 - pi)) + k * math.log(2 / (w * j))
+                 + (n - 1 - k) * math.log(1 / (1 - j)))  # fmt: skip
+        assert loss <= best + slack + 1e-9
+    assert loss < loss0 - k * math.log(fam.size / 2) / 2  # measured: 12.7 nats less
+
+
 def test_without_inputs_it_is_the_composite_jumper():
-    """inputs=() and paper 001's grid: exactly Algorithm 1 on the base (paper numbers hold)."""
+    """inputs=(), paper 001's grid and its uniform jumps (restart 0): exactly Algorithm 1 on
+    the base (paper numbers hold)."""
     rng = np.random.default_rng(2)
     x = rng.uniform(0.01, 0.99, 500)
     y = (rng.uniform(size=500) < x**1.5).astype(np.int64)
     grid = [(a, b) for a in config.DEFAULT_COX_ALPHAS for b in config.DEFAULT_COX_BETAS]
-    ce, _ = make_calibrator("composite-experts", inputs=(), family_params=grid).run(x, y)
+    ce, _ = make_calibrator("composite-experts", inputs=(), family_params=grid,
+                            restart=0.0).run(x, y)  # fmt: skip
     cj, _ = make_calibrator("composite-jumper").run(x, y)
     np.testing.assert_allclose(ce.protected, cj.protected, atol=1e-14, rtol=0)
     np.testing.assert_allclose(ce.log10_martingale, cj.log10_martingale, atol=1e-12, rtol=0)
@@ -215,7 +322,7 @@ def test_a_windowed_input_equals_its_method_run_alone():
     eps = config.DEFAULT_CLIP_EPS
     q = np.clip(np.column_stack([x, beta.protected]), eps, 1 - eps)
     want, log10s = loop(q, y, binary_family("cox2", grid), config.DEFAULT_JUMPING_RATES,
-                        config.DEFAULT_PI)  # fmt: skip
+                        config.DEFAULT_PI, config.EXPERT_JUMP_RESTART)  # fmt: skip
     np.testing.assert_allclose(out.protected, want, rtol=0, atol=1e-12)
     assert abs(out.log10_martingale[-1] - log10s) < 1e-10
 

@@ -109,17 +109,17 @@ def make_batch(seed, n_streams, max_len=40, p_delayed=0.2):
     return x, y, np.array(ev, np.int64), np.array(kd, np.int8), np.array(off, np.int64)
 
 
-def run_fused(batch, inputs, state, lanes):
+def run_fused(batch, inputs, state, lanes, **restart):
     x, y, ev, kd, off = batch
     passive, active, log10m, in_state = state
     return EL.composite_experts_binary(
         x[:, None], y, ev, kd, off, inputs.kinds, inputs.cols, inputs.par, inputs.edges,
         binary_family("cox2", GRID).params, RATES, CLIP, passive, active, log10m, in_state,
-        lanes=lanes,
+        lanes=lanes, **restart,
     )  # fmt: skip
 
 
-def run_reference(batch, inputs, state):
+def run_reference(batch, inputs, state, **restart):
     """The per-input path: each input's kernel over the op list with forecast copies, then the
     mixture one stream at a time (what CompositeExperts.run_batch ran before lanes)."""
     x, y, ev, kd, off = batch
@@ -154,7 +154,7 @@ def run_reference(batch, inputs, state):
     q = np.ascontiguousarray(np.stack(cols, axis=1))
     out = EM.expert_mixture_binary(
         q, ye, ext_ev, ext_kd, ext_off, binary_family("cox2", GRID).params, RATES, passive,
-        active, log10m, lanes=False,
+        active, log10m, lanes=False, **restart,
     )  # fmt: skip
     return (out[0][:n], out[1][:n], *out[2:], np.hstack(new_states), np.array(fin))
 
@@ -248,6 +248,26 @@ def test_two_chunks_with_state_carried_equal_one_pass_bit_for_bit(seed, cut, lan
         np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(np.concatenate([r1[6], r2[6]], axis=1)[:, np.argsort(
         np.concatenate([firsts, seconds]), kind="stable")], one[6])  # fmt: skip
+
+
+@pytest.mark.parametrize("n_streams", [1, LANES + 1, 65])
+@pytest.mark.parametrize("lanes", [True, False])
+def test_restarting_jumps_equal_the_per_input_kernels_bit_for_bit(n_streams, lanes):
+    """A jump back to the inputs' identities with probability 1/2 (the default method's
+    ``restart``): the lanes run jump_mix_restart's operations, so the same bits as the
+    per-input kernels and the mixture one stream at a time; and another mixture than
+    paper 001's uniform jumps."""
+    batch = make_batch(n_streams * 3 + 1, n_streams)
+    inputs = Inputs(DEFAULT_KINDS, n_streams)
+    fam = binary_family("cox2", GRID)
+    n_in = 1 + len(DEFAULT_KINDS)
+    to = np.zeros(n_in * fam.size)
+    to[fam.identity_index :: fam.size] = 1.0 / n_in
+    kw = {"restart": 0.5, "restart_to": to}
+    got = run_fused(batch, inputs, fresh_state(inputs, n_streams), lanes, **kw)
+    assert_same(got, run_reference(batch, inputs, fresh_state(inputs, n_streams), **kw))
+    uniform = run_fused(batch, inputs, fresh_state(inputs, n_streams), lanes)
+    assert not np.array_equal(got[0], uniform[0])
 
 
 @pytest.mark.parametrize("n_streams", [2 * LANES + 1, 200])

@@ -97,16 +97,16 @@ class State:
         self.par = np.array([EK.ops_row(*row) for row in spec]).reshape(len(spec), EK.N_PAR)
 
 
-def run_fused(batch, fam, state, m=None, log10m=None, lanes=None):
+def run_fused(batch, fam, state, m=None, log10m=None, lanes=None, **restart):
     x, y, ev, kd, off = batch
     return EK.composite_experts_multiclass(
         x, y, ev, kd, off, np.array(state.cols, np.int64), state.par, fam.betas, fam.alphas,
         RATES, CLIP, state.m if m is None else m, state.log10m if log10m is None else log10m,
-        lanes=lanes,
+        lanes=lanes, **restart,
     )  # fmt: skip
 
 
-def run_reference(batch, fam, state, m=None, log10m=None):
+def run_reference(batch, fam, state, m=None, log10m=None, **restart):
     """The per-input path (CompositeExperts with engine="per-input", K classes)."""
     x, y, ev, kd, off = batch
     m = state.m if m is None else m
@@ -132,7 +132,7 @@ def run_reference(batch, fam, state, m=None, log10m=None):
     h = state.head
     p, lm, pw, act, lm_end = EM.expert_mixture_multiclass(
         q, ye, ext_ev, ext_kd, ext_off, fam.betas, fam.alphas, RATES, m[:, 0],
-        m[:, 1:h].reshape(m.shape[0], len(RATES), -1), log10m,
+        m[:, 1:h].reshape(m.shape[0], len(RATES), -1), log10m, **restart,
     )  # fmt: skip
     new[:, 0] = pw
     new[:, 1:h] = act.reshape(m.shape[0], -1)
@@ -156,6 +156,24 @@ def test_lanes_equal_the_per_input_kernels_bit_for_bit(n_streams, lanes, k):
     fam = family(k)
     state = State(n_streams, k, INPUT_SETS["default"], fam)
     assert_same(run_fused(batch, fam, state, lanes=lanes), run_reference(batch, fam, state))
+
+
+@pytest.mark.parametrize("n_streams", [1, LANES + 1, 2 * LANES + 1])
+@pytest.mark.parametrize("lanes", [True, False])
+@pytest.mark.parametrize("k", [3, 4])
+def test_restarting_jumps_equal_the_per_input_kernels_bit_for_bit(n_streams, lanes, k):
+    """A jump back to the inputs' identities with probability 1/2 (the default's ``restart``):
+    the same bits as the per-input path, and another mixture than the uniform jumps."""
+    batch = make_batch(n_streams * 5 + k, n_streams, k)
+    fam = family(k)
+    state = State(n_streams, k, INPUT_SETS["two"], fam)
+    n_in = 1 + len(INPUT_SETS["two"])
+    to = np.zeros(n_in * fam.size)
+    to[fam.identity_index :: fam.size] = 1.0 / n_in
+    kw = {"restart": 0.5, "restart_to": to}
+    got = run_fused(batch, fam, state, lanes=lanes, **kw)
+    assert_same(got, run_reference(batch, fam, state, **kw))
+    assert not np.array_equal(got[0], run_fused(batch, fam, state, lanes=lanes)[0])
 
 
 @pytest.mark.parametrize("which", sorted(INPUT_SETS))
