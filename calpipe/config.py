@@ -327,7 +327,7 @@ EXPERT_COX_BETAS: tuple[float, ...] = (1.0, 0.5, 2.0)
 #: identity, uniform over the inputs) instead of to a uniform expert (paper 001 Alg. 1 line 5):
 #: the equal mixture of the two jump distributions, so a switch to any expert costs at most ln 2
 #: more than under either alone, and a switch to an input's identity ln(2 I / J) instead of
-#: ln(I |Theta| / J) nats (docs/quality.md, notes/short_streams.md; 0: paper 001's jumps).
+#: ln(I |Theta| / J) nats (docs/quality.md, docs/studies/short-streams.md; 0: paper 001's jumps).
 EXPERT_JUMP_RESTART: float = 0.5
 
 #: K classes: shifts +-a e_k of one class's log-probability for a in this set (paper 001's 1,

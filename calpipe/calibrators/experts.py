@@ -15,7 +15,7 @@ shifts of 1 and 2 on each class), started on the inputs' identities. A jump of t
 back to that start (an input's identity, each with probability 1 / I) with probability
 ``restart`` = 1/2 (``config.EXPERT_JUMP_RESTART``), else to a uniform expert as in paper 001:
 switching to another input then costs ln(2 I / J) nats instead of ln(I |Theta| / J)
-(``notes/short_streams.md``). Kernels:
+(``docs/studies/short-streams.md``). Kernels:
 :mod:`calpipe.kernels.expert_lanes` (binary) and :mod:`calpipe.kernels.expert_lanes_multiclass`
 (K classes) learn the default inputs and the mixture in one pass, streams in SIMD lanes;
 :mod:`calpipe.kernels.expert_mixture` runs the mixture of any inputs.
