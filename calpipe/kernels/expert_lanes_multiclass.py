@@ -97,8 +97,9 @@ from calpipe.kernels.numeric import (
 from calpipe.kernels.online_scaling import project_kernel
 from calpipe.kernels.ops import OP_FORECAST, OP_UPDATE
 
-#: Columns of an input's row of ``par``: ONS step 1/gamma, radius B, score clip eps.
-N_PAR = 3
+#: Columns of an input's row of ``par``: ONS step 1/gamma, radius B, score clip eps, model
+#: (0 online vector scaling ``ops``, 1 online matrix scaling ``oms``).
+N_PAR = 4
 _NL = config.EXPERT_LANES
 _CAP_W = config.EXPERT_LANE_WEIGHTS
 _CAP_E = config.EXPERT_LANE_EXPERTS
@@ -119,7 +120,7 @@ _LEARN_BUF = 6 * _LEARN_D + 3 * _LEARN_D * _LEARN_D
 #: numpy's pairwise summation sums a contiguous run of at most this many values in one block
 #: (``PW_BLOCKSIZE``): :func:`np_row_sum` reproduces that block, so K <= this.
 NP_BLOCK = 128
-_ROWS = 2 * NP_BLOCK  # a literal: two rows of K <= NP_BLOCK on the stack
+_ROWS = 3 * NP_BLOCK  # a literal: three rows of K <= NP_BLOCK on the stack
 
 
 @njit(cache=True, inline="always", error_model="numpy")
@@ -154,6 +155,34 @@ def np_row_sum(w, k):
     return s
 
 
+@njit(cache=True)
+def _input_dims(par, k):
+    """Each input's parameter count d_i (``par[i, 3]`` = 1: matrix scaling, K^2 + K; else
+    vector scaling, 2K) and the offsets of the inputs' (theta, A) stacked, d_i + d_i^2 values
+    each: ``(dims (I,), ioff (I + 1,))``."""
+    n_in = par.shape[0]
+    dims = np.empty(n_in, np.int64)
+    ioff = np.empty(n_in + 1, np.int64)
+    ioff[0] = 0
+    for i in range(n_in):
+        di = k * k + k if par[i, 3] != 0.0 else 2 * k
+        dims[i] = di
+        ioff[i + 1] = ioff[i] + di + di * di
+    return dims, ioff
+
+
+@njit(cache=True, inline="always")
+def _scalar_views(buf, d):
+    """The scalar ONS step's scratch of exact size d over ``buf`` (6 d + 3 d^2 values, from its
+    start): theta, g, step, z, rhs, out (d,) and A, L, A + lambda I (d, d). Inlined: ``buf`` may
+    be on the stack."""
+    aa = buf[6 * d : 6 * d + d * d].reshape(d, d)
+    lower = buf[6 * d + d * d : 6 * d + 2 * d * d].reshape(d, d)
+    shifted = buf[6 * d + 2 * d * d : 6 * d + 3 * d * d].reshape(d, d)
+    return (buf[:d], buf[d : 2 * d], buf[2 * d : 3 * d], buf[3 * d : 4 * d],
+            buf[4 * d : 5 * d], buf[5 * d : 6 * d], aa, lower, shifted)  # fmt: skip
+
+
 @njit(cache=True, inline="always", error_model="numpy")
 def _engine(
     q, y, op_event, op_kind, op_offsets, order, start, cols, par, betas, alphas, rates, clip,
@@ -170,26 +199,35 @@ def _engine(
     n_fun = betas.shape[0]
     n_rates = rates.shape[0]
     n_exp = (1 + n_in) * n_fun
+    # input i's parameter count d_i (2K vector, K^2 + K matrix) and the rows of its (theta, A)
+    # in IS, ioff[i] to ioff[i + 1]; d the largest, which sizes the ONS step's scratch
+    dims, ioff = _input_dims(par, k_cls)
     d = 2 * k_cls
+    for i in range(n_in):
+        d = max(d, dims[i])
+    d_vec = 2 * k_cls
+    d_mat = k_cls * k_cls + k_cls
     distinct, beta_of = distinct_betas(betas)
     n_dist = distinct.shape[0]
     exp_alpha_t = np.ascontiguousarray(np.exp(alphas).T)  # (K, T), as _multiclass
     # Per-lane scratch (one lane at a time) on the stack, where its references cost no atomic
     # reference counts (a heap array passed to a helper in the hot loop does): the ONS step's
     # theta, A, gradient, step and project_kernel's scratch (heap beyond _LEARN_D); a row
-    # floored at clip (before numpy's sum) and the softmax's exponents.
+    # floored at clip (before numpy's sum) and the softmax's exponents. cholesky_solve and
+    # project_kernel read d from their arguments' shapes: one set of exact-size views per model
+    # (vector d = 2K, matrix d = K^2 + K), both over the same buffer (used one at a time).
     if d <= _LEARN_D:
         buf = carray(stack_empty(_LEARN_BUF), _LEARN_BUF)
     else:
         buf = np.empty(6 * d + 3 * d * d)
-    th, g, step = buf[:d], buf[d : 2 * d], buf[2 * d : 3 * d]
-    zz, rhs, out = buf[3 * d : 4 * d], buf[4 * d : 5 * d], buf[5 * d : 6 * d]
-    aa = buf[6 * d : 6 * d + d * d].reshape(d, d)
-    lower = buf[6 * d + d * d : 6 * d + 2 * d * d].reshape(d, d)
-    shifted = buf[6 * d + 2 * d * d : 6 * d + 3 * d * d].reshape(d, d)
+    th_v, g_v, step_v, zz_v, rhs_v, out_v, aa_v, lower_v, shifted_v = _scalar_views(buf, d_vec)
+    th_m, g_m, step_m, zz_m, rhs_m, out_m_, aa_m, lower_m, shifted_m = _scalar_views(
+        buf, d_mat if d >= d_mat else d_vec
+    )
     rows = carray(stack_empty(_ROWS), _ROWS)
     # the ONS step of every lane at once (lanes last): theta, g, Cholesky's z and the step
-    # (d, lanes), A and its factor L (d, d, lanes); on the stack up to d = _ONS_D
+    # (d, lanes), A and its factor L (d, d, lanes) with d the largest input's (a smaller input
+    # uses the leading rows); on the stack up to d = _ONS_D
     if d <= _ONS_D and on_stack:
         ons = carray(stack_empty(_ONS_BUF), _ONS_BUF)
     else:
@@ -203,22 +241,25 @@ def _engine(
     SV = carray(stack_empty(64), LANES)[:nl]
     OK = carray(stack_empty(64), LANES).view(np.int64)[:nl]
     # each lane's inputs' (theta, A), resident like its weights S: read from the state when
-    # the lane takes a stream, written back when it gives it up (IS[i, a, lane]: theta_a for
-    # a < d, then A row-major); on the stack when they fit
-    d2 = d + d * d
-    if on_stack and n_in * d2 <= _IN_CAP:
-        IS = carray(stack_empty(_STACK_IN), (n_in, d2, nl))
+    # the lane takes a stream, written back when it gives it up (IS[ioff[i] + a, lane]: input
+    # i's theta_a for a < d_i, then its A row-major); on the stack when they fit
+    n_is = ioff[n_in]
+    if on_stack and n_is <= _IN_CAP:
+        IS = carray(stack_empty(_STACK_IN), (n_is, nl))
     else:
-        IS = np.empty((n_in, d2, nl))
+        IS = np.empty((max(n_is, 1), nl))
     for i in range(n_in):
-        for a_ in range(d2):
+        o_i = ioff[i]
+        d_i = dims[i]
+        for a_ in range(d_i + d_i * d_i):
             for lane in range(nl):
-                IS[i, a_, lane] = 0.0
-        for a_ in range(d):
+                IS[o_i + a_, lane] = 0.0
+        for a_ in range(d_i):
             for lane in range(nl):
-                IS[i, d + a_ * d + a_, lane] = 1.0  # idle lanes compute on a valid state
+                IS[o_i + d_i + a_ * d_i + a_, lane] = 1.0  # idle lanes compute on a valid state
     wrow = rows[:k_cls]
     zrow = rows[NP_BLOCK : NP_BLOCK + k_cls]
+    lrow = rows[2 * NP_BLOCK : 2 * NP_BLOCK + k_cls]  # ln c of the matrix model's row
     # Scratch, lane index last: S (R, E, lanes) holds V = A f_y (normalisation deferred in
     # INVP), F (K, E, lanes) the Cox terms of every class, FL (E, lanes) those of the label's
     # class, COL (E, lanes) the column sums, PRED (K, lanes) p'. On the stack when they fit
@@ -294,8 +335,8 @@ def _engine(
             M[lane] = log10m[s]
             INVP[lane] = 1.0
             for i in range(n_in):
-                for a_ in range(d2):
-                    IS[i, a_, lane] = st[s, cols[i] + a_]
+                for a_ in range(ioff[i + 1] - ioff[i]):
+                    IS[ioff[i] + a_, lane] = st[s, cols[i] + a_]
         if n_busy == 0 or (pos_k == n_streams and 2 * n_busy < nl):
             break
         steps = steps_to_first_end(busy, lane_op, lane_end, nl)
@@ -326,18 +367,32 @@ def _engine(
                             QIN[1 + i, c, lane] = q[e, c]
                     continue
                 o = lane_op[lane]
-                for i in range(n_in):  # online_scaling._vector_forecast
+                for i in range(n_in):  # online_scaling._vector_forecast / _matrix_forecast
                     sc = par[i, 2]
+                    o_i = ioff[i]
                     tot = 0.0
                     for c in range(k_cls):
                         tot += max(q[e, c], sc)
                     zmax = -np.inf
-                    for c in range(k_cls):
-                        lq = math.log(max(q[e, c], sc) / tot)
-                        U[i, c, lane] = lq
-                        z = IS[i, c, lane] * lq + IS[i, k_cls + c, lane]
-                        zrow[c] = z
-                        zmax = max(zmax, z)
+                    if par[i, 3] != 0.0:  # matrix: z_c = sum_j W_cj ln c_j + b_c, j in order
+                        for c in range(k_cls):
+                            lq = math.log(max(q[e, c], sc) / tot)
+                            U[i, c, lane] = lq
+                            lrow[c] = lq
+                        for c in range(k_cls):
+                            z = 0.0
+                            for j2 in range(k_cls):
+                                z += IS[o_i + c * k_cls + j2, lane] * lrow[j2]
+                            z += IS[o_i + k_cls * k_cls + c, lane]
+                            zrow[c] = z
+                            zmax = max(zmax, z)
+                    else:  # vector: z_c = a_c ln c_c + b_c
+                        for c in range(k_cls):
+                            lq = math.log(max(q[e, c], sc) / tot)
+                            U[i, c, lane] = lq
+                            z = IS[o_i + c, lane] * lq + IS[o_i + k_cls + c, lane]
+                            zrow[c] = z
+                            zmax = max(zmax, z)
                     ssum = 0.0
                     for c in range(k_cls):
                         ez = math.exp(zrow[c] - zmax)
@@ -447,28 +502,42 @@ def _engine(
                         out_p[e, c] = PRED[c, lane]
                     out_m[e] = M[lane]
                 lane_op[lane] += 1
-            # 5. the inputs learn the label: _online_scaling's ONS step (vector model), every
-            #    lane at once (lanes innermost: each lane's chain of operations is the scalar
-            #    kernel's, the lanes' chains overlap); written back for the lanes that update
+            # 5. the inputs learn the label: _online_scaling's ONS step (its vector or matrix
+            #    gradient), every lane at once (lanes innermost: each lane's chain of operations
+            #    is the scalar kernel's, the lanes' chains overlap); written back for the lanes
+            #    that update. Input i's d_i rows of the (d, d) scratch are used.
             n_upd = 0
             for lane in range(nl):
                 n_upd += upd[lane]
             for i in range(n_in if n_upd > 0 else 0):
-                for c in range(k_cls):
-                    for lane in range(nl_vec):
-                        r = FIN[i, c, lane] - (1.0 if c == LAB[lane] else 0.0)
-                        G[c, lane] = r * U[i, c, lane]
-                        G[k_cls + c, lane] = r
-                for a_ in range(d):
-                    for b_ in range(d):
+                o_i = ioff[i]
+                di = dims[i]
+                mat = par[i, 3] != 0.0
+                if mat:  # g = (f - e_y) (x) (ln c, 1): W's row c is r_c ln c, then b's r_c
+                    for c in range(k_cls):
+                        for lane in range(nl_vec):
+                            SV[lane] = FIN[i, c, lane] - (1.0 if c == LAB[lane] else 0.0)
+                        for j2 in range(k_cls):
+                            for lane in range(nl_vec):
+                                G[c * k_cls + j2, lane] = SV[lane] * U[i, j2, lane]
+                        for lane in range(nl_vec):
+                            G[k_cls * k_cls + c, lane] = SV[lane]
+                else:  # g = ((f - e_y) ln c, f - e_y)
+                    for c in range(k_cls):
+                        for lane in range(nl_vec):
+                            r = FIN[i, c, lane] - (1.0 if c == LAB[lane] else 0.0)
+                            G[c, lane] = r * U[i, c, lane]
+                            G[k_cls + c, lane] = r
+                for a_ in range(di):
+                    for b_ in range(di):
                         for lane in range(nl_vec):
                             AA[a_, b_, lane] = (
-                                IS[i, d + a_ * d + b_, lane] + G[a_, lane] * G[b_, lane]
+                                IS[o_i + di + a_ * di + b_, lane] + G[a_, lane] * G[b_, lane]
                             )
                 # numeric.cholesky_solve(A, g) -> STEP, its operations lane by lane
                 for lane in range(nl_vec):
                     OK[lane] = 1
-                for jj in range(d):
+                for jj in range(di):
                     for lane in range(nl_vec):
                         SV[lane] = AA[jj, jj, lane]
                     for kk in range(jj):
@@ -478,7 +547,7 @@ def _engine(
                         if not SV[lane] > 0.0:
                             OK[lane] = 0
                         LOW[jj, jj, lane] = math.sqrt(SV[lane]) if SV[lane] > 0.0 else 1.0
-                    for i2 in range(jj + 1, d):
+                    for i2 in range(jj + 1, di):
                         for lane in range(nl_vec):
                             SV[lane] = AA[i2, jj, lane]
                         for kk in range(jj):
@@ -486,7 +555,7 @@ def _engine(
                                 SV[lane] -= LOW[i2, kk, lane] * LOW[jj, kk, lane]
                         for lane in range(nl_vec):
                             LOW[i2, jj, lane] = SV[lane] / LOW[jj, jj, lane]
-                for i2 in range(d):  # L z = g
+                for i2 in range(di):  # L z = g
                     for lane in range(nl_vec):
                         SV[lane] = G[i2, lane]
                     for kk in range(i2):
@@ -494,10 +563,10 @@ def _engine(
                             SV[lane] -= LOW[i2, kk, lane] * ZV[kk, lane]
                     for lane in range(nl_vec):
                         ZV[i2, lane] = SV[lane] / LOW[i2, i2, lane]
-                for i2 in range(d - 1, -1, -1):  # L^T step = z
+                for i2 in range(di - 1, -1, -1):  # L^T step = z
                     for lane in range(nl_vec):
                         SV[lane] = ZV[i2, lane]
-                    for kk in range(i2 + 1, d):
+                    for kk in range(i2 + 1, di):
                         for lane in range(nl_vec):
                             SV[lane] -= LOW[kk, i2, lane] * STEP[kk, lane]
                     for lane in range(nl_vec):
@@ -508,55 +577,64 @@ def _engine(
                     if upd[lane] == 0:
                         continue
                     if OK[lane] == 0:  # a pivot <= 0 (A not positive-definite to rounding)
-                        for a_ in range(d):  # the scalar kernel, step as its scratch holds it
-                            for b_ in range(d):
+                        aa = aa_m if mat else aa_v  # the scalar kernel on d_i x d_i views
+                        g = g_m if mat else g_v
+                        step = step_m if mat else step_v
+                        for a_ in range(di):  # the scalar kernel, step as its scratch holds it
+                            for b_ in range(di):
                                 aa[a_, b_] = AA[a_, b_, lane]
                             g[a_] = G[a_, lane]
-                        cholesky_solve(aa, g, lower, zz, step)
-                        for a_ in range(d):
+                        cholesky_solve(aa, g, lower_m if mat else lower_v,
+                                       zz_m if mat else zz_v, step)  # fmt: skip
+                        for a_ in range(di):
                             STEP[a_, lane] = step[a_]
                     norm2 = 0.0  # theta <- theta - step / gamma; project_kernel's own test
-                    for a_ in range(d):
-                        t_ = IS[i, a_, lane] - STEP[a_, lane] / gamma
+                    for a_ in range(di):
+                        t_ = IS[o_i + a_, lane] - STEP[a_, lane] / gamma
                         TH[a_, lane] = t_
                         norm2 += t_ * t_
                     if norm2 > radius * radius:  # the projection on the ball (rare)
-                        for a_ in range(d):
+                        th = th_m if mat else th_v
+                        aa = aa_m if mat else aa_v
+                        for a_ in range(di):
                             th[a_] = TH[a_, lane]
-                            for b_ in range(d):
+                            for b_ in range(di):
                                 aa[a_, b_] = AA[a_, b_, lane]
-                        project_kernel(th, aa, radius, shifted, rhs, lower, zz, out)
-                        for a_ in range(d):
+                        if mat:
+                            project_kernel(th, aa, radius, shifted_m, rhs_m, lower_m, zz_m, out_m_)
+                        else:
+                            project_kernel(th, aa, radius, shifted_v, rhs_v, lower_v, zz_v, out_v)
+                        for a_ in range(di):
                             TH[a_, lane] = th[a_]
                 # the lanes that update keep the new (theta, A)
-                for a_ in range(d):
+                for a_ in range(di):
                     for lane in range(nl_vec):
                         if upd[lane] != 0:
-                            IS[i, a_, lane] = TH[a_, lane]
-                for a_ in range(d):
-                    for b_ in range(d):
+                            IS[o_i + a_, lane] = TH[a_, lane]
+                for a_ in range(di):
+                    for b_ in range(di):
                         for lane in range(nl_vec):
                             if upd[lane] != 0:
-                                IS[i, d + a_ * d + b_, lane] = AA[a_, b_, lane]
+                                IS[o_i + di + a_ * di + b_, lane] = AA[a_, b_, lane]
         for lane in range(nl):  # retire finished lanes
             if busy[lane] != 0 and lane_op[lane] == lane_end[lane]:
-                _lane_out(lane, lane_stream[lane], S, INVP, PW, M, IS, cols, st, log10m)
+                _lane_out(lane, lane_stream[lane], S, INVP, PW, M, IS, cols, ioff, st, log10m)
                 start[lane_stream[lane]] = lane_end[lane]
                 busy[lane] = 0
                 n_busy -= 1
     for lane in range(nl):  # hand the busy streams back to the one-lane engine
         if busy[lane] != 0:
-            _lane_out(lane, lane_stream[lane], S, INVP, PW, M, IS, cols, st, log10m)
+            _lane_out(lane, lane_stream[lane], S, INVP, PW, M, IS, cols, ioff, st, log10m)
             start[lane_stream[lane]] = lane_op[lane]
 
 
 @njit(cache=True, inline="always")
-def _lane_out(lane, s, S, INVP, PW, M, IS, cols, st, log10m):
+def _lane_out(lane, s, S, INVP, PW, M, IS, cols, ioff, st, log10m):
     """Write lane ``lane``'s state (its weights normalised, its inputs' theta and A) back to
     stream ``s``."""
-    for i in range(IS.shape[0]):
-        for a in range(IS.shape[1]):
-            st[s, cols[i] + a] = IS[i, a, lane]
+    for i in range(cols.shape[0]):
+        for a in range(ioff[i + 1] - ioff[i]):
+            st[s, cols[i] + a] = IS[ioff[i] + a, lane]
     n_exp = S.shape[1]
     for j in range(S.shape[0]):
         for k in range(n_exp):
@@ -605,7 +683,12 @@ def lanes_fit(n_streams: int) -> bool:
 
 def ops_row(gamma: float, radius: float, score_clip: float) -> np.ndarray:
     """``par`` row of an online vector scaling input: ONS step 1/gamma, radius B, score clip."""
-    return np.array([gamma, radius, score_clip], dtype=np.float64)
+    return np.array([gamma, radius, score_clip, 0.0], dtype=np.float64)
+
+
+def oms_row(gamma: float, radius: float, score_clip: float) -> np.ndarray:
+    """``par`` row of an online matrix scaling input: ONS step 1/gamma, radius B, score clip."""
+    return np.array([gamma, radius, score_clip, 1.0], dtype=np.float64)
 
 
 def composite_experts_multiclass(
@@ -662,7 +745,9 @@ def composite_experts_multiclass(
     st = np.array(state, dtype=np.float64)  # the one copy: the new state
     if st.ndim != 2 or st.shape[0] != n_streams or st.shape[1] < head:
         raise ValueError(f"state must be (S = {n_streams}, >= {head}); got {st.shape}")
-    d = 2 * k
+    if not np.all((par[:, 3] == 0.0) | (par[:, 3] == 1.0)):
+        raise ValueError("par's model column must be 0 (vector scaling) or 1 (matrix scaling)")
+    d = np.where(par[:, 3] != 0.0, k * k + k, 2 * k)
     if np.any((cols < head) | (cols + d + d * d > st.shape[1])):
         raise ValueError("an input's columns are outside the state or inside the mixture's")
     log10m = np.array(log10m, dtype=np.float64)

@@ -36,13 +36,22 @@ LANES = config.EXPERT_LANES
 RHO = config.OPS_RHO
 GAP = 2  # each input's stored length and log10 S before its vector (carried unchanged)
 
-# Input sets: OPS parameters (gamma, radius, score_clip); radius 1.5 makes the ONS project.
+# Input sets: (model, gamma, radius, score_clip), model "ops" (online vector scaling) or "oms"
+# (online matrix scaling); radius 1.5 makes the ONS project.
 INPUT_SETS = {
-    "default": [(0.1, 100.0, 0.01)],
-    "projections": [(0.5, 1.5, 0.05)],
-    "two": [(0.1, 100.0, 0.01), (0.5, 2.0, 0.2)],
+    "default": [("ops", 0.1, 100.0, 0.01)],
+    "projections": [("ops", 0.5, 1.5, 0.05)],
+    "two": [("ops", 0.1, 100.0, 0.01), ("ops", 0.5, 2.0, 0.2)],
     "base-only": [],
 }
+#: ... with online matrix scaling: alone, beside ops (the planned default), projecting
+OMS_SETS = {
+    "oms": [("oms", 0.1, 100.0, 0.01)],
+    "ops-oms": [("ops", 0.1, 100.0, 0.01), ("oms", 0.1, 100.0, 0.01)],
+    "oms-projections": [("oms", 0.5, 1.5, 0.05), ("ops", 0.5, 2.0, 0.2)],
+}
+MODELS = {"ops": OS.MODEL_VECTOR, "oms": OS.MODEL_MATRIX}
+ROWS = {"ops": EK.ops_row, "oms": EK.oms_row}
 
 
 def family(k, betas=config.EXPERT_COX_BETAS):
@@ -84,9 +93,9 @@ class State:
         act[:, fam.identity_index :: fam.size] = (1 - pi) / (len(RATES) * n_in)
         parts = [np.full((n_streams, 1), pi), np.tile(act.ravel(), (n_streams, 1))]
         self.cols, at = [], 1 + act.size
-        d = 2 * k
-        for _ in spec:
-            theta, a, _ = OS.initial_state(n_streams, OS.MODEL_VECTOR, k, OS.CALIBEAT_NONE, 10, RHO)
+        for model, *_ in spec:
+            d = OS.n_params(MODELS[model], k)
+            theta, a, _ = OS.initial_state(n_streams, MODELS[model], k, OS.CALIBEAT_NONE, 10, RHO)
             parts += [np.full((n_streams, GAP), 7.5), theta, a.reshape(n_streams, -1)]
             self.cols.append(at + GAP)
             at += GAP + d + d * d
@@ -94,7 +103,7 @@ class State:
         self.log10m = np.zeros(n_streams)
         self.head = 1 + act.size
         self.spec = spec
-        self.par = np.array([EK.ops_row(*row) for row in spec]).reshape(len(spec), EK.N_PAR)
+        self.par = np.array([ROWS[m](*row) for m, *row in spec]).reshape(len(spec), EK.N_PAR)
 
 
 def run_fused(batch, fam, state, m=None, log10m=None, lanes=None):
@@ -112,17 +121,17 @@ def run_reference(batch, fam, state, m=None, log10m=None):
     m = state.m if m is None else m
     log10m = state.log10m if log10m is None else log10m
     n, k = x.shape
-    d = 2 * k
     ext_ev, ext_kd, ext_off, src, pos, upd_only = with_forecast_copies(ev, kd, off, n)
     ext_ev[pos[upd_only]] = ext_ev[pos[upd_only] - 1]
     xe, ye = x[src], y[src]
     cols, fin = [xe], []
     new = m.copy()
-    for c0, (gamma, radius, score_clip) in zip(state.cols, state.spec, strict=True):
+    for c0, (model, gamma, radius, score_clip) in zip(state.cols, state.spec, strict=True):
+        d = OS.n_params(MODELS[model], k)
         p, theta, a, _ = OS.online_scaling(
             xe, ye, ext_ev, ext_kd, ext_off, m[:, c0 : c0 + d],
             m[:, c0 + d : c0 + d + d * d].reshape(-1, d, d), np.zeros((m.shape[0], 0, 0)),
-            OS.MODEL_VECTOR, OS.CALIBEAT_NONE, gamma, radius, score_clip, 10,
+            MODELS[model], OS.CALIBEAT_NONE, gamma, radius, score_clip, 10,
         )  # fmt: skip
         new[:, c0 : c0 + d] = theta
         new[:, c0 + d : c0 + d + d * d] = a.reshape(a.shape[0], -1)
