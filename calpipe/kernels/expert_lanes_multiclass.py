@@ -1,12 +1,13 @@
-"""The default method's K-class recursion with its online vector scaling inputs, all streams of
-a batch in SIMD lanes: paper 001's Composite Jumper (Algorithm 1) over the experts (input i,
+"""The default method's K-class recursion with its online scaling inputs, all streams of a
+batch in SIMD lanes: paper 001's Composite Jumper (Algorithm 1) over the experts (input i,
 K-class Cox function theta, paper 001 eq. (1)), the inputs -- online vector scaling, the K-class
-``ops`` (Gupta & Ramdas 2023, Alg. 1 with the vector model of Guo et al. 2017) -- learnt in the
-same pass. The binary counterpart is :mod:`calpipe.kernels.expert_lanes`.
+``ops``, and online matrix scaling, ``oms`` (Gupta & Ramdas 2023, Alg. 1 with the vector and
+matrix models of Guo et al. 2017), in any sequence -- learnt in the same pass. The binary
+counterpart is :mod:`calpipe.kernels.expert_lanes`.
 
 Public entry point: :func:`composite_experts_multiclass`; the calibrator is
 :class:`calpipe.calibrators.experts.CompositeExperts` (which dispatches here for K >= 3 classes
-when every input is ``ops``).
+when every input is ``ops``, or ``oms`` with K <= ``config.OMS_MAX_CLASSES``).
 
 Recursion
 ---------
@@ -14,9 +15,11 @@ At each operation of a stream (:mod:`calpipe.kernels.ops`) on event e with base 
 (a row on the simplex, already floored at ``clip`` and renormalised):
 
 1. every input i forecasts q_{e,i} from its state *now*: with c_k = max(p_k, eps) / sum_k'
-   max(p_k', eps) (eps its score clip), q_{e,i} = softmax_k(a_k ln c_k + b_k)
-   (``online_scaling._vector_forecast``), then floored at ``clip`` and renormalised for the
-   mixture (``clip_probabilities``, numpy's sum order: :func:`np_row_sum`); q_{e,0} = p_e;
+   max(p_k', eps) (eps its score clip), q_{e,i} = softmax_k(a_k ln c_k + b_k) (vector,
+   ``online_scaling._vector_forecast``, theta = (a, b), d = 2K) or softmax_k(sum_j W_kj ln c_j
+   + b_k) (matrix, ``_matrix_forecast``, theta = (W row-major, b), d = K^2 + K, the sum over j
+   in order from 0.0), then floored at ``clip`` and renormalised for the mixture
+   (``clip_probabilities``, numpy's sum order: :func:`np_row_sum`); q_{e,0} = p_e;
 2. the mixture, exactly ``expert_mixture._multiclass`` (paper 001 Alg. 1, lines 4-15, expert
    k = i T + t with f_k(e) = f_t(q_{e,i}) the K-class Cox function of paper 001 eq. (1)):
 
@@ -26,8 +29,10 @@ At each operation of a stream (:mod:`calpipe.kernels.ops`) on event e with base 
        P, A <- P / C, A / C;  log10 S <- log10 S + log10 C - log10 p_y
 
 3. at an update, every input learns y_e by the Online Newton Step of
-   :mod:`calpipe.kernels.online_scaling` (Hazan 2016, Alg. 12): g = (q - e_y) (x) (ln c, 1),
-   A <- A + g g^T, theta <- Pi^A_{|theta| <= B}(theta - A^{-1} g / gamma).
+   :mod:`calpipe.kernels.online_scaling` (Hazan 2016, Alg. 12): g = (q - e_y) (x) (ln c, 1)
+   (vector: g = ((q_k - [k = y]) ln c_k, q_k - [k = y]); matrix: dl/dW_kj = (q_k - [k = y])
+   ln c_j, dl/db_k = q_k - [k = y]), A <- A + g g^T, theta <- Pi^A_{|theta| <= B}(theta -
+   A^{-1} g / gamma).
 
 An update-only op (a delayed label) is handled in place: step 1 is each input's forecast at the
 label's time, which the per-input path obtained from a forecast op on a copy of the event.
@@ -39,8 +44,8 @@ As in :mod:`calpipe.kernels.expert_lanes`: one body (:func:`_engine`) compiled w
 advances every lane by one operation, the loops over lanes vectorise and the lanes' chains of
 sums hide each other's latency) and with one lane, which finishes the streams the lanes hand
 back (the scheduler of :mod:`calpipe.kernels.numeric`). Per stream, both run the floating-point
-operations of ``online_scaling._online_scaling`` (vector model), of ``clip_probabilities`` and of
-``expert_mixture._multiclass`` in their order:
+operations of ``online_scaling._online_scaling`` (vector or matrix model, each input its own),
+of ``clip_probabilities`` and of ``expert_mixture._multiclass`` in their order:
 
 * every sum keeps its order: sum_k' A in k order (:func:`calpipe.kernels.expert_lanes.sum_rates3`),
   the column sums in J order, each class's p'_c in k order, C in (J, k) order; the Cox terms'
@@ -54,10 +59,12 @@ operations of ``online_scaling._online_scaling`` (vector model), of ``clip_proba
   substitutions, theta <- theta - step / gamma) runs for every lane at once with the lanes
   innermost: each lane's operations are the scalar kernel's in its order (sqrt and division
   are correctly rounded in vector registers as in scalar ones, and nothing is fused into an
-  FMA); the rare projection on the ball is ``project_kernel`` itself on a copy of the lane's
-  (theta, A); a non-positive pivot (A not positive-definite to rounding, which the state
-  checks refuse) sends the lane to the scalar ``cholesky_solve``, whose step is then its
-  scratch's, as the per-input kernel's is;
+  FMA), over input i's own d_i (the scratch is sized for the largest; the order of operations
+  depends only on d_i, so the matrix model's d = K^2 + K keeps the scalar kernel's bits as the
+  vector model's 2K does); the rare projection on the ball is ``project_kernel`` itself on a
+  copy of the lane's (theta, A) of size d_i; a non-positive pivot (A not positive-definite to
+  rounding, which the state checks refuse) sends the lane to the scalar ``cholesky_solve``,
+  whose step is then its scratch's, as the per-input kernel's is;
 * the normalisation A <- A / C is deferred as in the binary lanes: S holds V = A f_y and INVP
   = 1 / C, and A is read as v * (1 / C), the same product.
 
@@ -74,6 +81,11 @@ latency-bound. Here those chains run in lanes, and:
   the gather ``F[y_l, k, l]`` did not);
 * no heap array is passed to a helper in the per-lane code (each such reference is an atomic
   reference count): the per-lane scratch is on the stack.
+
+With online matrix scaling (``oms``, §25 addendum) the gain is the mixture's and the per-input
+path's numpy work: the O(d^3 / 3) Cholesky of its d = K^2 + K costs about as much in lanes as
+alone (K = 3, ad hoc: (ops, oms) over (ops, ops) +0.13 CPU us/op in lanes, +0.16 per-input), and
+its scratch (d = 12 at K = 3) on the stack measured no faster than on the heap, where it stays.
 """
 
 from __future__ import annotations
@@ -191,8 +203,8 @@ def _engine(
     """Streams ``order[0], order[1], ...`` (from op ``start[s]``) through ``nl`` lanes, one
     operation per lane per step (see the module docstring and ``expert_lanes._engine``, whose
     scheduling this repeats). ``st`` (S, L) is the packed state (P in column 0, A (R x E)
-    row-major from column 1, input i's theta and A from column ``cols[i]``), updated in place
-    with ``log10m``."""
+    row-major from column 1, input i's theta (d_i) and A (d_i x d_i) from column ``cols[i]``, d_i
+    by its model ``par[i, 3]``), updated in place with ``log10m``."""
     n_streams = order.shape[0]
     k_cls = q.shape[1]
     n_in = cols.shape[0]
@@ -695,8 +707,8 @@ def composite_experts_multiclass(
     q, y, op_event, op_kind, op_offsets, cols, par, betas, alphas, rates, clip, state, log10m,
     *, input_forecasts: bool = True, lanes: bool | None = None,
 ):  # fmt: skip
-    """K-class Composite Jumper over experts with its online vector scaling inputs learnt in the
-    same pass.
+    """K-class Composite Jumper over experts with its online vector and matrix scaling inputs
+    learnt in the same pass.
 
     Returns ``(p' (n, K), log10 S (n,), state_end (S, L), log10 S_end (S,), fin (I, m, K))``.
 
@@ -706,9 +718,9 @@ def composite_experts_multiclass(
         input 0; every input reads it).
     y : (n,) labels in [0, K), read at update ops.
     op_event, op_kind, op_offsets : the operation list (:mod:`calpipe.kernels.ops`).
-    cols : (I,) the first column of each input's state (theta (2K), then A (2K x 2K)
-        row-major) in ``state``.
-    par : (I, N_PAR) each input's parameters (:func:`ops_row`).
+    cols : (I,) the first column of each input's state (theta (d), then A (d x d) row-major;
+        d = 2K for vector scaling, K^2 + K for matrix scaling) in ``state``.
+    par : (I, N_PAR) each input's parameters and model (:func:`ops_row`, :func:`oms_row`).
     betas (T,), alphas (T, K) : the K-class Cox functions (paper 001 eq. (1)); rates (R,);
         clip: an input's forecast joins the mixture floored at ``clip`` and renormalised.
     state : (S, L) each stream's state: P in column 0, A (R x E, row-major, expert k = i T + t
