@@ -97,10 +97,11 @@ from numba import carray, njit
 
 from calpipe import config
 from calpipe.kernels.calfun import distinct_betas
-from calpipe.kernels.expert_lanes import sum_rates3
+from calpipe.kernels.expert_lanes import lane_mixture, sum_rates3
 from calpipe.kernels.numeric import (
     LANES,
     cholesky_solve,
+    idle_lanes,
     opaque,
     stack_empty,
     steps_to_first_end,
@@ -295,37 +296,12 @@ def _engine(
     U = np.empty((max(n_in, 1), k_cls, nl))  # ln c of each input's floored score row
     POW = np.empty((k_cls, max(n_dist, 1), nl))  # p_c^beta per distinct beta
     SSUM = np.empty((n_fun, nl))  # the Cox terms' normalisers
-    PW = carray(stack_empty(64), LANES)[:nl]  # P
-    M = carray(stack_empty(64), LANES)[:nl]  # log10 S
-    INVP = carray(stack_empty(64), LANES)[:nl]  # 1 / C of S's pending normalisation, or 1
-    BASE = carray(stack_empty(64), LANES)[:nl]  # p_y
-    PWB = carray(stack_empty(64), LANES)[:nl]  # P p_y
-    C = carray(stack_empty(64), LANES)[:nl]  # Bayes numerator = p'(y)
-    T0 = carray(stack_empty(64), LANES)[:nl]  # three rates' sums in flight (sum_rates3)
-    T1 = carray(stack_empty(64), LANES)[:nl]
-    T2 = carray(stack_empty(64), LANES)[:nl]
-    INV = carray(stack_empty(64), LANES)[:nl]
+    # P, log10 S, INVP = 1 / C of S's pending normalisation (or 1), p_y, P p_y, the Bayes
+    # numerator C = p'(y), three rates' sums in flight (sum_rates3) and 1 / C; every lane idle
+    # on a valid state (expert_lanes.lane_mixture, as the binary engine)
+    PW, M, INVP, BASE, PWB, C, T0, T1, T2, INV = lane_mixture(S, nl)
     LAB = carray(stack_empty(64), LANES).view(np.int64)[:nl]  # the label (0 if none)
-    upd = carray(stack_empty(64), LANES).view(np.int64)[:nl]  # this step updates
-    fc = carray(stack_empty(64), LANES).view(np.int64)[:nl]  # this step forecasts
-    busy = carray(stack_empty(64), LANES).view(np.int64)[:nl]
-    lane_stream = carray(stack_empty(64), LANES).view(np.int64)[:nl]
-    lane_op = carray(stack_empty(64), LANES).view(np.int64)[:nl]  # next op (idle: op 0)
-    lane_end = carray(stack_empty(64), LANES).view(np.int64)[:nl]
-    lane_event = carray(stack_empty(64), LANES).view(np.int64)[:nl]
-    init = 1.0 / (n_rates * n_exp + 1.0)  # idle lanes compute on a valid state
-    for lane in range(nl):
-        busy[lane] = 0
-        lane_op[lane] = 0
-        lane_end[lane] = 0
-        lane_stream[lane] = 0
-        PW[lane] = init
-        M[lane] = 0.0
-        INVP[lane] = 1.0
-    for j in range(n_rates):
-        for kk in range(n_exp):
-            for lane in range(nl):
-                S[j, kk, lane] = init
+    busy, lane_stream, lane_op, lane_end, lane_event, upd, fc = idle_lanes(nl)
     denom = float(n_exp)
     nl_vec = opaque(nl)  # nl, as a run-time trip count (numeric.opaque)
     pos_k = 0
