@@ -13,8 +13,8 @@ scaling). The experts are the pairs (input i, Cox function theta) on a grid wide
 than paper 001's (shifts of the log-odds up to |alpha| = 4, slopes beta in [1/2, 2]; K classes
 shifts of 1 and 2 on each class), started on the inputs' identities. Kernels:
 :mod:`calpipe.kernels.expert_lanes` (binary) and :mod:`calpipe.kernels.expert_lanes_multiclass`
-(K classes) learn the default inputs and the mixture in one pass, streams in SIMD lanes;
-:mod:`calpipe.kernels.expert_mixture` runs the mixture of any inputs.
+(K classes; also ``oms`` inputs) learn the default inputs and the mixture in one pass, streams
+in SIMD lanes; :mod:`calpipe.kernels.expert_mixture` runs the mixture of any inputs.
 
 Guarantees (log loss, natural logs, n labelled events, E = I |Theta| experts, R rates)
 --------------------------------------------------------------------------------------
@@ -232,9 +232,10 @@ class CompositeExperts(Calibrator[FlatState]):
     #: input's own kernel, then the mixture in lanes; "per-stream" -- each input's own kernel,
     #: then the mixture one stream at a time (the kernels before lanes; tests and benchmarks).
     #: K >= 3 classes: "fused" -- inputs that are all ``ops`` or ``oms`` (online vector or
-    #: matrix scaling) learnt inside the K-class lanes kernel (:mod:`calpipe.kernels.expert_lanes_multiclass`; other
-    #: inputs: as "per-input"); "per-input" and "per-stream" -- each input's own kernel, then the
-    #: mixture one stream at a time (``expert_mixture.expert_mixture_multiclass``).
+    #: matrix scaling) learnt inside the K-class lanes kernel
+    #: (:mod:`calpipe.kernels.expert_lanes_multiclass`; other inputs: as "per-input");
+    #: "per-input" and "per-stream" -- each input's own kernel, then the mixture one stream at
+    #: a time (``expert_mixture.expert_mixture_multiclass``).
     engine: ClassVar[str] = "fused"
 
     # -- configuration -------------------------------------------------------------------------
