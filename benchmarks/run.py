@@ -24,8 +24,8 @@ Measurements (the numbering of BENCHMARKS.md):
    (:mod:`benchmarks.small_days`); 15. serving maps in SQL, a table of scores at once vs per
    score (:mod:`benchmarks.serving`); 16. the default method against its 105-term compute floor,
    before and after its lanes kernel (:mod:`benchmarks.experts_floor`); 25. the default on K = 3
-   classes, its per-input engine against the K-class lanes kernel
-   (:mod:`benchmarks.experts_multiclass`);
+   classes, its per-input engine against the K-class lanes kernel, with its inputs and with
+   ("ops", "oms") (:mod:`benchmarks.experts_multiclass`);
 and the Venn-ABERS speed against the ``venn-abers`` package (:mod:`benchmarks.venn_abers`).
 
 ``protect`` measurements run in a child process each (``--child``), so that the peak RSS
@@ -724,6 +724,7 @@ def main(argv=None) -> None:
         from benchmarks import experts_multiclass
 
         emit(experts_multiclass.measure(args.size, args.repeat))
+        emit(experts_multiclass.measure(args.size, args.repeat, inputs=("ops", "oms")))
     total = f"Suite wall time: {time.perf_counter() - t_suite:.0f} s (`--size {args.size}`).\n"
     print(total, flush=True)
     parts.append(total)

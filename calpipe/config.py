@@ -305,12 +305,14 @@ EXPERT_LANE_RATES: int = 8
 #: K = 4 4 x 102 = 408 (64 KiB more stack); larger K run the same kernel with heap scratch.
 EXPERT_LANE_CLASS_TERMS: int = 512
 EXPERT_LANE_CLASSES: int = 16
-#: ... and the online vector scaling parameters d = 2K up to which its ONS step's scratch for
-#: every lane (theta, A and its Cholesky factor: EXPERT_LANES x (4 d + 2 d^2) doubles, 18 KiB at
-#: d = 8) is on the stack: K <= 4.
+#: ... and the parameters d (vector scaling ``ops`` 2K, matrix scaling ``oms`` K^2 + K) up to
+#: which its ONS step's scratch for every lane (theta, A and its Cholesky factor: EXPERT_LANES x
+#: (4 d + 2 d^2) doubles, 18 KiB at d = 8) is on the stack: ops K <= 4. Not grown for oms (d = 12
+#: at K = 3, 20 at K = 4): on the stack it measured no faster than the heap (BENCHMARKS.md §25).
 EXPERT_LANE_ONS_DIM: int = 8
-#: ... and the inputs' states (theta, A: I (d + d^2) values, 42 for the default K = 3, 72 at
-#: K = 4) each lane keeps on the stack while it runs a stream: EXPERT_LANES x this x 8 bytes.
+#: ... and the inputs' states (theta, A: I (d + d^2) values, 42 for ops at K = 3, 72 at K = 4)
+#: each lane keeps on the stack while it runs a stream: EXPERT_LANES x this x 8 bytes. (ops,
+#: oms) at K = 3 (198) runs on the heap: 200 on the stack measured no faster (BENCHMARKS.md §25).
 EXPERT_LANE_INPUT_STATE: int = 160
 
 #: K classes: online vector scaling (``ops``), the per-class slope and prior shift.

@@ -17,8 +17,8 @@ back to that start (an input's identity, each with probability 1 / I) with proba
 switching to another input then costs ln(2 I / J) nats instead of ln(I |Theta| / J)
 (``docs/studies/short-streams.md``). Kernels:
 :mod:`calpipe.kernels.expert_lanes` (binary) and :mod:`calpipe.kernels.expert_lanes_multiclass`
-(K classes) learn the default inputs and the mixture in one pass, streams in SIMD lanes;
-:mod:`calpipe.kernels.expert_mixture` runs the mixture of any inputs.
+(K classes; also ``oms`` inputs) learn the default inputs and the mixture in one pass, streams
+in SIMD lanes; :mod:`calpipe.kernels.expert_mixture` runs the mixture of any inputs.
 
 Guarantees (log loss, natural logs, n labelled events, E = I |Theta| experts, R rates)
 --------------------------------------------------------------------------------------
@@ -250,10 +250,11 @@ class CompositeExperts(Calibrator[FlatState]):
     #: (:mod:`calpipe.kernels.expert_lanes`; other inputs: as "per-input"); "per-input" -- each
     #: input's own kernel, then the mixture in lanes; "per-stream" -- each input's own kernel,
     #: then the mixture one stream at a time (the kernels before lanes; tests and benchmarks).
-    #: K >= 3 classes: "fused" -- inputs that are all ``ops`` (online vector scaling) learnt
-    #: inside the K-class lanes kernel (:mod:`calpipe.kernels.expert_lanes_multiclass`; other
-    #: inputs: as "per-input"); "per-input" and "per-stream" -- each input's own kernel, then the
-    #: mixture one stream at a time (``expert_mixture.expert_mixture_multiclass``).
+    #: K >= 3 classes: "fused" -- inputs that are all ``ops`` or ``oms`` (online vector or
+    #: matrix scaling) learnt inside the K-class lanes kernel
+    #: (:mod:`calpipe.kernels.expert_lanes_multiclass`; other inputs: as "per-input");
+    #: "per-input" and "per-stream" -- each input's own kernel, then the mixture one stream at
+    #: a time (``expert_mixture.expert_mixture_multiclass``).
     engine: ClassVar[str] = "fused"
 
     # -- configuration -------------------------------------------------------------------------
@@ -608,16 +609,20 @@ class CompositeExperts(Calibrator[FlatState]):
         return RunOutput(p, lm), FlatState(new.ravel(), state.offsets.copy(), lm_end)
 
     def lane_inputs_multiclass(self, n_classes: int) -> np.ndarray | None:
-        """The K-class inputs as ``expert_lanes_multiclass`` rows ``par`` (I, 3) when every one
-        is ``ops`` (online vector scaling, learnt inside the kernel), else None."""
+        """The K-class inputs as ``expert_lanes_multiclass`` rows ``par`` (I, N_PAR) when every
+        one is ``ops`` (online vector scaling, K <= NP_BLOCK) or ``oms`` (online matrix scaling,
+        K <= config.OMS_MAX_CLASSES), learnt inside the kernel; else None."""
         if n_classes > EK.NP_BLOCK:
             return None
         rows = []
         for cal in self._inputs(n_classes):
-            if type(cal) is not OPS:
+            if type(cal) is OPS:
+                row = EK.ops_row
+            elif type(cal) is OMS and n_classes <= config.OMS_MAX_CLASSES:
+                row = EK.oms_row
+            else:
                 return None
-            rows.append(EK.ops_row(*(float(cal.params[k]) for k in ("gamma", "radius",
-                                                                    "score_clip"))))  # fmt: skip
+            rows.append(row(*(float(cal.params[k]) for k in ("gamma", "radius", "score_clip"))))
         return np.array(rows, dtype=np.float64).reshape(len(rows), EK.N_PAR)
 
     def _run_fused_multiclass(self, x, labels, op_event, op_kind, op_offsets, state, par):

@@ -86,6 +86,7 @@ from calpipe.kernels.decay_beta import fit_kernel
 from calpipe.kernels.mixture import restart_terms
 from calpipe.kernels.numeric import (
     LANES,
+    idle_lanes,
     opaque,
     sigmoid,
     stack_empty,
@@ -262,6 +263,38 @@ def _decay_refit(st, s, c0, i, u, par, x1, x2, w, cur_pos, cur_neg):
     st[s, c0 + 1], st[s, c0 + 2], st[s, c0 + 3] = w[0], w[1], w[2]
 
 
+@njit(cache=True, inline="always")
+def lane_mixture(S, nl):
+    """The expert lanes engines' per-lane mixture scalars on the stack (``LANES`` slots each,
+    the first ``nl`` used): ``(PW, M, INVP, BASE, PWB, C, T0, T1, T2, INV)`` -- P, log10 S,
+    1 / C of S's pending normalisation, the base's B_p({y}), P B_p({y}), the Bayes numerator,
+    three rates' sums in flight (:func:`sum_rates3`) and 1 / C -- with every lane, and the
+    weights ``S`` (R, E, lanes), on the valid idle state P = A = 1 / (R E + 1), log10 S = 0,
+    INVP = 1 (idle lanes compute on it). Inlined (the buffers are the caller's stack); shared
+    by this module's and :mod:`calpipe.kernels.expert_lanes_multiclass`'s engines."""
+    PW = carray(stack_empty(64), LANES)[:nl]
+    M = carray(stack_empty(64), LANES)[:nl]
+    INVP = carray(stack_empty(64), LANES)[:nl]
+    BASE = carray(stack_empty(64), LANES)[:nl]
+    PWB = carray(stack_empty(64), LANES)[:nl]
+    C = carray(stack_empty(64), LANES)[:nl]
+    T0 = carray(stack_empty(64), LANES)[:nl]
+    T1 = carray(stack_empty(64), LANES)[:nl]
+    T2 = carray(stack_empty(64), LANES)[:nl]
+    INV = carray(stack_empty(64), LANES)[:nl]
+    n_rates, n_exp = S.shape[0], S.shape[1]
+    init = 1.0 / (n_rates * n_exp + 1.0)
+    for lane in range(nl):
+        PW[lane] = init
+        M[lane] = 0.0
+        INVP[lane] = 1.0
+    for j in range(n_rates):
+        for k in range(n_exp):
+            for lane in range(nl):
+                S[j, k, lane] = init
+    return PW, M, INVP, BASE, PWB, C, T0, T1, T2, INV
+
+
 @njit(cache=True, inline="always", error_model="numpy")
 def sum_rates3(S, INVP, TOT, j, n_exp, nl, T0, T1, T2):
     """TOT[J, l] = sum_k S[J, k, l] INVP[l] (in k order) for rates J = j, j + 1, j + 2 in one
@@ -343,50 +376,24 @@ def _engine(
     FIN = np.empty((max(n_in, 1), nl))  # raw input forecasts
     U0 = np.empty((max(n_in, 1), nl))  # what each input's update reads: ONS features u0, u1;
     U1 = np.empty((max(n_in, 1), nl))  # decay-beta ln c(p), log1p(-c(p))
-    PW = carray(stack_empty(64), LANES)[:nl]  # P
-    M = carray(stack_empty(64), LANES)[:nl]  # log10 S
-    INVP = carray(stack_empty(64), LANES)[:nl]  # 1 / C of S's pending normalisation, or 1
-    BASE = carray(stack_empty(64), LANES)[:nl]  # B_p({y})
-    PWB = carray(stack_empty(64), LANES)[:nl]  # P B_p({y})
-    C = carray(stack_empty(64), LANES)[:nl]  # Bayes numerator = p'(y)
-    # sum_k A[J, k] of each rate; then its jump-mixing share J / E sum_k A[J, k]
-    T0 = carray(stack_empty(64), LANES)[:nl]  # three rates' sums in flight (sum_rates3)
-    T1 = carray(stack_empty(64), LANES)[:nl]
-    T2 = carray(stack_empty(64), LANES)[:nl]
+    # P, log10 S, INVP = 1 / C of S's pending normalisation (or 1), B_p({y}), P B_p({y}), the
+    # Bayes numerator C = p'(y), three rates' sums in flight (sum_rates3) and 1 / C; every lane
+    # idle on a valid state
+    PW, M, INVP, BASE, PWB, C, T0, T1, T2, INV = lane_mixture(S, nl)
     # (then g = J sum_k A[J, k]; ADD its uniform share g (1 - w) / E, restart: + g w r_k)
-    if on_stack:
+    if on_stack:  # sum_k A[J, k] of each rate; then its jump-mixing share J / E sum_k A[J, k]
         TOT = carray(stack_empty(_STACK_R), (n_rates, nl))
         ADD = carray(stack_empty(_STACK_R), (n_rates, nl))
     else:
         TOT = np.empty((n_rates, nl))
         ADD = np.empty((n_rates, nl))
     PRED = carray(stack_empty(64), LANES)[:nl]  # p'
-    INV = carray(stack_empty(64), LANES)[:nl]
     TQ = carray(stack_empty(64), LANES)[:nl]  # eval_binary_lanes scratch
     SP = carray(stack_empty(64), LANES)[:nl]
     SQ = carray(stack_empty(64), LANES)[:nl]
     y0 = carray(stack_empty(64), LANES).view(np.int64)[:nl]  # label is 0 (else 1)
     LAB = carray(stack_empty(64), LANES).view(np.int64)[:nl]  # the label y_e
-    upd = carray(stack_empty(64), LANES).view(np.int64)[:nl]  # this step updates
-    fc = carray(stack_empty(64), LANES).view(np.int64)[:nl]  # this step forecasts
-    busy = carray(stack_empty(64), LANES).view(np.int64)[:nl]
-    lane_stream = carray(stack_empty(64), LANES).view(np.int64)[:nl]
-    lane_op = carray(stack_empty(64), LANES).view(np.int64)[:nl]  # next op (idle: op 0)
-    lane_end = carray(stack_empty(64), LANES).view(np.int64)[:nl]
-    lane_event = carray(stack_empty(64), LANES).view(np.int64)[:nl]
-    init = 1.0 / (n_rates * n_exp + 1.0)  # idle lanes compute on a valid state
-    for lane in range(nl):
-        busy[lane] = 0
-        lane_op[lane] = 0
-        lane_end[lane] = 0
-        lane_stream[lane] = 0
-        PW[lane] = init
-        M[lane] = 0.0
-        INVP[lane] = 1.0
-    for j in range(n_rates):
-        for k in range(n_exp):
-            for lane in range(nl):
-                S[j, k, lane] = init
+    busy, lane_stream, lane_op, lane_end, lane_event, upd, fc = idle_lanes(nl)
     denom = float(n_exp)
     nl_vec = opaque(nl)  # nl, as a run-time trip count (numeric.opaque)
     pos_k = 0  # next position in order

@@ -38,7 +38,7 @@ import math
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import carray, njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
@@ -298,6 +298,29 @@ def next_stream(order, k, start, op_offsets):
     while k < order.shape[0] and start[order[k]] >= op_offsets[order[k] + 1]:
         k += 1
     return k
+
+
+@njit(cache=True, inline="always")
+def idle_lanes(nl):
+    """The lane engines' bookkeeping on the stack (``LANES`` slots each, the first ``nl`` used),
+    every lane idle: ``(busy, lane_stream, lane_op, lane_end, lane_event, upd, fc)`` -- the
+    stream a lane runs, its next op (an idle lane sits on op 0) and its end, the event of its
+    current op, and whether this step updates / forecasts (int64). Inlined, so the buffers are
+    the caller's stack (:func:`stack_empty`); shared by the expert lanes engines, binary and K
+    classes, which set up their lanes alike."""
+    busy = carray(stack_empty(64), LANES).view(np.int64)[:nl]
+    lane_stream = carray(stack_empty(64), LANES).view(np.int64)[:nl]
+    lane_op = carray(stack_empty(64), LANES).view(np.int64)[:nl]
+    lane_end = carray(stack_empty(64), LANES).view(np.int64)[:nl]
+    lane_event = carray(stack_empty(64), LANES).view(np.int64)[:nl]
+    upd = carray(stack_empty(64), LANES).view(np.int64)[:nl]
+    fc = carray(stack_empty(64), LANES).view(np.int64)[:nl]
+    for lane in range(nl):
+        busy[lane] = 0
+        lane_op[lane] = 0
+        lane_end[lane] = 0
+        lane_stream[lane] = 0
+    return busy, lane_stream, lane_op, lane_end, lane_event, upd, fc
 
 
 @njit(cache=True, inline="always")

@@ -130,7 +130,8 @@ def test_likelihood_gale_ends_equals_likelihood_gale_row_by_row():
 # K classes: "fused" (online vector scaling learnt inside the K-class lanes kernel,
 # :mod:`calpipe.kernels.expert_lanes_multiclass`) against "per-input" and "per-stream"
 # ----------------------------------------------------------------------------------------------
-K_INPUTS = (None, ("ops:radius=1.5:score_clip=0.05",), ("ops", "ops:gamma=0.5:radius=2"), ())
+K_INPUTS = (None, ("ops:radius=1.5:score_clip=0.05",), ("ops", "ops:gamma=0.5:radius=2"), (),
+            ("ops", "oms"), ("oms:radius=1.5:score_clip=0.05",))  # fmt: skip
 
 
 def _batch_k(seed, n, n_streams, k):
@@ -144,7 +145,9 @@ def _batch_k(seed, n, n_streams, k):
 
 @pytest.mark.parametrize("n_streams", [1, 65, 200])
 @pytest.mark.parametrize("k", [3, 4])
-@pytest.mark.parametrize("inputs", K_INPUTS, ids=["default", "projections", "two-ops", "base"])
+@pytest.mark.parametrize(
+    "inputs", K_INPUTS, ids=["default", "projections", "two-ops", "base", "ops-oms", "oms-proj"]
+)
 def test_k_class_engines_give_the_same_bits(engine, n_streams, k, inputs):
     kw = {} if inputs is None else {"inputs": inputs}
     cal = make_calibrator("composite-experts", **kw)
@@ -168,6 +171,16 @@ def test_k_class_input_without_a_lane_kernel_takes_the_per_input_path(engine):
     x, y, ops = _batch_k(3, 3000, 70, 3)
     runs = _runs(engine, cal, x, y, ops, cal.initial_state(70, 3))
     _assert_same(runs["fused"], runs["per-stream"])
+
+
+def test_k_class_oms_beyond_its_class_limit_is_refused_not_laned():
+    """oms runs in the lanes up to config.OMS_MAX_CLASSES (its own limit; ops: NP_BLOCK)."""
+    cal = make_calibrator("composite-experts", inputs=("ops", "oms"))
+    assert cal.lane_inputs_multiclass(config.OMS_MAX_CLASSES) is not None
+    assert cal.lane_inputs_multiclass(config.OMS_MAX_CLASSES + 1) is None
+    assert make_calibrator("composite-experts", inputs=("ops",)).lane_inputs_multiclass(
+        config.OMS_MAX_CLASSES + 1
+    ) is not None  # fmt: skip
 
 
 def test_the_k_class_default_through_protect_with_label_time_is_the_same_frame(engine):

@@ -9,7 +9,8 @@ forecast op on a copy of each delayed label's event, its forecasts floored and r
 (``expert_mixture._multiclass``). Every stream's outputs, end state and input forecasts must
 equal it to the bit, in lanes and one stream at a time, for K = 2, 3, 4 (and the heap scratch
 of larger K), batches around the lane count, delayed labels and the state carried across
-chunks."""
+chunks; with online vector scaling (``ops``) and online matrix scaling (``oms``, the matrix
+model) inputs, alone or together, up to ``config.OMS_MAX_CLASSES`` for ``oms``."""
 
 from __future__ import annotations
 
@@ -36,13 +37,22 @@ LANES = config.EXPERT_LANES
 RHO = config.OPS_RHO
 GAP = 2  # each input's stored length and log10 S before its vector (carried unchanged)
 
-# Input sets: OPS parameters (gamma, radius, score_clip); radius 1.5 makes the ONS project.
+# Input sets: (model, gamma, radius, score_clip), model "ops" (online vector scaling) or "oms"
+# (online matrix scaling); radius 1.5 makes the ONS project.
 INPUT_SETS = {
-    "default": [(0.1, 100.0, 0.01)],
-    "projections": [(0.5, 1.5, 0.05)],
-    "two": [(0.1, 100.0, 0.01), (0.5, 2.0, 0.2)],
+    "default": [("ops", 0.1, 100.0, 0.01)],
+    "projections": [("ops", 0.5, 1.5, 0.05)],
+    "two": [("ops", 0.1, 100.0, 0.01), ("ops", 0.5, 2.0, 0.2)],
     "base-only": [],
 }
+#: ... with online matrix scaling: alone, beside ops (the planned default), projecting
+OMS_SETS = {
+    "oms": [("oms", 0.1, 100.0, 0.01)],
+    "ops-oms": [("ops", 0.1, 100.0, 0.01), ("oms", 0.1, 100.0, 0.01)],
+    "oms-projections": [("oms", 0.5, 1.5, 0.05), ("ops", 0.5, 2.0, 0.2)],
+}
+MODELS = {"ops": OS.MODEL_VECTOR, "oms": OS.MODEL_MATRIX}
+ROWS = {"ops": EK.ops_row, "oms": EK.oms_row}
 
 
 def family(k, betas=config.EXPERT_COX_BETAS):
@@ -84,9 +94,9 @@ class State:
         act[:, fam.identity_index :: fam.size] = (1 - pi) / (len(RATES) * n_in)
         parts = [np.full((n_streams, 1), pi), np.tile(act.ravel(), (n_streams, 1))]
         self.cols, at = [], 1 + act.size
-        d = 2 * k
-        for _ in spec:
-            theta, a, _ = OS.initial_state(n_streams, OS.MODEL_VECTOR, k, OS.CALIBEAT_NONE, 10, RHO)
+        for model, *_ in spec:
+            d = OS.n_params(MODELS[model], k)
+            theta, a, _ = OS.initial_state(n_streams, MODELS[model], k, OS.CALIBEAT_NONE, 10, RHO)
             parts += [np.full((n_streams, GAP), 7.5), theta, a.reshape(n_streams, -1)]
             self.cols.append(at + GAP)
             at += GAP + d + d * d
@@ -94,7 +104,7 @@ class State:
         self.log10m = np.zeros(n_streams)
         self.head = 1 + act.size
         self.spec = spec
-        self.par = np.array([EK.ops_row(*row) for row in spec]).reshape(len(spec), EK.N_PAR)
+        self.par = np.array([ROWS[m](*row) for m, *row in spec]).reshape(len(spec), EK.N_PAR)
 
 
 def run_fused(batch, fam, state, m=None, log10m=None, lanes=None, **restart):
@@ -112,17 +122,17 @@ def run_reference(batch, fam, state, m=None, log10m=None, **restart):
     m = state.m if m is None else m
     log10m = state.log10m if log10m is None else log10m
     n, k = x.shape
-    d = 2 * k
     ext_ev, ext_kd, ext_off, src, pos, upd_only = with_forecast_copies(ev, kd, off, n)
     ext_ev[pos[upd_only]] = ext_ev[pos[upd_only] - 1]
     xe, ye = x[src], y[src]
     cols, fin = [xe], []
     new = m.copy()
-    for c0, (gamma, radius, score_clip) in zip(state.cols, state.spec, strict=True):
+    for c0, (model, gamma, radius, score_clip) in zip(state.cols, state.spec, strict=True):
+        d = OS.n_params(MODELS[model], k)
         p, theta, a, _ = OS.online_scaling(
             xe, ye, ext_ev, ext_kd, ext_off, m[:, c0 : c0 + d],
             m[:, c0 + d : c0 + d + d * d].reshape(-1, d, d), np.zeros((m.shape[0], 0, 0)),
-            OS.MODEL_VECTOR, OS.CALIBEAT_NONE, gamma, radius, score_clip, 10,
+            MODELS[model], OS.CALIBEAT_NONE, gamma, radius, score_clip, 10,
         )  # fmt: skip
         new[:, c0 : c0 + d] = theta
         new[:, c0 + d : c0 + d + d * d] = a.reshape(a.shape[0], -1)
@@ -264,6 +274,93 @@ def test_classes_beyond_the_stack_scratch_run_the_heap_lanes_with_the_same_bits(
 
 
 # ----------------------------------------------------------------------------------------------
+# Online matrix scaling (oms) in the lanes: alone and beside ops, bit for bit
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("n_streams", [1, LANES + 1, 2 * LANES + 1, 70])
+@pytest.mark.parametrize("lanes", [True, False])
+@pytest.mark.parametrize("which", sorted(OMS_SETS))
+@pytest.mark.parametrize("k", [3, 4])
+def test_oms_inputs_equal_the_per_input_kernels_bit_for_bit(n_streams, lanes, which, k):
+    """("oms",), ("ops", "oms") and a projecting oms (||W = I|| = sqrt(K) > 1.5 at once)."""
+    batch = make_batch(n_streams * 5 + k + len(which), n_streams, k)
+    fam = family(k)
+    state = State(n_streams, k, OMS_SETS[which], fam)
+    got = run_fused(batch, fam, state, lanes=lanes)
+    want = run_reference(batch, fam, state)
+    for g, w in zip(got, want, strict=True):
+        assert np.array_equal(g, w, equal_nan=True)
+
+
+@pytest.mark.parametrize("k", [5, 7])
+def test_oms_beyond_the_stack_scratch_runs_the_heap_scratch_with_the_same_bits(k):
+    """K = 5 (d = 30) and 7 (d = 56): the lanes' ONS step and resident inputs' state past
+    config.EXPERT_LANE_ONS_DIM / EXPERT_LANE_INPUT_STATE (heap), the scalar scratch past its
+    stack size at K = 7."""
+    n_streams = 2 * LANES + 3
+    batch = make_batch(20 + k, n_streams, k, max_len=12)
+    fam = family(k)
+    state = State(n_streams, k, OMS_SETS["ops-oms"], fam)
+    assert k * k + k > config.EXPERT_LANE_ONS_DIM
+    assert 2 * k + 4 * k * k + (k * k + k) ** 2 > config.EXPERT_LANE_INPUT_STATE
+    for lanes in (True, False):
+        assert_same(run_fused(batch, fam, state, lanes=lanes), run_reference(batch, fam, state))
+
+
+def test_oms_at_its_largest_k_equals_the_per_input_kernels_bit_for_bit():
+    """K = config.OMS_MAX_CLASSES (d = 272): short streams, in lanes."""
+    k = config.OMS_MAX_CLASSES
+    n_streams = LANES + 2
+    batch = make_batch(16, n_streams, k, max_len=4)
+    fam = family(k)
+    state = State(n_streams, k, OMS_SETS["ops-oms"], fam)
+    assert_same(run_fused(batch, fam, state, lanes=True), run_reference(batch, fam, state))
+
+
+@FEW
+@given(seed=SEEDS, k=st.integers(3, 5), n_streams=st.integers(1, 3 * LANES + 2),
+       which=st.sampled_from(sorted(OMS_SETS)))  # fmt: skip
+def test_random_batches_with_oms_equal_the_per_input_kernels_bit_for_bit(seed, k, n_streams, which):
+    """Uneven lengths, delayed labels (p = 0.3), more streams than a lane group, by hypothesis."""
+    batch = make_batch(seed, n_streams, k, max_len=40, p_delayed=0.3)
+    fam = family(k)
+    state = State(n_streams, k, OMS_SETS[which], fam)
+    assert_same(run_fused(batch, fam, state), run_reference(batch, fam, state))
+
+
+@FEW
+@given(seed=SEEDS, cut=st.floats(0.0, 1.0), lanes=st.booleans(), k=st.integers(3, 4))
+def test_oms_two_chunks_with_state_carried_equal_one_pass_bit_for_bit(seed, cut, lanes, k):
+    """Resumable with ("ops", "oms") inputs: each chunk equals the per-input path from the same
+    state, and the two chunks equal one pass."""
+    n_streams = int(np.random.default_rng(seed).integers(1, 3 * LANES))
+    batch = make_batch(seed, n_streams, k, max_len=30)
+    x, y, ev, kd, off = batch
+    fam = family(k)
+    state = State(n_streams, k, OMS_SETS["ops-oms"], fam)
+    one = run_fused(batch, fam, state, lanes=lanes)
+    firsts, seconds, off1, off2 = [], [], [0], [0]
+    for s in range(n_streams):
+        ops = list(range(off[s], off[s + 1]))
+        c = round(cut * len(ops))
+        firsts += ops[:c]
+        seconds += ops[c:]
+        off1.append(len(firsts))
+        off2.append(len(seconds))
+    first = (x, y, ev[firsts], kd[firsts], np.array(off1))
+    second = (x, y, ev[seconds], kd[seconds], np.array(off2))
+    r1 = run_fused(first, fam, state, lanes=lanes)
+    assert_same(r1, run_reference(first, fam, state))
+    r2 = run_fused(second, fam, state, m=r1[2], log10m=r1[3], lanes=lanes)
+    assert_same(r2, run_reference(second, fam, state, m=r1[2], log10m=r1[3]))
+    for i in (0, 1):
+        np.testing.assert_array_equal(np.where(np.isnan(r2[i]), r1[i], r2[i]), one[i])
+    np.testing.assert_array_equal(r2[2], one[2])
+    np.testing.assert_array_equal(r2[3], one[3])
+    np.testing.assert_array_equal(np.concatenate([r1[4], r2[4]], axis=1)[:, np.argsort(
+        np.concatenate([firsts, seconds]), kind="stable")], one[4])  # fmt: skip
+
+
+# ----------------------------------------------------------------------------------------------
 # The paper oracles (1e-12)
 # ----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("k", [3, 4])
@@ -283,6 +380,32 @@ def test_lanes_equal_online_vector_scaling_oracle_and_paper001_algorithm1(k):
     want, log10s = loop(q, y, fam, RATES, 0.5)
     np.testing.assert_allclose(p, np.array(want), rtol=0, atol=1e-12)
     assert abs(m[-1] - log10s) < 1e-10
+
+
+@pytest.mark.parametrize("k", [3, 4])
+def test_lanes_equal_online_matrix_scaling_oracle_and_paper001_algorithm1(k):
+    """("ops", "oms") in lanes (the stream among 2 LANES copies of itself): the oms input's
+    forecasts are the per-event matrix scaling ONS loop's (naive.matrix_stream) and the
+    protected forecasts and martingale paper 001 Algorithm 1 over the base and both inputs."""
+    x, y, *_ = make_batch(40 + k, 1, k, max_len=150)
+    n = x.shape[0]
+    n_streams = 2 * LANES
+    fam = family(k, betas=(1.0, 0.5))
+    state = State(n_streams, k, OMS_SETS["ops-oms"], fam)
+    xs, ys = np.tile(x, (n_streams, 1)), np.tile(y, n_streams)
+    batch = (xs, ys, np.arange(n * n_streams), np.full(n * n_streams, OP_STEP, np.int8),
+             np.arange(n_streams + 1) * n)  # fmt: skip
+    p, m, *_, fin = run_fused(batch, fam, state, lanes=True)
+    ops = naive.ons_stream(x, y, kind="vector", eps=RHO, clip=0.01)
+    oms = naive.ons_stream(x, y, kind="matrix", eps=RHO, clip=0.01)
+    q = np.stack([x, clip_probabilities(ops, CLIP), clip_probabilities(oms, CLIP)], axis=1)
+    want, log10s = loop(q, y, fam, RATES, 0.5)
+    for s in (0, n_streams - 1):
+        at = slice(s * n, (s + 1) * n)
+        np.testing.assert_allclose(fin[1, at], oms, rtol=0, atol=1e-12)
+        np.testing.assert_allclose(fin[0, at], ops, rtol=0, atol=1e-12)
+        np.testing.assert_allclose(p[at], np.array(want), rtol=0, atol=1e-12)
+        assert abs(m[at][-1] - log10s) < 1e-10
 
 
 def test_an_update_only_op_uses_the_inputs_forecast_at_the_labels_time():
