@@ -72,7 +72,8 @@ from calpipe.calibrators.base import (
 )
 from calpipe.calibrators.batch import BATCH_METHODS
 from calpipe.calibrators.decay import DecayBeta
-from calpipe.calibrators.online_scaling import OBS, OMS, OPS, vector_as_matrix
+from calpipe.calibrators.online import VennPredictor
+from calpipe.calibrators.online_scaling import OBS, OMS, OPS, OnlineHistogram, vector_as_matrix
 from calpipe.calibrators.protected import JUMPING_RATES, PASSIVE_WEIGHT
 from calpipe.calibrators.windowed import WindowedCalibrator
 from calpipe.errors import ParameterError, StateError
@@ -89,7 +90,8 @@ from calpipe.kernels.ops import OP_FORECAST, with_forecast_copies
 #: windowed batch calibrators (a trailing window refitted every few labels, the practitioner's
 #: nightly refit). Each forecasts an update-only op's copy from its state at that time.
 INPUT_METHODS: dict[str, type[Calibrator]] = {
-    cls.name: cls for cls in (OPS, OBS, OMS, DecayBeta, *BATCH_METHODS)
+    cls.name: cls
+    for cls in (OPS, OBS, OMS, DecayBeta, VennPredictor, OnlineHistogram, *BATCH_METHODS)
 }
 
 _rate_ok = number_in(0.0, 1.0, lo_open=True, hi_open=False)
