@@ -71,7 +71,7 @@ from calpipe.calibrators.base import (
     ragged_take,
 )
 from calpipe.calibrators.batch import BATCH_METHODS
-from calpipe.calibrators.decay import DecayBeta
+from calpipe.calibrators.decay import DecayBeta, DecayVennAbers
 from calpipe.calibrators.online import VennPredictor
 from calpipe.calibrators.online_scaling import OBS, OMS, OPS, OnlineHistogram, vector_as_matrix
 from calpipe.calibrators.protected import JUMPING_RATES, PASSIVE_WEIGHT
@@ -91,7 +91,7 @@ from calpipe.kernels.ops import OP_FORECAST, with_forecast_copies
 #: nightly refit). Each forecasts an update-only op's copy from its state at that time.
 INPUT_METHODS: dict[str, type[Calibrator]] = {
     cls.name: cls
-    for cls in (OPS, OBS, OMS, DecayBeta, VennPredictor, OnlineHistogram, *BATCH_METHODS)
+    for cls in (OPS, OBS, OMS, DecayBeta, DecayVennAbers, VennPredictor, OnlineHistogram, *BATCH_METHODS)
 }
 
 _rate_ok = number_in(0.0, 1.0, lo_open=True, hi_open=False)
