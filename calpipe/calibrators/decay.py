@@ -167,12 +167,12 @@ class DecayVennAbers(OnlineCalibrator):
 
     # -- the SQL form: a step table at the bins' edges (a table input of composite-experts) ----
     def map_breakpoints(self, state: FlatState) -> list[tuple[np.ndarray, bool] | None] | None:
-        """The bins' interior edges as probabilities, sigmoid(edge): the map is the table's
-        value of the score's log-odds bin, constant between consecutive edges (ln q - ln(1 - q)
-        is non-decreasing in q); None for a stream before its warm-up (the base passes
-        through)."""
-        nb, eps = int(self.params["n_bins"]), float(self.params["score_clip"])
-        x = 1.0 / (1.0 + np.exp(-DB.bin_edges(nb, eps)[1:-1]))
+        """The scores where the bin changes (:func:`~calpipe.kernels.decay_venn_abers.
+        bin_thresholds`: the smallest double of each bin, as the kernel bins it; sigmoid(edge)
+        rounded can fall on either side): the map is the table's value of the score's
+        log-odds bin, constant from one to the next; None for a stream before its warm-up (the
+        base passes through)."""
+        x = DVA.bin_thresholds(int(self.params["n_bins"]), float(self.params["score_clip"]))
         u = state.values.reshape(state.n_streams, -1)[:, 0]
         return [(x, False) if ui >= self.warmup else None for ui in u]
 

@@ -104,8 +104,7 @@ def _decay_venn_abers(x, y, op_event, op_kind, op_offsets, state, lam, edges, ep
         table = v[_HEAD + 2 * n_bins : _HEAD + 3 * n_bins]
         for o in range(op_offsets[s], op_offsets[s + 1]):
             e = op_event[o]
-            q = min(max(x[e], eps), 1.0 - eps)
-            z = math.log(q) - math.log1p(-q)  # decay-beta's log-odds and bin
+            z = _log_odds(x[e], eps)  # decay-beta's clipped log-odds and bin
             k = np.searchsorted(edges[1:-1], z, side="right")
             if op_kind[o] != OP_UPDATE:
                 out[e] = table[k] if v[0] >= warmup else x[e]
@@ -128,6 +127,43 @@ def _decay_venn_abers(x, y, op_event, op_kind, op_offsets, state, lam, edges, ep
                         cur_neg[j] = neg[j] / v[1]
                     ivap_table(cur_pos, cur_neg, table, s_sum, s_w, s_last)
     return out, st
+
+
+@njit(cache=True)
+def _log_odds(p, eps):
+    """The kernel's clipped score and log-odds of a base forecast (same operations)."""
+    q = min(max(p, eps), 1.0 - eps)
+    return math.log(q) - math.log1p(-q)
+
+
+@njit(cache=True)
+def _thresholds(interior, eps):
+    """For each interior edge, the smallest double p in (0, 1) whose log-odds (as the kernel
+    computes them) is >= the edge: bisection on the doubles' bit patterns (ordered like the
+    positive doubles), valid because ln q - ln(1 - q) is non-decreasing in q."""
+    out = np.empty(interior.shape[0])
+    one = np.array([1.0]).view(np.int64)[0]
+    buf = np.empty(1)
+    for k in range(interior.shape[0]):
+        lo, hi = 0, one  # z(lo) < edge <= z(hi)
+        while hi - lo > 1:
+            mid = lo + (hi - lo) // 2
+            buf.view(np.int64)[0] = mid
+            if _log_odds(buf[0], eps) >= interior[k]:
+                hi = mid
+            else:
+                lo = mid
+        buf.view(np.int64)[0] = hi
+        out[k] = buf[0]
+    return out
+
+
+def bin_thresholds(n_bins: int, eps: float) -> np.ndarray:
+    """The B - 1 scores where the bin changes: score p is in bin #{thresholds <= p} exactly as
+    the kernel bins it (the breakpoints of the step map, its SQL form)."""
+    from calpipe.kernels.decay_beta import bin_edges
+
+    return _thresholds(np.ascontiguousarray(bin_edges(n_bins, eps)[1:-1]), float(eps))
 
 
 def state_size(n_bins: int) -> int:
