@@ -503,7 +503,8 @@ class CompositeExperts(Calibrator[FlatState]):
 
     def lane_inputs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """The binary inputs as ``expert_lanes`` codes ``(kinds, par rows, bin edges)`` when
-        every one is OPS, OBS or decay-beta (learnt inside the kernel), else None."""
+        every one is OPS, OBS, decay-beta or decay-venn-abers (learnt inside the kernel), else
+        None."""
         kinds, pars, edges = [], [], []
         for cal in self._inputs(2):
             if type(cal) in (OPS, OBS):
@@ -519,6 +520,12 @@ class CompositeExperts(Calibrator[FlatState]):
                     float(config.DECAY_BETA_RIDGE), config.DECAY_BETA_MAX_ITER,
                     float(config.DECAY_BETA_TOL), nb,
                 ))  # fmt: skip
+                edges.append(DB.bin_edges(nb, eps))
+            elif type(cal) is DecayVennAbers:
+                nb, eps = int(cal.params["n_bins"]), float(cal.params["score_clip"])
+                kinds.append(EL.IN_DECAY_VA)
+                pars.append(EL.decay_va_row(int(cal.params["memory"]), eps, float(cal.warmup),
+                                            float(cal.refit_every), nb))  # fmt: skip
                 edges.append(DB.bin_edges(nb, eps))
             else:
                 return None

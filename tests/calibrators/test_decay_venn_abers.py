@@ -131,7 +131,10 @@ def test_it_is_an_input_of_the_default_method():
     cal = make_calibrator("composite-experts", inputs=("ops", "decay-venn-abers:memory=60"))
     assert cal.classes == "binary" and cal.sql_form(2) == "terms"
     assert cal.table_input_indices() == [1]  # its map is a step table of its own
-    assert cal.lane_inputs() is None  # not in the SIMD lanes (yet): the per-input path
+    kinds, _, _ = cal.lane_inputs()  # learnt inside the SIMD lanes kernel
+    from calpipe.kernels import expert_lanes as EL
+
+    assert kinds.tolist() == [EL.IN_OPS, EL.IN_DECAY_VA]
     # the input's column is the method run alone (the per-input path)
     rng = np.random.default_rng(6)
     x = rng.uniform(0.01, 0.99, 300)
