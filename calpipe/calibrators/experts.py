@@ -72,8 +72,7 @@ from calpipe.calibrators.base import (
 )
 from calpipe.calibrators.batch import BATCH_METHODS
 from calpipe.calibrators.decay import DecayBeta, DecayVennAbers
-from calpipe.calibrators.online import VennPredictor
-from calpipe.calibrators.online_scaling import OBS, OMS, OPS, OnlineHistogram, vector_as_matrix
+from calpipe.calibrators.online_scaling import OBS, OMS, OPS, vector_as_matrix
 from calpipe.calibrators.protected import JUMPING_RATES, PASSIVE_WEIGHT
 from calpipe.calibrators.windowed import WindowedCalibrator
 from calpipe.errors import ParameterError, StateError
@@ -86,12 +85,13 @@ from calpipe.kernels import online_scaling as OS
 from calpipe.kernels.mixture import serving_weights
 from calpipe.kernels.ops import OP_FORECAST, with_forecast_copies
 
-#: The calibrators that may serve as inputs: online Platt/beta/matrix scaling (no window) and the
+#: The calibrators that may serve as inputs: online Platt/beta/matrix scaling (no window),
+#: beta calibration and Venn-ABERS on exponentially forgotten bins (``decay-beta``,
+#: ``decay-venn-abers``: fixed-size states, learnt in the SIMD lanes) and the
 #: windowed batch calibrators (a trailing window refitted every few labels, the practitioner's
 #: nightly refit). Each forecasts an update-only op's copy from its state at that time.
 INPUT_METHODS: dict[str, type[Calibrator]] = {
-    cls.name: cls
-    for cls in (OPS, OBS, OMS, DecayBeta, DecayVennAbers, VennPredictor, OnlineHistogram, *BATCH_METHODS)
+    cls.name: cls for cls in (OPS, OBS, OMS, DecayBeta, DecayVennAbers, *BATCH_METHODS)
 }
 
 _rate_ok = number_in(0.0, 1.0, lo_open=True, hi_open=False)
@@ -229,7 +229,8 @@ class CompositeExperts(Calibrator[FlatState]):
         {"inputs": ("obs", "platt:window=4:refit_every=3")},
     )
     #: How a binary batch runs (every choice gives the same bits): "fused" -- inputs that are
-    #: OPS, OBS or decay-beta learnt inside the mixture's kernel, streams in SIMD lanes
+    #: OPS, OBS, decay-beta or decay-venn-abers learnt inside the mixture's kernel, streams in
+    #: SIMD lanes
     #: (:mod:`calpipe.kernels.expert_lanes`; other inputs: as "per-input"); "per-input" -- each
     #: input's own kernel, then the mixture in lanes; "per-stream" -- each input's own kernel,
     #: then the mixture one stream at a time (the kernels before lanes; tests and benchmarks).

@@ -1,7 +1,8 @@
 """The default method's recursion with its online inputs, all streams of a batch in SIMD lanes:
 paper 001's Composite Jumper (Algorithm 1) over the experts (input i, Cox function theta), the
-inputs -- Online Platt / beta scaling (Gupta & Ramdas 2023, Alg. 1) and beta calibration on
-exponentially forgotten bins (``decay-beta``) -- learnt in the same pass.
+inputs -- Online Platt / beta scaling (Gupta & Ramdas 2023, Alg. 1), beta calibration on
+exponentially forgotten bins (``decay-beta``) and Venn-ABERS on such bins (``decay-venn-abers``,
+Vovk & Petej 2014 Alg. 1) -- learnt in the same pass.
 
 Public entry point: :func:`composite_experts_binary`; the calibrator is
 :class:`calpipe.calibrators.experts.CompositeExperts` (which dispatches here when every input is
@@ -14,7 +15,8 @@ At each operation of a stream (:mod:`calpipe.kernels.ops`) on event e with base 
 
 1. every input i forecasts q_{e,i} from its state *now* (OPS: sigmoid(a logit c(p) + b); OBS:
    sigmoid(a ln c(p) - b ln(1 - c(p)) + c); decay-beta: sigmoid(a ln c(p) - b ln(1 - c(p)) + c)
-   on its last refit, the base before its warm-up; a given column: read), clipped to
+   on its last refit, the base before its warm-up; decay-venn-abers: its last refit's table at
+   the bin of ln c(p) - log1p(-c(p)), the base before its warm-up; a given column: read), clipped to
    [clip, 1 - clip] for the mixture; q_{e,0} = p_e;
 2. the mixture, exactly :mod:`calpipe.kernels.expert_mixture` (paper 001 Alg. 1, lines 4-15,
    expert k = i T + t with f_k(e) = f_t(q_{e,i})):
@@ -25,8 +27,9 @@ At each operation of a stream (:mod:`calpipe.kernels.ops`) on event e with base 
        P, A <- P / C, A / C;  log10 S <- log10 S + log10 C - log10 B_p({y})
 
 3. at an update, every input learns y_e: the Online Newton Step of
-   :mod:`calpipe.kernels.online_scaling` (``_ons_binary``), or decay-beta's decayed count and its
-   refit when due (:mod:`calpipe.kernels.decay_beta`).
+   :mod:`calpipe.kernels.online_scaling` (``_ons_binary``), or decay-beta's (decay-venn-abers')
+   decayed count and its refit when due (:mod:`calpipe.kernels.decay_beta`,
+   :mod:`calpipe.kernels.decay_venn_abers`: the per-input kernels' own fit functions).
 
 An update-only op (a delayed label) is handled in place: step 1 is each input's forecast at the
 label's time, which the per-input path obtained from a forecast op on a copy of the event.
