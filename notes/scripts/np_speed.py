@@ -1,10 +1,14 @@
 """calpipe.protect of measurement 16's frame (benchmarks.run.event_frame: 1M events, 1,000
 streams, time-ordered) with the default and with candidate input sets, alternated in one
 process, 3 repeats: wall and process CPU seconds; ratios to the default of the same round."""
-import json, sys, time
+
+import json
+import sys
+import time
+
 import calpipe
-from calpipe import config
 from benchmarks.run import event_frame
+from calpipe import config
 
 n, s = int(sys.argv[1]), int(sys.argv[2])
 DEF = tuple(config.EXPERT_INPUTS_BINARY)
@@ -25,8 +29,21 @@ for r in range(3):
 for name in configs:
     rw = [a[0] / b[0] for a, b in zip(res[name], res["default"])]
     rc = [a[1] / b[1] for a, b in zip(res[name], res["default"])]
-    print(json.dumps({"config": name, "wall": [round(a[0], 2) for a in res[name]],
-                      "cpu": [round(a[1], 2) for a in res[name]],
-                      "wall_ratio": [round(x, 2) for x in rw], "cpu_ratio": [round(x, 2) for x in rc],
-                      "best_wall_ratio": round(min(a[0] for a in res[name]) / min(a[0] for a in res["default"]), 2),
-                      "best_cpu_ratio": round(min(a[1] for a in res[name]) / min(a[1] for a in res["default"]), 2)}), flush=True)
+    print(
+        json.dumps(
+            {
+                "config": name,
+                "wall": [round(a[0], 2) for a in res[name]],
+                "cpu": [round(a[1], 2) for a in res[name]],
+                "wall_ratio": [round(x, 2) for x in rw],
+                "cpu_ratio": [round(x, 2) for x in rc],
+                "best_wall_ratio": round(
+                    min(a[0] for a in res[name]) / min(a[0] for a in res["default"]), 2
+                ),
+                "best_cpu_ratio": round(
+                    min(a[1] for a in res[name]) / min(a[1] for a in res["default"]), 2
+                ),
+            }
+        ),
+        flush=True,
+    )

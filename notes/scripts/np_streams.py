@@ -1,6 +1,9 @@
 """Build the quality suite's seven binary streams once and cache them (npz)."""
-import sys, numpy as np
+
+import numpy as np
+
 from benchmarks import quality as Q
+
 out = "/work/helpers/nonparam_cache/streams.npz"
 makers = {
     "bank-time": lambda: Q.bank_time(None),
@@ -14,6 +17,8 @@ makers = {
 d = {}
 for k, f in makers.items():
     s = f()
-    d[k + "|p"] = s.p; d[k + "|y"] = s.y; d[k + "|drift"] = np.array(s.drift)
+    d[k + "|p"] = s.p
+    d[k + "|y"] = s.y
+    d[k + "|drift"] = np.array(s.drift)
     print(k, len(s.y), flush=True)
 np.savez(out, **d)

@@ -61,7 +61,7 @@ def test_kernel_equals_the_slow_loop(seed):
     x = 1 / (1 + np.exp(-rng.normal(0, 4, n)))  # extreme scores, as a naive Bayes base gives
     drift = np.where(np.arange(n) < n // 2, 0.0, 1.5)  # the map changes halfway
     z = np.log(x / (1 - x))
-    y = (rng.uniform(size=n) < 1 / (1 + np.exp(-(np.sign(z) * np.abs(z) ** 0.5 + drift))))
+    y = rng.uniform(size=n) < 1 / (1 + np.exp(-(np.sign(z) * np.abs(z) ** 0.5 + drift)))
     y = y.astype(int)
     y[rng.uniform(size=n) < 0.1] = -1  # some labels unknown: forecast only
     cal = make_calibrator("decay-venn-abers", memory=80, n_bins=12)
@@ -96,7 +96,7 @@ def test_its_table_is_monotone_and_its_map_is_the_step_table():
     _, st = cal.run(x, y)
     w = np.asarray(st.weights)
     state = cal.load_state(w, np.array([0, w.size]), np.zeros(1), 2)
-    (bp, linear), = cal.map_breakpoints(state)
+    ((bp, linear),) = cal.map_breakpoints(state)
     assert not linear and bp.size == 29
     mids = np.r_[bp[0] / 2, (bp[1:] + bp[:-1]) / 2, (bp[-1] + 1) / 2]
     got = cal.serving_map(state, mids[None, :])[0]

@@ -66,7 +66,8 @@ def _assert_same(a, b):
 
 @pytest.mark.parametrize("n_streams", [1, 65, 200])
 @pytest.mark.parametrize(
-    "inputs", [SMALL, EDGES, (), DECAY_VA],
+    "inputs",
+    [SMALL, EDGES, (), DECAY_VA],
     ids=["small-memories", "projections", "base-only", "decay-venn-abers"],
 )
 def test_engines_give_the_same_bits(engine, n_streams, inputs):

@@ -516,8 +516,13 @@ def test_the_sql_fixed_point_s_constants_are_the_config_s():
 
 @pytest.mark.parametrize(
     "inputs",
-    [("isotonic",), ("venn-abers",), ("ops", "histogram"), ("roc-isotonic", "obs", "venn"),
-     ("ops", "decay-venn-abers:memory=8:warmup=4:refit_every=3")],
+    [
+        ("isotonic",),
+        ("venn-abers",),
+        ("ops", "histogram"),
+        ("roc-isotonic", "obs", "venn"),
+        ("ops", "decay-venn-abers:memory=8:warmup=4:refit_every=3"),
+    ],
     ids=["isotonic", "venn-abers", "ops-histogram", "roc-isotonic-obs-venn", "ops-decay-va"],
 )
 def test_composite_experts_over_input_tables_in_sql(tmp_path, inputs):
