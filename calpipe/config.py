@@ -272,6 +272,9 @@ DECAY_BETA_TOL: float = 1e-12
 #: The counts are kept multiplied by a common factor g = lambda^-(labels since the last
 #: rescale); they are divided by g once it passes this, long before a double overflows.
 DECAY_BETA_RESCALE: float = 1e100
+#: decay-venn-abers (calibrators/decay.py): Venn-ABERS on decay-beta's forgotten bins. Memory W
+#: of its counts: to be chosen by measurement (docs/studies/nonparametric-input.md).
+DECAY_VENN_ABERS_MEMORY: int = 4000
 
 #: Calibrators whose forecasts join the base as inputs of the default method (binary), written
 #: as ``calpipe --inputs`` takes them. Platt and beta scaling learnt online (Gupta & Ramdas 2023)

@@ -48,6 +48,7 @@ CASES = {
     "oms": {},
     "composite-experts": {},
     "decay-beta": {"memory": 40},
+    "decay-venn-abers": {"memory": 40},
 }
 STACK = ("composite-jumper", {"base_method": "platt", "base_params": {"window": 30}})
 BRIER = ("composite-jumper", {"loss": "brier", "clip": None})

@@ -30,6 +30,7 @@ from calpipe.calibrators._params import Param, int_at_least, number_in
 from calpipe.calibrators.base import CLIP_PARAM, FlatState
 from calpipe.calibrators.online import OnlineCalibrator
 from calpipe.kernels import decay_beta as DB
+from calpipe.kernels import decay_venn_abers as DVA
 
 
 class DecayBeta(OnlineCalibrator):
@@ -118,6 +119,64 @@ class DecayBeta(OnlineCalibrator):
         return np.ascontiguousarray(out)
 
 
-DECAY_METHODS = (DecayBeta,)
+class DecayVennAbers(OnlineCalibrator):
+    """Venn-ABERS (IVAP, Vovk & Petej 2014 Alg. 1) refitted on exponentially forgotten bins of
+    the base log-odds (binary): the windowed ``venn-abers`` refit without the window, a
+    nonparametric (monotone step) map where decay-beta's is logistic (issue #34: extreme,
+    non-logistic miscalibration). Recursion: :mod:`calpipe.kernels.decay_venn_abers`.
 
-__all__ = ["DECAY_METHODS", "DecayBeta"]
+    State of a stream: ``[u, g, g n^1 (B), g n^0 (B), table (B)]`` (labels learnt, the decayed
+    counts of labels 1 and 0 per bin kept multiplied by a common factor g, the merged IVAP
+    forecast of each bin at the last refit).
+    """
+
+    name = "decay-venn-abers"
+    summary = (
+        "Venn-ABERS (IVAP) refitted on exponentially forgotten score-bin counts (memory W, "
+        "fixed-size state): the windowed venn-abers refit without the window"
+    )
+    classes = "binary"
+    parameters: ClassVar[dict[str, Param]] = {
+        **DecayBeta.parameters,
+        "memory": Param(
+            config.DECAY_VENN_ABERS_MEMORY,
+            int_at_least(4),
+            "an integer >= 4",
+            "effective window W: every count is multiplied by 1 - 2/W at each label "
+            "(config.DECAY_VENN_ABERS_MEMORY)",
+        ),
+    }
+    check_params = ({"memory": 8}, {"memory": 6, "warmup": 1, "refit_every": 2, "n_bins": 5})
+
+    warmup = DecayBeta.warmup
+    refit_every = DecayBeta.refit_every
+
+    def _state_size(self, n_classes: int) -> int:
+        return DVA.state_size(int(self.params["n_bins"]))
+
+    def _initial_vector(self, n_classes: int) -> np.ndarray:
+        return DVA.initial_state(1, int(self.params["n_bins"]))[0]
+
+    def _kernel(self, x, y, ev, kind, off, vectors, n_classes, inputs):
+        p, new = DVA.decay_venn_abers(
+            x, y, ev, kind, off, vectors, memory=int(self.params["memory"]),
+            n_bins=int(self.params["n_bins"]), eps=float(self.params["score_clip"]),
+            warmup=self.warmup, refit_every=self.refit_every,
+        )  # fmt: skip
+        return p, p, p, new
+
+    # -- the SQL form: a step table at the bins' edges (a table input of composite-experts) ----
+    def map_breakpoints(self, state: FlatState) -> list[tuple[np.ndarray, bool] | None] | None:
+        """The scores where the bin changes (:func:`~calpipe.kernels.decay_venn_abers.
+        bin_thresholds`: the smallest double of each bin, as the kernel bins it; sigmoid(edge)
+        rounded can fall on either side): the map is the table's value of the score's
+        log-odds bin, constant from one to the next; None for a stream before its warm-up (the
+        base passes through)."""
+        x = DVA.bin_thresholds(int(self.params["n_bins"]), float(self.params["score_clip"]))
+        u = state.values.reshape(state.n_streams, -1)[:, 0]
+        return [(x, False) if ui >= self.warmup else None for ui in u]
+
+
+DECAY_METHODS = (DecayBeta, DecayVennAbers)
+
+__all__ = ["DECAY_METHODS", "DecayBeta", "DecayVennAbers"]

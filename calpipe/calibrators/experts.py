@@ -83,7 +83,7 @@ from calpipe.calibrators.base import (
     ragged_take,
 )
 from calpipe.calibrators.batch import BATCH_METHODS
-from calpipe.calibrators.decay import DecayBeta
+from calpipe.calibrators.decay import DecayBeta, DecayVennAbers
 from calpipe.calibrators.online_scaling import OBS, OMS, OPS, vector_as_matrix
 from calpipe.calibrators.protected import JUMPING_RATES, PASSIVE_WEIGHT
 from calpipe.calibrators.windowed import WindowedCalibrator
@@ -97,11 +97,13 @@ from calpipe.kernels import online_scaling as OS
 from calpipe.kernels.mixture import serving_weights
 from calpipe.kernels.ops import OP_FORECAST, with_forecast_copies
 
-#: The calibrators that may serve as inputs: online Platt/beta/matrix scaling (no window) and the
+#: The calibrators that may serve as inputs: online Platt/beta/matrix scaling (no window),
+#: beta calibration and Venn-ABERS on exponentially forgotten bins (``decay-beta``,
+#: ``decay-venn-abers``: fixed-size states, learnt in the SIMD lanes) and the
 #: windowed batch calibrators (a trailing window refitted every few labels, the practitioner's
 #: nightly refit). Each forecasts an update-only op's copy from its state at that time.
 INPUT_METHODS: dict[str, type[Calibrator]] = {
-    cls.name: cls for cls in (OPS, OBS, OMS, DecayBeta, *BATCH_METHODS)
+    cls.name: cls for cls in (OPS, OBS, OMS, DecayBeta, DecayVennAbers, *BATCH_METHODS)
 }
 
 _rate_ok = number_in(0.0, 1.0, lo_open=True, hi_open=False)
@@ -246,7 +248,8 @@ class CompositeExperts(Calibrator[FlatState]):
         {"inputs": ("obs", "platt:window=4:refit_every=3")},
     )
     #: How a binary batch runs (every choice gives the same bits): "fused" -- inputs that are
-    #: OPS, OBS or decay-beta learnt inside the mixture's kernel, streams in SIMD lanes
+    #: OPS, OBS, decay-beta or decay-venn-abers learnt inside the mixture's kernel, streams in
+    #: SIMD lanes
     #: (:mod:`calpipe.kernels.expert_lanes`; other inputs: as "per-input"); "per-input" -- each
     #: input's own kernel, then the mixture in lanes; "per-stream" -- each input's own kernel,
     #: then the mixture one stream at a time (the kernels before lanes; tests and benchmarks).
@@ -539,7 +542,8 @@ class CompositeExperts(Calibrator[FlatState]):
 
     def lane_inputs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """The binary inputs as ``expert_lanes`` codes ``(kinds, par rows, bin edges)`` when
-        every one is OPS, OBS or decay-beta (learnt inside the kernel), else None."""
+        every one is OPS, OBS, decay-beta or decay-venn-abers (learnt inside the kernel), else
+        None."""
         kinds, pars, edges = [], [], []
         for cal in self._inputs(2):
             if type(cal) in (OPS, OBS):
@@ -555,6 +559,12 @@ class CompositeExperts(Calibrator[FlatState]):
                     float(config.DECAY_BETA_RIDGE), config.DECAY_BETA_MAX_ITER,
                     float(config.DECAY_BETA_TOL), nb,
                 ))  # fmt: skip
+                edges.append(DB.bin_edges(nb, eps))
+            elif type(cal) is DecayVennAbers:
+                nb, eps = int(cal.params["n_bins"]), float(cal.params["score_clip"])
+                kinds.append(EL.IN_DECAY_VA)
+                pars.append(EL.decay_va_row(int(cal.params["memory"]), eps, float(cal.warmup),
+                                            float(cal.refit_every), nb))  # fmt: skip
                 edges.append(DB.bin_edges(nb, eps))
             else:
                 return None

@@ -35,6 +35,8 @@ module                     implements                                         so
                            histogram binning                                  Guo et al. 2017 (matrix)
 ``decay_beta``             beta calibration refitted on exponentially         Kull et al. 2017 (the model);
                            forgotten log-odds bin counts (``decay-beta``)     calpipe (the forgetting)
+``decay_venn_abers``      Venn-ABERS (IVAP) refitted on the same forgotten   Vovk & Petej 2014 (Algorithm 1)
+                           bin counts (``decay-venn-abers``)
 ``expert_mixture``         Composite Jumper over experts (inputs x Cox        paper 001 Algorithm 1
                            functions): the default ``composite-experts``
 ``diagnostics``            smooth ECE; CORP decomposition (PAV)               Błasiok & Nakkiran 2024;

@@ -1,7 +1,8 @@
 """The default method's recursion with its online inputs, all streams of a batch in SIMD lanes:
 paper 001's Composite Jumper (Algorithm 1) over the experts (input i, Cox function theta), the
-inputs -- Online Platt / beta scaling (Gupta & Ramdas 2023, Alg. 1) and beta calibration on
-exponentially forgotten bins (``decay-beta``) -- learnt in the same pass.
+inputs -- Online Platt / beta scaling (Gupta & Ramdas 2023, Alg. 1), beta calibration on
+exponentially forgotten bins (``decay-beta``) and Venn-ABERS on such bins (``decay-venn-abers``,
+Vovk & Petej 2014 Alg. 1) -- learnt in the same pass.
 
 Public entry point: :func:`composite_experts_binary`; the calibrator is
 :class:`calpipe.calibrators.experts.CompositeExperts` (which dispatches here when every input is
@@ -14,7 +15,8 @@ At each operation of a stream (:mod:`calpipe.kernels.ops`) on event e with base 
 
 1. every input i forecasts q_{e,i} from its state *now* (OPS: sigmoid(a logit c(p) + b); OBS:
    sigmoid(a ln c(p) - b ln(1 - c(p)) + c); decay-beta: sigmoid(a ln c(p) - b ln(1 - c(p)) + c)
-   on its last refit, the base before its warm-up; a given column: read), clipped to
+   on its last refit, the base before its warm-up; decay-venn-abers: its last refit's table at
+   the bin of ln c(p) - log1p(-c(p)), the base before its warm-up; a given column: read), clipped to
    [clip, 1 - clip] for the mixture; q_{e,0} = p_e;
 2. the mixture, exactly :mod:`calpipe.kernels.expert_mixture` (paper 001 Alg. 1, lines 4-15,
    expert k = i T + t with f_k(e) = f_t(q_{e,i})):
@@ -25,8 +27,9 @@ At each operation of a stream (:mod:`calpipe.kernels.ops`) on event e with base 
        P, A <- P / C, A / C;  log10 S <- log10 S + log10 C - log10 B_p({y})
 
 3. at an update, every input learns y_e: the Online Newton Step of
-   :mod:`calpipe.kernels.online_scaling` (``_ons_binary``), or decay-beta's decayed count and its
-   refit when due (:mod:`calpipe.kernels.decay_beta`).
+   :mod:`calpipe.kernels.online_scaling` (``_ons_binary``), or decay-beta's (decay-venn-abers')
+   decayed count and its refit when due (:mod:`calpipe.kernels.decay_beta`,
+   :mod:`calpipe.kernels.decay_venn_abers`: the per-input kernels' own fit functions).
 
 An update-only op (a delayed label) is handled in place: step 1 is each input's forecast at the
 label's time, which the per-input path obtained from a forecast op on a copy of the event.
@@ -83,6 +86,7 @@ from numba import carray, njit
 from calpipe import config
 from calpipe.kernels.calfun import eval_binary_lanes
 from calpipe.kernels.decay_beta import fit_kernel
+from calpipe.kernels.decay_venn_abers import ivap_table
 from calpipe.kernels.mixture import restart_terms
 from calpipe.kernels.numeric import (
     LANES,
@@ -97,8 +101,9 @@ from calpipe.kernels.online_scaling import ons_step, project_scalars
 from calpipe.kernels.ops import OP_FORECAST, OP_UPDATE
 
 #: Input kinds: a column of given forecasts, Online Platt Scaling, online beta scaling,
-#: decay-beta (the kernel's codes; :func:`input_row` builds a row of ``par``).
-IN_GIVEN, IN_OPS, IN_OBS, IN_DECAY = 0, 1, 2, 3
+#: decay-beta, decay-venn-abers (the kernel's codes; :func:`ons_row`, :func:`decay_row` and
+#: :func:`decay_va_row` build a row of ``par``).
+IN_GIVEN, IN_OPS, IN_OBS, IN_DECAY, IN_DECAY_VA = 0, 1, 2, 3, 4
 #: Columns of an input's row of ``par``.
 N_PAR = 8
 _COX = 2  # calpipe.families.COX
@@ -127,6 +132,14 @@ def decay_row(memory, eps, warmup, refit_every, rho, max_iter, tol, n_bins) -> n
     return np.array(
         [lam, eps, warmup, refit_every, rho, max_iter, tol, n_bins], dtype=np.float64
     )  # fmt: skip
+
+
+def decay_va_row(memory, eps, warmup, refit_every, n_bins) -> np.ndarray:
+    """``par`` row of a decay-venn-abers input (the arguments of
+    :func:`calpipe.kernels.decay_venn_abers.decay_venn_abers`; columns 0-3 and 7 as
+    :func:`decay_row`'s)."""
+    lam = 1.0 - 2.0 / memory  # as decay_venn_abers computes it
+    return np.array([lam, eps, warmup, refit_every, 0, 0, 0, n_bins], dtype=np.float64)
 
 
 @njit(cache=True, inline="always", error_model="numpy")
@@ -227,6 +240,41 @@ def _decay_count(st, s, c0, lab, k, lam, nb):
         st[s, c0 + 4] = 1.0
     st[s, c0] += 1.0
     return st[s, c0]
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def _decay_va_count(st, s, c0, lab, k, lam, nb):
+    """Step 3 for a decay-venn-abers input, its count (``_decay_venn_abers``'s operations, its
+    state ``[u, g, g n^1 (B), g n^0 (B), table (B)]``): decay, count in bin ``k``, rescale.
+    Returns the label count u (the caller refits when due: :func:`_decay_va_refit`)."""
+    pos = c0 + 2
+    neg = c0 + 2 + nb
+    st[s, c0 + 1] /= lam
+    if lab == 1:
+        st[s, pos + k] += st[s, c0 + 1]
+    else:
+        st[s, neg + k] += st[s, c0 + 1]
+    if st[s, c0 + 1] > _RESCALE:
+        for j in range(nb):
+            st[s, pos + j] /= st[s, c0 + 1]
+            st[s, neg + j] /= st[s, c0 + 1]
+        st[s, c0 + 1] = 1.0
+    st[s, c0] += 1.0
+    return st[s, c0]
+
+
+@njit(cache=True, error_model="numpy")
+def _decay_va_refit(st, s, c0, nb, cur_pos, cur_neg, s_sum, s_w, s_last):
+    """A decay-venn-abers input's refit (``_decay_venn_abers``'s): the per-input kernel's own
+    ``ivap_table`` on the bins' current counts, written to the stream's table. Not inlined:
+    it runs once every ``refit_every`` labels."""
+    pos = c0 + 2
+    neg = c0 + 2 + nb
+    for j in range(nb):
+        cur_pos[j] = st[s, pos + j] / st[s, c0 + 1]
+        cur_neg[j] = st[s, neg + j] / st[s, c0 + 1]
+    ivap_table(cur_pos[:nb], cur_neg[:nb], st[s, c0 + 2 + 2 * nb : c0 + 2 + 3 * nb], s_sum,
+               s_w, s_last)  # fmt: skip
 
 
 @njit(cache=True, inline="always", error_model="numpy")
@@ -345,16 +393,22 @@ def _engine(
     w3 = np.empty(3)
     cur_pos = np.empty(max(nbm, 1))
     cur_neg = np.empty(max(nbm, 1))
+    pav_sum = np.empty(max(nbm, 1))  # decay-venn-abers' PAV stacks
+    pav_w = np.empty(max(nbm, 1))
+    pav_last = np.empty(max(nbm, 1), dtype=np.int64)
     # project_kernel's scratch (theta, A, shifted, rhs, lower, z, out) of size d = 2 and 3
     tv2, rh2, zz2, ou2 = np.empty(2), np.empty(2), np.empty(2), np.empty(2)
     av2, sh2, lo2 = np.empty((2, 2)), np.empty((2, 2)), np.empty((2, 2))
     tv3, rh3, zz3, ou3 = np.empty(3), np.empty(3), np.empty(3), np.empty(3)
     av3, sh3, lo3 = np.empty((3, 3)), np.empty((3, 3)), np.empty((3, 3))
-    # decay-beta inputs with equal bins share the bin of a log-odds: the first such input
+    # decay-beta and decay-venn-abers inputs with equal bins share the bin of a log-odds: the
+    # first such input
     same_bins = np.arange(n_in)
     for i in range(n_in):
         for i2 in range(i):
-            if kinds[i] == IN_DECAY and kinds[i2] == IN_DECAY and same_bins[i2] == i2:
+            binned = kinds[i] == IN_DECAY or kinds[i] == IN_DECAY_VA
+            binned2 = kinds[i2] == IN_DECAY or kinds[i2] == IN_DECAY_VA
+            if binned and binned2 and same_bins[i2] == i2:
                 if par[i, 7] == par[i2, 7] and np.all(edges[i] == edges[i2]):
                     same_bins[i] = i2
                     break
@@ -467,6 +521,20 @@ def _engine(
                         U1[i, lane] = mlp
                         if st[s, c0] >= par[i, 2]:
                             f = sigmoid(st[s, c0 + 1] * mlq - st[s, c0 + 2] * mlp + st[s, c0 + 3])
+                        else:
+                            f = x
+                    elif kind == IN_DECAY_VA:  # decay_venn_abers._decay_venn_abers, forecast
+                        eps = par[i, 1]
+                        qq = min(max(x, eps), 1.0 - eps)
+                        if qq != mq:
+                            mq, mlq = qq, math.log(qq)
+                        if qq != mp:
+                            mp, mlp = qq, math.log1p(-qq)
+                        U0[i, lane] = mlq
+                        U1[i, lane] = mlp
+                        if st[s, c0] >= par[i, 2]:  # the table's value of the bin of z
+                            nb = int(par[i, 7])
+                            f = st[s, c0 + 2 + 2 * nb + _bin_of(edges, i, nb, mlq - mlp)]
                         else:
                             f = x
                     else:  # online_scaling._ons_binary, forecast
@@ -590,6 +658,16 @@ def _engine(
                             u = _decay_count(st, s, c0, lab, mk, par[i, 0], nb)
                             if _refit_due(u, par[i, 2], par[i, 3]):
                                 _decay_refit(st, s, c0, i, u, par, x1, x2, w3, cur_pos, cur_neg)
+                        elif kind == IN_DECAY_VA:
+                            z = U0[i, lane] - U1[i, lane]
+                            nb = int(par[i, 7])
+                            if z != mz or same_bins[i] != mb:  # the bin of z, once per edges
+                                mz, mb = z, same_bins[i]
+                                mk = _bin_of(edges, i, nb, z)
+                            u = _decay_va_count(st, s, c0, lab, mk, par[i, 0], nb)
+                            if _refit_due(u, par[i, 2], par[i, 3]):
+                                _decay_va_refit(st, s, c0, nb, cur_pos, cur_neg, pav_sum, pav_w,
+                                                pav_last)  # fmt: skip
                 lane_op[lane] += 1
         for lane in range(nl):  # retire finished lanes
             if busy[lane] != 0 and lane_op[lane] == lane_end[lane]:

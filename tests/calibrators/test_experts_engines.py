@@ -23,6 +23,10 @@ ENGINES = ("fused", "per-input", "per-stream")
 SMALL = ("ops", "obs", "decay-beta:memory=12", "decay-beta:memory=30")
 EDGES = ("ops:radius=1.5", "obs:radius=1.5:score_clip=0.05",
          "decay-beta:memory=4:warmup=2:refit_every=1:n_bins=7")  # fmt: skip
+#: decay-venn-abers in the lanes (IN_DECAY_VA): beside a decay-beta of the same bins (their bin
+#: of a log-odds shared), alone with its own bins, and refitting at every label
+DECAY_VA = ("ops", "decay-beta:memory=12", "decay-venn-abers:memory=12",
+            "decay-venn-abers:memory=4:warmup=2:refit_every=1:n_bins=7")  # fmt: skip
 
 
 @pytest.fixture
@@ -62,7 +66,9 @@ def _assert_same(a, b):
 
 @pytest.mark.parametrize("n_streams", [1, 65, 200])
 @pytest.mark.parametrize(
-    "inputs", [SMALL, EDGES, ()], ids=["small-memories", "projections", "base-only"]
+    "inputs",
+    [SMALL, EDGES, (), DECAY_VA],
+    ids=["small-memories", "projections", "base-only", "decay-venn-abers"],
 )
 def test_engines_give_the_same_bits(engine, n_streams, inputs):
     cal = make_calibrator("composite-experts", inputs=inputs)

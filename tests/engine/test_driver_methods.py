@@ -50,6 +50,7 @@ CASES: dict[str, tuple[str, dict, tuple[int, ...]]] = {
     "online-histogram": ("online-histogram", {"n_bins": 4}, (2,)),
     "composite-experts": ("composite-experts", {}, (2, 3)),
     "decay-beta": ("decay-beta", {"memory": 8, "warmup": 3, "refit_every": 2}, (2,)),
+    "decay-venn-abers": ("decay-venn-abers", {"memory": 8, "warmup": 3, "refit_every": 2}, (2,)),
     "cj+ops": ("composite-jumper", {"base_method": "ops"}, (2,)),
 }
 PARAMS = [

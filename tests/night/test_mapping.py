@@ -516,8 +516,14 @@ def test_the_sql_fixed_point_s_constants_are_the_config_s():
 
 @pytest.mark.parametrize(
     "inputs",
-    [("isotonic",), ("venn-abers",), ("ops", "histogram"), ("roc-isotonic", "obs", "venn")],
-    ids=["isotonic", "venn-abers", "ops-histogram", "roc-isotonic-obs-venn"],
+    [
+        ("isotonic",),
+        ("venn-abers",),
+        ("ops", "histogram"),
+        ("roc-isotonic", "obs", "venn"),
+        ("ops", "decay-venn-abers:memory=8:warmup=4:refit_every=3"),
+    ],
+    ids=["isotonic", "venn-abers", "ops-histogram", "roc-isotonic-obs-venn", "ops-decay-va"],
 )
 def test_composite_experts_over_input_tables_in_sql(tmp_path, inputs):
     """composite-experts over inputs without a logistic map (windowed isotonic, Venn-ABERS,
@@ -530,7 +536,8 @@ def test_composite_experts_over_input_tables_in_sql(tmp_path, inputs):
     assert has_sql_map(settings.calibrator())
     con, events = _chain(tmp_path, settings)
     try:
-        n_tables = sum(m in windowed for m in inputs)
+        n_tables = len(settings.calibrator().table_input_indices())
+        assert n_tables == sum(m in windowed or m.startswith("decay-venn-abers") for m in inputs)
         layers = storage.query(
             con, "SELECT DISTINCT layer FROM calibration_map WHERE layer < 0 ORDER BY layer"
         )["layer"].to_list()
