@@ -507,7 +507,8 @@ def run_calpipe(s: Stream, method: str, base_method: str | None = None):
 # ----------------------------------------------------------------------------------------------
 # Metrics
 # ----------------------------------------------------------------------------------------------
-def _losses(p: np.ndarray, y: np.ndarray) -> np.ndarray:
+def event_losses(p: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Each event's natural log loss -ln p_y (binary p = P(y = 1)), floored as metrics.log_loss."""
     q = p[np.arange(len(y)), y] if p.ndim == 2 else np.where(y == 1, p, 1 - p)
     return -np.log(np.clip(q, metrics.LOG_LOSS_FLOOR, 1.0))
 
@@ -515,8 +516,8 @@ def _losses(p: np.ndarray, y: np.ndarray) -> np.ndarray:
 def evaluate(s: Stream, p: np.ndarray, mart: np.ndarray | None) -> dict:
     y = s.y.astype(np.float64)
     one = np.zeros(len(y), np.int64)
-    ll = _losses(p, s.y)
-    base_ll = _losses(s.p, s.y)
+    ll = event_losses(p, s.y)
+    base_ll = event_losses(s.p, s.y)
     w = max(250, len(y) // 20)
     excess = [ll[i : i + w].mean() - base_ll[i : i + w].mean() for i in range(0, len(y) - w + 1, w)]
     if p.ndim == 2:
@@ -647,9 +648,9 @@ def table_11(models: list[str], seeds: list[int], n_max: int | None) -> list[dic
             base, cj, ce = [], [], []
             for seed in seeds:
                 s = river_stream(ds, model, seed, n_max)
-                base.append(_losses(s.p, s.y).mean())
-                cj.append(_losses(run_calpipe(s, "composite-jumper")[0], s.y).mean())
-                ce.append(_losses(run_calpipe(s, DEFAULT)[0], s.y).mean())
+                base.append(event_losses(s.p, s.y).mean())
+                cj.append(event_losses(run_calpipe(s, "composite-jumper")[0], s.y).mean())
+                ce.append(event_losses(run_calpipe(s, DEFAULT)[0], s.y).mean())
             row[ds] = (float(np.mean(base)), float(np.mean(cj)), float(np.mean(ce)))
         out.append(row)
     return out

@@ -21,7 +21,7 @@ for st in STREAMS:
     p, y = D[st + "|p"], D[st + "|y"]
     a = run(p, y, DEF)
     b = run(p, y, DEF + add)
-    la, lb = Q._losses(a, y), Q._losses(b, y)
+    la, lb = Q.event_losses(a, y), Q.event_losses(b, y)
     d = lb - la
     n = len(d)
     L = math.ceil(n ** (1 / 3))
