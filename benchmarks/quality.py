@@ -53,7 +53,9 @@ scikit-learn Platt and isotonic (frozen after the first window of replayed label
 on the trailing window), the ``venn-abers`` 1.5.4 package (IVAP refitted on the trailing window),
 and for K classes temperature, vector and matrix scaling (scipy / scikit-learn, frozen and
 trailing). OPS/TOPS/HOPS (Gupta & Ramdas) count as anchors too: they are the published online
-recalibrators, run here by calpipe's implementation.
+recalibrators, run here by calpipe's implementation; for K classes online vector scaling (``ops``)
+and online matrix scaling (``oms``: the same Online Newton Step over W and b, issue 34), the
+online forms of the vector and matrix scaling anchors.
 
 Metrics (``calpipe.metrics``): mean natural log loss, Brier, ECE (10 bins; K classes: top
 label), smooth ECE, the CORP miscalibration / discrimination (Dimitriadis, Gneiting & Jordan
@@ -585,6 +587,9 @@ def evaluate_stream(
                 runs.append(("anchor", f"{kind} scaling ({tag})", k_scaling(s, kind, frozen), None))
         runs.append(("anchor", "OPS (online vector scaling)",
                      next(r[2] for r in runs if r[1] == "ops"), None))  # fmt: skip
+        p, mart = run_calpipe(s, "oms")  # K classes only: binary oms is obs
+        runs.append(("calpipe", "oms", p, mart))
+        runs.append(("anchor", "OMS (online matrix scaling)", p, None))
     rows = [{"stream": s.name, "kind": k, "method": m, **evaluate(s, p, mart)}
             for k, m, p, mart in runs]  # fmt: skip
     intervals(s, runs, rows, n_resamples)
