@@ -7,12 +7,13 @@ three ways in one process, alternating (floor, before, ..., after, floor, ...), 
 * **before**: each input's own kernel, then the mixture one stream at a time
   (``CompositeExperts.engine = "per-stream"``: the kernels before lanes);
 * **per-input**: each input's own kernel, then the mixture in SIMD lanes;
-* **after**: the inputs (OPS, OBS, two decay-beta) learnt inside the mixture's lanes kernel
+* **after**: the inputs (OPS, OBS, two decay-beta, decay-venn-abers) learnt inside the mixture's lanes kernel
   (:mod:`calpipe.kernels.expert_lanes`; the default engine).
 
-The floor is issue #33's: a numpy pass that only evaluates the default's 105 Cox terms (5 inputs
-x 21 functions) on the same number of events, the cheapest honest numpy form
-(:func:`benchmarks.run.cox_floor` over the five input columns). All three give the same bits
+The floor is issue #33's: a numpy pass that only evaluates the default's Cox terms (the base
+and each input x 21 functions: 105 with issue #33's four inputs, 126 with the five of
+``config.EXPERT_INPUTS_BINARY`` since session 30) on the same number of events, the cheapest
+honest numpy form (:func:`benchmarks.run.cox_floor` over the input columns). All three give the same bits
 (tests/calibrators/test_experts_engines.py); the table checks it on the run itself.
 """
 
@@ -40,7 +41,7 @@ def measure(size_name: str, repeat: int) -> Table:
     df = event_frame(n, n_streams, "time")
     rng = np.random.default_rng(SEED + 16)
     base = np.clip(df["score"].to_numpy(), 1e-3, 1 - 1e-3)
-    # five input columns (the base and four forecasts near it): the floor's cost does not
+    # the input columns (the base and a forecast near it per input): the floor's cost does not
     # depend on the values
     near = [np.clip(base + rng.normal(0, 0.05, n), 1e-3, 1 - 1e-3)
             for _ in config.EXPERT_INPUTS_BINARY]  # fmt: skip

@@ -606,7 +606,8 @@ def measure_default(size_name: str, many: int, repeat: int) -> Table:
                          f"its kernel (run_batch, {n:,} events): {fmt_rate(n / t_kernel)}/s, "
                          f"{ratio:,.0f}x"])  # fmt: skip
     tab.notes.append(
-        "The default's cost is the sum of its inputs' and the mixture's (5 inputs x 21 Cox "
+        "The default's cost is the sum of its inputs' and the mixture's "
+        f"({1 + len(config.EXPERT_INPUTS_BINARY)} inputs with the base x 21 Cox "
         f"functions x 3 rates per event). With {many:,} streams of ~{n // many} events no "
         "decay-beta reaches its first fit; the cost is then the per-stream state (~760 floats)."
     )

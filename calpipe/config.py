@@ -273,7 +273,8 @@ DECAY_BETA_TOL: float = 1e-12
 #: rescale); they are divided by g once it passes this, long before a double overflows.
 DECAY_BETA_RESCALE: float = 1e100
 #: decay-venn-abers (calibrators/decay.py): Venn-ABERS on decay-beta's forgotten bins. Memory W
-#: of its counts: to be chosen by measurement (docs/studies/nonparametric-input.md).
+#: of its counts, as decay-beta's longer memory: 2000 was worse on bank-nb and 8000 no better
+#: (docs/studies/nonparametric-input.md).
 DECAY_VENN_ABERS_MEMORY: int = 4000
 
 #: Calibrators whose forecasts join the base as inputs of the default method (binary), written
@@ -281,12 +282,16 @@ DECAY_VENN_ABERS_MEMORY: int = 4000
 #: follow drift of any size without a window but weigh all the past; beta calibration refitted on
 #: exponentially forgotten counts (decay-beta, the practitioner's trailing-window refit with a
 #: fixed-size state) forgets it: memories of 1000 labels (the batch methods' default window) and
-#: 4000 (where a 1000-label fit is too noisy). The mixture tracks the best of them at any time.
+#: 4000 (where a 1000-label fit is too noisy). Venn-ABERS on the same forgotten bins
+#: (decay-venn-abers) is the nonparametric input for monotone maps no logistic family holds
+#: (extreme naive-Bayes scores: docs/studies/nonparametric-input.md). The mixture tracks the
+#: best of them at any time.
 EXPERT_INPUTS_BINARY: tuple[str, ...] = (
     "ops",
     "obs",
     "decay-beta:memory=1000",
     "decay-beta:memory=4000",
+    "decay-venn-abers:memory=4000",
 )
 
 #: Streams the default's binary kernel runs at a time in SIMD lanes
@@ -318,8 +323,10 @@ EXPERT_LANE_ONS_DIM: int = 8
 #: oms) at K = 3 (198) runs on the heap: 200 on the stack measured no faster (BENCHMARKS.md §25).
 EXPERT_LANE_INPUT_STATE: int = 160
 
-#: K classes: online vector scaling (``ops``), the per-class slope and prior shift.
-EXPERT_INPUTS_MULTICLASS: tuple[str, ...] = ("ops",)
+#: K classes: online vector scaling (``ops``, the per-class slope and prior shift) and online
+#: matrix scaling (``oms``, the full K x K + K map that matrix scaling refitted on a window
+#: wins with on feature-ordered streams: issue #34, QUALITY.md).
+EXPERT_INPUTS_MULTICLASS: tuple[str, ...] = ("ops", "oms")
 
 #: Log-odds shifts alpha of the default method's Cox grid: paper 001's {0, +-1} doubled out to
 #: +-4 (a factor e^4 ~ 55 on the odds), each switch to a wider grid costing only ln(size) nats.

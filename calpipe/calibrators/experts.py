@@ -36,18 +36,19 @@ J (1 - w) / E, on input i's identity with probability at least J w / I. So:
    L <= L(f_theta o q_i) + ln(R I / (1 - pi)) + ln(|Theta|) [theta != identity]
    + (n - 1) ln(1 / (1 - J)) for each rate J (the Jumper of rate J with one switch at the start);
    with J = 1e-4 the last term is n * 1e-4 nats; with the default R = 3 rates, pi = 1/2 and
-   I = 5 inputs (base, OPS, OBS, two decay-beta fits), for theta = identity:
-   L <= L(input i) + ln(30) + 1e-4 n, e.g. within ln 30 + 1e-4 n of each beta refit and of OPS.
+   I = 6 inputs (base, OPS, OBS, two decay-beta fits, decay-venn-abers), for theta = identity:
+   L <= L(input i) + ln(36) + 1e-4 n, e.g. within ln 36 + 1e-4 n of each beta refit and of OPS
+   (K classes, I = 3: base, online vector and matrix scaling: ln 18).
 3. **Switching**: for any sequence of experts with k switches,
    L <= L(sequence) + ln(R I / (1 - pi)) + sum over the switches of ln(1 / (J mu(target)))
    + (n - 1 - k) ln(1 / (1 - J)): a switch to any expert costs at most ln(E / ((1 - w) J))
    (w = 1/2: ln(2E / J), ln 2 more than paper 001's uniform jumps), a switch to an input's
    identity at most ln(I / (w J)) = ln(2 I / J) (uniform jumps: ln(E / J); with the default
-   I = 5 inputs and |Theta| = 21, ln 10 instead of ln 105: 2.35 nats less a switch; K = 10
+   I = 6 inputs and |Theta| = 21, ln 12 instead of ln 126: 2.35 nats less a switch; K = 10
    with inputs (ops, oms), |Theta| = 123: 4.1 nats less).
 
 Together with OPS's own O(d log n) regret against the best fixed Platt map (Hazan 2016,
-Thm. 4.5), (2) gives L <= min_{a, b} L(Platt_{a, b}) + O(log n) + 1e-4 n + ln 30. The bounds are
+Thm. 4.5), (2) gives L <= min_{a, b} L(Platt_{a, b}) + O(log n) + 1e-4 n + ln 36. The bounds are
 tested in ``tests/calibrators/test_experts.py`` on adversarial and real sequences.
 
 ``log10_martingale`` is the log10 test martingale of the base forecasts (the ratio of the

@@ -114,7 +114,8 @@ def protect(
         \quad C = p'_n(y_n),\\
         \log_{10} S_n &= \textstyle\sum_{i \le n} \log_{10} p'_i(y_i) - \log_{10} p_i(y_i).
 
-    Its cumulative log loss is at most the base's + ln(1/π) (= ln 2), and each input's + ln 30 + n/10⁴.
+    Its cumulative log loss is at most the base's + ln(1/π) (= ln 2), and each input's + ln 36 + n/10⁴
+    (K classes: ln 18).
     ``composite-jumper`` is paper 001's Algorithm 1 on the base alone (its paper numbers are
     reproduced); ``jumper`` and ``mean-jumper`` are paper 000's Algorithm 2 (with the martingale
     of Algorithm 1) and its average over jumping rates; ``loss="brier"`` reproduces
