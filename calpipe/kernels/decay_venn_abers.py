@@ -39,6 +39,7 @@ import numpy as np
 from numba import njit
 
 from calpipe import config
+from calpipe.kernels.decay_beta import bin_edges
 from calpipe.kernels.ops import OP_FORECAST, OP_UPDATE
 
 _HEAD = 2  # u, g
@@ -161,8 +162,6 @@ def _thresholds(interior, eps):
 def bin_thresholds(n_bins: int, eps: float) -> np.ndarray:
     """The B - 1 scores where the bin changes: score p is in bin #{thresholds <= p} exactly as
     the kernel bins it (the breakpoints of the step map, its SQL form)."""
-    from calpipe.kernels.decay_beta import bin_edges
-
     return _thresholds(np.ascontiguousarray(bin_edges(n_bins, eps)[1:-1]), float(eps))
 
 
@@ -196,7 +195,6 @@ def decay_venn_abers(
     """
     if not (memory >= 4 and n_bins >= 1 and 0.0 < eps < 0.5 and warmup >= 1 and refit_every >= 1):
         raise ValueError("need memory >= 4, n_bins >= 1, 0 < eps < 0.5, warmup, refit_every >= 1")
-    from calpipe.kernels.decay_beta import bin_edges
 
     st = np.ascontiguousarray(state, dtype=np.float64)
     if st.ndim != 2 or st.shape != (op_offsets.shape[0] - 1, state_size(n_bins)):
