@@ -54,7 +54,7 @@ def serving_map(
     >>> fresh = pl.DataFrame({"stream": ["a", "b"], "score": [0.5, 0.5]})
     >>> out = calpipe.serving_map(st, fresh)
     >>> round(out["protected_score"][0], 4), out["protected_score"][1]
-    (0.5067, None)
+    (0.5051, None)
     """
     cal = make_calibrator(method, base_method=base_method, base_params=base_params, **params)
     return apply_serving_map(state, scores, cal, score=score, stream=stream)

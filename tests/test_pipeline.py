@@ -1262,18 +1262,23 @@ def test_checks_that_outgrow_their_small_pool_run_again_at_the_default_one(small
 
     con, source, _, _ = small
     default = storage.fetch_one(con, "SELECT current_setting('memory_limit')")[0]
-    limits = []
-    real = checks.check_probabilities
+    pool, limits = [None], []
+    real_drop, real = storage.drop_block_cache, checks.check_probabilities
 
-    def probabilities_at(con, start, end):  # the pool each attempt ran at
-        limits.append(storage.fetch_one(con, "SELECT current_setting('memory_limit')")[0])
+    def drop(con, limit=None):  # the pool the pipeline asks for
+        pool[0] = limit
+        real_drop(con, limit)
+
+    def probabilities_at(con, start, end):  # the pool each attempt ran at (not asked of DuckDB:
+        limits.append(pool[0])  # at a 1 MB pool that query itself may run out of memory)
         return real(con, start, end)
 
+    monkeypatch.setattr(storage, "drop_block_cache", drop)
     monkeypatch.setattr(checks, "check_probabilities", probabilities_at)
     monkeypatch.setattr(storage.session, "CHECKS_MEMORY_LIMIT", "1MB")  # too small for the checks
     s = pipeline.run_range(con, source)
     assert all(c.passed or c.warning for c in s.checks)
-    assert len(limits) == 2 and limits[0] != default and limits[1] == default  # the retry
+    assert limits == ["1MB", None]  # the small pool, then the retry at the default one
     assert storage.fetch_one(con, "SELECT current_setting('memory_limit')")[0] == default
 
 

@@ -267,13 +267,21 @@ class CompositeExperts(Calibrator[FlatState]):
         return np.asarray(self.params["jumping_rates"], dtype=np.float64)
 
     def input_specs(self, n_classes: int) -> tuple:
-        """The inputs (besides the base) as normalised specs: the parameter or the default."""
+        """The inputs (besides the base) as normalised specs: the parameter or the default.
+
+        The default's online matrix scaling (``oms``) learns K^2 + K parameters and stops at
+        ``config.OMS_MAX_CLASSES`` classes; beyond that the default runs without it (online
+        vector scaling has no limit), so that the default method takes any K. Given inputs
+        are kept as given (``oms`` then refuses K above its limit, naming it)."""
         v = self.params["inputs"]
         if v is not None:
             return v
-        return _specs(
-            config.EXPERT_INPUTS_BINARY if n_classes == 2 else config.EXPERT_INPUTS_MULTICLASS
-        )
+        if n_classes == 2:
+            return _specs(config.EXPERT_INPUTS_BINARY)
+        specs = _specs(config.EXPERT_INPUTS_MULTICLASS)
+        if n_classes > config.OMS_MAX_CLASSES:
+            specs = tuple(x for x in specs if x[0] != "oms")
+        return specs
 
     def _inputs(self, n_classes: int) -> list[Calibrator]:
         return [make_input(x, self.params["clip"]) for x in self.input_specs(n_classes)]

@@ -123,7 +123,11 @@ def test_too_many_classes_are_refused_naming_the_limit():
         make_calibrator("oms").run(x, np.array([0, 1, -1]))
     with pytest.raises(ParameterError, match=r"at most K = "):
         make_calibrator("composite-experts", inputs=("ops", "oms")).run(x, np.array([0, 1, -1]))
-    make_calibrator("composite-experts").run(x, np.array([0, 1, -1]))  # ops alone: no limit
+    # the default drops its oms input above the limit (ops has none): any K runs
+    cal = make_calibrator("composite-experts")
+    assert [n for n, _ in cal.input_specs(k)] == ["ops"]
+    assert [n for n, _ in cal.input_specs(k - 1)] == [n for n, _ in cal.input_specs(3)]
+    cal.run(x, np.array([0, 1, -1]))
 
 
 def _tampered(mutate, k=3):
