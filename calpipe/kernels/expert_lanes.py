@@ -222,45 +222,37 @@ def _ons_project(st, s, c0, beta, radius, tv, av, shifted, rhs, lower, zz, out):
 
 
 @njit(cache=True, inline="always", error_model="numpy")
-def _decay_count(st, s, c0, lab, k, lam, nb):
-    """Step 3 for a decay-beta input, its count (``_decay_beta``'s operations): decay, count
-    in bin ``k`` of the label's log-odds, rescale. Returns the label count u (the caller
-    refits when it is due: :func:`_decay_refit`)."""
-    pos = c0 + 5
-    neg = c0 + 5 + nb
-    st[s, c0 + 4] /= lam
+def _bin_count(st, s, u_at, g_at, pos, lab, k, lam, nb):
+    """Step 3 for an input on exponentially forgotten bin counts (decay-beta, decay-venn-abers:
+    ``decay_beta._decay_beta``'s operations, in order): the common factor g (``st[s, g_at]``)
+    divided by lambda, the label counted in bin ``k`` of the positives (from ``pos``) or the
+    negatives (``pos + nb``), all divided by g once it passes the rescale bound; then the label
+    count u (``st[s, u_at]``) + 1, returned (the caller refits when it is due)."""
+    neg = pos + nb
+    st[s, g_at] /= lam
     if lab == 1:
-        st[s, pos + k] += st[s, c0 + 4]
+        st[s, pos + k] += st[s, g_at]
     else:
-        st[s, neg + k] += st[s, c0 + 4]
-    if st[s, c0 + 4] > _RESCALE:
+        st[s, neg + k] += st[s, g_at]
+    if st[s, g_at] > _RESCALE:
         for j in range(nb):
-            st[s, pos + j] /= st[s, c0 + 4]
-            st[s, neg + j] /= st[s, c0 + 4]
-        st[s, c0 + 4] = 1.0
-    st[s, c0] += 1.0
-    return st[s, c0]
+            st[s, pos + j] /= st[s, g_at]
+            st[s, neg + j] /= st[s, g_at]
+        st[s, g_at] = 1.0
+    st[s, u_at] += 1.0
+    return st[s, u_at]
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def _decay_count(st, s, c0, lab, k, lam, nb):
+    """:func:`_bin_count` of a decay-beta input (state ``[u, a, b, c, g, g n^1, g n^0]``)."""
+    return _bin_count(st, s, c0, c0 + 4, c0 + 5, lab, k, lam, nb)
 
 
 @njit(cache=True, inline="always", error_model="numpy")
 def _decay_va_count(st, s, c0, lab, k, lam, nb):
-    """Step 3 for a decay-venn-abers input, its count (``_decay_venn_abers``'s operations, its
-    state ``[u, g, g n^1 (B), g n^0 (B), table (B)]``): decay, count in bin ``k``, rescale.
-    Returns the label count u (the caller refits when due: :func:`_decay_va_refit`)."""
-    pos = c0 + 2
-    neg = c0 + 2 + nb
-    st[s, c0 + 1] /= lam
-    if lab == 1:
-        st[s, pos + k] += st[s, c0 + 1]
-    else:
-        st[s, neg + k] += st[s, c0 + 1]
-    if st[s, c0 + 1] > _RESCALE:
-        for j in range(nb):
-            st[s, pos + j] /= st[s, c0 + 1]
-            st[s, neg + j] /= st[s, c0 + 1]
-        st[s, c0 + 1] = 1.0
-    st[s, c0] += 1.0
-    return st[s, c0]
+    """:func:`_bin_count` of a decay-venn-abers input (state ``[u, g, g n^1, g n^0, table]``)."""
+    return _bin_count(st, s, c0, c0 + 1, c0 + 2, lab, k, lam, nb)
 
 
 @njit(cache=True, error_model="numpy")
