@@ -150,6 +150,27 @@ def fit_kernel(w, x1, x2, pos, neg, rho, max_iter, tol):
         _newton(w, free, x1, x2, pos, neg, rho, max_iter, tol)
 
 
+@njit(cache=True, inline="always")
+def forget_and_count(v, g_at, pos, neg, label, k, lam):
+    """One label into exponentially forgotten bin counts (decay-beta, decay-venn-abers), in
+    place: the counts are kept multiplied by g = lambda^-(labels since the last rescale)
+    (``v[g_at]``), so decaying every bin is one division (O(1) per label, not O(B)); the label
+    adds g to bin ``k`` of ``pos`` (label 1) or ``neg``; every count is divided by g once it
+    passes ``config.DECAY_BETA_RESCALE``. Then the label count ``v[0]`` + 1, returned."""
+    v[g_at] /= lam
+    if label == 1:
+        pos[k] += v[g_at]
+    else:
+        neg[k] += v[g_at]
+    if v[g_at] > _RESCALE:
+        for j in range(pos.shape[0]):
+            pos[j] /= v[g_at]
+            neg[j] /= v[g_at]
+        v[g_at] = 1.0
+    v[0] += 1.0
+    return v[0]
+
+
 @njit(cache=True, error_model="numpy")
 def _decay_beta(
     x, y, op_event, op_kind, op_offsets, state, lam, edges, eps, warmup, refit_every, rho,
@@ -182,20 +203,7 @@ def _decay_beta(
             if op_kind[o] != OP_FORECAST:
                 z = math.log(q) - math.log1p(-q)
                 k = np.searchsorted(edges[1:-1], z, side="right")  # interior edges: 0..B-1
-                # Counts are kept multiplied by g = lambda^-(labels since the last rescale):
-                # decaying every bin is then one division (O(1) per label, not O(B)).
-                v[4] /= lam
-                if y[e] == 1:
-                    pos[k] += v[4]
-                else:
-                    neg[k] += v[4]
-                if v[4] > _RESCALE:
-                    for j in range(n_bins):
-                        pos[j] /= v[4]
-                        neg[j] /= v[4]
-                    v[4] = 1.0
-                v[0] += 1.0
-                u = v[0]
+                u = forget_and_count(v, 4, pos, neg, y[e], k, lam)
                 if u >= warmup and (u - warmup) % refit_every == 0:
                     if u == warmup:  # the first fit starts from the identity map
                         w[0], w[1], w[2] = 1.0, 1.0, 0.0

@@ -38,12 +38,10 @@ import math
 import numpy as np
 from numba import njit
 
-from calpipe import config
-from calpipe.kernels.decay_beta import bin_edges
+from calpipe.kernels.decay_beta import bin_edges, forget_and_count
 from calpipe.kernels.ops import OP_FORECAST, OP_UPDATE
 
 _HEAD = 2  # u, g
-_RESCALE = config.DECAY_BETA_RESCALE  # decay-beta's: a literal in the compiled kernel
 
 
 @njit(cache=True)
@@ -110,18 +108,7 @@ def _decay_venn_abers(x, y, op_event, op_kind, op_offsets, state, lam, edges, ep
             if op_kind[o] != OP_UPDATE:
                 out[e] = table[k] if v[0] >= warmup else x[e]
             if op_kind[o] != OP_FORECAST:
-                v[1] /= lam
-                if y[e] == 1:
-                    pos[k] += v[1]
-                else:
-                    neg[k] += v[1]
-                if v[1] > _RESCALE:
-                    for j in range(n_bins):
-                        pos[j] /= v[1]
-                        neg[j] /= v[1]
-                    v[1] = 1.0
-                v[0] += 1.0
-                u = v[0]
+                u = forget_and_count(v, 1, pos, neg, y[e], k, lam)
                 if u >= warmup and (u - warmup) % refit_every == 0:
                     for j in range(n_bins):
                         cur_pos[j] = pos[j] / v[1]
