@@ -5,34 +5,12 @@ import json
 import sys
 import time
 
-import numpy as np
-import polars as pl
-
-import calpipe
 from benchmarks import quality as Q
+from benchmarks.studies.nonparametric_input.np_measure_lib import STREAMS, load, run
 from calpipe import config
 
-D = np.load("/work/helpers/nonparam_cache/streams.npz")
-STREAMS = [
-    "bank-time",
-    "bank-by-age",
-    "bank-by-balance",
-    "bank-random",
-    "phishing-arf",
-    "bank-nb",
-    "approval-daily",
-]
 DEF = list(config.EXPERT_INPUTS_BINARY)
-
-
-def run(p, y, inputs):
-    n = len(y)
-    f = pl.DataFrame({"event_id": np.arange(n), "label": y, "score": p})
-    r = calpipe.protect(
-        f, order_by="event_id", method="composite-experts", score="score", inputs=tuple(inputs)
-    )
-    return r["protected_score"].to_numpy()
-
+D = load()
 
 out = sys.argv[1]
 only = None

@@ -8,10 +8,10 @@ import sys
 import numpy as np
 
 from benchmarks import quality as Q
+from benchmarks.studies.nonparametric_input.np_measure_lib import STREAMS, load, run
 from calpipe import config
 
-sys.path.insert(0, "benchmarks/studies/nonparametric_input")
-from np_measure_lib import run, D, STREAMS  # noqa
+D = load()
 
 DEF = list(config.EXPERT_INPUTS_BINARY)
 add = sys.argv[1:]

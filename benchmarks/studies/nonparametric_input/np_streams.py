@@ -3,8 +3,10 @@
 import numpy as np
 
 from benchmarks import quality as Q
+from benchmarks.studies.nonparametric_input.np_measure_lib import CACHE
 
-out = "/work/helpers/nonparam_cache/streams.npz"
+out = CACHE
+out.parent.mkdir(parents=True, exist_ok=True)
 makers = {
     "bank-time": lambda: Q.bank_time(None),
     "bank-by-age": lambda: Q.bank_sorted("age", None),
