@@ -62,7 +62,12 @@ label), smooth ECE, the CORP miscalibration / discrimination (Dimitriadis, Gneit
 2021) of the log loss (``mcb``/``dsc``, binary only) and of the Brier score (``mcb B``/``dsc B``),
 the worst-window excess log loss over the base (windows of ``max(250, n / 20)`` events), and the
 first alarm (log10 S >= 2) of the martingale methods: a detection on drifting streams, a false
-alarm on controls.
+alarm on controls. Two columns read a forecast's calibration over time, outside the verdict:
+``conf - acc``, the mean top-label confidence minus the accuracy (binary: the mean forecast minus
+the base rate; below 0: underconfident on average), and ``smECE/4``, the mean of the smooth ECEs
+of the stream's four consecutive quarters (:data:`LOCAL_PERIODS`). The whole stream's smooth ECE
+pools periods, so an overconfident start and an underconfident end cancel in it; the quarters'
+mean does not let them (``docs/studies/multiclass-confidence.md``).
 
 *CORP for K classes.* CORP recalibrates by PAV, which is unique for a binary forecast only; a
 K-class forecast has no unique isotonic recalibration, so the K-class log loss -log p_y has no
@@ -147,6 +152,9 @@ CONTROL_SLACK = 0.002
 #: The seed of the smooth ECE's bootstrap (the library's default; stated here because the
 #: report's intervals are reproducible from it).
 BOOTSTRAP_SEED = config.SMOOTH_ECE_BOOTSTRAP_SEED
+#: ``smECE/4``: consecutive periods whose smooth ECEs are averaged. Four keeps >= 250 labels a
+#: period on the shortest stream (approval-daily, 1,000 events), where the metric still resolves.
+LOCAL_PERIODS = 4
 #: Bootstrap resamples at smoke size (CI): the run checks that the report is made, its intervals
 #: are informational, and 200 resamples cost a fifth of the 1,000 of the full size
 #: (:data:`calpipe.config.SMOOTH_ECE_BOOTSTRAP_RESAMPLES`), whose quantiles they would only
@@ -526,12 +534,16 @@ def evaluate(s: Stream, p: np.ndarray, mart: np.ndarray | None) -> dict:
         conf, hit = metrics.top_label(p, y)
         ece = float(metrics.grouped_ece(conf, hit, one, 1)[0])
     else:
+        conf, hit = p, y  # binary: calibration in the large
         ece = float(metrics.grouped_ece(p, y, one, 1)[0])
+    period = np.arange(len(y)) * LOCAL_PERIODS // len(y)
     row = {
         "log_loss": float(ll.mean()),
         "brier": float(metrics.grouped_brier(p, y, one, 1)[0]),
         "ece": ece,
         "smooth_ece": float(metrics.grouped_smooth_ece(p, y, one, 1)[0]),
+        "conf_gap": float(conf.mean() - hit.mean()),
+        "smooth_ece_local": float(metrics.grouped_smooth_ece(p, y, period, LOCAL_PERIODS).mean()),
         "mcb": math.nan,
         "dsc": math.nan,
         "mcb_brier": math.nan,
@@ -696,6 +708,10 @@ def markdown(streams, results, verdicts, t11, size, seconds, resamples=None) -> 
              "of the log loss (binary only: the K-class log loss has no CORP decomposition); "
              "`mcb B`/`dsc B`: of the Brier score, for K classes summed over the K one-vs-rest "
              "problems, which decomposes the K-class Brier score of the `Brier` column; "
+             "`smECE/4`: the mean smooth ECE of the stream's four consecutive quarters (errors of "
+             "opposite sign in different periods do not cancel in it); `conf - acc`: mean "
+             "top-label confidence minus accuracy (binary: mean forecast minus base rate; < 0 "
+             "underconfident); neither is in the verdict. "
              "`worst window`: the largest excess log loss over the "
              "base in a window of max(250, n/20) events; `alarm`: first event with log10 S >= 2 "
              "(-1: none).", "", "## Summary", "",
@@ -730,14 +746,15 @@ def markdown(streams, results, verdicts, t11, size, seconds, resamples=None) -> 
                   f"Default's smooth ECE {_f(d['smooth_ece'])}, 95 % "
                   f"{_ci(d['smece_lo'], d['smece_hi'])}; minus the best anchor's "
                   f"{_f(d['dsmece'])}, 95 % {_ci(d['dsmece_lo'], d['dsmece_hi'])}.", "",
-                  "| method | kind | log loss | Brier | ECE | smooth ECE | mcb | dsc | mcb B | "
-                  "dsc B | worst window | alarm |",
-                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+                  "| method | kind | log loss | Brier | ECE | smooth ECE | smECE/4 | conf - acc | "
+                  "mcb | dsc | mcb B | dsc B | worst window | alarm |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
         for r in rows:
             name = f"**{r['method']}**" if r["kind"] == "default" else r["method"]
             lines.append(
                 f"| {name} | {r['kind']} | {_f(r['log_loss'])} | {_f(r['brier'])} | "
-                f"{_f(r['ece'])} | {_f(r['smooth_ece'])} | {_f(r['mcb'])} | {_f(r['dsc'])} | "
+                f"{_f(r['ece'])} | {_f(r['smooth_ece'])} | {_f(r['smooth_ece_local'])} | "
+                f"{r['conf_gap']:+.4f} | {_f(r['mcb'])} | {_f(r['dsc'])} | "
                 f"{_f(r['mcb_brier'])} | {_f(r['dsc_brier'])} | {_f(r['worst_window'])} | "
                 f"{_f(r['alarm'])} |"
             )

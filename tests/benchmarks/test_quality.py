@@ -110,3 +110,30 @@ def test_a_control_passes_within_0_002_nats_of_the_best_anchor_a_drifting_stream
         assert "beats_best_anchor" not in checks
         assert checks["near_best_anchor"] is (behind < quality.CONTROL_SLACK)
     assert checks["insurance"] and checks["smooth_ece"]
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_the_local_columns_do_not_let_opposite_errors_of_two_periods_cancel(k):
+    """``smECE/4`` is the mean of the four quarters' smooth ECEs and ``conf - acc`` the mean
+    confidence minus the accuracy: a forecast overconfident in the first half and as much
+    underconfident in the second keeps a small whole-stream gap but a large local ECE."""
+    s = stream(k, n=4000)
+    if k == 2:
+        true = np.clip(1.2 * s.p, 0, 1)
+        p = np.where(np.arange(4000) < 2000, np.clip(true + 0.1, 0, 1), np.clip(true - 0.1, 0, 1))
+    else:
+        p = s.p
+    row = quality.evaluate(s, p, None)
+    period = np.arange(4000) // 1000
+    y = s.y.astype(float)
+    assert row["smooth_ece_local"] == pytest.approx(
+        np.mean([metrics.grouped_smooth_ece(p[period == q], y[period == q],
+                                            np.zeros(1000, np.int64), 1)[0] for q in range(4)]),
+        abs=1e-12,
+    )  # fmt: skip
+    if k == 2:
+        assert row["conf_gap"] == pytest.approx(p.mean() - y.mean(), abs=1e-15)
+        assert row["smooth_ece_local"] > 1.5 * row["smooth_ece"], row
+    else:
+        conf, hit = metrics.top_label(p, y)
+        assert row["conf_gap"] == pytest.approx(conf.mean() - hit.mean(), abs=1e-15)
