@@ -107,6 +107,11 @@ FAMILY_CACHE_SIZE: int = 64
 #: probability <= 1 % under calibrated base forecasts (docs/ARCHITECTURE.md §1).
 ALARM_LOG10_THRESHOLD: float = 2.0
 
+#: Ops per chunk of the inputs' test martingales (calibrators/base.likelihood_gale_ends): I
+#: inputs x this x 8 bytes a temporary (1.3 MB at I = 5) stays in cache, where a night's whole
+#: (I, m) temporaries were gigabytes of first-touch page faults.
+GALE_CHUNK_OPS: int = 1 << 15
+
 # --- Change points (kernels/change_points.py, night/changes.py) ---
 #: Threshold of the change-point detector (a CUSUM e-detector, Shin, Ramdas & Rinaldo 2023):
 #: log10 A = 4. Under its null the mean number of labelled events to a false change point is

@@ -441,17 +441,39 @@ def likelihood_gale(
 
 
 @njit(cache=True)
-def _segment_ends(contrib, op_offsets, log10m0):
-    """``_segment_gale``'s end values for each row of ``contrib`` (I, m) and ``log10m0`` (I, S):
-    the same sequential adds in op order."""
-    end = log10m0.copy()
+def _segment_add(contrib, o0, op_offsets, acc):
+    """Add ``contrib`` (I, c), the terms of ops o0 .. o0 + c - 1, to their streams' running
+    sums ``acc`` (I, S) in place, each stream's in op order: over consecutive chunks of the ops
+    these are ``_segment_gale``'s sequential adds, so the ends are its ends to the bit."""
+    hi_op = o0 + contrib.shape[1]
+    first = np.searchsorted(op_offsets, o0, side="right") - 1
     for i in range(contrib.shape[0]):
-        for s in range(op_offsets.shape[0] - 1):
-            m = log10m0[i, s]
-            for o in range(op_offsets[s], op_offsets[s + 1]):
-                m += contrib[i, o]
-            end[i, s] = m
-    return end
+        s, o = first, o0
+        while o < hi_op:
+            while op_offsets[s + 1] <= o:  # streams without ops in the chunk
+                s += 1
+            hi = min(op_offsets[s + 1], hi_op)
+            m = acc[i, s]
+            for k in range(o - o0, hi - o0):
+                m += contrib[i, k]
+            acc[i, s] = m
+            o = hi
+
+
+def _gale_terms(f, base, labels, is_update, clip):
+    """The log10 ratio terms of I forecasters on some ops, (I, c): :func:`likelihood_gale`'s
+    elementwise operations (module docstring of :func:`likelihood_gale_ends`)."""
+    if base.ndim == 2:
+        y = np.where(is_update, np.maximum(labels, 0), 0)
+        at = np.arange(base.shape[0])
+        q = [np.maximum(p, clip) for p in (base, *f)]
+        lp = [np.log10(v[at, y] / v.sum(axis=1)) for v in q]
+        return np.array([np.where(is_update, v - lp[0], 0.0) for v in lp[1:]])
+    f = np.clip(f, clip, 1.0 - clip)
+    b = clip_probabilities(base, clip)
+    one = np.maximum(labels, 0) == 1
+    return np.where(is_update, np.log10(np.where(one, f, 1.0 - f))
+                    - np.log10(np.where(one, b, 1.0 - b)), 0.0)  # fmt: skip
 
 
 def likelihood_gale_ends(
@@ -464,31 +486,26 @@ def likelihood_gale_ends(
     clip: float,
 ) -> np.ndarray:
     """:func:`likelihood_gale`'s end values (I, S) for I binary forecasters at once:
-    ``forecasts`` (I, m) per op, ``log10m0`` (I, S), one ``clip``. The same elementwise
-    operations (the base's term computed once), so every value equals ``likelihood_gale``'s
-    for that row to the bit. K classes: ``forecasts`` (I, m, K), ``base`` (m, K); only the
-    label's entry of a clipped row is formed, max(p_y, clip) / (the row of max(p, clip) summed
-    in numpy's order), the same division of the same values as the whole row's."""
-    if base.ndim == 2:
-        y = np.where(is_update, np.maximum(labels, 0), 0)
-        at = np.arange(base.shape[0])
-        q = [np.maximum(p, clip) for p in (base, *forecasts)]
-        lp = [np.log10(v[at, y] / v.sum(axis=1)) for v in q]
-        contrib = np.array([np.where(is_update, v - lp[0], 0.0) for v in lp[1:]])
-        rows, m = len(forecasts), base.shape[0]
-    else:
-        f = np.clip(forecasts, clip, 1.0 - clip) if forecasts.ndim > 1 else clip_probabilities(
-            forecasts, clip
-        )  # fmt: skip
-        b = clip_probabilities(base, clip)
-        one = np.maximum(labels, 0) == 1
-        contrib = np.where(is_update, np.log10(np.where(one, f, 1.0 - f))
-                           - np.log10(np.where(one, b, 1.0 - b)), 0.0)  # fmt: skip
-        rows, m = 1 if f.ndim == 1 else f.shape[0], f.shape[-1]  # (-1 fails on 0 ops)
-    return _segment_ends(
-        np.ascontiguousarray(contrib).reshape(rows, m), op_offsets,
-        np.ascontiguousarray(log10m0, dtype=np.float64).reshape(rows, op_offsets.shape[0] - 1),
-    )  # fmt: skip
+    ``forecasts`` (I, m) per op (or (m,): one), ``log10m0`` (I, S), one ``clip``. The same
+    elementwise operations (the base's term computed once), so every value equals
+    ``likelihood_gale``'s for that row to the bit. K classes: ``forecasts`` (I, m, K), ``base``
+    (m, K); only the label's entry of a clipped row is formed, max(p_y, clip) / (the row of
+    max(p, clip) summed in numpy's order), the same division of the same values as the whole
+    row's.
+
+    The ops go through in chunks of ``config.GALE_CHUNK_OPS``: the terms of a whole night (the
+    default's five inputs over 10M ops) were six fresh (I, m) temporaries, 2.4 GB whose first
+    touch cost more than the logarithms (BENCHMARKS.md §28); per chunk they stay in cache.
+    """
+    k_class = base.ndim == 2
+    f = forecasts if forecasts.ndim > (2 if k_class else 1) else forecasts[None]
+    acc = np.array(log10m0, dtype=np.float64).reshape(f.shape[0], op_offsets.shape[0] - 1)
+    step = config.GALE_CHUNK_OPS
+    for a in range(0, f.shape[1], step):
+        z = slice(a, a + step)
+        terms = _gale_terms(f[:, z], base[z], labels[z], is_update[z], clip)
+        _segment_add(np.ascontiguousarray(terms), a, op_offsets, acc)
+    return acc
 
 
 def clip_probabilities(p: np.ndarray, eps: float) -> np.ndarray:

@@ -115,16 +115,29 @@ def test_the_default_through_protect_with_label_time_is_the_same_frame(engine):
     assert frames["fused"][1].equals(frames["per-stream"][1])
 
 
-def test_likelihood_gale_ends_equals_likelihood_gale_row_by_row():
+#: chunks of the ops (config.GALE_CHUNK_OPS) that cut every stream, some, or none
+CHUNKS = [1, 13, 1 << 15]
+
+
+def with_empty_streams(op_offsets: np.ndarray) -> np.ndarray:
+    """The ops' offsets with a stream of no ops first, third and last."""
+    o = op_offsets
+    return np.concatenate([[0], o[:2], o[1:], [o[-1]]]).astype(np.int64)
+
+
+@pytest.mark.parametrize("chunk", CHUNKS)
+def test_likelihood_gale_ends_equals_likelihood_gale_row_by_row(chunk, monkeypatch):
+    monkeypatch.setattr(config, "GALE_CHUNK_OPS", chunk)
     rng = np.random.default_rng(4)
     ops = make_ops(rng, 500, 7)
+    ops.op_offsets = with_empty_streams(ops.op_offsets)
     m = ops.op_event.shape[0]
     f = rng.uniform(0, 1, (3, m))
     f[:, ::17] = 0.0
     base = rng.uniform(0, 1, m)
     y = rng.integers(-1, 2, m)
     upd = ops.op_kind != OP_FORECAST
-    m0 = rng.normal(0, 1, (3, 7))
+    m0 = rng.normal(0, 1, (3, 10))
     ends = likelihood_gale_ends(f, base, y, upd, ops.op_offsets, m0, config.DEFAULT_CLIP_EPS)
     for i in range(3):
         _, want = likelihood_gale(f[i], base, y, upd, ops.op_offsets, m0[i],
@@ -212,17 +225,20 @@ def test_the_k_class_default_through_protect_with_label_time_is_the_same_frame(e
     assert frames["fused"][1].equals(frames["per-input"][1])
 
 
+@pytest.mark.parametrize("chunk", CHUNKS)
 @pytest.mark.parametrize("k", [3, 4, 9])
-def test_likelihood_gale_ends_of_k_classes_equals_likelihood_gale_row_by_row(k):
+def test_likelihood_gale_ends_of_k_classes_equals_likelihood_gale_row_by_row(k, chunk, monkeypatch):
+    monkeypatch.setattr(config, "GALE_CHUNK_OPS", chunk)
     rng = np.random.default_rng(k)
     ops = make_ops(rng, 500, 7)
+    ops.op_offsets = with_empty_streams(ops.op_offsets)
     m = ops.op_event.shape[0]
     f = rng.dirichlet(np.full(k, 0.5), (3, m))
     f[:, ::17, 0] = 0.0
     base = rng.dirichlet(np.full(k, 0.5), m)
     y = rng.integers(-1, k, m)
     upd = ops.op_kind != OP_FORECAST
-    m0 = rng.normal(0, 1, (3, 7))
+    m0 = rng.normal(0, 1, (3, 10))
     ends = likelihood_gale_ends(f, base, y, upd, ops.op_offsets, m0, 1e-3)
     for i in range(3):
         _, want = likelihood_gale(f[i], base, y, upd, ops.op_offsets, m0[i], 1e-3)
