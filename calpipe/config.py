@@ -53,6 +53,12 @@ PIECE_OPS: int = 250_000
 #: than that run whole, in groups of streams (engine/pieces.py).
 PIECE_MIN_STREAM_OPS: int = 64
 
+#: Rows per chunk where per-row terms are formed by numpy and summed per stream or group (the
+#: inputs' test martingales, calibrators/base.likelihood_gale_ends; the night's estimates,
+#: estimates.grouped_estimates): a few terms x this x 8 bytes stay in cache, where a night's
+#: whole-length temporaries were gigabytes of first-touch page faults (BENCHMARKS.md §28).
+CHUNK_ROWS: int = 1 << 15
+
 
 # --- Protected predictors and their families (calibrators/protected.py, families.py, kernels/mixture.py) ---
 #: Default passive weight pi of the Composite Jumper (paper 001 Alg. 1; docs/ARCHITECTURE.md §4). The
@@ -106,11 +112,6 @@ FAMILY_CACHE_SIZE: int = 64
 #: Threshold of the alarm: log10 S >= 2 means S >= 100, which by Ville's inequality has
 #: probability <= 1 % under calibrated base forecasts (docs/ARCHITECTURE.md §1).
 ALARM_LOG10_THRESHOLD: float = 2.0
-
-#: Ops per chunk of the inputs' test martingales (calibrators/base.likelihood_gale_ends): I
-#: inputs x this x 8 bytes a temporary (1.3 MB at I = 5) stays in cache, where a night's whole
-#: (I, m) temporaries were gigabytes of first-touch page faults.
-GALE_CHUNK_OPS: int = 1 << 15
 
 # --- Change points (kernels/change_points.py, night/changes.py) ---
 #: Threshold of the change-point detector (a CUSUM e-detector, Shin, Ramdas & Rinaldo 2023):

@@ -51,6 +51,7 @@ from statistics import NormalDist
 import numpy as np
 
 from calpipe import config
+from calpipe.kernels.grouping import chunked_group_sums
 from calpipe.metrics import LOG_LOSS_FLOOR
 
 #: The estimates :func:`grouped_estimates` returns besides ``events``: (name, which loss).
@@ -123,15 +124,22 @@ def grouped_estimates(
     :mod:`calpipe.metrics`' grouped forms: the same rows in the same order give the same bits.
     """
     ids = np.asarray(ids, dtype=np.int64)
+    p = np.asarray(p, dtype=np.float64)
     if ids.shape[0] != np.shape(p)[0]:
         raise ValueError(f"ids has {ids.shape[0]} rows, the forecasts {np.shape(p)[0]}")
     n = np.bincount(ids, minlength=n_groups).astype(np.int64)
     z = normal_quantile(level)
     out: dict[str, np.ndarray] = {"events": n}
+    # every loss's (mean, variance) terms summed per group in row order, chunk by chunk: the
+    # whole night's terms were a dozen 10M-row temporaries (kernels.grouping.chunked_group_sums)
+    sums = chunked_group_sums(
+        lambda rows: [t for pair in expected_terms(p[rows]).values() for t in pair],
+        ids.shape[0], ids, n_groups, 2 * len(ESTIMATES),
+    )  # fmt: skip
     with np.errstate(invalid="ignore", divide="ignore"):
-        for name, (mean, var) in expected_terms(p).items():
-            mu = np.bincount(ids, weights=mean, minlength=n_groups) / n
-            sd = np.sqrt(np.bincount(ids, weights=var, minlength=n_groups)) / n
+        for k, name in enumerate(ESTIMATES):
+            mu = sums[2 * k] / n
+            sd = np.sqrt(sums[2 * k + 1]) / n
             half = np.where(n >= min_events, z * sd, np.nan)
             out[f"expected_{name}"] = mu
             out[f"expected_{name}_low"] = mu - half

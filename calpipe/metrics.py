@@ -53,6 +53,7 @@ import polars as pl
 
 from calpipe import config
 from calpipe.kernels.diagnostics import bin_cells, corp_groups, smooth_ece_groups
+from calpipe.kernels.grouping import chunked_group_sums
 
 #: Probabilities are clipped to [LOG_LOSS_FLOOR, 1] inside log loss so that a 0 forecast of the
 #: outcome costs -ln(1e-15) = 34.5 nats instead of infinity (scikit-learn's convention).
@@ -261,6 +262,13 @@ def _per_group(sums: np.ndarray, ids: np.ndarray, n_groups: int) -> np.ndarray:
         return sums / np.bincount(ids, minlength=n_groups)
 
 
+def _sums(term_of, ids: np.ndarray, n_groups: int) -> np.ndarray:
+    """``np.bincount(ids, weights=term, minlength=n_groups)`` of one per-row term, to the bit,
+    formed a chunk of rows at a time (:func:`calpipe.kernels.grouping.chunked_group_sums`: a
+    night's whole-length temporaries were first-touch page faults)."""
+    return chunked_group_sums(term_of, ids.shape[0], ids, n_groups, 1)[0]
+
+
 def _p_of_label_np(p: np.ndarray, y: np.ndarray) -> np.ndarray:
     """The probability the forecast gave to the label that occurred (a new array)."""
     if p.ndim == 2:
@@ -300,29 +308,39 @@ def grouped_log_loss(p: np.ndarray, y: np.ndarray, ids: np.ndarray, n_groups: in
     [0.1643, 0.9163]
     """
     p, y, ids = _labelled_rows(p, y, ids)
-    q = _p_of_label_np(p, y)
-    losses = -np.log(np.clip(q, LOG_LOSS_FLOOR, 1.0, out=q))
-    return _per_group(np.bincount(ids, weights=losses, minlength=n_groups), ids, n_groups)
+
+    def losses(rows: slice) -> list[np.ndarray]:
+        q = _p_of_label_np(p[rows], y[rows])
+        return [-np.log(np.clip(q, LOG_LOSS_FLOOR, 1.0, out=q))]
+
+    return _per_group(_sums(losses, ids, n_groups), ids, n_groups)
 
 
 def grouped_brier(p: np.ndarray, y: np.ndarray, ids: np.ndarray, n_groups: int) -> np.ndarray:
     """:func:`brier` of every group: (p - y)^2 binary, sum_c (p_c - 1{y = c})^2 for (n, K) ``p``
     (arguments as :func:`grouped_log_loss`)."""
     p, y, ids = _labelled_rows(p, y, ids)
-    if p.ndim == 2:
-        sq = (p * p).sum(axis=1) - 2.0 * _p_of_label_np(p, y) + 1.0
-    else:
-        sq = (p - y) ** 2
-    return _per_group(np.bincount(ids, weights=sq, minlength=n_groups), ids, n_groups)
+
+    def squares(rows: slice) -> list[np.ndarray]:
+        pr, yr = p[rows], y[rows]
+        if pr.ndim == 2:
+            return [(pr * pr).sum(axis=1) - 2.0 * _p_of_label_np(pr, yr) + 1.0]
+        return [(pr - yr) ** 2]
+
+    return _per_group(_sums(squares, ids, n_groups), ids, n_groups)
 
 
 def grouped_accuracy(p: np.ndarray, y: np.ndarray, ids: np.ndarray, n_groups: int) -> np.ndarray:
     """:func:`accuracy` of every group: the share of labelled rows whose most probable class is
     the label (p >= 0.5 -> 1 binary; arguments as :func:`grouped_log_loss`)."""
     p, y, ids = _labelled_rows(p, y, ids)
-    guess = p.argmax(axis=1) if p.ndim == 2 else (p >= 0.5)
-    hit = (guess == y).astype(np.float64)
-    return _per_group(np.bincount(ids, weights=hit, minlength=n_groups), ids, n_groups)
+
+    def hits(rows: slice) -> list[np.ndarray]:
+        pr = p[rows]
+        guess = pr.argmax(axis=1) if pr.ndim == 2 else (pr >= 0.5)
+        return [(guess == y[rows]).astype(np.float64)]
+
+    return _per_group(_sums(hits, ids, n_groups), ids, n_groups)
 
 
 def _bin_cells(

@@ -94,6 +94,29 @@ def test_grouped_estimates_are_each_group_s_means_and_intervals():
     assert not np.isnan(few["expected_brier"][0])  # the expected value without an interval
 
 
+@pytest.mark.parametrize("k", [2, 3])
+def test_grouped_estimates_in_chunks_are_the_whole_night_s_bit_for_bit(k, monkeypatch):
+    """The terms are summed chunk by chunk (config.CHUNK_ROWS): the same sums in row order as
+    np.bincount of each whole term, so every estimate is the same double."""
+    rng = np.random.default_rng(k)
+    p = rng.uniform(0, 1, 1000) if k == 2 else rng.dirichlet(np.ones(k), 1000)
+    ids = rng.integers(0, 7, 1000)
+    want = {}
+    for name, (mean, var) in expected_terms(p).items():
+        want[name] = (np.bincount(ids, weights=mean, minlength=7),
+                      np.bincount(ids, weights=var, minlength=7))  # fmt: skip
+    for chunk in (1, 33, 1 << 15):
+        monkeypatch.setattr(config, "CHUNK_ROWS", chunk)
+        est = grouped_estimates(p, ids, 7, min_events=1)
+        n = np.bincount(ids, minlength=7)
+        z = normal_quantile(config.ESTIMATE_LEVEL)
+        for name, (m, v) in want.items():
+            np.testing.assert_array_equal(est[f"expected_{name}"], m / n)
+            np.testing.assert_array_equal(
+                est[f"expected_{name}_high"], m / n + z * (np.sqrt(v) / n)
+            )
+
+
 def test_normal_quantile():
     assert normal_quantile(0.9) == pytest.approx(1.6448536269514722, abs=1e-12)
     assert normal_quantile(0.95) == pytest.approx(1.959963984540054, abs=1e-12)

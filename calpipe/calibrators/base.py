@@ -493,14 +493,14 @@ def likelihood_gale_ends(
     max(p, clip) summed in numpy's order), the same division of the same values as the whole
     row's.
 
-    The ops go through in chunks of ``config.GALE_CHUNK_OPS``: the terms of a whole night (the
+    The ops go through in chunks of ``config.CHUNK_ROWS``: the terms of a whole night (the
     default's five inputs over 10M ops) were six fresh (I, m) temporaries, 2.4 GB whose first
     touch cost more than the logarithms (BENCHMARKS.md §28); per chunk they stay in cache.
     """
     k_class = base.ndim == 2
     f = forecasts if forecasts.ndim > (2 if k_class else 1) else forecasts[None]
     acc = np.array(log10m0, dtype=np.float64).reshape(f.shape[0], op_offsets.shape[0] - 1)
-    step = config.GALE_CHUNK_OPS
+    step = config.CHUNK_ROWS
     for a in range(0, f.shape[1], step):
         z = slice(a, a + step)
         terms = _gale_terms(f[:, z], base[z], labels[z], is_update[z], clip)

@@ -20,6 +20,8 @@ import math
 import numpy as np
 from numba import njit
 
+from calpipe import config
+
 
 @njit(cache=True, inline="always")
 def _mix(x):
@@ -133,6 +135,39 @@ def group_max(values: np.ndarray, ids: np.ndarray, init: np.ndarray) -> np.ndarr
         init.shape[0],
         np.ascontiguousarray(init, dtype=np.float64),
     )
+
+
+@njit(cache=True)
+def _add_by_group(terms, ids, acc):
+    """acc[j, ids[i]] += terms[j, i] for every row i in order, term by term: ``np.bincount``'s
+    adds (its weighted sum is zeroed, then added to row by row), so over consecutive chunks of
+    the rows the sums are ``np.bincount``'s to the bit."""
+    for j in range(terms.shape[0]):
+        for i in range(ids.shape[0]):
+            acc[j, ids[i]] += terms[j, i]
+
+
+def chunked_group_sums(terms_of, n_rows: int, ids: np.ndarray, n_ids: int, n_terms: int):
+    """Per group sums of ``n_terms`` per-row terms formed chunk by chunk: ``terms_of(rows)``
+    returns the terms (``n_terms`` arrays) of the rows of the slice ``rows``; the result
+    (n_terms, n_ids) equals ``np.bincount(ids, weights=term, minlength=n_ids)`` of each whole
+    term, bit for bit, without forming them whole (``config.CHUNK_ROWS`` rows a chunk).
+
+    Example
+    -------
+    >>> import numpy as np
+    >>> x, ids = np.arange(5.0), np.array([0, 1, 0, 1, 1])
+    >>> chunked_group_sums(lambda z: [x[z], x[z] ** 2], 5, ids, 2, 2).tolist()
+    [[2.0, 8.0], [4.0, 26.0]]
+    """
+    ids = np.ascontiguousarray(ids, dtype=np.int64)
+    acc = np.zeros((n_terms, n_ids))
+    step = config.CHUNK_ROWS
+    for a in range(0, n_rows, step):  # a chunk's terms stay in cache (config.CHUNK_ROWS)
+        z = slice(a, a + step)
+        terms = np.stack([np.asarray(t, dtype=np.float64) for t in terms_of(z)])
+        _add_by_group(terms, ids[z], acc)
+    return acc
 
 
 @njit(cache=True)

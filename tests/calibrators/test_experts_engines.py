@@ -115,7 +115,7 @@ def test_the_default_through_protect_with_label_time_is_the_same_frame(engine):
     assert frames["fused"][1].equals(frames["per-stream"][1])
 
 
-#: chunks of the ops (config.GALE_CHUNK_OPS) that cut every stream, some, or none
+#: chunks of the ops (config.CHUNK_ROWS) that cut every stream, some, or none
 CHUNKS = [1, 13, 1 << 15]
 
 
@@ -127,7 +127,7 @@ def with_empty_streams(op_offsets: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("chunk", CHUNKS)
 def test_likelihood_gale_ends_equals_likelihood_gale_row_by_row(chunk, monkeypatch):
-    monkeypatch.setattr(config, "GALE_CHUNK_OPS", chunk)
+    monkeypatch.setattr(config, "CHUNK_ROWS", chunk)
     rng = np.random.default_rng(4)
     ops = make_ops(rng, 500, 7)
     ops.op_offsets = with_empty_streams(ops.op_offsets)
@@ -228,7 +228,7 @@ def test_the_k_class_default_through_protect_with_label_time_is_the_same_frame(e
 @pytest.mark.parametrize("chunk", CHUNKS)
 @pytest.mark.parametrize("k", [3, 4, 9])
 def test_likelihood_gale_ends_of_k_classes_equals_likelihood_gale_row_by_row(k, chunk, monkeypatch):
-    monkeypatch.setattr(config, "GALE_CHUNK_OPS", chunk)
+    monkeypatch.setattr(config, "CHUNK_ROWS", chunk)
     rng = np.random.default_rng(k)
     ops = make_ops(rng, 500, 7)
     ops.op_offsets = with_empty_streams(ops.op_offsets)

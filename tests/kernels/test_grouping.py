@@ -5,9 +5,11 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from calpipe import config
 from calpipe.kernels import grouping as G
 
 VALUES = st.lists(st.integers(0, 2**64 - 1), max_size=300)
@@ -163,3 +165,22 @@ def test_duplicated_pairs_equals_a_count_of_each_pair(rows):
     b = np.array([r[1] for r in rows], dtype=np.int64)
     want = [rows.count(r) > 1 for r in rows]
     assert G.duplicated_pairs(a, b).tolist() == want
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n=st.integers(0, 300), n_ids=st.integers(1, 9), chunk=st.sampled_from([1, 2, 7, 64, 1 << 15]),
+    seed=st.integers(0, 2**32 - 1),
+)  # fmt: skip
+def test_chunked_group_sums_are_bincount_s_sums_bit_for_bit(n, n_ids, chunk, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(0, 1, n) * 10.0 ** rng.integers(-8, 9, n)  # magnitudes that round apart
+    ids = rng.integers(0, n_ids, n)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(config, "CHUNK_ROWS", chunk)
+        got = G.chunked_group_sums(lambda z: [x[z], np.exp(-(x[z] ** 2))], n, ids, n_ids, 2)
+    assert got.shape == (2, n_ids)
+    np.testing.assert_array_equal(got[0], np.bincount(ids, weights=x, minlength=n_ids))
+    np.testing.assert_array_equal(
+        got[1], np.bincount(ids, weights=np.exp(-(x**2)), minlength=n_ids)
+    )
