@@ -54,7 +54,7 @@ PIECE_OPS: int = 250_000
 PIECE_MIN_STREAM_OPS: int = 64
 
 #: Rows per chunk where per-row terms are formed by numpy and summed per stream or group (the
-#: inputs' test martingales, calibrators/base.likelihood_gale_ends; the night's estimates,
+#: inputs' test martingales, calibrators/gale.likelihood_gale_ends; the night's estimates,
 #: estimates.grouped_estimates): a few terms x this x 8 bytes stay in cache, where a night's
 #: whole-length temporaries were gigabytes of first-touch page faults (BENCHMARKS.md §28).
 CHUNK_ROWS: int = 1 << 15

@@ -78,13 +78,12 @@ from calpipe.calibrators.base import (
     MapTerms,
     RunOutput,
     check_mixture_weights,
-    clip_probabilities,
-    likelihood_gale_ends,
     ragged_concat,
     ragged_take,
 )
 from calpipe.calibrators.batch import BATCH_METHODS
 from calpipe.calibrators.decay import DecayBeta, DecayVennAbers
+from calpipe.calibrators.gale import clip_probabilities, likelihood_gale_ends
 from calpipe.calibrators.online_scaling import OBS, OMS, OPS, vector_as_matrix
 from calpipe.calibrators.protected import JUMPING_RATES, PASSIVE_WEIGHT
 from calpipe.calibrators.windowed import WindowedCalibrator

@@ -34,9 +34,9 @@ from calpipe.calibrators.base import (
     FlatState,
     RunOutput,
     check_state_length,
-    likelihood_gale,
     tiled_state,
 )
+from calpipe.calibrators.gale import likelihood_gale
 from calpipe.errors import ParameterError, StateError
 from calpipe.kernels import calibrated_regression as CR
 from calpipe.kernels import venn as V

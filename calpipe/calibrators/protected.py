@@ -41,8 +41,8 @@ from calpipe.calibrators.base import (
     MapTerms,
     RunOutput,
     check_mixture_weights,
-    clip_probabilities,
 )
+from calpipe.calibrators.gale import clip_probabilities
 from calpipe.errors import ParameterError, StateError
 from calpipe.families import (
     BINARY_FAMILIES,

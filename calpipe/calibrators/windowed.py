@@ -42,10 +42,10 @@ from calpipe.calibrators.base import (
     EndOfCallWarning,
     FlatState,
     RunOutput,
-    likelihood_gale,
     ragged_concat,
     ragged_take,
 )
+from calpipe.calibrators.gale import likelihood_gale
 from calpipe.errors import ParameterError, StateError
 from calpipe.kernels.ops import OP_FORECAST, OP_UPDATE
 from calpipe.kernels.prediction import Prediction

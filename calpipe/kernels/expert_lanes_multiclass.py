@@ -54,7 +54,7 @@ of ``clip_probabilities`` and of ``expert_mixture._multiclass`` in their order:
   numpy's pairwise order;
 * the inputs' transcendental calls are libm's (``math.log``, ``math.exp``) and the mixture's
   ``math.log10``, as in the per-input kernels (numpy's SIMD log10 of the inputs' own test
-  martingales stays in numpy: ``calibrators.base.likelihood_gale_ends``);
+  martingales stays in numpy: ``calibrators.gale.likelihood_gale_ends``);
 * the ONS step (A <- A + g g^T, then ``numeric.cholesky_solve``'s factorisation and two
   substitutions, theta <- theta - step / gamma) runs for every lane at once with the lanes
   innermost: each lane's operations are the scalar kernel's in its order (sqrt and division

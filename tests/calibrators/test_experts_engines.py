@@ -14,8 +14,8 @@ import pytest
 import calpipe
 from calpipe import config
 from calpipe.calibrators import make_calibrator
-from calpipe.calibrators.base import likelihood_gale, likelihood_gale_ends
 from calpipe.calibrators.experts import CompositeExperts
+from calpipe.calibrators.gale import likelihood_gale, likelihood_gale_ends
 from calpipe.kernels.ops import OP_FORECAST
 from tests.kernels.ops import make_ops
 

@@ -20,7 +20,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from calpipe import config
-from calpipe.calibrators.base import clip_probabilities
+from calpipe.calibrators.gale import clip_probabilities
 from calpipe.families import multiclass_family
 from calpipe.kernels import expert_lanes_multiclass as EK
 from calpipe.kernels import expert_mixture as EM
