@@ -206,6 +206,55 @@ def increasing_in_groups(values: np.ndarray, ids: np.ndarray, n_ids: int) -> boo
 
 
 @njit(cache=True)
+def _lex_increasing_in_groups(a, b, c, ids, n_ids):
+    """Whether (a, b, c) increase strictly (lexicographically), in row order, within every
+    group of ``ids``; a NaN key compares false, so it fails."""
+    seen = np.zeros(n_ids, np.bool_)
+    la = np.empty(n_ids, a.dtype)
+    lb = np.empty(n_ids, b.dtype)
+    lc = np.empty(n_ids, c.dtype)
+    for i in range(a.shape[0]):
+        k = ids[i]
+        if seen[k] and not (
+            a[i] > la[k] or (a[i] == la[k] and (b[i] > lb[k] or (b[i] == lb[k] and c[i] > lc[k])))
+        ):
+            return False
+        seen[k] = True
+        la[k] = a[i]
+        lb[k] = b[i]
+        lc[k] = c[i]
+    return True
+
+
+def lex_increasing_in_groups(
+    a: np.ndarray, b: np.ndarray, c: np.ndarray, ids: np.ndarray, n_ids: int
+) -> bool:
+    """Whether, in row order, the keys (a, b, c) increase strictly in lexicographic order within
+    every group of ``ids`` (ints in [0, n_ids)): one sequential pass, no sort and no gather
+    (the rows need not be grouped: a stable grouping keeps each group's order). Keys are
+    numeric arrays of one length; a NaN key (a null) makes it False.
+
+    Example
+    -------
+    >>> import numpy as np
+    >>> ids = np.array([0, 1, 0, 0])
+    >>> lex_increasing_in_groups(np.array([1, 9, 1, 2]), np.array([5, 0, 6, 0]),
+    ...                          np.zeros(4, np.int64), ids, 2)
+    True
+    >>> lex_increasing_in_groups(np.array([1, 9, 1, 2]), np.array([5, 0, 5, 0]),
+    ...                          np.zeros(4, np.int64), ids, 2)
+    False
+    """
+    keys = [np.ascontiguousarray(k) for k in (a, b, c)]
+    ids = np.ascontiguousarray(ids, dtype=np.int64)
+    if any(k.shape != ids.shape for k in keys):
+        raise ValueError("the keys and ids must have one length")
+    if ids.size and (ids.min() < 0 or ids.max() >= n_ids):
+        raise ValueError(f"ids must lie in [0, {n_ids})")
+    return bool(_lex_increasing_in_groups(*keys, ids, int(n_ids)))
+
+
+@njit(cache=True)
 def _insertion_sort(a, lo, hi):
     """Sort ``a[lo:hi]`` in place (short runs: a bucket's few values)."""
     for i in range(lo + 1, hi):

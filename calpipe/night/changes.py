@@ -67,7 +67,7 @@ from calpipe.engine.contract import TIME_US
 from calpipe.engine.ordering import key_order
 from calpipe.errors import ParameterError
 from calpipe.kernels.change_points import NO_RUN, cusum_detect
-from calpipe.kernels.grouping import counting_sort
+from calpipe.kernels.grouping import counting_sort, lex_increasing_in_groups
 from calpipe.night.monitoring import stream_groups
 
 #: The detector's state, carried in ``calibrator_state`` beside the calibrator's (null: a
@@ -194,14 +194,12 @@ def _learning_order(out: pl.DataFrame) -> np.ndarray:
     if out.height < 2 or out["event_id"].dtype != pl.Int64:
         return key_order(out, keys)
     ids, first = stream_groups(out, ["stream"])
-    order, _ = counting_sort(ids, first.shape[0])
-    g = ids[order]
-    lt, et, ei = (out[c].to_physical().to_numpy()[order] for c in keys[1:])
-    same = g[1:] == g[:-1]
-    after = (lt[1:] > lt[:-1]) | (
-        (lt[1:] == lt[:-1]) & ((et[1:] > et[:-1]) | ((et[1:] == et[:-1]) & (ei[1:] > ei[:-1])))
+    # the counting sort is stable: each stream's rows keep their order, so checking that order
+    # in place, row by row, is checking the sorted rows (without gathering three columns)
+    in_order = lex_increasing_in_groups(
+        *(out[c].to_physical().to_numpy() for c in keys[1:]), ids, first.shape[0]
     )
-    return order if bool(np.all(after | ~same)) else key_order(out, keys)
+    return counting_sort(ids, first.shape[0])[0] if in_order else key_order(out, keys)
 
 
 def _carried(state: pl.DataFrame | None, streams: pl.Series) -> pl.DataFrame:

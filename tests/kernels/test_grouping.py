@@ -184,3 +184,25 @@ def test_chunked_group_sums_are_bincount_s_sums_bit_for_bit(n, n_ids, chunk, see
     np.testing.assert_array_equal(
         got[1], np.bincount(ids, weights=np.exp(-(x**2)), minlength=n_ids)
     )
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    n=st.integers(0, 60), n_ids=st.integers(1, 4), seed=st.integers(0, 2**32 - 1),
+    nan=st.booleans(),
+)  # fmt: skip
+def test_lex_increasing_in_groups_is_the_check_on_the_grouped_rows(n, n_ids, seed, nan):
+    """Oracle: group the rows (stable counting sort), then compare each row with the previous
+    one of its group, key by key (the night's change detector's check before it was a kernel)."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, n_ids, n)
+    a, b = np.sort(rng.integers(0, 4, n)), rng.integers(0, 3, n)  # often in order, many ties
+    c = rng.integers(0, 3, n).astype(np.float64)
+    if nan and n:
+        c[rng.integers(0, n)] = np.nan
+    order, _ = G.counting_sort(ids, n_ids)
+    g, x, y, z = ids[order], a[order], b[order], c[order]
+    after = (x[1:] > x[:-1]) | ((x[1:] == x[:-1]) & ((y[1:] > y[:-1])
+                                                     | ((y[1:] == y[:-1]) & (z[1:] > z[:-1]))))  # fmt: skip
+    want = bool(np.all(after | (g[1:] != g[:-1])))
+    assert G.lex_increasing_in_groups(a, b, c, ids, n_ids) == want
