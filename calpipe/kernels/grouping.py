@@ -430,6 +430,63 @@ def merge_after(a: np.ndarray, b: np.ndarray, b_rows: np.ndarray | None = None) 
 
 
 @njit(cache=True)
+def _stable_key_order(ks):
+    """The stable ascending order of the int64 keys ``ks`` (``np.argsort(ks, kind="stable")``),
+    in O(n) expected time for keys spread over their range (times): the rows are dealt, in
+    order, into n buckets of equal width between the smallest and the largest key (a bucket's
+    index does not decrease with the key: float conversion, subtraction and scaling are
+    monotone), then each bucket is sorted stably, by insertion with a strict comparison if
+    short, by numba's merge sort otherwise. Keys that do not spread (many equal) fall to the
+    buckets' merge sorts, so no input is worse than one merge sort."""
+    n = ks.shape[0]
+    lo = ks[0]
+    hi = ks[0]
+    for i in range(n):
+        if ks[i] < lo:
+            lo = ks[i]
+        elif ks[i] > hi:
+            hi = ks[i]
+    out = np.empty(n, np.int64)
+    if hi == lo:
+        for i in range(n):
+            out[i] = i
+        return out
+    scale = (n - 1) / (float(hi) - float(lo))
+    bucket = np.empty(n, np.int64)
+    starts = np.zeros(n + 1, np.int64)
+    for i in range(n):
+        k = min(int((float(ks[i]) - float(lo)) * scale), n - 1)
+        bucket[i] = k
+        starts[k + 1] += 1
+    for k in range(n):
+        starts[k + 1] += starts[k]
+    pos = starts[:n].copy()
+    for i in range(n):  # dealt in row order: each bucket keeps its rows' order
+        out[pos[bucket[i]]] = i
+        pos[bucket[i]] += 1
+    for k in range(n):
+        b, e = starts[k], starts[k + 1]
+        if e - b > 32:
+            sub = out[b:e].copy()
+            kk = np.empty(e - b, np.int64)
+            for i in range(e - b):
+                kk[i] = ks[sub[i]]
+            idx = np.argsort(kk, kind="mergesort")
+            for i in range(e - b):
+                out[b + i] = sub[idx[i]]
+        else:
+            for i in range(b + 1, e):  # insertion: moves a row only past larger keys (stable)
+                r = out[i]
+                v = ks[r]
+                j = i - 1
+                while j >= b and ks[out[j]] > v:
+                    out[j + 1] = out[j]
+                    j -= 1
+                out[j + 1] = r
+    return out
+
+
+@njit(cache=True)
 def _sort_segments(order, counts, key):
     """``order`` with each of its consecutive segments (sizes ``counts``) stably sorted by
     ``key[order[i]]``; a segment already in order is left as it is (checked first: one pass)."""
@@ -447,7 +504,7 @@ def _sort_segments(order, counts, key):
             ks = np.empty(end - start, np.int64)
             for i in range(end - start):
                 ks[i] = key[seg[i]]
-            idx = np.argsort(ks, kind="mergesort")
+            idx = _stable_key_order(ks)
             for i in range(end - start):
                 out[start + i] = seg[idx[i]]
         start = end

@@ -122,6 +122,30 @@ def test_group_key_order_equals_a_stable_two_key_sort(rows, presorted):
     assert G.group_key_order(ids, 5).tolist() == np.argsort(ids, kind="stable").tolist()
 
 
+@settings(max_examples=150, deadline=None)
+@given(
+    n=st.integers(1, 3000), n_ids=st.integers(1, 3), seed=st.integers(0, 2**32 - 1),
+    kind=st.sampled_from(["spread", "ties", "clustered", "extremes"]),
+)  # fmt: skip
+def test_group_key_order_of_long_groups_is_the_stable_sort(n, n_ids, seed, kind):
+    """Groups long enough for the bucket sort of their keys: spread keys (times), many ties
+    (buckets past 32 rows: their merge sort), a cluster with outliers (most rows in a few
+    buckets), and int64's extremes (the buckets' float scale)."""
+    rng = np.random.default_rng(seed)
+    if kind == "spread":
+        key = rng.integers(0, 86_400_000_000, n) + 1_700_000_000_000_000
+    elif kind == "ties":
+        key = rng.integers(0, 5, n)
+    elif kind == "clustered":
+        key = np.where(rng.random(n) < 0.05, rng.integers(-(10**15), 10**15, n),
+                       rng.integers(0, 100, n))  # fmt: skip
+    else:
+        key = rng.choice(np.array([-(2**63), 2**63 - 1, 0, 1, -1], dtype=np.int64), n)
+    ids = rng.integers(0, n_ids, n)
+    want = np.lexsort((np.arange(n), key, ids))
+    assert G.group_key_order(ids, n_ids, key).tolist() == want.tolist()
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     st.lists(
