@@ -100,7 +100,7 @@ def _segment_add(contrib, o0, op_offsets, acc):
 
 def _gale_terms(f, base, labels, is_update, clip):
     """The log10 ratio terms of I forecasters on some ops, (I, c): :func:`likelihood_gale`'s
-    elementwise operations (module docstring of :func:`likelihood_gale_ends`)."""
+    elementwise operations (as :func:`likelihood_gale_ends`'s docstring states them)."""
     if base.ndim == 2:
         y = np.where(is_update, np.maximum(labels, 0), 0)
         at = np.arange(base.shape[0])
