@@ -654,8 +654,9 @@ class Calibrator(Generic[StateT]):
 
     def table_input_indices(self) -> list[int]:
         """Inputs of this method whose binary map is a table of its own (composite-experts:
-        its inputs without a logistic map); none for a method without inputs. A stack's top
-        cannot have them: the SQL evaluates input tables at the clipped score."""
+        its inputs without a logistic map); none for a method without inputs. The SQL
+        evaluates them at the method's input clipped (the score, or under a stack's top its
+        base's value)."""
         return []
 
     def has_logistic_map(self) -> bool:

@@ -94,12 +94,10 @@ class Stacked(Calibrator[FlatState]):
         )
 
     def sql_form(self, n_classes: int = 2) -> str | None:
-        """The base's layers then the top's, when both have a form and neither reads input
-        tables (evaluated at the clipped score: not under a stack's top)."""
-        ok = all(
-            c.sql_form(n_classes) is not None and not (n_classes == 2 and c.table_input_indices())
-            for c in (self.base, self.top)
-        )
+        """The base's layers then the top's, when both have a form (a ``composite-experts``'
+        input tables included: the macros evaluate each layer's at the value that layer
+        receives, the top's at the base's value clipped as the top clips it)."""
+        ok = all(c.sql_form(n_classes) is not None for c in (self.base, self.top))
         return "stack" if ok else None
 
     def state_from_flat(self, values, offsets, log10m, n_classes: int) -> FlatState:

@@ -31,7 +31,8 @@ def has_sql_map(cal, n_classes: int = 2) -> bool:
     """Whether ``cal``'s serving map has a SQL form in ``calibration_map``: a mixture of
     calibrating functions (the log-loss protected methods; ``composite-experts`` over inputs
     with a logistic map or a step/linear table of their own, the tables as layers -1, -2, ...
-    evaluated at the clipped score: not under a stack's top), a logistic map (Platt, beta,
+    evaluated at the value the terms that read them receive, clipped: the score, or under a
+    stack's top its base's value), a logistic map (Platt, beta,
     OPS/OBS, decay-beta), temperature scaling (family ``temperature``), a step or linear table (isotonic, ROC-isotonic,
     histogram, Venn, Venn-ABERS, the Venn predictor on score bins), calibrated regression in
     paper 004 §IV's closed form (family ``calreg``) or, with powers of or tents on the
@@ -60,17 +61,21 @@ def map_terms(state: pl.DataFrame, settings: Settings) -> pl.DataFrame:
     table (family ``step``/``linear``: ``x``, ``y_at``, ``y_right``, ``x_next``, ``y_next``),
     ``layer`` 0; each next layer is applied to the previous one's value: a calibeating method's
     bin table (family ``bins``: value ``y_at`` per equal-width bin ``term``) after its expert, a
-    stack's top after its base (three layers when one of them is a calibeating method)."""
+    stack's top after its base (three layers when one of them is a calibeating method). A
+    ``composite-experts`` input's table is a negative layer, numbered on from the base's to the
+    top's (the base's -1 .. -a, the top's -(a + 1) ..): the terms that read one (``in_layer``)
+    name the layer it is evaluated for, which the macros read, so no column says it."""
     cal = settings.calibrator()
     k = int(state["n_classes"][0]) if state.height else 2
     st = state_from_rows(cal, state, k)
     keys = state.select("date", "stream")
     if isinstance(cal, Stacked):
-        rows, layer = [], 0
+        rows, layer, n_tables = [], 0, 0
         for c, part in zip((cal.base, cal.top), cal.split_state(st, k), strict=True):
-            more = _cal_rows(c, part, keys, layer, k)
+            more = _cal_rows(c, part, keys, layer, k, n_tables)
             rows += more
             layer += len(more)
+            n_tables += len(c.table_input_indices()) if k == 2 else 0
     else:
         rows = _cal_rows(cal, st, keys, 0, k)
     out = pl.concat(rows, how="diagonal_relaxed").with_columns(
@@ -82,9 +87,12 @@ def map_terms(state: pl.DataFrame, settings: Settings) -> pl.DataFrame:
     return out.with_columns(absent).select(_COLUMNS)
 
 
-def _cal_rows(cal, st, keys: pl.DataFrame, layer: int, k: int) -> list[pl.DataFrame]:
+def _cal_rows(
+    cal, st, keys: pl.DataFrame, layer: int, k: int, tables_before: int = 0
+) -> list[pl.DataFrame]:
     """The rows of one (non-stacked) calibrator's map from ``layer`` on, one frame per layer: a
-    calibeating method takes two (its expert's map, then its forecast's bin), others one."""
+    calibeating method takes two (its expert's map, then its forecast's bin), others one; its
+    input tables, if any, from layer -(tables_before + 1) down (a stack's base's come first)."""
     if k == 2 and cal.sql_form() == "calibeat":
         expert, table = cal.calibeat_map(st)
         n = keys.height
@@ -93,7 +101,7 @@ def _cal_rows(cal, st, keys: pl.DataFrame, layer: int, k: int) -> list[pl.DataFr
             expert if expert is not None else np.full((n, 4), np.nan), 0.0, layer,
         )  # fmt: skip
         return [first, _bin_rows(table, keys, layer + 1)]
-    return [_layer_rows(cal, st, keys, layer, k)]
+    return [_layer_rows(cal, st, keys, layer, k, tables_before)]
 
 
 #: ``calibration_map``'s columns, in the table's order.
@@ -110,8 +118,11 @@ _LIST_COLUMNS = ("alphas", "in_ka", "in_kb", "y_k", "kids")
 _TYPES = {c: pl.List(pl.Float64) for c in _LIST_COLUMNS} | {"in_layer": pl.Int32}
 
 
-def _layer_rows(cal, st, keys: pl.DataFrame, layer: int, k: int = 2) -> pl.DataFrame:
-    """The rows of one calibrator's map (one layer) for the streams of ``st`` (``keys``)."""
+def _layer_rows(
+    cal, st, keys: pl.DataFrame, layer: int, k: int = 2, tables_before: int = 0
+) -> pl.DataFrame:
+    """The rows of one calibrator's map (one layer) for the streams of ``st`` (``keys``); its
+    input tables are layers -(tables_before + 1), -(tables_before + 2), ..."""
     form = cal.sql_form(k)
     if form == "brier":
         return _brier_rows(cal, st, keys, k, layer)
@@ -128,14 +139,18 @@ def _layer_rows(cal, st, keys: pl.DataFrame, layer: int, k: int = 2) -> pl.DataF
         )  # fmt: skip
         if mt.in_table is None or not (mt.in_table >= 0).any():
             return terms
-        # the input tables (layer -(j + 1), evaluated at the clipped score, `clip` = the
-        # method's), and the terms that read one (`in_layer`)
-        in_layer = np.where(mt.in_table >= 0, -(mt.in_table + 1), 0)
+        # the input tables (layer -(tables_before + j + 1), evaluated at this layer's input
+        # clipped, `clip` = the method's), and the terms that read one (`in_layer`): a stack's
+        # base and top number theirs apart, and each layer's are contiguous (the set form
+        # finds table j of a layer at its position among them, calpipe_term_layers)
+        in_layer = np.where(mt.in_table >= 0, -(tables_before + mt.in_table + 1), 0)
         terms = terms.with_columns(
             pl.Series("in_layer", np.tile(in_layer, n), dtype=pl.Int32)
         ).with_columns(pl.when(pl.col("in_layer") != 0).then(pl.col("in_layer")).alias("in_layer"))
         tables = [
-            _step_rows(c, sub, keys, -(j + 1)).with_columns(pl.lit(clip).alias("clip"))
+            _step_rows(c, sub, keys, -(tables_before + j + 1)).with_columns(
+                pl.lit(clip).alias("clip")
+            )
             for j, (c, sub) in enumerate(cal.table_inputs(st))
         ]
         return pl.concat([terms, *tables], how="diagonal_relaxed")
@@ -465,9 +480,9 @@ def _step_rows(cal, st, keys: pl.DataFrame, layer: int) -> pl.DataFrame:
 def map_rows(state: pl.DataFrame, settings: Settings) -> pl.DataFrame:
     """``calibration_map`` rows of state rows: :func:`map_terms` for the chains of the methods
     whose map has a SQL form (:func:`has_sql_map`); none for the others (serve them with
-    serving_map(): a stack over composite-experts with input tables, K-class composite-experts
-    over inputs without a vector scaling map; a method reading a user column has no map of the
-    score alone)."""
+    serving_map(): composite-experts over a windowed temperature input, K-class
+    composite-experts over inputs without a vector or matrix scaling map; a method reading a
+    user column has no map of the score alone)."""
     k = int(state["n_classes"][0]) if state.height else 2
     if state.height and has_sql_map(settings.calibrator(), k):
         return map_terms(state, settings)

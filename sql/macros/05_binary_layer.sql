@@ -15,7 +15,8 @@ CREATE OR REPLACE MACRO calpipe_rows_of(m, families, value) AS
 -- calibration_map as a struct): the Brier compatibility mode's forecast, a step/linear table
 -- (the piece with the largest x <= p), a bin table (family bins: the value of p's bin, p where
 -- NULL) or a weighted sum of terms; a term with an input table (in_layer -(j + 1)) reads its
--- value ins[j + 1] (the input tables' values at the clipped score) for q. One home for
+-- value ins[j + 1] (the stream's input tables' values, those of this layer at its input
+-- clipped, the others' NULL) for q. One home for
 -- calpipe_layer (one score) and for calpipe_points_layer (a table of scores) but its layers of
 -- terms, which the set form evaluates compiled (calpipe_term_layers, 07: the same sums in
 -- another order, a few ulps apart).
@@ -53,38 +54,52 @@ CREATE OR REPLACE MACRO calpipe_layer(s, d, lay, p, ins) AS TABLE
     FROM calibration_map m
     WHERE m.stream = CAST(s AS VARCHAR) AND m.date = d AND coalesce(m.layer, 0) = lay;
 
+-- The values of stream `s`'s input tables (layers -1, -2, ... of its map of day `d`) for the
+-- terms of layer `lay`, whose input is q: a list of them all by layer -1, -2, ... (the index
+-- the terms' in_layer gives), those read by layer `lay`'s terms at q clipped (as their
+-- method clips its input: the table rows' `clip`), the others NULL (evaluated at NULL: no
+-- piece). One row, NULL without input tables, also per row of an outer query (a scalar
+-- subquery). Which layer reads a table is named by its terms' in_layer, not by a column.
+CREATE OR REPLACE MACRO calpipe_in_tables(s, d, lay, q) AS (
+    SELECT list(l.v ORDER BY it.layer DESC)
+    FROM (SELECT t.layer, t.clip, r.in_layer IS NOT NULL AS mine
+          FROM (SELECT layer, any_value(clip) AS clip FROM calibration_map
+                WHERE stream = CAST(s AS VARCHAR) AND date = d AND layer < 0
+                GROUP BY layer) t
+          LEFT JOIN (SELECT DISTINCT in_layer FROM calibration_map
+                     WHERE stream = CAST(s AS VARCHAR) AND date = d
+                       AND coalesce(layer, 0) = lay AND in_layer IS NOT NULL) r
+            ON r.in_layer = t.layer) it,
+         calpipe_layer(s, d, it.layer, CASE WHEN it.mine THEN calpipe_clip(q, it.clip) END,
+                       NULL) AS l
+);
+
 -- Calibrated probability of `score` under stream `s`'s map in force at the end of day `as_of`
 -- (its latest map on or before; NULL: no map yet, or a NULL or NaN score), for every method
 -- with a SQL form (calpipe.night.mapping.has_sql_map): layer 0 at the score; layer 1 (a
 -- stack's top, a calibeating table), where there is one, at layer 0's value; layer 2 (the top
 -- of a stack with a calibeating layer) at layer 1's. A composite-experts input whose map is a
--- table of its own (layer -1, -2, ...) is evaluated first, at the clipped score, for the terms
--- that read it.
+-- table of its own (layer -1, -2, ...) is evaluated first, for the terms that read it, at the
+-- value their layer receives (the score, or a stack's base's value), clipped.
 CREATE OR REPLACE MACRO calibrate_score_as_of(s, score, as_of) AS (
     WITH d AS (
         SELECT max(date) AS d FROM calibration_map
         WHERE stream = CAST(s AS VARCHAR) AND date <= CAST(as_of AS DATE)
     ),
-    in_tables AS (
-        SELECT DISTINCT m.layer, m.clip FROM d, calibration_map m
-        WHERE m.stream = CAST(s AS VARCHAR) AND m.date = d.d AND m.layer < 0
-    ),
-    -- (a scalar subquery: one row, NULL without input tables, also per row of an outer query)
-    ins AS (
-        SELECT (SELECT list(l.v ORDER BY it.layer DESC)
-                FROM d, in_tables it,
-                     calpipe_layer(s, d.d, it.layer,
-                                   calpipe_clip(calpipe_score(score, calpipe_where_score(s)),
-                                                it.clip),
-                                   NULL) AS l) AS v
+    -- (each layer's input tables in a CTE of their own: a column the layer's aggregate reads)
+    ins0 AS (
+        SELECT calpipe_in_tables(s, d.d, 0, calpipe_score(score, calpipe_where_score(s))) AS v
+        FROM d
     ),
     l0 AS (
         SELECT l.v
-        FROM d, ins,
-             calpipe_layer(s, d.d, 0, calpipe_score(score, calpipe_where_score(s)), ins.v) AS l
+        FROM d, ins0,
+             calpipe_layer(s, d.d, 0, calpipe_score(score, calpipe_where_score(s)), ins0.v) AS l
     ),
-    l1 AS (SELECT l.v, l.n FROM d, l0, calpipe_layer(s, d.d, 1, l0.v, NULL) AS l),
-    l2 AS (SELECT l.v, l.n FROM d, l1, calpipe_layer(s, d.d, 2, l1.v, NULL) AS l)
+    ins1 AS (SELECT calpipe_in_tables(s, d.d, 1, l0.v) AS v FROM d, l0),
+    l1 AS (SELECT l.v, l.n FROM d, l0, ins1, calpipe_layer(s, d.d, 1, l0.v, ins1.v) AS l),
+    ins2 AS (SELECT calpipe_in_tables(s, d.d, 2, l1.v) AS v FROM d, l1),
+    l2 AS (SELECT l.v, l.n FROM d, l1, ins2, calpipe_layer(s, d.d, 2, l1.v, ins2.v) AS l)
     SELECT coalesce(calpipe_require_binary('calibrate_score'),
                     CASE WHEN calpipe_score(score, calpipe_where_score(s)) IS NULL THEN NULL
                          WHEN l2.n > 0 THEN l2.v WHEN l1.n > 0 THEN l1.v ELSE l0.v END)

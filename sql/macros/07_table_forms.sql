@@ -27,8 +27,10 @@ CREATE OR REPLACE MACRO calpipe_maps_in_force(rows, as_of) AS TABLE
 -- NULL read as 0) compiled for the set form: one row per (stream, layer) whose rows are all terms
 -- (calpipe_term's families: a mixture, a logistic or temperature map), the layer's rows as lists
 -- that calpipe_terms_value reads for a whole table of scores with no join per term. `inputs`:
--- the layer's distinct input maps (struct w1, w2, w0, eps, in_layer, clip; in_layer -(j + 1):
--- input table j), numbered i = 1, 2, ... in their order; the Cox terms grouped by (input, beta):
+-- the layer's distinct input maps (struct w1, w2, w0, eps, in_pos, clip; in_pos: the input
+-- table's position among the layer's own tables, k for the k-th of -(o + 1), -(o + 2), ...,
+-- a stack's top numbering its tables on from its base's), numbered i = 1, 2, ... in their
+-- order; the Cox terms grouped by (input, beta):
 -- `g_in` each group's input, `g_b` its beta, `g_terms` its terms (struct w = the weight, eia =
 -- e^{-alpha}); `id_in`/`id_w` the identity terms' inputs and weights; `others` the other terms
 -- (struct i, family, a, b, w: quadratic, cubic, temperature, each evaluated by calpipe_term).
@@ -42,7 +44,9 @@ CREATE OR REPLACE MACRO calpipe_term_layers(maps) AS TABLE
         SELECT stream, layer, term, family, a, b, weight, in_w1, in_w2, in_w0, in_eps, in_layer,
                clip,
                dense_rank() OVER (PARTITION BY stream, layer
-                                  ORDER BY in_layer, in_w1, in_w2, in_w0, in_eps, clip) AS i
+                                  ORDER BY in_layer, in_w1, in_w2, in_w0, in_eps, clip) AS i,
+               -- (a layer's tables are contiguous, mapping.py: the first is its largest)
+               max(in_layer) OVER (PARTITION BY stream, layer) - in_layer + 1 AS in_pos
         FROM query_table(maps)
         QUALIFY bool_and(family IN ('identity', 'quadratic', 'cubic', 'cox', 'temperature'))
                     OVER (PARTITION BY stream, layer)
@@ -51,7 +55,7 @@ CREATE OR REPLACE MACRO calpipe_term_layers(maps) AS TABLE
         SELECT stream, layer, list(s ORDER BY i) AS inputs
         FROM (SELECT stream, layer, i,
                      any_value({'w1': in_w1, 'w2': in_w2, 'w0': in_w0, 'eps': in_eps,
-                                'in_layer': in_layer, 'clip': clip}) AS s
+                                'in_pos': in_pos, 'clip': clip}) AS s
               FROM tl_m GROUP BY stream, layer, i)
         GROUP BY stream, layer
     ),
@@ -85,12 +89,13 @@ CREATE OR REPLACE MACRO calpipe_term_layers(maps) AS TABLE
 
 -- A compiled term layer's inputs at score p: the list of each input's q (calpipe_term_layers'
 -- `inputs`, in order), clip(q(clip(p))) as calpipe_map_term computes it, or the clipped value
--- ins[j + 1] of input table j. (The logistic is 1 / (1 + e^{-z}) for every z, z bound once;
+-- ins[k] of the layer's k-th input table (ins: the values of the layer's own tables, in their
+-- order, calibrate_table_as_of). (The logistic is 1 / (1 + e^{-z}) for every z, z bound once;
 -- calpipe_sigmoid's other branch, e^z / (1 + e^z) for z < 0, agrees to a few ulps, and both
 -- are 0 or 1 where they overflow.)
 CREATE OR REPLACE MACRO calpipe_term_inputs(inputs, p, ins) AS
     list_transform(inputs, lambda ti_i: calpipe_clip(
-        CASE WHEN ti_i.in_layer IS NOT NULL THEN ins[-ti_i.in_layer]
+        CASE WHEN ti_i.in_pos IS NOT NULL THEN ins[ti_i.in_pos]
              WHEN ti_i.w1 IS NULL THEN calpipe_clip(p, ti_i.clip)
              ELSE 1 / (1 + exp(-(ti_i.w1 * ln(calpipe_clip(calpipe_clip(p, ti_i.clip), ti_i.eps))
                                  - ti_i.w2 * ln(1 - calpipe_clip(calpipe_clip(p, ti_i.clip),
@@ -119,7 +124,8 @@ CREATE OR REPLACE MACRO calpipe_terms_value(c, qs, ys) AS
 
 -- The set form (calibrate_table): one layer of the maps in force evaluated at every point of
 -- the relation named `points` (r, stream, layer, q, ins: a point's key, its stream, the layer,
--- the value to evaluate it at, the input tables' values) under the map rows of the relation
+-- the value to evaluate it at, the values of the layer's input tables) under the map rows of
+-- the relation
 -- named `maps` (calibration_map's rows in force, layer NULL read as 0) and their term layers
 -- compiled, the relation named `terms` (calpipe_term_layers of `maps`: compiled once per
 -- query, not once per layer, which would bind its macros again): (r, layer, v), one row per
@@ -196,38 +202,72 @@ CREATE OR REPLACE MACRO calibrate_table_as_of(tbl, as_of) AS TABLE
         FROM calpipe_checked c SEMI JOIN calpipe_tops t ON t.stream = c.stream
         WHERE c.p IS NOT NULL AND calpipe_require_binary('calibrate_table') IS NULL
     ),
-    -- a composite-experts input whose map is a table (layer -1, -2, ...), at the clipped score
-    calpipe_in_points AS (
+    -- a composite-experts input whose map is a table (layer -1, -2, ...), with its clip and the
+    -- layer whose terms read it (`lay`: 0, or a stack's top, 1 or 2), which evaluates it at
+    -- its own input, clipped (the score, or the base's value)
+    calpipe_in_tables AS (
+        SELECT t.stream, t.layer, t.clip, r.lay
+        FROM (SELECT DISTINCT stream, layer, clip FROM calpipe_maps WHERE layer < 0) t
+        JOIN (SELECT DISTINCT stream, in_layer, layer AS lay FROM calpipe_maps
+              WHERE in_layer IS NOT NULL) r
+          ON r.stream = t.stream AND r.in_layer = t.layer
+    ),
+    calpipe_in_points0 AS (
         SELECT pt.r, pt.stream, it.layer, calpipe_clip(pt.p, it.clip) AS q,
                CAST(NULL AS DOUBLE[]) AS ins
-        FROM calpipe_points pt
-        JOIN (SELECT DISTINCT stream, layer, clip FROM calpipe_maps WHERE layer < 0) it
-          ON it.stream = pt.stream
+        FROM calpipe_points pt JOIN calpipe_in_tables it ON it.stream = pt.stream AND it.lay = 0
     ),
-    calpipe_ins AS (
+    -- (a layer's tables' values in their order: the k-th is its terms' in_pos k)
+    calpipe_ins0 AS (
         SELECT r, list(v ORDER BY layer DESC) AS ins
-        FROM calpipe_points_layer('calpipe_in_points', 'calpipe_maps', 'calpipe_terms') GROUP BY r
+        FROM calpipe_points_layer('calpipe_in_points0', 'calpipe_maps', 'calpipe_terms')
+        GROUP BY r
     ),
     calpipe_p0 AS (
         SELECT pt.r, pt.stream, 0 AS layer, pt.p AS q, i.ins
-        FROM calpipe_points pt LEFT JOIN calpipe_ins i ON i.r = pt.r
+        FROM calpipe_points pt LEFT JOIN calpipe_ins0 i ON i.r = pt.r
     ),
     calpipe_v0 AS (
         SELECT r, v FROM calpipe_points_layer('calpipe_p0', 'calpipe_maps', 'calpipe_terms')
     ),
-    -- a stack's top or a calibeating table at layer 0's value; a third layer at layer 1's
+    -- a stack's top or a calibeating table at layer 0's value (its input tables too); a third
+    -- layer at layer 1's
+    calpipe_in_points1 AS (
+        SELECT pt.r, pt.stream, it.layer, calpipe_clip(v.v, it.clip) AS q,
+               CAST(NULL AS DOUBLE[]) AS ins
+        FROM calpipe_points pt JOIN calpipe_in_tables it ON it.stream = pt.stream AND it.lay = 1
+        JOIN calpipe_v0 v ON v.r = pt.r
+    ),
+    calpipe_ins1 AS (
+        SELECT r, list(v ORDER BY layer DESC) AS ins
+        FROM calpipe_points_layer('calpipe_in_points1', 'calpipe_maps', 'calpipe_terms')
+        GROUP BY r
+    ),
     calpipe_p1 AS (
-        SELECT pt.r, pt.stream, 1 AS layer, v.v AS q, CAST(NULL AS DOUBLE[]) AS ins
+        SELECT pt.r, pt.stream, 1 AS layer, v.v AS q, i.ins
         FROM calpipe_points pt JOIN calpipe_tops t ON t.stream = pt.stream AND t.top >= 1
         LEFT JOIN calpipe_v0 v ON v.r = pt.r
+        LEFT JOIN calpipe_ins1 i ON i.r = pt.r
     ),
     calpipe_v1 AS (
         SELECT r, v FROM calpipe_points_layer('calpipe_p1', 'calpipe_maps', 'calpipe_terms')
     ),
+    calpipe_in_points2 AS (
+        SELECT pt.r, pt.stream, it.layer, calpipe_clip(v.v, it.clip) AS q,
+               CAST(NULL AS DOUBLE[]) AS ins
+        FROM calpipe_points pt JOIN calpipe_in_tables it ON it.stream = pt.stream AND it.lay = 2
+        JOIN calpipe_v1 v ON v.r = pt.r
+    ),
+    calpipe_ins2 AS (
+        SELECT r, list(v ORDER BY layer DESC) AS ins
+        FROM calpipe_points_layer('calpipe_in_points2', 'calpipe_maps', 'calpipe_terms')
+        GROUP BY r
+    ),
     calpipe_p2 AS (
-        SELECT pt.r, pt.stream, 2 AS layer, v.v AS q, CAST(NULL AS DOUBLE[]) AS ins
+        SELECT pt.r, pt.stream, 2 AS layer, v.v AS q, i.ins
         FROM calpipe_points pt JOIN calpipe_tops t ON t.stream = pt.stream AND t.top >= 2
         LEFT JOIN calpipe_v1 v ON v.r = pt.r
+        LEFT JOIN calpipe_ins2 i ON i.r = pt.r
     ),
     calpipe_v2 AS (
         SELECT r, v FROM calpipe_points_layer('calpipe_p2', 'calpipe_maps', 'calpipe_terms')

@@ -37,8 +37,7 @@ STACKS = [
     ("composite-jumper", {}, "isotonic", SMALL_WINDOW),
     ("jumper", {}, "venn-abers", {"window": 30, "cross": True}),
     ("isotonic", {"window": 25}, "platt", {"window": 30}),
-    # logistic inputs only: the default's decay-venn-abers is a table, which has no SQL form
-    # under a stack's top yet (test_the_default_under_a_stack_s_top_has_no_sql_map)
+    # logistic inputs only (input tables under a stack: STACKS_OVER_INPUT_TABLES)
     (
         "composite-experts",
         {"inputs": ("ops", "obs", "decay-beta:memory=1000")},
@@ -165,13 +164,101 @@ def test_a_stack_s_sql_map_is_its_top_over_its_base(tmp_path, top, top_params, b
         con.close()
 
 
-def test_the_default_under_a_stack_s_top_has_no_sql_map():
-    """docs/sql.md: a composite-experts with a table input (the default's decay-venn-abers) has
-    no SQL form under a stack's top (its input tables would be evaluated at the score, not at
-    the base layer's value); alone it has one."""
-    assert has_sql_map(make_calibrator("composite-experts"))
-    stacked = Settings.make("composite-experts", base_method="histogram", base_params={})
-    assert not has_sql_map(stacked.calibrator())
+#: The default's inputs with a decay-venn-abers small enough to be fitted within the chain.
+DEFAULT_INPUTS_FITTED = (
+    *config.EXPERT_INPUTS_BINARY[:-1],
+    "decay-venn-abers:memory=8:warmup=4:refit_every=3",
+)
+#: Stacks over composite-experts with input tables (top, its params, base, its params): the
+#: top's tables are evaluated at the base's value (clipped as the top clips it), the base's at
+#: the score. A step isotonic base fitted once has its steps as values, which the top learnt on, so
+#: they land on the top's table breakpoints exactly.
+STACKS_OVER_INPUT_TABLES = [
+    ("composite-experts", {}, "platt", {"window": 30}),  # the default (its table unfitted)
+    ("composite-experts", {"inputs": DEFAULT_INPUTS_FITTED}, "ops", {}),
+    ("composite-experts", {"inputs": ("ops", "venn-abers:window=30:refit_every=11")},
+     "isotonic", {"window": 30, "interpolation": "step"}),
+    ("composite-experts", {"inputs": ("isotonic:window=30:refit_every=11", "obs")},
+     "composite-experts", {"inputs": ("venn-abers:window=30:refit_every=11", "ops")}),
+    ("composite-experts", {"inputs": ("obs", "isotonic:window=30:refit_every=11")},
+     "tops", {"n_bins": 4}),  # the top is layer 2
+    ("platt", {"window": 30}, "composite-experts",
+     {"inputs": ("isotonic:window=30:refit_every=11",)}),  # the base's tables only
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("top", "top_params", "base", "base_params"),
+    STACKS_OVER_INPUT_TABLES,
+    ids=["default-over-platt", "default-fitted-over-ops", "venn-abers-over-isotonic",
+         "both-read-tables", "over-a-calibeating-base", "base-reads-a-table"],
+)  # fmt: skip
+def test_a_stack_s_input_tables_are_evaluated_at_the_value_their_layer_receives(
+    tmp_path, top, top_params, base, base_params
+):
+    """Regression (docs/sql.md, issue #33): a stack whose top is composite-experts with input
+    tables (the default's decay-venn-abers, a windowed Venn-ABERS or isotonic) had no SQL map,
+    as the macros evaluated every input table at the score. Now each layer's tables are
+    evaluated at that layer's input (the top's at the base's value) and numbered on from the
+    base's, read by the terms of their layer (in_layer): both forms equal the serving map to
+    1e-12 at the stored scores, the tables' breakpoints and the doubles beside them, an even
+    grid and random scores (uniform, and log-uniform towards 0 and 1), at the last day's states
+    and at the first day's (inputs unfitted)."""
+    settings = Settings.make(top, base_method=base, base_params=base_params, **top_params)
+    cal = settings.calibrator()
+    assert has_sql_map(cal)
+    con, events = _chain(tmp_path, settings)
+    try:
+        n_tables = [len(c.table_input_indices()) for c in (cal.base, cal.top)]
+        read = storage.query(
+            con, "SELECT DISTINCT layer, in_layer FROM calibration_map WHERE in_layer IS NOT NULL "
+                 "ORDER BY in_layer DESC",
+        )  # fmt: skip
+        top_layer = 2 if base == "tops" else 1
+        want_layers = [0] * n_tables[0] + [top_layer] * n_tables[1]
+        assert read["layer"].to_list() == want_layers  # the base's tables first
+        assert read["in_layer"].to_list() == list(range(-1, -sum(n_tables) - 1, -1))
+        tables = storage.query(
+            con, "SELECT DISTINCT layer FROM calibration_map WHERE layer < 0 ORDER BY layer DESC"
+        )["layer"].to_list()
+        assert tables == read["in_layer"].to_list()
+        if base == "isotonic":  # the base's steps are the top's breakpoints
+            hits = storage.query(con, """
+                SELECT count(*) AS n FROM calibration_map b JOIN calibration_map t
+                  ON t.stream = b.stream AND t.date = b.date AND t.layer < 0
+                 AND t.family = 'step' AND t.x = greatest(b.y_right, t.clip)
+                WHERE b.layer = 0 AND b.family = 'step'""")["n"][0]  # fmt: skip
+            assert hits > 0
+        _check_sql_equals_serving_map(con, events, settings)
+        days = storage.query(con, "SELECT DISTINCT date FROM calibrator_state ORDER BY date")
+        _check_sql_equals_serving_map(con, events, settings, as_of=days["date"][0])
+        table = _term_table(con, ["a", "b"], seed=3)
+        got = _table_form(con, table)
+        fine = table.head(table.height - 3)
+        day = days["date"][-1]
+        want = pipeline.serving_map(pipeline.state_as_of(con, day), fine, settings)
+        want = want["protected_score"].to_numpy()
+        assert np.max(np.abs(got[: fine.height] - want)) <= TOL
+        assert np.isnan(got[-3:]).all()
+    finally:
+        con.close()
+
+
+def test_what_has_no_sql_form_under_a_stack_is_still_refused():
+    """A windowed temperature input has no SQL form, alone or in a stack (base or top); K
+    classes, composite-experts over inputs without a vector or matrix scaling map neither:
+    serving_map() serves them (map_rows writes no rows)."""
+    temperature = {"inputs": ("ops", "temperature:window=30")}
+    for settings in (
+        Settings.make("composite-experts", **temperature),
+        Settings.make("composite-experts", base_method="platt", base_params={}, **temperature),
+        Settings.make("platt", base_method="composite-experts", base_params=temperature),
+    ):
+        assert not has_sql_map(settings.calibrator())
+    tables = {"inputs": ("ops", "isotonic:window=30")}
+    stacked = Settings.make("composite-experts", base_method="ops", base_params={}, **tables)
+    assert has_sql_map(stacked.calibrator())  # binary: an input table
+    assert not has_sql_map(stacked.calibrator(), K)  # K classes: no scaling map of isotonic
 
 
 def test_a_step_map_as_of_an_earlier_day_and_its_curve(tmp_path):
@@ -728,15 +815,6 @@ def test_the_k_class_set_form_s_compiled_term_layers_equal_the_serving_map(
         assert got["protected_scores"][-3:].to_list() == [None, None, None]
     finally:
         con.close()
-
-
-def test_a_stack_over_composite_experts_with_input_tables_has_no_sql_map():
-    """An input table is evaluated at the score, so not under a stack's top: serving_map()."""
-    settings = Settings.make(
-        "platt", base_method="composite-experts",
-        base_params={"inputs": ("isotonic:window=30:refit_every=11",)},
-    )  # fmt: skip
-    assert not has_sql_map(settings.calibrator())
 
 
 def test_a_score_outside_0_1_is_an_error_naming_where_it_is(tmp_path):
