@@ -86,6 +86,7 @@ CHANGED_SINCE_SPLIT = {
     "calibrate_table_as_of": "#33: compiles the term layers once (calpipe_points_layer's terms)",
     "calibrate_scores_table_as_of": "#33: compiles the K-class term layers once, for both layers",
     "calpipe_kinput": "#34: a matrix scaling input (oms: ka the K^2 entries of W)",
+    "calibrate_score_as_of": "#33: each layer's input tables at its input (a stack's top's)",
 }
 ADDED_SINCE_SPLIT = {
     "calpipe_kshow": "#36 item 16: a score vector as an error message shows it",
@@ -98,6 +99,8 @@ ADDED_SINCE_SPLIT = {
     "calpipe_kterm_powers": "#33: a compiled K-class term layer's q_c^beta, once per group",
     "calpipe_kterm_scales": "#33: a compiled K-class Cox term's weight over its normaliser",
     "calpipe_kterms_value": "#33: a compiled K-class term layer's vector, by dot products",
+    "calpipe_in_tables": "#33: a layer's input tables at its input (a stack's top: the base's)",
+    "calpipe_in_table_values": "#33: the set form's input tables by an ASOF join, once a layer",
 }
 
 

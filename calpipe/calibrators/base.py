@@ -93,7 +93,8 @@ class MapTerms:
     inputs_k: np.ndarray | None = None
     #: Binary: the input of each term (T,) that is a table of its own (a composite-experts
     #: input without a logistic map: isotonic, Venn-ABERS, ...): its number j >= 0 among those
-    #: inputs, in order (q = that input's map at the clipped score, SQL layer -(j + 1)); -1: none
+    #: inputs, in order (q = that input's map at the method's clipped input, SQL layer
+    #: -(j + 1), numbered on from a stack's base's tables); -1: none
     in_table: np.ndarray | None = None
 
 

@@ -530,7 +530,8 @@ class CompositeExperts(Calibrator[FlatState]):
     def table_input_indices(self) -> list[int]:
         """The binary inputs without a logistic map (their positions among the inputs, in
         order; ``MapTerms.in_table`` numbers them 0, 1, ...): their maps are tables of their
-        own, which the SQL serving map evaluates at the clipped score before the terms."""
+        own, which the SQL serving map evaluates before the terms, at the method's input
+        clipped (the score; as a stack's top, its base's value)."""
         return [i for i, cal in enumerate(self._inputs(2)) if not cal.has_logistic_map()]
 
     def table_inputs(self, state: FlatState) -> list[tuple[Calibrator, FlatState]]:

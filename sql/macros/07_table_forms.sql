@@ -172,6 +172,25 @@ CREATE OR REPLACE MACRO calpipe_points_layer(points, maps, terms) AS TABLE
     UNION ALL
     SELECT r, layer, calpipe_terms_value(c, qs, ys) AS v FROM calpipe_pl_ys;
 
+-- The values of input tables at points (the relation named `points`: r, stream, layer, q, the
+-- table's layer and the value to evaluate it at, clipped) under the map rows of the relation
+-- named `maps`: (r, ins), ins the point's tables' values by layer -1, -2, ... An input table is
+-- a step/linear table (its piece by an ASOF join on x <= q, the one calpipe_layer_value's
+-- arg_max picks) or, not fitted yet, one identity term (q itself: q is clipped already, and
+-- calpipe_map_term clips it again to the same value). Why not calpipe_points_layer: binding
+-- it costs ~0.03 s a use, and calibrate_table_as_of evaluates input tables for each of its
+-- three layers (a stack's top reads them at its base's value).
+CREATE OR REPLACE MACRO calpipe_in_table_values(points, maps) AS TABLE
+    SELECT pt.r,
+           list(CASE WHEN m.family = 'identity' THEN pt.q
+                     ELSE calpipe_piece(m.family, m.x, m.y_at, m.y_right, m.x_next, m.y_next, pt.q)
+                END ORDER BY pt.layer DESC) AS ins
+    FROM query_table(points) pt
+    ASOF JOIN (SELECT * REPLACE (coalesce(x, -'infinity'::DOUBLE) AS x) FROM query_table(maps)
+               WHERE layer < 0) m
+      ON m.stream = pt.stream AND m.layer = pt.layer AND m.x <= pt.q
+    GROUP BY pt.r;
+
 -- Calibrated probabilities of a whole table: every row of the table, view or CTE named `tbl`
 -- (columns `stream` and `score`, a binary base probability), in its order and with all its
 -- columns, plus `protected_score` under its stream's map in force at the end of day `as_of`
@@ -213,16 +232,11 @@ CREATE OR REPLACE MACRO calibrate_table_as_of(tbl, as_of) AS TABLE
           ON r.stream = t.stream AND r.in_layer = t.layer
     ),
     calpipe_in_points0 AS (
-        SELECT pt.r, pt.stream, it.layer, calpipe_clip(pt.p, it.clip) AS q,
-               CAST(NULL AS DOUBLE[]) AS ins
+        SELECT pt.r, pt.stream, it.layer, calpipe_clip(pt.p, it.clip) AS q
         FROM calpipe_points pt JOIN calpipe_in_tables it ON it.stream = pt.stream AND it.lay = 0
     ),
     -- (a layer's tables' values in their order: the k-th is its terms' in_pos k)
-    calpipe_ins0 AS (
-        SELECT r, list(v ORDER BY layer DESC) AS ins
-        FROM calpipe_points_layer('calpipe_in_points0', 'calpipe_maps', 'calpipe_terms')
-        GROUP BY r
-    ),
+    calpipe_ins0 AS (SELECT * FROM calpipe_in_table_values('calpipe_in_points0', 'calpipe_maps')),
     calpipe_p0 AS (
         SELECT pt.r, pt.stream, 0 AS layer, pt.p AS q, i.ins
         FROM calpipe_points pt LEFT JOIN calpipe_ins0 i ON i.r = pt.r
@@ -233,16 +247,11 @@ CREATE OR REPLACE MACRO calibrate_table_as_of(tbl, as_of) AS TABLE
     -- a stack's top or a calibeating table at layer 0's value (its input tables too); a third
     -- layer at layer 1's
     calpipe_in_points1 AS (
-        SELECT pt.r, pt.stream, it.layer, calpipe_clip(v.v, it.clip) AS q,
-               CAST(NULL AS DOUBLE[]) AS ins
+        SELECT pt.r, pt.stream, it.layer, calpipe_clip(v.v, it.clip) AS q
         FROM calpipe_points pt JOIN calpipe_in_tables it ON it.stream = pt.stream AND it.lay = 1
         JOIN calpipe_v0 v ON v.r = pt.r
     ),
-    calpipe_ins1 AS (
-        SELECT r, list(v ORDER BY layer DESC) AS ins
-        FROM calpipe_points_layer('calpipe_in_points1', 'calpipe_maps', 'calpipe_terms')
-        GROUP BY r
-    ),
+    calpipe_ins1 AS (SELECT * FROM calpipe_in_table_values('calpipe_in_points1', 'calpipe_maps')),
     calpipe_p1 AS (
         SELECT pt.r, pt.stream, 1 AS layer, v.v AS q, i.ins
         FROM calpipe_points pt JOIN calpipe_tops t ON t.stream = pt.stream AND t.top >= 1
@@ -253,16 +262,11 @@ CREATE OR REPLACE MACRO calibrate_table_as_of(tbl, as_of) AS TABLE
         SELECT r, v FROM calpipe_points_layer('calpipe_p1', 'calpipe_maps', 'calpipe_terms')
     ),
     calpipe_in_points2 AS (
-        SELECT pt.r, pt.stream, it.layer, calpipe_clip(v.v, it.clip) AS q,
-               CAST(NULL AS DOUBLE[]) AS ins
+        SELECT pt.r, pt.stream, it.layer, calpipe_clip(v.v, it.clip) AS q
         FROM calpipe_points pt JOIN calpipe_in_tables it ON it.stream = pt.stream AND it.lay = 2
         JOIN calpipe_v1 v ON v.r = pt.r
     ),
-    calpipe_ins2 AS (
-        SELECT r, list(v ORDER BY layer DESC) AS ins
-        FROM calpipe_points_layer('calpipe_in_points2', 'calpipe_maps', 'calpipe_terms')
-        GROUP BY r
-    ),
+    calpipe_ins2 AS (SELECT * FROM calpipe_in_table_values('calpipe_in_points2', 'calpipe_maps')),
     calpipe_p2 AS (
         SELECT pt.r, pt.stream, 2 AS layer, v.v AS q, i.ins
         FROM calpipe_points pt JOIN calpipe_tops t ON t.stream = pt.stream AND t.top >= 2
