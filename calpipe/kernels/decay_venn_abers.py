@@ -48,9 +48,9 @@ _HEAD = 2  # u, g
 
 #: Rows of :func:`ivap_table`'s scratch: ``np.empty((IVAP_ROWS, B))`` and
 #: ``np.empty((IVAP_IROWS, B), np.int64)`` (any B' >= B columns will do).
-IVAP_ROWS = 7
+IVAP_ROWS = 9
 IVAP_IROWS = 4
-_LS, _LW, _RS, _RW, _QS, _QW, _P0 = 0, 1, 2, 3, 4, 5, 6  # float rows
+_LS, _LW, _LM, _RS, _RW, _RM, _QS, _QW, _P0 = 0, 1, 2, 3, 4, 5, 6, 7, 8  # float rows (M: means)
 _LST, _REND, _NXT, _STK = 0, 1, 2, 3  # integer rows
 _NEAR = 1e-12  # means within this (relative) are compared on the rest of C (_drop_low)
 
@@ -121,14 +121,14 @@ def ivap_table(pos, neg, out, work, iwork):
 @njit(cache=True)
 def _suffix_blocks(pos, neg, work, iwork):
     """For every non-empty bin k, the first PAV block of the bins >= k (right-to-left PAV,
-    the suffix stacks of Vovk, Petej & Fedorova 2015's Algorithm 3): its label sum and weight
-    (``work[_RS, k]``, ``work[_RW, k]``) and last bin (``iwork[_REND, k]``); and
+    the suffix stacks of Vovk, Petej & Fedorova 2015's Algorithm 3): its label sum, weight and
+    mean (``work[_RS, k]``, ``work[_RW, k]``, ``work[_RM, k]``) and last bin (``iwork[_REND, k]``); and
     ``iwork[_NXT, k]`` the first non-empty bin >= k (B if none). The stack below the top never
     changes as bins are pushed on its left, so the blocks of the bins > b are the chain
     k = NXT[b + 1], NXT[REND[k] + 1], ... for every b (block ends persist: a push only pools
     the new bin with the blocks next to it)."""
     n = pos.shape[0]
-    top = -1  # the stack in rows _QS/_QW (free until the sweeps), last bins in _STK
+    top = -1  # the stack in rows _QS/_QW/_P0 (free until the sweeps), last bins in _STK
     nxt = n
     for k in range(n - 1, -1, -1):
         sw = pos[k] + neg[k]
@@ -137,14 +137,17 @@ def _suffix_blocks(pos, neg, work, iwork):
             top += 1
             work[_QS, top] = pos[k]
             work[_QW, top] = sw
+            work[_P0, top] = pos[k] / sw
             iwork[_STK, top] = k
             # pool while this (left) block's mean exceeds the next one's
-            while top > 0 and _mean(work, _QS, top) > _mean(work, _QS, top - 1):
+            while top > 0 and work[_P0, top] > work[_P0, top - 1]:
                 work[_QS, top - 1] += work[_QS, top]
                 work[_QW, top - 1] += work[_QW, top]
+                work[_P0, top - 1] = work[_QS, top - 1] / work[_QW, top - 1]
                 top -= 1
             work[_RS, k] = work[_QS, top]
             work[_RW, k] = work[_QW, top]
+            work[_RM, k] = work[_P0, top]
             iwork[_REND, k] = iwork[_STK, top]
         iwork[_NXT, k] = nxt
 
@@ -169,10 +172,12 @@ def _ivap_side(pos, neg, t, dest, work, iwork):
     mean(C) >= lo). The root is non-decreasing in b (p0 and p1 are monotone in the score), so
     C at b - 1, with bin b - 1 moved from R to L, starts the walk at b, and the window moves
     right only: a queue of bins kept as two stacks (front: suffix sums, back: running sums),
-    whose sum is always formed by additions (no cancellation), O(1) amortised. Where rounding
-    breaks the invariant (the root below the last one, or the L block below C pooling with
-    it, at near-ties) bin b is done by the direct merge (:func:`_direct_merge`) and the window
-    rebuilt: O(B) more at worst, counted in the return value."""
+    whose sum is always formed by additions (no cancellation), O(1) amortised; each block's
+    mean is kept beside its sums (one division per pooling). Where the result breaks the
+    invariant by more than rounding (the root below the last one by a relative 1e-12, or the
+    L block below C pooling with it) bin b is done by the direct merge (:func:`_direct_merge`)
+    and the window rebuilt: O(B) more at worst, counted in the return value (none on the
+    decayed profiles of the tests and the benchmark)."""
     n = pos.shape[0]
     top = -1  # L: blocks of the non-empty bins < b (sums _LS, _LW; first bin _LST)
     il = 0  # C's lowest L block (il > top: none)
@@ -185,12 +190,14 @@ def _ivap_side(pos, neg, t, dest, work, iwork):
             top += 1
             work[_LS, top] = pos[b - 1]
             work[_LW, top] = pos[b - 1] + neg[b - 1]
+            work[_LM, top] = work[_LS, top] / work[_LW, top]
             iwork[_LST, top] = b - 1
             # pool while the block below's mean exceeds the top's (means by division: the
             # products of two decayed weights can underflow to 0 and stop a due pooling)
-            while top > 0 and _mean(work, _LS, top - 1) > _mean(work, _LS, top):
+            while top > 0 and work[_LM, top - 1] > work[_LM, top]:
                 work[_LS, top - 1] += work[_LS, top]
                 work[_LW, top - 1] += work[_LW, top]
+                work[_LM, top - 1] = work[_LS, top - 1] / work[_LW, top - 1]
                 top -= 1
         while qj < b:  # bin b (the junction) joins the window's back
             qj += 1
@@ -206,25 +213,26 @@ def _ivap_side(pos, neg, t, dest, work, iwork):
             cs = (work[_QS, qi] if qi < mid else 0.0) + bs + t  # mean(C) = cs / cw
             cw = (work[_QW, qi] if qi < mid else 0.0) + bw + 1.0
             k = iwork[_NXT, qj + 1] if qj + 1 < n else n  # the next R block, first bin k
-            take = k < n and work[_RS, k] / work[_RW, k] < cs / cw
+            sig = cs / cw
+            take = k < n and work[_RM, k] < sig
             if take and il <= top:  # the lower breakpoint first
-                take = work[_RS, k] / work[_RW, k] <= work[_LS, il] / work[_LW, il]
+                take = work[_RM, k] <= work[_LM, il]
             if take:
                 while qj < iwork[_REND, k]:
                     qj += 1
                     bs += pos[qj]
                     bw += pos[qj] + neg[qj]
-            elif il <= top and _drop_low(pos, neg, t, b, il, top, qj, cs, cw, work):
+            elif il <= top and _drop_low(pos, neg, t, b, il, top, qj, sig, work):
                 il += 1
                 start = iwork[_LST, il] if il <= top else b
                 while qi < start:
                     qi, mid, bs, bw = _pop_front(pos, neg, work, qi, mid, qj, bs, bw)
             else:
                 break
-        if ok and cs / cw < last:  # the root fell below the last one: rounding
+        if ok and cs / cw < last * (1.0 - _NEAR):  # the root fell below the last one
             ok = False
-        if ok and il > 0 and not _drop_low(pos, neg, t, b, il - 1, top, qj, cs, cw, work):
-            ok = False  # the L block below C would pool with it: rounding
+        if ok and il > 0 and work[_LM, il - 1] > cs / cw:  # the L block below C would pool
+            ok = _drop_low(pos, neg, t, b, il - 1, top, qj, cs / cw, work)  # but for rounding
         if not ok:
             n_direct += 1
             cs, cw, il, qj = _direct_merge(pos, neg, t, b, top, work, iwork)
@@ -240,14 +248,14 @@ def _ivap_side(pos, neg, t, dest, work, iwork):
 
 
 @njit(cache=True, inline="always")
-def _drop_low(pos, neg, t, b, il, top, qj, cs, cw, work):
+def _drop_low(pos, neg, t, b, il, top, qj, mc, work):
     """Whether C's lowest L block X (``il``) leaves C: mean(X) <= mean(C minus X), as
     pav_value_at would not pool X into the rest (pools on >). The same as mean(X) <= mean(C)
     unless the two means are within rounding, where X's weight may dwarf the rest's (the
     difference of means is then the rest's, scaled down by the weights): then the rest is
-    summed, blocks ``il + 1``..``top`` and bins ``b``..``qj`` (the test event's too)."""
-    mx = work[_LS, il] / work[_LW, il]
-    mc = cs / cw
+    summed, blocks ``il + 1``..``top`` and bins ``b``..``qj`` (the test event's too).
+    ``mc``: mean(C); blocks' means are kept beside their sums (one division per pooling)."""
+    mx = work[_LM, il]
     if abs(mc - mx) > _NEAR * max(mc, mx):
         return mx <= mc
     rs, rw = t, 1.0
@@ -258,12 +266,6 @@ def _drop_low(pos, neg, t, b, il, top, qj, cs, cw, work):
         rs += pos[j]
         rw += pos[j] + neg[j]
     return mx <= rs / rw
-
-
-@njit(cache=True, inline="always")
-def _mean(work, row, j):
-    """A block's mean: label sum in ``work[row, j]`` over the weight in the next row."""
-    return work[row, j] / work[row + 1, j]
 
 
 @njit(cache=True, inline="always")
@@ -294,13 +296,13 @@ def _direct_merge(pos, neg, t, b, top, work, iwork):
     a = top + 1
     e = b
     while True:
-        if a > 0 and work[_LS, a - 1] / work[_LW, a - 1] > cs / cw:
+        if a > 0 and work[_LM, a - 1] > cs / cw:
             a -= 1
             cs += work[_LS, a]
             cw += work[_LW, a]
             continue
         k = iwork[_NXT, e + 1] if e + 1 < n else n
-        if k < n and cs / cw > work[_RS, k] / work[_RW, k]:
+        if k < n and cs / cw > work[_RM, k]:
             cs += work[_RS, k]
             cw += work[_RW, k]
             e = iwork[_REND, k]
