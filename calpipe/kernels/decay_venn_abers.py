@@ -94,7 +94,7 @@ def ivap_table(pos, neg, out, work, iwork):
 
     The two isotonic values of every test position from stacks of the cumulative sum
     diagram's corners, as Vovk, Petej & Fedorova 2015 (NeurIPS, "Large-scale probabilistic
-    predictors with and without guarantees of validity", §4 and its Algorithms 1-4) compute
+    predictors with and without guarantees of validity", Algorithms 1-4) compute
     F0 and F1 of all test scores in linear time after sorting; here with the corners kept as
     PAV blocks (label sum, weight) rather than as points of the diagram, so that no block's
     sum is a difference of cumulative sums (decayed counts span hundreds of orders of
@@ -106,8 +106,10 @@ def ivap_table(pos, neg, out, work, iwork):
     ``work``/``iwork``: scratch of ``IVAP_ROWS``/``IVAP_IROWS`` rows of >= B columns.
 
     Agrees with the 2B passes of :func:`pav_value_at` to rounding (the blocks' sums are
-    added in another order); returns how many bins needed the direct merge (a sweep step
-    whose start broke the monotonicity by rounding, :func:`_ivap_side`), for the tests."""
+    added in another order), and with exact arithmetic where pav_value_at's cross-multiplied
+    comparisons underflow (two weights whose product is below ~1e-308: compared here by
+    division). Returns how many bins needed the direct merge (:func:`_ivap_side`), for the
+    tests."""
     _suffix_blocks(pos, neg, work, iwork)
     n_direct = _ivap_side(pos, neg, 0.0, work[_P0], work, iwork)
     n_direct += _ivap_side(pos, neg, 1.0, out, work, iwork)
