@@ -215,8 +215,7 @@ def _ivap_side(pos, neg, t, dest, work, iwork):
             cs = (work[_QS, qi] if qi < mid else 0.0) + bs + t  # mean(C) = cs / cw
             cw = (work[_QW, qi] if qi < mid else 0.0) + bw + 1.0
             k = iwork[_NXT, qj + 1] if qj + 1 < n else n  # the next R block, first bin k
-            sig = cs / cw
-            take = k < n and work[_RM, k] < sig
+            take = k < n and work[_RM, k] * cw < cs  # mean(R) < mean(C), cw >= 1
             if take and il <= top:  # the lower breakpoint first
                 take = work[_RM, k] <= work[_LM, il]
             if take:
@@ -224,17 +223,17 @@ def _ivap_side(pos, neg, t, dest, work, iwork):
                     qj += 1
                     bs += pos[qj]
                     bw += pos[qj] + neg[qj]
-            elif il <= top and _drop_low(pos, neg, t, b, il, top, qj, sig, work):
+            elif il <= top and _drop_low(pos, neg, t, b, il, top, qj, cs, cw, work):
                 il += 1
                 start = iwork[_LST, il] if il <= top else b
                 while qi < start:
                     qi, mid, bs, bw = _pop_front(pos, neg, work, qi, mid, qj, bs, bw)
             else:
                 break
-        if ok and cs / cw < last * (1.0 - _NEAR):  # the root fell below the last one
+        if ok and cs < last * (1.0 - _NEAR) * cw:  # the root fell below the last one
             ok = False
-        if ok and il > 0 and work[_LM, il - 1] > cs / cw:  # the L block below C would pool
-            ok = _drop_low(pos, neg, t, b, il - 1, top, qj, cs / cw, work)  # but for rounding
+        if ok and il > 0 and work[_LM, il - 1] * cw > cs:  # the L block below C would pool
+            ok = _drop_low(pos, neg, t, b, il - 1, top, qj, cs, cw, work)  # but for rounding
         if not ok:
             n_direct += 1
             cs, cw, il, qj = _direct_merge(pos, neg, t, b, top, work, iwork)
@@ -250,16 +249,17 @@ def _ivap_side(pos, neg, t, dest, work, iwork):
 
 
 @njit(cache=True, inline="always")
-def _drop_low(pos, neg, t, b, il, top, qj, mc, work):
+def _drop_low(pos, neg, t, b, il, top, qj, cs, cw, work):
     """Whether C's lowest L block X (``il``) leaves C: mean(X) <= mean(C minus X), as
     pav_value_at would not pool X into the rest (pools on >). The same as mean(X) <= mean(C)
     unless the two means are within rounding, where X's weight may dwarf the rest's (the
     difference of means is then the rest's, scaled down by the weights): then the rest is
     summed, blocks ``il + 1``..``top`` and bins ``b``..``qj`` (the test event's too).
-    ``mc``: mean(C); blocks' means are kept beside their sums (one division per pooling)."""
-    mx = work[_LM, il]
-    if abs(mc - mx) > _NEAR * max(mc, mx):
-        return mx <= mc
+    ``cs``/``cw``: C's label sum and weight (>= 1); blocks' means are kept beside their sums
+    (one division per pooling), and compared with C's as mean(X) cw against cs."""
+    xw = work[_LM, il] * cw  # mean(X) <= mean(C) as mean(X) cw <= cs: cw >= 1, no underflow
+    if abs(cs - xw) > _NEAR * max(cs, xw):
+        return xw <= cs
     rs, rw = t, 1.0
     for j in range(il + 1, top + 1):
         rs += work[_LS, j]
@@ -267,7 +267,7 @@ def _drop_low(pos, neg, t, b, il, top, qj, mc, work):
     for j in range(b, qj + 1):
         rs += pos[j]
         rw += pos[j] + neg[j]
-    return mx <= rs / rw
+    return work[_LM, il] <= rs / rw
 
 
 @njit(cache=True, inline="always")
