@@ -86,7 +86,7 @@ from numba import carray, njit
 from calpipe import config
 from calpipe.kernels.calfun import eval_binary_lanes
 from calpipe.kernels.decay_beta import fit_kernel
-from calpipe.kernels.decay_venn_abers import ivap_table
+from calpipe.kernels.decay_venn_abers import IVAP_IROWS, IVAP_ROWS, ivap_table
 from calpipe.kernels.mixture import restart_terms
 from calpipe.kernels.numeric import (
     LANES,
@@ -256,7 +256,7 @@ def _decay_va_count(st, s, c0, lab, k, lam, nb):
 
 
 @njit(cache=True, error_model="numpy")
-def _decay_va_refit(st, s, c0, nb, cur_pos, cur_neg, s_sum, s_w, s_last):
+def _decay_va_refit(st, s, c0, nb, cur_pos, cur_neg, work, iwork):
     """A decay-venn-abers input's refit (``_decay_venn_abers``'s): the per-input kernel's own
     ``ivap_table`` on the bins' current counts, written to the stream's table. Not inlined:
     it runs once every ``refit_every`` labels."""
@@ -265,8 +265,8 @@ def _decay_va_refit(st, s, c0, nb, cur_pos, cur_neg, s_sum, s_w, s_last):
     for j in range(nb):
         cur_pos[j] = st[s, pos + j] / st[s, c0 + 1]
         cur_neg[j] = st[s, neg + j] / st[s, c0 + 1]
-    ivap_table(cur_pos[:nb], cur_neg[:nb], st[s, c0 + 2 + 2 * nb : c0 + 2 + 3 * nb], s_sum,
-               s_w, s_last)  # fmt: skip
+    ivap_table(cur_pos[:nb], cur_neg[:nb], st[s, c0 + 2 + 2 * nb : c0 + 2 + 3 * nb], work,
+               iwork)  # fmt: skip
 
 
 @njit(cache=True, inline="always", error_model="numpy")
@@ -385,9 +385,8 @@ def _engine(
     w3 = np.empty(3)
     cur_pos = np.empty(max(nbm, 1))
     cur_neg = np.empty(max(nbm, 1))
-    pav_sum = np.empty(max(nbm, 1))  # decay-venn-abers' PAV stacks
-    pav_w = np.empty(max(nbm, 1))
-    pav_last = np.empty(max(nbm, 1), dtype=np.int64)
+    ivap_w = np.empty((IVAP_ROWS, max(nbm, 1)))  # decay-venn-abers' PAV stacks and window
+    ivap_i = np.empty((IVAP_IROWS, max(nbm, 1)), dtype=np.int64)
     # project_kernel's scratch (theta, A, shifted, rhs, lower, z, out) of size d = 2 and 3
     tv2, rh2, zz2, ou2 = np.empty(2), np.empty(2), np.empty(2), np.empty(2)
     av2, sh2, lo2 = np.empty((2, 2)), np.empty((2, 2)), np.empty((2, 2))
@@ -658,8 +657,8 @@ def _engine(
                                 mk = _bin_of(edges, i, nb, z)
                             u = _decay_va_count(st, s, c0, lab, mk, par[i, 0], nb)
                             if _refit_due(u, par[i, 2], par[i, 3]):
-                                _decay_va_refit(st, s, c0, nb, cur_pos, cur_neg, pav_sum, pav_w,
-                                                pav_last)  # fmt: skip
+                                _decay_va_refit(st, s, c0, nb, cur_pos, cur_neg, ivap_w,
+                                                ivap_i)  # fmt: skip
                 lane_op[lane] += 1
         for lane in range(nl):  # retire finished lanes
             if busy[lane] != 0 and lane_op[lane] == lane_end[lane]:

@@ -82,7 +82,9 @@ def test_pav_reads_the_block_of_the_test_bin():
     # a 0 in bin 3: 0/2, 3/4, 0/1 -> 3/5 pooled over bins 2, 3
     assert DVA.pav_value_at(pos, neg, 3, 0.0, 1.0, *scratch) == pytest.approx(0.6)
     out = np.empty(4)
-    DVA.ivap_table(pos, neg, out, *scratch)
+    DVA.ivap_table(
+        pos, neg, out, np.empty((DVA.IVAP_ROWS, 4)), np.empty((DVA.IVAP_IROWS, 4), np.int64)
+    )
     assert np.all(np.diff(out) >= 0) and np.all((out > 0) & (out < 1))
 
 
