@@ -30,6 +30,7 @@ from numba import njit
 
 from benchmarks.run import machine
 from calpipe.kernels import decay_venn_abers as DVA
+from tests.kernels.test_decay_venn_abers import ivap_table_quadratic  # the O(B^2) oracle
 
 _CHILD = """
 import hashlib, json, sys, time
@@ -49,18 +50,9 @@ print(json.dumps({"cpu": c, "digest": h.hexdigest()[:16]}))
 
 
 @njit(cache=True)
-def refit_quadratic(pos, neg, out, s_sum, s_w, s_last):
-    """The refit before #33: one PAV pass per bin and test label (2B passes, O(B^2))."""
-    for b in range(pos.shape[0]):
-        p0 = DVA.pav_value_at(pos, neg, b, 0.0, 1.0, s_sum, s_w, s_last)
-        p1 = DVA.pav_value_at(pos, neg, b, 1.0, 0.0, s_sum, s_w, s_last)
-        out[b] = p1 / (1.0 - p0 + p1)
-
-
-@njit(cache=True)
 def _loop_quadratic(P, N, out, s_sum, s_w, s_last):
     for r in range(P.shape[0]):
-        refit_quadratic(P[r], N[r], out, s_sum, s_w, s_last)
+        ivap_table_quadratic(P[r], N[r], out, s_sum, s_w, s_last)
 
 
 @njit(cache=True)
@@ -101,7 +93,7 @@ def micro(n_bins: int, n: int, repeat: int) -> list[tuple[str, float, str]]:
     diff = 0.0
     for r in range(min(n, 500)):
         a, b = np.empty(n_bins), np.empty(n_bins)
-        refit_quadratic(P[r], N[r], a, *quad)
+        ivap_table_quadratic(P[r], N[r], a, *quad)
         DVA.ivap_table(P[r], N[r], b, *lin)
         diff = max(diff, float(np.max(np.abs(a - b))))
     note = f"max |diff| {diff:.2g} over 500 refits; direct merges {n_direct} in {2 * n * n_bins}"
