@@ -45,13 +45,6 @@ def _segment_gale(contrib, op_offsets, log10m0):
     return out, end
 
 
-def prob_of_label(p: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """B_p({y}): p if y = 1 else 1 - p (binary (n,)); p[i, y_i] (K classes (n, K))."""
-    if p.ndim == 1:
-        return np.where(y == 1, p, 1.0 - p)
-    return np.take_along_axis(p, y[:, None], axis=1)[:, 0]
-
-
 def likelihood_gale(
     forecast: np.ndarray,
     base: np.ndarray,
@@ -67,14 +60,7 @@ def likelihood_gale(
     binary forecasts are clipped to [clip, 1 - clip]; K-class vectors have each entry floored at
     ``clip`` and are renormalised (the rule of :meth:`ProtectedCalibrator.prepare_scores`).
     """
-    f = clip_probabilities(forecast, clip)
-    b = clip_probabilities(base, clip)
-    # only update ops read their label (check_batch checks those): a forecast op's may be
-    # anything, and indexing a K-class row with it raised IndexError
-    y = np.where(is_update, np.maximum(labels, 0), 0)
-    contrib = np.where(
-        is_update, np.log10(prob_of_label(f, y)) - np.log10(prob_of_label(b, y)), 0.0
-    )
+    contrib = _gale_terms(forecast[None], base, labels, is_update, clip)[0]
     return _segment_gale(np.ascontiguousarray(contrib), op_offsets, log10m0)
 
 
@@ -99,8 +85,9 @@ def _segment_add(contrib, o0, op_offsets, acc):
 
 
 def _gale_terms(f, base, labels, is_update, clip):
-    """The log10 ratio terms of I forecasters on some ops, (I, c): :func:`likelihood_gale`'s
-    elementwise operations (as :func:`likelihood_gale_ends`'s docstring states them)."""
+    """The log10 ratio terms log10 clip(p')(y) - log10 clip(p)(y) of I forecasters ``f`` on some
+    ops, (I, c); 0 at an op without an update. The one form of both :func:`likelihood_gale`
+    and :func:`likelihood_gale_ends` (K classes: only the label's entry of each clipped row)."""
     if base.ndim == 2:
         y = np.where(is_update, np.maximum(labels, 0), 0)
         at = np.arange(base.shape[0])

@@ -230,3 +230,11 @@ def test_lex_increasing_in_groups_is_the_check_on_the_grouped_rows(n, n_ids, see
                                                      | ((y[1:] == y[:-1]) & (z[1:] > z[:-1]))))  # fmt: skip
     want = bool(np.all(after | (g[1:] != g[:-1])))
     assert G.lex_increasing_in_groups(a, b, c, ids, n_ids) == want
+
+
+def test_lex_increasing_in_groups_refuses_keys_of_other_lengths_and_ids_out_of_range():
+    one = np.zeros(3, np.int64)
+    with pytest.raises(ValueError, match="the keys and ids must have one length"):
+        G.lex_increasing_in_groups(one, one, np.zeros(2, np.int64), one, 1)
+    with pytest.raises(ValueError, match=r"ids must lie in \[0, 2\)"):
+        G.lex_increasing_in_groups(one, one, one, np.array([0, 2, 1]), 2)
