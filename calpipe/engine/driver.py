@@ -387,7 +387,7 @@ def _run(
         pending = prev[["pending_label_time", "pending_scores", "pending_labels"]]
     else:
         (op_event, op_kind, op_offsets, ext_scores, ext_labels, applied, pending) = delayed_ops(
-            cal, cols, events, ev_sid, counts, base, labels, labelled, prev, n_classes
+            cal, cols, events, counts, base, labels, labelled, prev, n_classes
         )
 
     inputs = {

@@ -430,7 +430,7 @@ def merge_after(a: np.ndarray, b: np.ndarray, b_rows: np.ndarray | None = None) 
 
 
 @njit(cache=True)
-def _stable_key_order(ks):
+def stable_key_order_kernel(ks):
     """The stable ascending order of the int64 keys ``ks`` (``np.argsort(ks, kind="stable")``),
     in O(n) expected time for keys spread over their range (times): the rows are dealt, in
     order, into n buckets of equal width between the smallest and the largest key (a bucket's
@@ -504,7 +504,7 @@ def _sort_segments(order, counts, key):
             ks = np.empty(end - start, np.int64)
             for i in range(end - start):
                 ks[i] = key[seg[i]]
-            idx = _stable_key_order(ks)
+            idx = stable_key_order_kernel(ks)
             for i in range(end - start):
                 out[start + i] = seg[idx[i]]
         start = end

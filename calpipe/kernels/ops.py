@@ -30,6 +30,9 @@ updates before it in its stream's segment. The kernels using it: :mod:`calpipe.k
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
+
+from calpipe.kernels.grouping import stable_key_order_kernel
 
 #: Forecast the event, then learn its label at once (the usual online step).
 OP_STEP = 0
@@ -70,3 +73,134 @@ def with_forecast_copies(op_event, op_kind, op_offsets, n_events):
     ext_offsets = np.concatenate([[0], np.cumsum(slots)])[op_offsets]
     src = np.concatenate([np.arange(n_events), op_event[upd_only]])
     return ext_event, ext_kind, ext_offsets, src, pos, upd_only
+
+
+@njit(cache=True)
+def _delayed_op_list(counts, te, timed, tl, step, plen, p_tl):
+    """The operation list of a batch with delayed labels, stream by stream (the module's
+    order): see :func:`delayed_op_list`. ``err`` is the first stream whose event times
+    decrease (-1: none); the outputs are then not valid."""
+    n_streams = counts.shape[0]
+    n = te.shape[0]
+    m = p_tl.shape[0]
+    n_timed = 0
+    for i in range(n):
+        if timed[i]:
+            n_timed += 1
+    n_u = m + n_timed
+    op_event = np.empty(n + n_u, np.int64)
+    op_kind = np.empty(n + n_u, np.int8)
+    op_offsets = np.zeros(n_streams + 1, np.int64)
+    applied = np.zeros(n_streams, np.int64)
+    d_ev = np.empty(n_u, np.int64)
+    d_t = np.empty(n_u, np.int64)
+    d_offsets = np.zeros(n_streams + 1, np.int64)
+    ut = np.empty(n_u, np.int64)  # a stream's updates: times and events, pending ones first
+    uev = np.empty(n_u, np.int64)
+    st = np.empty(n_u, np.int64)
+    sev = np.empty(n_u, np.int64)
+    k_op = 0
+    k_d = 0
+    e0 = 0
+    p0 = 0
+    err = -1
+    for s in range(n_streams):
+        e1 = e0 + counts[s]
+        p1 = p0 + plen[s]
+        k = 0
+        for j in range(p0, p1):  # (pending: in their apply order, before the new on ties)
+            ut[k] = p_tl[j]
+            uev[k] = n + j
+            k += 1
+        n_step = 0
+        for i in range(e0, e1):
+            if timed[i]:
+                ut[k] = tl[i]
+                uev[k] = i
+                k += 1
+            elif step[i]:
+                n_step += 1
+            if i > e0 and te[i] < te[i - 1] and err < 0:
+                err = s
+        in_order = True
+        for j in range(1, k):
+            if ut[j] < ut[j - 1]:
+                in_order = False
+                break
+        if in_order:
+            for j in range(k):
+                st[j] = ut[j]
+                sev[j] = uev[j]
+        else:  # stable by time: (time, seq) as built
+            idx = stable_key_order_kernel(ut[:k])
+            for j in range(k):
+                st[j] = ut[idx[j]]
+                sev[j] = uev[idx[j]]
+        # the updates before the stream's last event of the batch apply now; the rest wait
+        horizon = te[e1 - 1]
+        n_a = 0
+        while n_a < k and st[n_a] < horizon:
+            n_a += 1
+        i = e0
+        j = 0
+        while i < e1 or j < n_a:  # an update after the events at or before its time
+            if j < n_a and (i == e1 or st[j] < te[i]):
+                op_event[k_op] = sev[j]
+                op_kind[k_op] = OP_UPDATE
+                j += 1
+            else:
+                op_event[k_op] = i
+                op_kind[k_op] = OP_STEP if step[i] else OP_FORECAST
+                i += 1
+            k_op += 1
+        op_offsets[s + 1] = k_op
+        applied[s] = n_a + n_step
+        for j in range(n_a, k):
+            d_ev[k_d] = sev[j]
+            d_t[k_d] = st[j]
+            k_d += 1
+        d_offsets[s + 1] = k_d
+        e0 = e1
+        p0 = p1
+    return op_event[:k_op], op_kind[:k_op], op_offsets, applied, d_ev[:k_d], d_t[:k_d], d_offsets, err
+
+
+def delayed_op_list(counts, te, timed, tl, step, plen, p_tl):
+    """The operation list of a batch with delayed labels, and the labels left pending.
+
+    The batch's ``n`` events come in replay order, stream by stream (``counts`` events each,
+    every stream at least one), with their times ``te`` (non-decreasing within a stream).
+    An event is forecast at its time (``OP_FORECAST``), or stepped (``OP_STEP``: forecast, then
+    its label learnt at once) when ``step`` (a label known at its event); a ``timed`` event's
+    label is learnt at its label time ``tl`` by an ``OP_UPDATE``, as is each pending label of
+    the state (``plen`` per stream, times ``p_tl`` flattened stream by stream in their apply
+    order, events ``n + j``). A stream's updates sort by (time, seq): pending ones first, in
+    their order, then the batch's by event; each goes after the stream's events at or before
+    its time (a label is seen only by events strictly after it). Updates at or after the
+    stream's last event time (its horizon) are deferred: the new pending lists, in the same
+    order, so that batches equal one pass.
+
+    One linear pass over the streams (a stream's updates are sorted only if they are not in
+    time order already), the order of the 4-key lexsort of (stream, time, phase, seq) it
+    replaces (``tests/kernels/test_ops.py``'s oracle).
+
+    Returns ``(op_event, op_kind, op_offsets, applied, d_ev, d_t, d_offsets)``: the list
+    (:mod:`calpipe.kernels.ops`), the labels each stream learns, and the deferred updates'
+    events, times and offsets per stream.
+
+    >>> import numpy as np
+    >>> ev, kind, off, applied, d_ev, d_t, d_off = delayed_op_list(
+    ...     np.array([3]), np.array([0, 5, 9]), np.array([True, False, False]),
+    ...     np.array([6, 0, 0]), np.array([False, True, False]), np.array([1]), np.array([2]))
+    >>> ev.tolist(), kind.tolist(), applied.tolist(), d_ev.tolist(), d_t.tolist()
+    ([0, 3, 1, 0, 2], [1, 2, 0, 2, 1], [3], [], [])
+    """
+    c = np.ascontiguousarray
+    out = _delayed_op_list(
+        c(counts, dtype=np.int64), c(te, dtype=np.int64), c(timed, dtype=np.bool_),
+        c(tl, dtype=np.int64), c(step, dtype=np.bool_), c(plen, dtype=np.int64),
+        c(p_tl, dtype=np.int64),
+    )  # fmt: skip
+    if out[-1] >= 0:
+        raise ValueError(f"stream {out[-1]}: its event times decrease (not in replay order)")
+    return out[:-1]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from calpipe import families
@@ -219,3 +219,72 @@ def _assert_split_equals_step(a, b, split_mask, martingale_idx: int):
     np.testing.assert_allclose(m_split[split_mask], before[split_mask], rtol=0, atol=ATOL)
     for x, z in zip(a[-3:], b[-3:], strict=True):
         np.testing.assert_allclose(x, z, rtol=0, atol=ATOL)
+
+
+def _delayed_oracle(counts, te, timed, tl, step, plen, p_tl):
+    """The operation list of delayed labels as a 4-key lexsort of all operations by (stream,
+    time, phase, seq): events phase 0 (seq = event), timed updates phase 1 (seq = event, or
+    the pending position - m < 0: pending first); updates at or after the stream's last event
+    time deferred, in (stream, time, seq) order."""
+    n, m = te.shape[0], p_tl.shape[0]
+    sid = np.repeat(np.arange(counts.shape[0]), counts)
+    p_sid = np.repeat(np.arange(counts.shape[0]), plen)
+    horizon = te[np.cumsum(counts) - 1]
+    lab = np.flatnonzero(timed)
+    u_sid = np.concatenate([sid[lab], p_sid]).astype(np.int64)
+    u_t = np.concatenate([tl[lab], p_tl]).astype(np.int64)
+    u_seq = np.concatenate([lab, np.arange(m) - m]).astype(np.int64)
+    u_ev = np.concatenate([lab, n + np.arange(m)]).astype(np.int64)
+    now = u_t < horizon[u_sid]
+    order = np.lexsort((
+        np.concatenate([np.arange(n), u_seq[now]]),
+        np.concatenate([np.zeros(n, np.int64), np.ones(int(now.sum()), np.int64)]),
+        np.concatenate([te, u_t[now]]),
+        np.concatenate([sid, u_sid[now]]),
+    ))  # fmt: skip
+    ev = np.concatenate([np.arange(n), u_ev[now]])[order]
+    kind = np.concatenate([np.where(step, O.OP_STEP, O.OP_FORECAST),
+                           np.full(int(now.sum()), O.OP_UPDATE)])[order]  # fmt: skip
+    op_sid = np.concatenate([sid, u_sid[now]])
+    offsets = np.concatenate([[0], np.cumsum(np.bincount(op_sid, minlength=counts.shape[0]))])
+    applied = np.bincount(np.concatenate([u_sid[now], sid[step]]), minlength=counts.shape[0])
+    d = np.lexsort((u_seq[~now], u_t[~now], u_sid[~now]))
+    d_offsets = np.concatenate([[0], np.cumsum(np.bincount(u_sid[~now][d],
+                                                           minlength=counts.shape[0]))])  # fmt: skip
+    return ev, kind, offsets, applied, u_ev[~now][d], u_t[~now][d], d_offsets
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    n_streams=st.integers(1, 4), n=st.integers(0, 40), m=st.integers(0, 20),
+    t_range=st.integers(1, 6), seed=st.integers(0, 2**32 - 1), sorted_pending=st.booleans(),
+)  # fmt: skip
+def test_delayed_op_list_equals_the_four_key_lexsort(n_streams, n, m, t_range, seed,
+                                                     sorted_pending):  # fmt: skip
+    """Ties everywhere (few streams, few distinct times: events, pending and new updates at one
+    time), label times before, at and after each stream's last event, labels known at their
+    event beside timed ones; pending lists in their apply order (as a batch leaves them) or
+    not (a state written by hand)."""
+    rng = np.random.default_rng(seed)
+    counts = np.bincount(rng.integers(0, n_streams, n + n_streams), minlength=n_streams)
+    counts = counts[counts > 0]  # every stream of a batch has an event
+    n = int(counts.sum())
+    te = np.concatenate([np.sort(rng.integers(-t_range, t_range, c)) for c in counts])
+    known = rng.random(n) < 0.6
+    timed = known & (rng.random(n) < 0.7)
+    step = known & ~timed
+    tl = np.where(timed, te + rng.integers(0, 2 * t_range, n), 0)
+    plen = rng.multinomial(m, np.ones(counts.shape[0]) / counts.shape[0])
+    p_tl = [rng.integers(-2 * t_range, 2 * t_range, c) for c in plen]
+    p_tl = np.concatenate([np.sort(p) if sorted_pending else p for p in p_tl])
+    got = O.delayed_op_list(counts, te, timed, tl, step, plen, p_tl.astype(np.int64))
+    want = _delayed_oracle(counts, te, timed, tl, step, plen, p_tl)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)
+
+
+def test_delayed_op_list_refuses_event_times_out_of_replay_order():
+    with pytest.raises(ValueError, match="stream 1: its event times decrease"):
+        O.delayed_op_list(np.array([1, 2]), np.array([0, 5, 3]), np.zeros(3, bool),
+                          np.zeros(3, np.int64), np.zeros(3, bool), np.array([0, 0]),
+                          np.zeros(0, np.int64))  # fmt: skip

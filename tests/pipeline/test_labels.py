@@ -702,3 +702,39 @@ def test_labels_in_arrival_order_get_their_own_events_from_the_id_ordered_lookup
         np.testing.assert_array_equal(us.to_numpy(), ids)
     finally:
         con.close()
+
+
+def test_an_event_id_that_two_streams_share_finds_the_label_s_own_stream_s_event(tmp_path):
+    """The lookup joins integer ids on the id alone and checks the streams of what it found:
+    an id stored in two streams (fan-out) or only in another stream (a false match) sends the
+    slice to the (stream, id) join, so each label gets its own stream's event or none."""
+    from calpipe.pipeline.labels import lookup_arrivals
+
+    con = storage.connect(tmp_path / "db.duckdb")
+    try:
+        for table, cols, vals in (
+            ("scored_events", "event_date, stream, event_id, event_time, score, label",
+             "DATE '2024-01-01', s, i, TIMESTAMP '2024-01-01', sc, NULL"),
+            ("protected_scores", "event_date, stream, event_id, base_score, protected_score, "
+             "log10_martingale", "DATE '2024-01-01', s, i, sc, 1 - sc, 0.0"),
+        ):  # fmt: skip
+            con.execute(
+                f"INSERT INTO {table} ({cols}) SELECT {vals} FROM (VALUES ('a', 1, 0.1), "
+                "('b', 1, 0.2), ('a', 2, 0.3), ('c', 3, 0.4)) t(s, i, sc)"
+            )
+        night = dt.date(2024, 1, 2)
+
+        def look(streams, ids):
+            raw = pl.DataFrame({"i": pl.Series(range(len(ids)), dtype=pl.UInt32),
+                                "stream": streams, "event_id": ids})  # fmt: skip
+            return lookup_arrivals(con, raw, night, 2)
+
+        shared = look(["b", "a", "c"], [1, 1, 3])  # id 1 in streams a and b
+        assert shared["score"].to_list() == [0.2, 0.1, 0.4]
+        assert shared["__prot"].to_list() == [0.8, 0.9, 0.6]
+        elsewhere = look(["b", "c"], [2, 3])  # id 2 only in stream a: not b's event
+        assert elsewhere["score"].to_list() == [None, 0.4]
+        assert elsewhere["event_date"].null_count() == 1
+        assert look(["a", "c"], [2, 3])["score"].to_list() == [0.3, 0.4]  # (the id-only path)
+    finally:
+        con.close()
