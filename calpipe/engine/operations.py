@@ -73,8 +73,9 @@ def delayed_ops(cal, cols, sorted_df, counts, base, labels, labelled, prev, n_cl
             list_series(d_t, d_offsets, pl.Int64)
             .cast(pl.List(TIME_US))
             .alias("pending_label_time"),
-            list_series(raw_scores[d_ev].ravel(), d_offsets * width, pl.Float64)
-            .alias("pending_scores"),
+            list_series(raw_scores[d_ev].ravel(), d_offsets * width, pl.Float64).alias(
+                "pending_scores"
+            ),
             list_series(ext_labels[d_ev], d_offsets, pl.Int64).alias("pending_labels"),
         ]
     )

@@ -162,7 +162,16 @@ def _delayed_op_list(counts, te, timed, tl, step, plen, p_tl):
         d_offsets[s + 1] = k_d
         e0 = e1
         p0 = p1
-    return op_event[:k_op], op_kind[:k_op], op_offsets, applied, d_ev[:k_d], d_t[:k_d], d_offsets, err
+    return (
+        op_event[:k_op],
+        op_kind[:k_op],
+        op_offsets,
+        applied,
+        d_ev[:k_d],
+        d_t[:k_d],
+        d_offsets,
+        err,
+    )
 
 
 def delayed_op_list(counts, te, timed, tl, step, plen, p_tl):
