@@ -213,3 +213,98 @@ def delayed_op_list(counts, te, timed, tl, step, plen, p_tl):
     if out[-1] >= 0:
         raise ValueError(f"stream {out[-1]}: its event times decrease (not in replay order)")
     return out[:-1]
+
+
+@njit(cache=True)
+def _pending_in_apply_order(n_pend, p_t, p_y, p_sc, new_sid, seq, new_t, new_y, new_sc, width):
+    """See :func:`pending_in_apply_order`."""
+    n_streams = n_pend.shape[0]
+    n_new = np.zeros(n_streams, np.int64)
+    for r in range(new_sid.shape[0]):
+        n_new[new_sid[r]] += 1
+    offsets = np.zeros(n_streams + 1, np.int64)
+    longest = 0
+    for s in range(n_streams):
+        k = n_pend[s] + n_new[s]
+        offsets[s + 1] = offsets[s] + k
+        longest = max(longest, k)
+    total = offsets[n_streams]
+    t = np.empty(total, np.int64)
+    y = np.empty(total, np.int64)
+    sc = np.empty(total * width, np.float64)
+    kt = np.empty(longest, np.int64)
+    src = np.empty(longest, np.int64)  # >= 0: pending row; < 0: new row -1 - r
+    p0 = 0
+    a = 0
+    err = -1
+    for s in range(n_streams):
+        k = 0
+        for j in range(p0, p0 + n_pend[s]):  # pending first (earlier nights), in their order
+            kt[k] = p_t[j]
+            src[k] = j
+            k += 1
+        for q in range(a, a + n_new[s]):  # then the new ones in their events' order
+            r = seq[q]
+            if new_sid[r] != s and err < 0:
+                err = q
+            kt[k] = new_t[r]
+            src[k] = -1 - r
+            k += 1
+        in_order = True
+        for j in range(1, k):
+            if kt[j] < kt[j - 1]:
+                in_order = False
+                break
+        idx = np.arange(k) if in_order else stable_key_order_kernel(kt[:k])
+        o = offsets[s]
+        for j in range(k):
+            g = src[idx[j]]
+            t[o + j] = kt[idx[j]]
+            if g >= 0:
+                y[o + j] = p_y[g]
+                for c in range(width):
+                    sc[(o + j) * width + c] = p_sc[g * width + c]
+            else:
+                r = -1 - g
+                y[o + j] = new_y[r]
+                for c in range(width):
+                    sc[(o + j) * width + c] = new_sc[r * width + c]
+        p0 += n_pend[s]
+        a += n_new[s]
+    return t, y, sc, offsets, err
+
+
+def pending_in_apply_order(n_pend, p_t, p_y, p_sc, new_sid, seq, new_t, new_y, new_sc):
+    """Each stream's pending labels with new ones added, in the order a batch applies them.
+
+    ``n_pend`` pending labels per stream (times ``p_t``, labels ``p_y``, score rows ``p_sc``,
+    flattened stream by stream) and new labels of streams ``new_sid`` (``seq``: their rows
+    grouped by stream, each stream's in its events' order; times ``new_t``, labels ``new_y``,
+    scores ``new_sc``: (n,) or (n, width)). A stream's labels sort by time, stably: on equal
+    times the pending ones first (an earlier night's), then the new ones by event -- the stable
+    sort by (stream, time) of the pending labels followed by the new ones in ``seq`` order
+    (``tests/kernels/test_ops.py``'s oracle), one pass over the streams, a stream sorted only
+    if out of time order.
+
+    Returns ``(t, y, sc, offsets)``: the lists flattened (``sc`` (total, width) as given) and
+    each stream's offsets.
+
+    >>> import numpy as np
+    >>> t, y, sc, off = pending_in_apply_order(
+    ...     np.array([1, 0]), np.array([5]), np.array([1]), np.array([0.5]),
+    ...     np.array([0, 1, 0]), np.array([2, 0, 1]), np.array([5, 7, 3]), np.array([0, 1, 1]),
+    ...     np.array([0.1, 0.2, 0.3]))
+    >>> t.tolist(), y.tolist(), sc.tolist(), off.tolist()
+    ([3, 5, 5, 7], [1, 1, 0, 1], [0.3, 0.5, 0.1, 0.2], [0, 3, 4])
+    """
+    c = np.ascontiguousarray
+    width = 1 if np.ndim(new_sc) == 1 else int(np.shape(new_sc)[1])
+    t, y, sc, offsets, err = _pending_in_apply_order(
+        c(n_pend, dtype=np.int64), c(p_t, dtype=np.int64), c(p_y, dtype=np.int64),
+        c(p_sc, dtype=np.float64).ravel(), c(new_sid, dtype=np.int64), c(seq, dtype=np.int64),
+        c(new_t, dtype=np.int64), c(new_y, dtype=np.int64), c(new_sc, dtype=np.float64).ravel(),
+        width,
+    )  # fmt: skip
+    if err >= 0:
+        raise ValueError(f"seq[{err}]: the new labels are not grouped by stream in seq")
+    return t, y, sc if width == 1 else sc.reshape(-1, width), offsets

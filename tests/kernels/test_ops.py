@@ -288,3 +288,44 @@ def test_delayed_op_list_refuses_event_times_out_of_replay_order():
         O.delayed_op_list(np.array([1, 2]), np.array([0, 5, 3]), np.zeros(3, bool),
                           np.zeros(3, np.int64), np.zeros(3, bool), np.array([0, 0]),
                           np.zeros(0, np.int64))  # fmt: skip
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    n_streams=st.integers(1, 4), m=st.integers(0, 15), r=st.integers(0, 25),
+    t_range=st.integers(1, 5), width=st.sampled_from([1, 3]), seed=st.integers(0, 2**32 - 1),
+)  # fmt: skip
+def test_pending_in_apply_order_equals_a_stable_sort_by_stream_and_time(
+    n_streams, m, r, t_range, width, seed
+):
+    """The oracle: the pending labels (flattened by stream) followed by the new ones in ``seq``
+    order, stably sorted by (stream, time) with numpy's lexsort; ties everywhere."""
+    rng = np.random.default_rng(seed)
+    n_pend = rng.multinomial(m, np.ones(n_streams) / n_streams)
+    p_t = rng.integers(0, t_range, m)
+    p_y, p_sc = rng.integers(0, 2, m), rng.random((m, width))
+    new_sid = rng.integers(0, n_streams, r)
+    seq = np.lexsort((rng.random(r), new_sid))  # grouped by stream, any order within
+    new_t, new_y, new_sc = (
+        rng.integers(0, t_range, r),
+        rng.integers(0, 2, r),
+        rng.random((r, width)),
+    )
+    sid = np.concatenate([np.repeat(np.arange(n_streams), n_pend), new_sid[seq]])
+    t = np.concatenate([p_t, new_t[seq]])
+    o = np.lexsort((t, sid))
+    sq = (lambda a: a[:, 0]) if width == 1 else (lambda a: a)
+    got = O.pending_in_apply_order(n_pend, p_t, p_y, sq(p_sc), new_sid, seq, new_t, new_y,
+                                   sq(new_sc))  # fmt: skip
+    np.testing.assert_array_equal(got[0], t[o])
+    np.testing.assert_array_equal(got[1], np.concatenate([p_y, new_y[seq]])[o])
+    np.testing.assert_array_equal(got[2], sq(np.concatenate([p_sc, new_sc[seq]])[o]))
+    counts = np.bincount(sid, minlength=n_streams)
+    np.testing.assert_array_equal(got[3], np.concatenate([[0], np.cumsum(counts)]))
+
+
+def test_pending_in_apply_order_refuses_new_labels_not_grouped_by_stream():
+    with pytest.raises(ValueError, match="not grouped by stream"):
+        O.pending_in_apply_order(np.zeros(2, np.int64), [], [], [], np.array([0, 1, 0]),
+                                 np.array([0, 1, 2]), np.array([1, 2, 3]), np.array([0, 1, 0]),
+                                 np.array([0.1, 0.2, 0.3]))  # fmt: skip

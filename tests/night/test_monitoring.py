@@ -115,3 +115,23 @@ def test_the_engines_groups_are_the_monitorings_stream_groups(shuffle, label_tim
     want_ids, want_first = stream_groups(res.scores, ["stream"])
     np.testing.assert_array_equal(ids, want_ids)
     np.testing.assert_array_equal(first, want_first)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    n=st.integers(0, 400), n_streams=st.integers(1, 6), seed=st.integers(0, 10**6),
+    shuffle_ids=st.booleans(), k=st.sampled_from([2, 3]),
+)  # fmt: skip
+def test_a_night_s_arrival_stats_by_stream_groups_equal_those_of_the_sorted_rows(
+    n, n_streams, seed, shuffle_ids, k
+):
+    """The night's arrived forecasts go to the statistics grouped by stream, each stream's rows
+    in event id order (a counting sort of the streams, not a sort of their names): the bits
+    of the statistics of the rows sorted by (stream, event id)."""
+    from calpipe.night.arrivals import Arrivals
+    from calpipe.night.monitoring import labelled_rows, night_arrival_stats
+
+    rows = protected(n, n_streams, seed, shuffle_ids, k)
+    got = night_arrival_stats(labelled_rows(rows), Arrivals.empty(DAY, k))
+    want = arrival_stats(arrived_in_rows(rows))
+    assert got.equals(want)
