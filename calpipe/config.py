@@ -34,10 +34,11 @@ EMPTY_STATE_CACHE_SIZE: int = 64
 #: Events from which a call runs its operation list in pieces with the kernel state carried
 #: (the same bits): each piece gathers its rows contiguously, so the kernels read them in
 #: order instead of jumping through the whole call's arrays. Measured side by side on 2M
-#: events (the nightly run's batches, PROTECT_BATCH_ROWS): the default method's kernel
-#: 1.5-1.6x faster with 1,000 or 10,000 streams, composite-jumper within noise; no gain
-#: measured at 0.5-1M events.
-PIECES_MIN_EVENTS: int = 1_500_000
+#: events: the default method's kernel 1.5-1.6x faster with 1,000 or 10,000 streams,
+#: composite-jumper within noise; no gain (and no loss) measured at 0.5-1M events. From 1M, so
+#: that the nightly run's batches (1.4-1.6M events, PROTECT_BATCH_ROWS) run in pieces: at
+#: 1.5M its 10M-event night with the default took 11.7 s instead of 11.0 (BENCHMARKS.md §29).
+PIECES_MIN_EVENTS: int = 1_000_000
 #: Events from which ``calpipe protect`` on a terminal draws a bar over them (its pieces tell
 #: progress): the default method protects 0.3-0.9 M events/s on this 2-core machine
 #: (BENCHMARKS §9), so 2M events are seconds of waiting; a smaller call keeps its status line.
