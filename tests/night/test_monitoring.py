@@ -48,11 +48,15 @@ def protected(n: int, n_streams: int, seed: int, shuffle_ids: bool, k: int = 2) 
     return pl.DataFrame(cols)
 
 
+#: The arguments of :func:`protected` that the property tests draw.
+NIGHTS = {
+    "n": st.integers(0, 400), "n_streams": st.integers(1, 6), "seed": st.integers(0, 10**6),
+    "shuffle_ids": st.booleans(), "k": st.sampled_from([2, 3]),
+}  # fmt: skip
+
+
 @settings(max_examples=25, deadline=None)
-@given(
-    n=st.integers(0, 400), n_streams=st.integers(1, 6), seed=st.integers(0, 10**6),
-    shuffle_ids=st.booleans(), k=st.sampled_from([2, 3]),
-)  # fmt: skip
+@given(**NIGHTS)
 def test_arrival_stats_from_the_daily_ones_equal_those_of_the_labelled_rows(
     n, n_streams, seed, shuffle_ids, k
 ):
@@ -118,10 +122,7 @@ def test_the_engines_groups_are_the_monitorings_stream_groups(shuffle, label_tim
 
 
 @settings(max_examples=25, deadline=None)
-@given(
-    n=st.integers(0, 400), n_streams=st.integers(1, 6), seed=st.integers(0, 10**6),
-    shuffle_ids=st.booleans(), k=st.sampled_from([2, 3]),
-)  # fmt: skip
+@given(**NIGHTS)
 def test_a_night_s_arrival_stats_by_stream_groups_equal_those_of_the_sorted_rows(
     n, n_streams, seed, shuffle_ids, k
 ):
