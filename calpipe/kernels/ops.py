@@ -205,6 +205,8 @@ def delayed_op_list(counts, te, timed, tl, step, plen, p_tl):
     ([0, 3, 1, 0, 2], [1, 2, 0, 2, 1], [3], [], [])
     """
     c = np.ascontiguousarray
+    if np.any(np.asarray(counts) < 1):  # (a stream without an event has no horizon)
+        raise ValueError("delayed_op_list needs at least one event of every stream")
     out = _delayed_op_list(
         c(counts, dtype=np.int64), c(te, dtype=np.int64), c(timed, dtype=np.bool_),
         c(tl, dtype=np.int64), c(step, dtype=np.bool_), c(plen, dtype=np.int64),

@@ -283,6 +283,13 @@ def test_delayed_op_list_equals_the_four_key_lexsort(n_streams, n, m, t_range, s
         np.testing.assert_array_equal(g, w)
 
 
+def test_delayed_op_list_refuses_a_stream_without_events():
+    with pytest.raises(ValueError, match="at least one event of every stream"):
+        O.delayed_op_list(np.array([1, 0]), np.array([0]), np.zeros(1, bool),
+                          np.zeros(1, np.int64), np.zeros(1, bool), np.array([0, 1]),
+                          np.array([3]))  # fmt: skip
+
+
 def test_delayed_op_list_refuses_event_times_out_of_replay_order():
     with pytest.raises(ValueError, match="stream 1: its event times decrease"):
         O.delayed_op_list(np.array([1, 2]), np.array([0, 5, 3]), np.zeros(3, bool),
