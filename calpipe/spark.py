@@ -54,7 +54,7 @@ SPARK_BUCKETS_PER_CORE: int = 4
 
 #: calpipe.spark: the most events a bucket should hold when the day's size is known (a bucket is
 #: loaded whole into a Python worker: ~0.5 KB per event with the engine's working set, so 2M
-#: events stay near 1 GB, the size of the pipeline's own batches, PROTECT_BATCH_ROWS).
+#: events stay near 1 GB; the pipeline's own batches, PROTECT_BATCH_ROWS, are 1.6M).
 SPARK_MAX_BUCKET_ROWS: int = 2_000_000
 
 #: calpipe.spark.session: the JVM heap of a local session (driver and executors in one JVM),
