@@ -21,7 +21,9 @@ run of ``OP_FORECAST`` then ``OP_UPDATE`` on one event equals one ``OP_STEP``.
 The caller (:func:`calpipe.engine.driver.protect`, or :meth:`calpipe.calibrators.base.Calibrator.run` for
 one stream) builds the list from the replay order: an event whose label is known at its own
 time is an ``OP_STEP``; with ``label_time`` an event is an ``OP_FORECAST`` and its label an
-``OP_UPDATE`` placed at the label's time. Prequential by construction: a forecast only sees the
+``OP_UPDATE`` placed at the label's time (:func:`delayed_op_list`, which also leaves the labels
+due after the batch pending; :func:`pending_in_apply_order` adds a label feed's labels to those
+lists in the order they apply). Prequential by construction: a forecast only sees the
 updates before it in its stream's segment. The kernels using it: :mod:`calpipe.kernels.mixture`,
 :mod:`calpipe.kernels.brier_compat`, :mod:`calpipe.kernels.venn` (online Venn predictor),
 :mod:`calpipe.kernels.calibrated_regression`, and the window driver of the batch calibrators.
