@@ -392,44 +392,6 @@ def counting_sort(ids: np.ndarray, n_ids: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 @njit(cache=True)
-def _merge_after(a, b, b_rows):
-    """The merge of two sorted int64 arrays as row indices: ``i`` for ``a[i]`` and
-    ``a.shape[0] + b_rows[j]`` for ``b[j]``, each ``b[j]`` after every ``a[i] <= b[j]``
-    (``searchsorted(a, b, side="right")``) and the ``b`` in their given order."""
-    n, m = a.shape[0], b.shape[0]
-    order = np.empty(n + m, np.int64)
-    i = 0
-    j = 0
-    for k in range(n + m):
-        if j < m and (i == n or b[j] < a[i]):
-            order[k] = n + b_rows[j]
-            j += 1
-        else:
-            order[k] = i
-            i += 1
-    return order
-
-
-def merge_after(a: np.ndarray, b: np.ndarray, b_rows: np.ndarray | None = None) -> np.ndarray:
-    """Row indices of sorted ``a`` (rows ``0..n-1``) and sorted ``b`` (rows ``n + b_rows``)
-    merged in order, each ``b`` after the ``a`` equal to it: one linear pass, the order of
-    ``np.argsort(np.concatenate([a, b]), kind="stable")`` up to the ``b_rows`` relabelling
-    (both inputs non-decreasing, not checked).
-
-    Example
-    -------
-    >>> import numpy as np
-    >>> merge_after(np.array([1, 3, 3, 5]), np.array([0, 3, 9])).tolist()
-    [4, 0, 1, 2, 5, 3, 6]
-    """
-    b = np.ascontiguousarray(b, dtype=np.int64)
-    rows = np.arange(b.shape[0], dtype=np.int64) if b_rows is None else b_rows
-    return _merge_after(
-        np.ascontiguousarray(a, dtype=np.int64), b, np.ascontiguousarray(rows, dtype=np.int64)
-    )
-
-
-@njit(cache=True)
 def stable_key_order_kernel(ks):
     """The stable ascending order of the int64 keys ``ks`` (``np.argsort(ks, kind="stable")``),
     in O(n) expected time for keys spread over their range (times): the rows are dealt, in
@@ -437,8 +399,19 @@ def stable_key_order_kernel(ks):
     index does not decrease with the key: float conversion, subtraction and scaling are
     monotone), then each bucket is sorted stably, by insertion with a strict comparison if
     short, by numba's merge sort otherwise. Keys that do not spread (many equal) fall to the
-    buckets' merge sorts, so no input is worse than one merge sort."""
+    buckets' merge sorts, so no input is worse than one merge sort. Keys already in order
+    (one pass) give the identity at once."""
     n = ks.shape[0]
+    out = np.empty(n, np.int64)
+    in_order = True
+    for i in range(1, n):
+        if ks[i] < ks[i - 1]:
+            in_order = False
+            break
+    if in_order:
+        for i in range(n):
+            out[i] = i
+        return out
     lo = ks[0]
     hi = ks[0]
     for i in range(n):
@@ -446,7 +419,6 @@ def stable_key_order_kernel(ks):
             lo = ks[i]
         elif ks[i] > hi:
             hi = ks[i]
-    out = np.empty(n, np.int64)
     if hi == lo:
         for i in range(n):
             out[i] = i

@@ -124,20 +124,10 @@ def _delayed_op_list(counts, te, timed, tl, step, plen, p_tl):
                 n_step += 1
             if i > e0 and te[i] < te[i - 1] and err < 0:
                 err = s
-        in_order = True
-        for j in range(1, k):
-            if ut[j] < ut[j - 1]:
-                in_order = False
-                break
-        if in_order:
-            for j in range(k):
-                st[j] = ut[j]
-                sev[j] = uev[j]
-        else:  # stable by time: (time, seq) as built
-            idx = stable_key_order_kernel(ut[:k])
-            for j in range(k):
-                st[j] = ut[idx[j]]
-                sev[j] = uev[idx[j]]
+        idx = stable_key_order_kernel(ut[:k])  # stable by time: (time, seq) as built
+        for j in range(k):
+            st[j] = ut[idx[j]]
+            sev[j] = uev[idx[j]]
         # the updates before the stream's last event of the batch apply now; the rest wait
         horizon = te[e1 - 1]
         n_a = 0
@@ -192,7 +182,7 @@ def delayed_op_list(counts, te, timed, tl, step, plen, p_tl):
     order, so that batches equal one pass.
 
     One linear pass over the streams (a stream's updates are sorted only if they are not in
-    time order already), the order of the 4-key lexsort of (stream, time, phase, seq) it
+    time order already: :func:`calpipe.kernels.grouping.stable_key_order_kernel`), the order of the 4-key lexsort of (stream, time, phase, seq) it
     replaces (``tests/kernels/test_ops.py``'s oracle).
 
     Returns ``(op_event, op_kind, op_offsets, applied, d_ev, d_t, d_offsets)``: the list
@@ -254,12 +244,7 @@ def _pending_in_apply_order(n_pend, p_t, p_y, p_sc, new_sid, seq, new_t, new_y, 
             kt[k] = new_t[r]
             src[k] = -1 - r
             k += 1
-        in_order = True
-        for j in range(1, k):
-            if kt[j] < kt[j - 1]:
-                in_order = False
-                break
-        idx = np.arange(k) if in_order else stable_key_order_kernel(kt[:k])
+        idx = stable_key_order_kernel(kt[:k])
         o = offsets[s]
         for j in range(k):
             g = src[idx[j]]

@@ -32,7 +32,7 @@ import polars as pl
 from calpipe import config, metrics
 from calpipe.engine.contract import stream_ids
 from calpipe.engine.ordering import sort_by_keys
-from calpipe.kernels.grouping import dense_ids, group_key_order, increasing_in_groups
+from calpipe.kernels.grouping import dense_ids, increasing_in_groups
 from calpipe.night.arrivals import Arrivals
 
 #: The metrics of ``calibration_arrivals`` (those of ``calibration_daily`` over labelled rows).
@@ -280,17 +280,14 @@ def labelled_rows(protected: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def _arrived_in_night(
-    labelled: pl.DataFrame, arrivals: Arrivals
-) -> tuple[pl.DataFrame, tuple[np.ndarray, np.ndarray] | None]:
+def _arrived_in_night(labelled: pl.DataFrame, arrivals: Arrivals) -> pl.DataFrame:
     """The arrived forecasts (module docstring) of one night, from memory: the night's
     labelled ``protected_scores`` rows (``labelled``, :func:`labelled_rows`: the labels of the
     scores rows, delay 0, and those the feed brought for the night's own events) and the feed's
     labels of earlier events with the forecasts looked up by their checks
     (:attr:`~calpipe.night.arrivals.Arrivals.forecasts`), with the delay in seconds as the
     difference of two doubles (as DuckDB's ``epoch_us(t) / 1e6`` gives it, which the stored
-    rows of earlier versions were computed with: the golden tables hold them); each stream's
-    rows together in event id order, with their groups (:func:`_by_stream_and_id`)."""
+    rows of earlier versions were computed with: the golden tables hold them)."""
     day = arrivals.day
     s = "s" if "base_scores" in labelled.columns else ""
     fc = [f"base_score{s}", f"protected_score{s}"]
@@ -321,35 +318,13 @@ def _arrived_in_night(
     columns = ["stream", "event_id", *fc, "label", "delay_s"]
     parts = [p.select(columns).cast({"label": pl.Int32, "delay_s": pl.Float64}) for p in parts]
     # (an empty part, of a day without events, may not have the stored event id type)
-    arrived, groups = _by_stream_and_id(pl.concat([p for p in parts if p.height] or parts[:1]))
-    return arrived.select(pl.lit(day, pl.Date).alias("date"), *columns), groups
+    arrived = sort_by_keys(
+        pl.concat([p for p in parts if p.height] or parts[:1]), ["stream", "event_id"]
+    )
+    return arrived.select(pl.lit(day, pl.Date).alias("date"), *columns)
 
 
-def _by_stream_and_id(
-    rows: pl.DataFrame,
-) -> tuple[pl.DataFrame, tuple[np.ndarray, np.ndarray] | None]:
-    """``rows`` (a night's, keyed by ``stream`` and ``event_id``) with each stream's rows
-    together in event id order, and their :func:`stream_groups` by ``stream`` (None: not
-    known). The per-stream statistics sum each stream's rows in this order, so any order of
-    the streams gives their bits; integer ids go by a counting sort of the streams' group ids
-    and each stream's ids (:func:`calpipe.kernels.grouping.group_key_order`), which spares
-    ranking the stream names (0.6 s of a 10M-label night), others by :func:`sort_by_keys`."""
-    if rows.height < 2 or rows["event_id"].dtype != pl.Int64 or rows["event_id"].null_count():
-        return sort_by_keys(rows, ["stream", "event_id"]), None
-    ids, first = stream_groups(rows, ["stream"])
-    n = first.shape[0]
-    order = group_key_order(ids, n, rows["event_id"].to_numpy())
-    counts = np.bincount(ids, minlength=n)
-    if not bool(np.all(order[1:] > order[:-1])):
-        at = pl.Series(order)  # column by column, as sort_by_keys (one contiguous copy first)
-        rows = pl.DataFrame([c.rechunk().gather(at) for c in rows.get_columns()])
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
-    return rows, (np.repeat(np.arange(n, dtype=np.int64), counts), starts)
-
-
-def arrival_stats(
-    arrived: pl.DataFrame, groups: tuple[np.ndarray, np.ndarray] | None = None
-) -> pl.DataFrame:
+def arrival_stats(arrived: pl.DataFrame) -> pl.DataFrame:
     """Per night and stream of the arrived forecasts ``arrived`` (module docstring): how many
     labels, base vs protected log loss, Brier, ECE and smooth ECE (:func:`daily_metrics`), and
     the mean and largest label delay (the columns of ``calibration_arrivals`` that the labels
@@ -360,9 +335,7 @@ def arrival_stats(
     # one night (the nightly run's): its streams are its groups (polars' categorical codes, not a
     # hash of every row's two keys); the same groups in the same order
     one_night = arrived["date"].n_unique() == 1
-    if groups is not None and not one_night:
-        raise ValueError("groups by stream are of one night's arrived forecasts")
-    ids, first = groups or stream_groups(arrived, ["stream"] if one_night else list(keys))
+    ids, first = stream_groups(arrived, ["stream"] if one_night else list(keys))
     stats = daily_metrics(
         arrived.with_columns(pl.lit(0.0).alias("log10_martingale")), keys, corp=False,
         groups=(ids, first),
@@ -447,4 +420,4 @@ def night_arrival_stats(labelled: pl.DataFrame, arrivals: Arrivals) -> pl.DataFr
     """The :func:`arrival_stats` of one night of the nightly run, or of one part of its
     streams (the rows are per stream): of the forecasts the night's labels judge
     (:func:`_arrived_in_night`)."""
-    return arrival_stats(*_arrived_in_night(labelled, arrivals))
+    return arrival_stats(_arrived_in_night(labelled, arrivals))

@@ -58,9 +58,10 @@ from calpipe.storage.landing import stream_part
 #: The nightly run protects a day in batches of whole streams of about this many events (streams
 #: are independent): memory is then bounded by a batch plus the day's events, not by the day's
 #: working set, and the engine's per-row costs stay those of a cache-friendly frame. 1.6M, not
-#: 2M: a 10M-event night's peak 1,305-1,347 -> 1,150-1,163 MiB (4.1-4.3x -> 3.6-3.7x its Arrow
+#: 2M: a 10M-event night's peak 1,305-1,347 -> 1,129-1,163 MiB (4.1-4.3x -> 3.6-3.7x its Arrow
 #: size) at the same speed (composite-jumper 7.2-7.5 s, the default 11.0 s), a 10M + 10M-label
-#: night's 1,711 -> 1,342 MiB at +0.6 s (its parts' history lookups; BENCHMARKS.md §29).
+#: night's ~1,750 -> ~1,370 MiB at +0.6-0.8 s (more parts, more history lookups; BENCHMARKS.md
+#: §29).
 PROTECT_BATCH_ROWS: int = 1_600_000
 
 

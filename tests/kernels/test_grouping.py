@@ -96,21 +96,6 @@ def test_increasing_in_groups_refuses_ids_out_of_range():
 
 
 @settings(max_examples=300, deadline=None)
-@given(
-    st.lists(st.integers(-5, 5), max_size=30),
-    st.lists(st.integers(-5, 5), max_size=30),
-)
-def test_merge_after_equals_a_stable_sort_of_both(a, b):
-    a, b = np.sort(np.array(a, dtype=np.int64)), np.sort(np.array(b, dtype=np.int64))
-    expected = np.argsort(np.concatenate([a, b]), kind="stable")
-    assert G.merge_after(a, b).tolist() == expected.tolist()
-    # the b rows relabelled, as the caller's updates are
-    rows = np.arange(b.shape[0])[::-1].copy()
-    relabel = np.concatenate([np.arange(a.shape[0]), a.shape[0] + rows])
-    assert G.merge_after(a, b, rows).tolist() == relabel[expected].tolist()
-
-
-@settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 4), st.integers(-3, 3)), max_size=40), st.booleans())
 def test_group_key_order_equals_a_stable_two_key_sort(rows, presorted):
     ids = np.array([r[0] for r in rows], dtype=np.int64)

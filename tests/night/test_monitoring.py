@@ -123,12 +123,12 @@ def test_the_engines_groups_are_the_monitorings_stream_groups(shuffle, label_tim
 
 @settings(max_examples=25, deadline=None)
 @given(**NIGHTS)
-def test_a_night_s_arrival_stats_by_stream_groups_equal_those_of_the_sorted_rows(
+def test_a_night_s_arrival_stats_from_memory_equal_those_of_the_sorted_rows(
     n, n_streams, seed, shuffle_ids, k
 ):
-    """The night's arrived forecasts go to the statistics grouped by stream, each stream's rows
-    in event id order (a counting sort of the streams, not a sort of their names): the bits
-    of the statistics of the rows sorted by (stream, event id)."""
+    """A night's arrival statistics from its labelled rows in memory (the nightly run's path:
+    night_arrival_stats, the rows put in (stream, event id) order by sort_by_keys) have the
+    bits of those of the same rows sorted by polars (arrived_in_rows)."""
     from calpipe.night.arrivals import Arrivals
     from calpipe.night.monitoring import labelled_rows, night_arrival_stats
 
