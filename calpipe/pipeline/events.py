@@ -19,16 +19,19 @@ from calpipe import storage
 from calpipe.errors import InputError
 from calpipe.night.classes import split_scores
 from calpipe.night.events import EVENT_SCHEMA, check_event_days, source_error
-from calpipe.storage import EventSource
+from calpipe.storage import EventSource, PartSpool
 
 
 def read_source(
-    con, source: EventSource, start: dt.date, end: dt.date, part: tuple[int, int] | None = None
-) -> pl.DataFrame:
+    con, source: EventSource, start: dt.date, end: dt.date, part: tuple[int, int] | None = None,
+    spool: PartSpool | None = None,
+) -> pl.DataFrame:  # fmt: skip
     """The source's events of [start, end] (of the streams of ``part``,
-    :func:`calpipe.storage.landing.part_where`) in the data contract's names with ``event_date``, each
-    checked to lie on its day, but not yet validated nor cast to the stored types."""
-    raw = source.read_range(con, start, end, part)
+    :func:`calpipe.storage.landing.part_where`; from ``spool``, the range read once by part,
+    :meth:`~calpipe.storage.EventSource.spool_range`) in the data contract's names with
+    ``event_date``, each checked to lie on its day, but not yet validated nor cast to the
+    stored types."""
+    raw = source.read_range(con, start, end, part, spool)
     if raw.height == 0:
         return pl.DataFrame(schema=EVENT_SCHEMA)
     days = raw[storage.DAY_COLUMN]

@@ -40,8 +40,14 @@ from calpipe.night.arrivals import Arrivals, check_raw_labels, checked_arrivals
 from calpipe.night.classes import frame_n_classes, score_column
 from calpipe.pipeline.classes import stored_n_classes
 from calpipe.pipeline.ids import stored_id_type
-from calpipe.storage import EventSource
-from calpipe.storage.landing import FILE_COLUMN, part_where, read_parquet_files
+from calpipe.storage import EventSource, PartSpool
+from calpipe.storage.landing import (
+    FILE_COLUMN,
+    parquet_files_sql,
+    part_where,
+    read_parquet_files,
+    stream_sql,
+)
 
 #: A night's labels are looked up (their events, earlier labels, forecasts) this many at a time:
 #: against a long history DuckDB builds the joins' hash tables on the labels' keys, which it
@@ -105,29 +111,31 @@ def label_source(text: str, columns: LabelColumns | None = None) -> EventSource:
 
 
 def read_arrivals(
-    con, source: EventSource, day: dt.date, part: tuple[int, int] | None = None
-) -> pl.DataFrame:
+    con, source: EventSource, day: dt.date, part: tuple[int, int] | None = None,
+    spool: PartSpool | None = None,
+) -> pl.DataFrame:  # fmt: skip
     """The labels that arrived on ``day`` (of the streams of ``part``,
-    :func:`calpipe.storage.landing.part_where`) in the contract's names plus ``file`` (the landing file
+    :func:`calpipe.storage.landing.part_where`; from ``spool``, the day read once by part,
+    :func:`spool_arrivals`) in the contract's names plus ``file`` (the landing file
     relative to the folder, or the source), not yet checked. Empty if none."""
     cm: LabelColumns = source.columns
+    if spool is not None and (part is None or part[1] != spool.k):
+        raise ValueError(f"part {part} of labels spooled in {spool.k} parts")
     if source.kind == "landing":
-        root = Path(source.location)
-        if not root.is_dir():
-            raise storage.StoreError(f"labels landing folder {root} does not exist")
-        sub = root / f"date={day.isoformat()}"
-        files = storage.day_files(sub) if sub.is_dir() else []
-        if not files:
-            return pl.DataFrame(schema=_ARRIVAL_SCHEMA)
-        for f in files:
-            cm.check_file(f)
-        # each label's file as the file's index, then an Enum of the night's few files relative
-        # to the folder (10 MB for 10M labels)
-        with source.reading():
-            raw = read_parquet_files(
-                con, files, part_where(cm.stream, part, storage.DEFAULT_STREAM)
-            )
-        prefix = len(str(root)) + 1
+        if spool is not None:
+            files = [f for _, f in spool.files]
+            raw = spool.read(part[0])
+        else:
+            files = _arrival_files(source, day)
+            if not files:
+                return pl.DataFrame(schema=_ARRIVAL_SCHEMA)
+            # each label's file as the file's index, then an Enum of the night's few files
+            # relative to the folder (10 MB for 10M labels)
+            with source.reading():
+                raw = read_parquet_files(
+                    con, files, part_where(cm.stream, part, storage.DEFAULT_STREAM)
+                )
+        prefix = len(str(source.location)) + 1
         relative = [str(f)[prefix:] for f in files]
         raw = raw.with_columns(
             pl.col(FILE_COLUMN).replace_strict(
@@ -135,7 +143,7 @@ def read_arrivals(
             )
         )
     else:
-        raw = source.read_range(con, day, day, part)
+        raw = source.read_range(con, day, day, part, spool)
         if raw.width == 0:
             return pl.DataFrame(schema=_ARRIVAL_SCHEMA)
         name = pl.lit(source.location, pl.Enum([source.location]))
@@ -172,6 +180,37 @@ def read_arrivals(
         pl.col(cm.label_time).cast(pl.Datetime("us")).alias("label_time"),
         pl.col(FILE_COLUMN).alias("file"),
     )
+
+
+def _arrival_files(source: EventSource, day: dt.date) -> list[Path]:
+    """The landing folder's files of ``day`` (none without its folder), each checked for the
+    feed's columns."""
+    root = Path(source.location)
+    if not root.is_dir():
+        raise storage.StoreError(f"labels landing folder {root} does not exist")
+    sub = root / f"date={day.isoformat()}"
+    files = storage.day_files(sub) if sub.is_dir() else []
+    for f in files:
+        source.columns.check_file(f)
+    return files
+
+
+def spool_arrivals(
+    con, source: EventSource, day: dt.date, k: int, directory: Path
+) -> PartSpool | None:
+    """The labels that arrived on ``day`` read once and split into ``k`` parts
+    (:class:`calpipe.storage.PartSpool` in ``directory``), for :func:`read_arrivals` to read
+    part by part; None if there are none. Close it when done."""
+    if source.kind != "landing":
+        return source.spool_range(con, day, day, k, directory)
+    files = _arrival_files(source, day)
+    if not files:
+        return None
+    stream = stream_sql(source.columns.stream, storage.DEFAULT_STREAM)
+    with source.reading():
+        return PartSpool.create(
+            con, parquet_files_sql(files), stream, k, directory, files=[(day, f) for f in files]
+        )
 
 
 def _numeric(t) -> bool:
@@ -321,11 +360,12 @@ def night_arrivals(
     events: pl.DataFrame,
     on_unknown: str = "error",
     part: tuple[int, int] | None = None,
+    spool: PartSpool | None = None,
 ) -> Arrivals:
     """The labels of the feed ``labels`` that arrived on ``day`` (of the streams of ``part``,
-    whose events are ``events``), checked (:func:`read_arrivals`, :func:`check_arrivals`);
-    none without a feed."""
+    whose events are ``events``; from ``spool``: :func:`spool_arrivals`), checked
+    (:func:`read_arrivals`, :func:`check_arrivals`); none without a feed."""
     if labels is None:
         return Arrivals.empty(day)
-    raw = read_arrivals(con, labels, day, part)
+    raw = read_arrivals(con, labels, day, part, spool)
     return check_arrivals(con, raw, day, events, labels, on_unknown=on_unknown)

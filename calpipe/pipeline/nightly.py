@@ -50,9 +50,9 @@ from calpipe.pipeline.inputs import (
     replay_start,
     run_inputs,
 )
-from calpipe.pipeline.labels import night_arrivals
+from calpipe.pipeline.labels import night_arrivals, spool_arrivals
 from calpipe.pipeline.tables import TABLES, write_phase
-from calpipe.storage import EventSource
+from calpipe.storage import EventSource, PartSpool
 from calpipe.storage.landing import stream_part
 
 #: The nightly run protects a day in batches of whole streams of about this many events (streams
@@ -139,10 +139,11 @@ def data_span(con, source: EventSource | None, labels: EventSource | None = None
 
 def _read_day(
     con, source: EventSource, d: dt.date, last: dt.date, chain: Chain, to: dt.date | None = None,
-    part: tuple[int, int] | None = None, settled: bool = False,
+    part: tuple[int, int] | None = None, settled: bool = False, spool: PartSpool | None = None,
 ) -> pl.DataFrame | None:  # fmt: skip
     """Day ``d``'s events (the days [d, to] with ``to``; of the streams of ``part``,
-    :func:`parts_of_night`) from the source, checked unique against
+    :func:`parts_of_night`, from ``spool`` if the day was read once by part) from the source,
+    checked unique against
     the stored history outside [d, last] (the writer has no INSERT pending when a day is read:
     the connection is free), their number of classes the database's (the first events of a new
     database set it, and the chain's).
@@ -152,7 +153,7 @@ def _read_day(
     :meth:`_Nights._parts` reads a new database's night ahead): no history check, and None
     when the events' id type or classes are not the chain's, for the caller to read them
     again through the database (which raises the usual error)."""
-    chunk = read_source(con, source, d, to or d, part)
+    chunk = read_source(con, source, d, to or d, part, spool)
     check_part(chunk["stream"], part, f"{source.describe()}, day {d}")
     if settled:
         kind = pl.Int64 if chunk.schema["event_id"].is_integer() else pl.String
@@ -433,6 +434,8 @@ class _Nights:
     on_unknown_label: str
     spans: bool
     progress: DayProgress | None
+    #: where a night in parts spools its read (:func:`calpipe.storage.spill_folder`)
+    spill: Path
     empty_days: list[dt.date] = field(default_factory=list)
     #: the ``calibrator_state`` rows of the current transaction's days (for its map)
     states: list[pl.DataFrame] = field(default_factory=list)
@@ -476,18 +479,22 @@ class _Nights:
         part: tuple[int, int] | None = None,
         con: duckdb.DuckDBPyConnection | None = None,
         settled: bool = False,
+        spools: tuple[PartSpool | None, PartSpool | None] = (None, None),
     ) -> _DayEvents | None:
         """Day ``d``'s events and checked labels (of ``part``, read through ``con``, by default
-        the run's connection); a big night is read part by part as it runs (:meth:`_parts`).
+        the run's connection; from ``spools``, the day's events and labels each read once by
+        part); a big night is read part by part as it runs (:meth:`_parts`).
         ``settled``: as :func:`_read_day` (None: read the part again through the database)."""
         k = parts_of_night(self.inputs, d) if part is None else 1
         if k > 1:
             return _DayEvents(None, recorded_rows(self.inputs, d, SCORES) or 0, parts=k)
         con = con or self.con
-        chunk = _read_day(con, self.source, d, self.end, self.chain, part=part, settled=settled)
+        chunk = _read_day(con, self.source, d, self.end, self.chain, part=part, settled=settled,
+                          spool=spools[0])  # fmt: skip
         if chunk is None:
             return None
-        arrived = night_arrivals(con, self.labels, d, chunk, self.on_unknown_label, part)
+        arrived = night_arrivals(con, self.labels, d, chunk, self.on_unknown_label, part,
+                                 spools[1])  # fmt: skip
         feed = f"labels {self.labels and self.labels.describe()}, day {d}"
         for rows in (arrived.rows, arrived.quarantined):
             check_part(rows["stream"], part, feed)
@@ -530,8 +537,19 @@ class _Nights:
         if fresh:
             reader = storage.configure_session(duckdb.connect())
 
+        spools: list[PartSpool | None] = []
+
+        def spooled(con: duckdb.DuckDBPyConnection) -> tuple[PartSpool | None, PartSpool | None]:
+            # the day's events and labels, each read once (by the first part's read) and
+            # split by part into files (storage.PartSpool): not once per part
+            if not spools:
+                spools.append(self.source.spool_range(con, d, d, day.parts, self.spill))
+                if self.labels is not None:
+                    spools.append(spool_arrivals(con, self.labels, d, day.parts, self.spill))
+            return spools[0], spools[1] if len(spools) > 1 else None
+
         def read(i: int) -> _DayEvents | None:
-            return self._read(d, (i, day.parts), reader, settled=fresh)
+            return self._read(d, (i, day.parts), reader, fresh, spooled(reader))
 
         ahead = None if reader is None else ThreadPoolExecutor(1, "calpipe-read")
         n_events = n_labels = 0  # (no local holds a part: the engine frees each)
@@ -541,7 +559,7 @@ class _Nights:
                 part = None if coming is None else coming.result()
                 if part is None:
                     writer.wait()  # the part's reads need the connection (no INSERT pending)
-                    part = self._read(d, (i, day.parts))
+                    part = self._read(d, (i, day.parts), spools=spooled(self.con))
                 more = ahead is not None and i + 1 < day.parts
                 coming = ahead.submit(read, i + 1) if more else None
                 n_events += part.height
@@ -553,6 +571,9 @@ class _Nights:
                 ahead.shutdown(wait=True, cancel_futures=True)
             if reader is not None:
                 reader.close()
+            for spool in spools:
+                if spool is not None:
+                    spool.close()
         want = (recorded_rows(self.inputs, d, SCORES), recorded_rows(self.inputs, d, LABELS))
         # (a missing count: the parts' own reads only)
         if any(w is not None and w != m for w, m in zip(want, (n_events, n_labels), strict=True)):
@@ -704,7 +725,7 @@ def run_range(
         stored_n_classes(con),
     )  # fmt: skip
     run = _Nights(con, source, labels, settings, chain, inputs, end, on_unknown_label, spans,
-                  progress)  # fmt: skip
+                  progress, storage.spill_folder(con))  # fmt: skip
     # every registered table, each written by its writer: none is replaced without rows
     if progress is not None:
         progress.start((end - start).days + 1)

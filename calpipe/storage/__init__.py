@@ -15,6 +15,7 @@ module              what it holds
 ``writer``          :class:`PartitionWriter`, :func:`replacing_partitions`, :func:`replace_partitions`
 ``sources``         :class:`EventSource`, :class:`ColumnMap`, :func:`normalize_events`
 ``landing``         the landing folder layout: a day's files, one read of several, a night's parts
+``parts``           :class:`PartSpool`: a big night's read once, split into its parts on disk
 ``locks``           waiting for a DuckDB file another process holds
 ==================  =============================================================================
 
@@ -46,6 +47,7 @@ from calpipe.storage.landing import (
     write_landing,
 )
 from calpipe.storage.locks import open_waiting
+from calpipe.storage.parts import PartSpool, spill_folder
 from calpipe.storage.schema import (
     SCHEMA_VERSION,
     SQL_LAYOUT,
@@ -99,6 +101,7 @@ __all__ = [
     "TABLE_PARTS",
     "ColumnMap",
     "EventSource",
+    "PartSpool",
     "PartitionWriter",
     "StoreError",
     "TableLayout",
@@ -124,6 +127,7 @@ __all__ = [
     "require_calpipe",
     "rollback",
     "set_meta",
+    "spill_folder",
     "sql_files",
     "sql_ident",
     "stream_part",

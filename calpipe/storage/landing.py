@@ -65,17 +65,27 @@ def read_parquet_files(
     in DuckDB's result and 290 MB in polars for 10M rows (a 10M-event read peaked at 1.9 GB
     instead of 1.3 GB). StoreError if DuckDB names a row's file otherwise than ``files`` do
     (its rows would otherwise have no file, and no day)."""
+    return check_files_named(con.sql(parquet_files_sql(files, where)).pl(), files)
+
+
+def parquet_files_sql(files: list[Path], where: str = "TRUE") -> str:
+    """The query of :func:`read_parquet_files` (for a read spooled by part,
+    :class:`calpipe.storage.parts.PartSpool`; check its rows with :func:`check_files_named`)."""
     if not files:
         raise ValueError("read_parquet_files needs at least one file")
     paths = [str(f).replace("'", "''") for f in files]  # as SQL strings
     index = " ".join(f"WHEN '{f}' THEN {i}" for i, f in enumerate(paths))
     lst = ", ".join(f"'{f}'" for f in paths)
-    rows = con.sql(
+    return (
         f"SELECT * EXCLUDE ({FILE_COLUMN}), CAST(CASE {FILE_COLUMN} {index} END AS INTEGER) "
         f"AS {FILE_COLUMN} FROM read_parquet([{lst}], union_by_name = true, "
         f"hive_partitioning = false, filename = '{FILE_COLUMN}') WHERE {where}"
-    ).pl()
-    if rows[FILE_COLUMN].null_count():
+    )
+
+
+def check_files_named(rows: pl.DataFrame, files: list) -> pl.DataFrame:
+    """``rows`` of :func:`parquet_files_sql`, StoreError if one has no file of ``files``."""
+    if rows.height and rows[FILE_COLUMN].null_count():
         raise StoreError(f"reading {files}: DuckDB named a file otherwise than it was given")
     return rows
 
@@ -108,9 +118,19 @@ def part_where(stream: str | None, part: tuple[int, int] | None, default: str) -
     """
     if part is None:
         return "TRUE"
+    return part_sql(stream_sql(stream, default), part)
+
+
+def stream_sql(stream: str | None, default: str) -> str:
+    """The SQL expression of a source row's stream name: its column ``stream`` (quoted), or
+    the literal ``default`` when the source has one stream.
+
+    >>> stream_sql(None, "default")
+    "'default'"
+    """
     if stream:
-        return part_sql('"' + stream.replace('"', '""') + '"', part)
-    return part_sql("'" + default.replace("'", "''") + "'", part)
+        return '"' + stream.replace('"', '""') + '"'
+    return "'" + default.replace("'", "''") + "'"
 
 
 def stream_part(streams: pl.Series, k: int) -> np.ndarray:

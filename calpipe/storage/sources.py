@@ -20,7 +20,15 @@ import duckdb
 import polars as pl
 
 from calpipe.errors import InputError, StoreError
-from calpipe.storage.landing import FILE_COLUMN, day_files, part_where, read_parquet_files
+from calpipe.storage.landing import (
+    FILE_COLUMN,
+    check_files_named,
+    day_files,
+    parquet_files_sql,
+    part_where,
+    stream_sql,
+)
+from calpipe.storage.parts import PartSpool
 from calpipe.storage.session import configure_session, fetch_one, query
 
 
@@ -249,39 +257,75 @@ class EventSource:
         start: dt.date,
         end: dt.date,
         part: tuple[int, int] | None = None,
+        spool: PartSpool | None = None,
     ) -> pl.DataFrame:
         """The source's rows of [start, end] with the source's column names plus
         :data:`DAY_COLUMN`, the day each row was read for (a landing file's folder date; the
         event's date for a file or table); with ``part = (i, k)``, those of the streams of part
         i of k (:func:`calpipe.storage.landing.part_where`). One query for the range. An empty frame
-        (no columns) if there is nothing."""
-        where = part_where(self.columns.stream, part, DEFAULT_STREAM)
+        (no columns) if there is nothing. With ``spool`` (:meth:`spool_range` of the same
+        range into k parts), the part's rows come from it, read no more."""
+        if spool is not None:
+            if part is None or part[1] != spool.k:
+                raise ValueError(f"part {part} of a read spooled in {spool.k} parts")
+            return self._finish(spool.read(part[0]), spool.files)
         with self.reading():
-            return self._read_range(con, start, end, where)
+            found = self._range_query(start, end, part_where(self.columns.stream, part,
+                                                              DEFAULT_STREAM))  # fmt: skip
+            if found is None:
+                return pl.DataFrame()
+            sql, params, files = found
+            raw = query(con, sql, params)
+        return self._finish(check_files_named(raw, files) if files else raw, files)
 
-    def _read_range(self, con, start: dt.date, end: dt.date, where: str) -> pl.DataFrame:
+    def spool_range(
+        self, con: duckdb.DuckDBPyConnection, start: dt.date, end: dt.date, k: int,
+        directory: Path,
+    ) -> PartSpool | None:  # fmt: skip
+        """The source's rows of [start, end] read once and split into ``k`` parts
+        (:class:`calpipe.storage.parts.PartSpool` in ``directory``), for :meth:`read_range`
+        to read part by part; None if there is nothing. Close it when done."""
+        with self.reading():
+            found = self._range_query(start, end, "TRUE")
+            if found is None:
+                return None
+            sql, params, files = found
+            stream = stream_sql(self.columns.stream, DEFAULT_STREAM)
+            return PartSpool.create(con, sql, stream, k, directory, params, files)
+
+    def _range_query(
+        self, start: dt.date, end: dt.date, where: str
+    ) -> tuple[str, list, list[tuple[dt.date, Path]]] | None:
+        """(SQL, parameters, a landing read's (day, file) pairs) of the rows of [start, end]
+        that satisfy ``where``; None for a landing folder without files in the range."""
         if self.kind == "landing":
             files = []
             for day in iter_days(start, end):  # the range's folders, not the whole landing's
                 sub = Path(self.location) / f"date={day.isoformat()}"
                 files += [(day, f) for f in day_files(sub)] if sub.is_dir() else []
             if not files:
-                return pl.DataFrame()
+                return None
             for _, f in files:  # per file: union_by_name would fill a renamed column with nulls
                 self.columns.check_file(f)
             # one query for the range (one a day cost ~2 ms a day): the files in day order, each
             # file's rows in order; each row's day from its file
-            raw = read_parquet_files(con, [f for _, f in files], where)
-            day_of = {i: day for i, (day, _) in enumerate(files)}
-            days = raw[FILE_COLUMN].replace_strict(day_of, return_dtype=pl.Date)
-            return raw.drop(FILE_COLUMN).with_columns(days.alias(DAY_COLUMN))
+            return parquet_files_sql([f for _, f in files], where), [], files
         t = sql_ident(self.columns.day_time)
-        return query(
-            con,
+        return (
             f"SELECT *, CAST({t} AS DATE) AS {DAY_COLUMN} FROM {self._relation_sql()} "
             f"WHERE CAST({t} AS DATE) BETWEEN ? AND ? AND {where}",
             [start, end],
+            [],
         )
+
+    @staticmethod
+    def _finish(raw: pl.DataFrame, files: list[tuple[dt.date, Path]]) -> pl.DataFrame:
+        """A landing read's rows with their day (from their file's number) for the number."""
+        if not files or FILE_COLUMN not in raw.columns:
+            return raw
+        day_of = {i: day for i, (day, _) in enumerate(files)}
+        days = raw[FILE_COLUMN].replace_strict(day_of, return_dtype=pl.Date)
+        return raw.drop(FILE_COLUMN).with_columns(days.alias(DAY_COLUMN))
 
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*){0,2}$")

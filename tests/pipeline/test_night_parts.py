@@ -165,6 +165,46 @@ def test_a_bad_label_in_a_part_is_refused_and_nothing_is_written(tmp_path, event
         after = _tables(con)
         for t in before:
             assert after[t].equals(before[t]), t
+        assert not _spools(tmp_path / "db.duckdb")  # (the failed night's spools removed)
+    finally:
+        con.close()
+
+
+def _spools(db: Path) -> list[Path]:
+    """The part spools in ``db``'s spill folder (storage.PartSpool)."""
+    return list(Path(f"{db}.tmp").glob("calpipe-parts-*"))
+
+
+def test_a_night_in_parts_reads_its_files_once_and_leaves_no_spool(
+    tmp_path, events, parts, monkeypatch
+):
+    """Each night in parts reads its scores and its labels once, split into its parts
+    (storage.PartSpool, in the database's spill folder), not once per part; every row read is
+    in one part, and no spool is left after the run."""
+    made: list[tuple[int, int]] = []
+    create = storage.PartSpool.create
+
+    def spy(*args, **kw):
+        spool = create(*args, **kw)
+        made.append((spool.k, spool.rows))
+        return spool
+
+    monkeypatch.setattr(storage.PartSpool, "create", spy)
+    scores, labels, _ = split_feed(events, seed=6)
+    con, *_ = run_nights(tmp_path, scores, labels, method="composite-jumper")
+    try:
+        in_parts = [k for k in parts if k > 1]
+        assert len(in_parts) >= 3
+        # per night in parts: its scores and its labels, each read once into its k parts
+        assert len(made) == 2 * len(in_parts)
+        assert sorted({k for k, _ in made}) == sorted(set(in_parts))
+        n_rows = sum(n for _, n in made)
+        stored = storage.query(
+            con,
+            "SELECT (SELECT count(*) FROM scored_events) + (SELECT count(*) FROM event_labels) n",
+        )["n"][0]
+        assert n_rows <= stored and n_rows > 0
+        assert not _spools(tmp_path / "db.duckdb")
     finally:
         con.close()
 
