@@ -94,9 +94,12 @@ class PartSpool:
         if not 1 <= k <= 256:
             raise ValueError(f"k must be in 1..256, got {k}")
         directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        _remove_orphans(directory)
-        folder = Path(tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=directory))
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            _remove_orphans(directory)
+            folder = Path(tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=directory))
+        except OSError as exc:
+            raise _spill_error(directory, exc) from exc
         try:
             part = f"CAST(hash(CAST({stream_sql} AS VARCHAR)) % {k} AS UTINYINT)"
             reader = con.sql(f"SELECT *, {part} AS {PART_COLUMN} FROM ({sql})", params=params)
@@ -105,6 +108,9 @@ class PartSpool:
                 batches.schema.remove(batches.schema.get_field_index(PART_COLUMN))
             )
             rows = _split(batches, schema, k, folder)
+        except OSError as exc:  # (a full disk)
+            shutil.rmtree(folder, ignore_errors=True)
+            raise _spill_error(directory, exc) from exc
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise
@@ -163,6 +169,14 @@ def _split(batches: pa.RecordBatchReader, schema: pa.Schema, k: int, folder: Pat
         for w in writers.values():
             w.close()
     return rows
+
+
+def _spill_error(directory: Path, exc: OSError) -> StoreError:
+    return StoreError(
+        f"a night in parts spools its read in {directory} (the database's spill folder, "
+        f"DuckDB's temp_directory) and could not: {exc}. Free space there or SET "
+        "temp_directory to a folder with room for the night's rows"
+    )
 
 
 def _view_schema(schema: pa.Schema) -> pa.Schema:

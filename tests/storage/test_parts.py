@@ -160,6 +160,12 @@ def test_a_failed_spool_read_leaves_no_folder(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_spill_folder_that_cannot_be_made_is_a_store_error_naming_it(tmp_path):
+    (tmp_path / "taken").write_text("a file, not a folder")
+    with pytest.raises(StoreError, match=r"spools its read in .*taken.*temp_directory"):
+        PartSpool.create(duckdb.connect(), "SELECT 'a' AS stream", "stream", 2, tmp_path / "taken")
+
+
 def test_a_killed_run_s_spool_is_removed_by_the_next_one(tmp_path):
     """The folder of a process that no longer runs goes; a running process's stays."""
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
