@@ -207,7 +207,12 @@ CREATE OR REPLACE MACRO calibrate_table_as_of(tbl, as_of) AS TABLE
         SELECT row_number() OVER () AS calpipe_row, * FROM query_table(tbl)
     ),
     calpipe_maps AS (SELECT * FROM calpipe_maps_in_force('calpipe_rows', as_of)),
-    calpipe_tops AS (SELECT stream, max(layer) AS top FROM calpipe_maps GROUP BY stream),
+    -- each stream's top layer (0; 1 or 2: a stack's top, a calibeating table), and whether its
+    -- map is `plain`: one layer and no input tables, all its rows at layer 0
+    calpipe_tops AS (
+        SELECT stream, max(layer) AS top, bool_and(layer = 0) AS plain
+        FROM calpipe_maps GROUP BY stream
+    ),
     calpipe_terms AS (SELECT * FROM calpipe_term_layers('calpipe_maps')),
     -- every row's score checked, also of a stream without a map (as calibrate_score)
     calpipe_checked AS (
@@ -217,10 +222,25 @@ CREATE OR REPLACE MACRO calibrate_table_as_of(tbl, as_of) AS TABLE
         FROM calpipe_rows e
     ),
     calpipe_points AS (
-        SELECT c.r, c.stream, c.p
-        FROM calpipe_checked c SEMI JOIN calpipe_tops t ON t.stream = c.stream
+        SELECT c.r, c.stream, c.p, t.plain
+        FROM calpipe_checked c JOIN calpipe_tops t ON t.stream = c.stream
         WHERE c.p IS NOT NULL AND calpipe_require_binary('calibrate_table') IS NULL
     ),
+    -- A plain map's points (a step table, a mixture of terms, ...) are layer 0's values, with no
+    -- input tables to read. Why a branch of their own: the stack and input-table CTEs below
+    -- join every point they are given (with the tables' values, with a layer's values to find
+    -- the next layer's input) whether or not its stream has a stack or tables; a step table's
+    -- points spent ~10 % more time there than before #33, which had no such machinery (#33,
+    -- BENCHMARKS §29). A query cannot choose its plan by the data, so the points are split.
+    calpipe_plain_p AS (
+        SELECT r, stream, 0 AS layer, p AS q, CAST(NULL AS DOUBLE[]) AS ins
+        FROM calpipe_points WHERE plain
+    ),
+    calpipe_plain_v AS (
+        SELECT r, v FROM calpipe_points_layer('calpipe_plain_p', 'calpipe_maps', 'calpipe_terms')
+    ),
+    -- the other maps' points: a stack's, or a map whose terms read input tables
+    calpipe_layered AS (SELECT r, stream, p FROM calpipe_points WHERE NOT plain),
     -- a composite-experts input whose map is a table (layer -1, -2, ...), with its clip and the
     -- layer whose terms read it (`lay`: 0, or a stack's top, 1 or 2), which evaluates it at
     -- its own input, clipped (the score, or the base's value)
@@ -233,13 +253,13 @@ CREATE OR REPLACE MACRO calibrate_table_as_of(tbl, as_of) AS TABLE
     ),
     calpipe_in_points0 AS (
         SELECT pt.r, pt.stream, it.layer, calpipe_clip(pt.p, it.clip) AS q
-        FROM calpipe_points pt JOIN calpipe_in_tables it ON it.stream = pt.stream AND it.lay = 0
+        FROM calpipe_layered pt JOIN calpipe_in_tables it ON it.stream = pt.stream AND it.lay = 0
     ),
     -- (a layer's tables' values in their order: the k-th is its terms' in_pos k)
     calpipe_ins0 AS (SELECT * FROM calpipe_in_table_values('calpipe_in_points0', 'calpipe_maps')),
     calpipe_p0 AS (
         SELECT pt.r, pt.stream, 0 AS layer, pt.p AS q, i.ins
-        FROM calpipe_points pt LEFT JOIN calpipe_ins0 i ON i.r = pt.r
+        FROM calpipe_layered pt LEFT JOIN calpipe_ins0 i ON i.r = pt.r
     ),
     calpipe_v0 AS (
         SELECT r, v FROM calpipe_points_layer('calpipe_p0', 'calpipe_maps', 'calpipe_terms')
@@ -248,13 +268,13 @@ CREATE OR REPLACE MACRO calibrate_table_as_of(tbl, as_of) AS TABLE
     -- layer at layer 1's
     calpipe_in_points1 AS (
         SELECT pt.r, pt.stream, it.layer, calpipe_clip(v.v, it.clip) AS q
-        FROM calpipe_points pt JOIN calpipe_in_tables it ON it.stream = pt.stream AND it.lay = 1
+        FROM calpipe_layered pt JOIN calpipe_in_tables it ON it.stream = pt.stream AND it.lay = 1
         JOIN calpipe_v0 v ON v.r = pt.r
     ),
     calpipe_ins1 AS (SELECT * FROM calpipe_in_table_values('calpipe_in_points1', 'calpipe_maps')),
     calpipe_p1 AS (
         SELECT pt.r, pt.stream, 1 AS layer, v.v AS q, i.ins
-        FROM calpipe_points pt JOIN calpipe_tops t ON t.stream = pt.stream AND t.top >= 1
+        FROM calpipe_layered pt JOIN calpipe_tops t ON t.stream = pt.stream AND t.top >= 1
         LEFT JOIN calpipe_v0 v ON v.r = pt.r
         LEFT JOIN calpipe_ins1 i ON i.r = pt.r
     ),
@@ -263,13 +283,13 @@ CREATE OR REPLACE MACRO calibrate_table_as_of(tbl, as_of) AS TABLE
     ),
     calpipe_in_points2 AS (
         SELECT pt.r, pt.stream, it.layer, calpipe_clip(v.v, it.clip) AS q
-        FROM calpipe_points pt JOIN calpipe_in_tables it ON it.stream = pt.stream AND it.lay = 2
+        FROM calpipe_layered pt JOIN calpipe_in_tables it ON it.stream = pt.stream AND it.lay = 2
         JOIN calpipe_v1 v ON v.r = pt.r
     ),
     calpipe_ins2 AS (SELECT * FROM calpipe_in_table_values('calpipe_in_points2', 'calpipe_maps')),
     calpipe_p2 AS (
         SELECT pt.r, pt.stream, 2 AS layer, v.v AS q, i.ins
-        FROM calpipe_points pt JOIN calpipe_tops t ON t.stream = pt.stream AND t.top >= 2
+        FROM calpipe_layered pt JOIN calpipe_tops t ON t.stream = pt.stream AND t.top >= 2
         LEFT JOIN calpipe_v1 v ON v.r = pt.r
         LEFT JOIN calpipe_ins2 i ON i.r = pt.r
     ),
@@ -284,7 +304,9 @@ CREATE OR REPLACE MACRO calibrate_table_as_of(tbl, as_of) AS TABLE
         FROM calpipe_rows e
         JOIN calpipe_checked c ON c.r = e.calpipe_row
         LEFT JOIN calpipe_tops t ON t.stream = c.stream
-        LEFT JOIN calpipe_v0 v0 ON v0.r = e.calpipe_row
+        -- (layer 0's values: a plain map's, or a layered map's base)
+        LEFT JOIN (SELECT r, v FROM calpipe_plain_v UNION ALL SELECT r, v FROM calpipe_v0) v0
+          ON v0.r = e.calpipe_row
         LEFT JOIN calpipe_v1 v1 ON v1.r = e.calpipe_row
         LEFT JOIN calpipe_v2 v2 ON v2.r = e.calpipe_row
     )
