@@ -131,31 +131,29 @@ CREATE OR REPLACE MACRO calpipe_terms_value(c, qs, ys) AS
 -- query, not once per layer, which would bind its macros again): (r, layer, v), one row per
 -- point whose stream has rows in that layer. A layer of terms is evaluated compiled (one join
 -- of a point with its layer's lists, each input's map once per point, the terms as list
--- arithmetic); a point of another layer joins every row of a bin
--- layer (or a Brier, calibrated-regression one), but only its own piece of a step/linear table
--- (an ASOF join on x <= q, the piece that calpipe_layer_value's arg_max picks): a table of
--- thousands of pieces is not evaluated thousands of times per score.
+-- arithmetic); a step/linear table (a layer of pieces only) by the point's own piece, found by
+-- an ASOF join on x <= q (the piece that calpipe_layer_value's arg_max picks): a table of
+-- thousands of pieces is not evaluated thousands of times per score; a point of another layer
+-- (bins, the Brier mode, calibrated regression) joins every row of its layer, summed up by
+-- calpipe_layer_value.
 CREATE OR REPLACE MACRO calpipe_points_layer(points, maps, terms) AS TABLE
     WITH calpipe_pl_terms AS (SELECT * FROM query_table(terms)),
     calpipe_pl_rows AS (
         SELECT m.* FROM query_table(maps) m
         ANTI JOIN calpipe_pl_terms t ON t.stream = m.stream AND t.layer = m.layer
     ),
+    -- the step/linear tables: layers whose rows are all pieces (mapping.py writes a table's
+    -- pieces, every one with its values, and nothing beside them in its layer)
+    calpipe_pl_tables AS (
+        SELECT stream, layer FROM calpipe_pl_rows GROUP BY stream, layer
+        HAVING bool_and(family IN ('step', 'linear'))
+    ),
     calpipe_candidates AS (
         SELECT pt.r, pt.layer, pt.q, pt.ins, m
         FROM query_table(points) pt
-        JOIN (SELECT * FROM calpipe_pl_rows WHERE family NOT IN ('step', 'linear')) m
+        JOIN (SELECT * FROM calpipe_pl_rows m
+              ANTI JOIN calpipe_pl_tables t ON t.stream = m.stream AND t.layer = m.layer) m
           ON m.stream = pt.stream AND m.layer = pt.layer
-        UNION ALL
-        SELECT pt.r, pt.layer, pt.q, pt.ins, m
-        -- (only the points of a table's layer: the ASOF join sorts every point it is given,
-        -- 0.4 s a million with no table at all)
-        FROM (SELECT * FROM query_table(points) pt
-              SEMI JOIN (SELECT DISTINCT stream, layer FROM calpipe_pl_rows
-                         WHERE family IN ('step', 'linear')) s
-                ON s.stream = pt.stream AND s.layer = pt.layer) pt
-        ASOF JOIN (SELECT * FROM calpipe_pl_rows WHERE family IN ('step', 'linear')) m
-          ON m.stream = pt.stream AND m.layer = pt.layer AND m.x <= pt.q
     ),
     -- (three projections: each input's value, then each Cox group's ratio, are computed once
     -- per point, as columns the next reads)
@@ -169,6 +167,17 @@ CREATE OR REPLACE MACRO calpipe_points_layer(points, maps, terms) AS TABLE
     )
     SELECT r, layer, calpipe_layer_value(m, q, ins) AS v
     FROM calpipe_candidates GROUP BY r, layer
+    UNION ALL
+    -- a table's point: its piece, one row, with no GROUP BY over the points (it took 0.3 s a
+    -- million points, a fifth of a step table's time; BENCHMARKS §29). Only the points of a
+    -- table's layer: the ASOF join sorts every point it is given, 0.4 s a million with no
+    -- table at all.
+    SELECT pt.r, pt.layer,
+           calpipe_piece(m.family, m.x, m.y_at, m.y_right, m.x_next, m.y_next, pt.q) AS v
+    FROM (SELECT * FROM query_table(points) pt
+          SEMI JOIN calpipe_pl_tables s ON s.stream = pt.stream AND s.layer = pt.layer) pt
+    ASOF JOIN (SELECT * FROM calpipe_pl_rows WHERE family IN ('step', 'linear')) m
+      ON m.stream = pt.stream AND m.layer = pt.layer AND m.x <= pt.q
     UNION ALL
     SELECT r, layer, calpipe_terms_value(c, qs, ys) AS v FROM calpipe_pl_ys;
 
