@@ -235,20 +235,12 @@ CREATE OR REPLACE MACRO calibrate_table_as_of(tbl, as_of) AS TABLE
         FROM calpipe_checked c JOIN calpipe_tops t ON t.stream = c.stream
         WHERE c.p IS NOT NULL AND calpipe_require_binary('calibrate_table') IS NULL
     ),
-    -- A plain map's points (a step table, a mixture of terms, ...) are layer 0's values, with no
-    -- input tables to read. Why a branch of their own: the stack and input-table CTEs below
-    -- join every point they are given (with the tables' values, with a layer's values to find
-    -- the next layer's input) whether or not its stream has a stack or tables; a step table's
-    -- points spent ~10 % more time there than before #33, which had no such machinery (#33,
-    -- BENCHMARKS §29). A query cannot choose its plan by the data, so the points are split.
-    calpipe_plain_p AS (
-        SELECT r, stream, 0 AS layer, p AS q, CAST(NULL AS DOUBLE[]) AS ins
-        FROM calpipe_points WHERE plain
-    ),
-    calpipe_plain_v AS (
-        SELECT r, v FROM calpipe_points_layer('calpipe_plain_p', 'calpipe_maps', 'calpipe_terms')
-    ),
-    -- the other maps' points: a stack's, or a map whose terms read input tables
+    -- The points of the maps with a stack or input tables: only these go through the stack and
+    -- input-table CTEs below; a plain map's points are layer 0's values at their scores
+    -- (calpipe_p0). Why: those CTEs joined every point (with its tables' values; with layer 0's
+    -- values, to find a next layer's input), with or without a stack or tables, and a step
+    -- table's million points took 0.9x the time they took before #33 (BENCHMARKS §29). A
+    -- query cannot choose its plan by the data, so the points are split by their stream's map.
     calpipe_layered AS (SELECT r, stream, p FROM calpipe_points WHERE NOT plain),
     -- a composite-experts input whose map is a table (layer -1, -2, ...), with its clip and the
     -- layer whose terms read it (`lay`: 0, or a stack's top, 1 or 2), which evaluates it at
@@ -266,7 +258,12 @@ CREATE OR REPLACE MACRO calibrate_table_as_of(tbl, as_of) AS TABLE
     ),
     -- (a layer's tables' values in their order: the k-th is its terms' in_pos k)
     calpipe_ins0 AS (SELECT * FROM calpipe_in_table_values('calpipe_in_points0', 'calpipe_maps')),
+    -- (one calpipe_points_layer for both kinds of points: each use is bound and planned again,
+    -- ~0.05 s a query)
     calpipe_p0 AS (
+        SELECT r, stream, 0 AS layer, p AS q, CAST(NULL AS DOUBLE[]) AS ins
+        FROM calpipe_points WHERE plain
+        UNION ALL
         SELECT pt.r, pt.stream, 0 AS layer, pt.p AS q, i.ins
         FROM calpipe_layered pt LEFT JOIN calpipe_ins0 i ON i.r = pt.r
     ),
@@ -274,11 +271,17 @@ CREATE OR REPLACE MACRO calibrate_table_as_of(tbl, as_of) AS TABLE
         SELECT r, v FROM calpipe_points_layer('calpipe_p0', 'calpipe_maps', 'calpipe_terms')
     ),
     -- a stack's top or a calibeating table at layer 0's value (its input tables too); a third
-    -- layer at layer 1's
-    calpipe_in_points1 AS (
-        SELECT pt.r, pt.stream, it.layer, calpipe_clip(v.v, it.clip) AS q
-        FROM calpipe_layered pt JOIN calpipe_in_tables it ON it.stream = pt.stream AND it.lay = 1
+    -- layer at layer 1's. (calpipe_q1, the stack's points at layer 0's value, is where the
+    -- input tables' points come from: taken from the points and their tables directly, they
+    -- made DuckDB hash every point's layer-0 value, 0.04 s a million, even with no stack.)
+    calpipe_q1 AS (
+        SELECT pt.r, pt.stream, v.v AS q
+        FROM calpipe_layered pt JOIN calpipe_tops t ON t.stream = pt.stream AND t.top >= 1
         JOIN calpipe_v0 v ON v.r = pt.r
+    ),
+    calpipe_in_points1 AS (
+        SELECT q.r, q.stream, it.layer, calpipe_clip(q.q, it.clip) AS q
+        FROM calpipe_q1 q JOIN calpipe_in_tables it ON it.stream = q.stream AND it.lay = 1
     ),
     calpipe_ins1 AS (SELECT * FROM calpipe_in_table_values('calpipe_in_points1', 'calpipe_maps')),
     calpipe_p1 AS (
@@ -290,10 +293,14 @@ CREATE OR REPLACE MACRO calibrate_table_as_of(tbl, as_of) AS TABLE
     calpipe_v1 AS (
         SELECT r, v FROM calpipe_points_layer('calpipe_p1', 'calpipe_maps', 'calpipe_terms')
     ),
-    calpipe_in_points2 AS (
-        SELECT pt.r, pt.stream, it.layer, calpipe_clip(v.v, it.clip) AS q
-        FROM calpipe_layered pt JOIN calpipe_in_tables it ON it.stream = pt.stream AND it.lay = 2
+    calpipe_q2 AS (
+        SELECT pt.r, pt.stream, v.v AS q
+        FROM calpipe_layered pt JOIN calpipe_tops t ON t.stream = pt.stream AND t.top >= 2
         JOIN calpipe_v1 v ON v.r = pt.r
+    ),
+    calpipe_in_points2 AS (
+        SELECT q.r, q.stream, it.layer, calpipe_clip(q.q, it.clip) AS q
+        FROM calpipe_q2 q JOIN calpipe_in_tables it ON it.stream = q.stream AND it.lay = 2
     ),
     calpipe_ins2 AS (SELECT * FROM calpipe_in_table_values('calpipe_in_points2', 'calpipe_maps')),
     calpipe_p2 AS (
@@ -313,9 +320,7 @@ CREATE OR REPLACE MACRO calibrate_table_as_of(tbl, as_of) AS TABLE
         FROM calpipe_rows e
         JOIN calpipe_checked c ON c.r = e.calpipe_row
         LEFT JOIN calpipe_tops t ON t.stream = c.stream
-        -- (layer 0's values: a plain map's, or a layered map's base)
-        LEFT JOIN (SELECT r, v FROM calpipe_plain_v UNION ALL SELECT r, v FROM calpipe_v0) v0
-          ON v0.r = e.calpipe_row
+        LEFT JOIN calpipe_v0 v0 ON v0.r = e.calpipe_row
         LEFT JOIN calpipe_v1 v1 ON v1.r = e.calpipe_row
         LEFT JOIN calpipe_v2 v2 ON v2.r = e.calpipe_row
     )
