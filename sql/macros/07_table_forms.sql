@@ -599,23 +599,21 @@ CREATE OR REPLACE MACRO calpipe_kpoints_layer(points, maps, terms) AS TABLE
 -- 0 at the vector, layer 1, a stack's top, at layer 0's), but set-based (calpipe_kpoints_layer).
 --   SELECT * FROM calibrate_scores_table_as_of('fresh_scores', DATE '2010-11-01');
 CREATE OR REPLACE MACRO calibrate_scores_table_as_of(tbl, as_of) AS TABLE
+    -- (the rows numbered and their vectors checked, calpipe_q, as calibrate_table's)
     WITH calpipe_rows AS MATERIALIZED (
-        SELECT row_number() OVER () AS calpipe_row, * FROM query_table(tbl)
+        SELECT e.*, calpipe_kscores(e.scores, k.n, calpipe_where_row('calibrate_scores_table',
+                                                                    e.calpipe_row, e.stream))
+                        AS calpipe_q
+        FROM (SELECT row_number() OVER () AS calpipe_row, * FROM query_table(tbl)) e,
+             (SELECT max(n_classes) AS n FROM calibrator_state) k
     ),
-    calpipe_k AS (SELECT max(n_classes) AS n FROM calibrator_state),
     calpipe_maps AS (SELECT * FROM calpipe_maps_in_force('calpipe_rows', as_of)),
     calpipe_tops AS (SELECT stream, max(layer) AS top FROM calpipe_maps GROUP BY stream),
     calpipe_terms AS (SELECT * FROM calpipe_kterm_layers('calpipe_maps')),
-    calpipe_checked AS (
-        SELECT e.calpipe_row AS r, CAST(e.stream AS VARCHAR) AS stream,
-               calpipe_kscores(e.scores, k.n, calpipe_where_row('calibrate_scores_table',
-                                                                e.calpipe_row, e.stream)) AS q
-        FROM calpipe_rows e, calpipe_k k
-    ),
     calpipe_p0 AS (
-        SELECT c.r, c.stream, 0 AS layer, c.q
-        FROM calpipe_checked c SEMI JOIN calpipe_tops t ON t.stream = c.stream
-        WHERE c.q IS NOT NULL
+        SELECT e.calpipe_row AS r, t.stream, 0 AS layer, e.calpipe_q AS q
+        FROM calpipe_rows e JOIN calpipe_tops t ON t.stream = CAST(e.stream AS VARCHAR)
+        WHERE e.calpipe_q IS NOT NULL
     ),
     calpipe_v0 AS (
         SELECT r, v FROM calpipe_kpoints_layer('calpipe_p0', 'calpipe_maps', 'calpipe_terms')
@@ -630,17 +628,16 @@ CREATE OR REPLACE MACRO calibrate_scores_table_as_of(tbl, as_of) AS TABLE
     ),
     calpipe_out AS (
         SELECT e.*,
-               CASE WHEN c.q IS NULL THEN NULL WHEN t.top >= 1 THEN v1.v ELSE v0.v END
+               CASE WHEN e.calpipe_q IS NULL THEN NULL WHEN t.top >= 1 THEN v1.v ELSE v0.v END
                    AS calpipe_value
         FROM calpipe_rows e
-        JOIN calpipe_checked c ON c.r = e.calpipe_row
-        LEFT JOIN calpipe_tops t ON t.stream = c.stream
+        LEFT JOIN calpipe_tops t ON t.stream = CAST(e.stream AS VARCHAR)
         LEFT JOIN calpipe_v0 v0 ON v0.r = e.calpipe_row
         LEFT JOIN calpipe_v1 v1 ON v1.r = e.calpipe_row
     )
     -- (the table's own protected_scores is replaced, as calibrate_table's protected_score)
-    SELECT COLUMNS(lambda col_name: lower(col_name) NOT IN ('calpipe_row', 'calpipe_value',
-                                                           'protected_scores')),
+    SELECT COLUMNS(lambda col_name: lower(col_name) NOT IN ('calpipe_row', 'calpipe_q',
+                                                           'calpipe_value', 'protected_scores')),
            calpipe_value AS protected_scores
     FROM calpipe_out ORDER BY calpipe_row;
 
