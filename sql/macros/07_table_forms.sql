@@ -237,7 +237,7 @@ CREATE OR REPLACE MACRO calibrate_table_as_of(tbl, as_of) AS TABLE
     -- input-table CTEs below; a plain map's points are layer 0's values at their scores
     -- (calpipe_p0). Why: those CTEs joined every point (with its tables' values; with layer 0's
     -- values, to find a next layer's input), with or without a stack or tables, and a step
-    -- table's million points took 0.9x the time they took before #33 (BENCHMARKS §29). A
+    -- table's million points ran at 0.9x the rate of the form before #33 (BENCHMARKS §29). A
     -- query cannot choose its plan by the data, so the points are split by their stream's map.
     calpipe_layered AS (SELECT r, stream, p FROM calpipe_points WHERE NOT plain),
     -- a composite-experts input whose map is a table (layer -1, -2, ...), with its clip and the
