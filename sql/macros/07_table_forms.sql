@@ -214,10 +214,11 @@ CREATE OR REPLACE MACRO calibrate_table_as_of(tbl, as_of) AS TABLE
     -- value; the numbers follow the table's scan order, which the result keeps.) Every row's
     -- score is checked here, also of a stream without a map (as calibrate_score): calpipe_p,
     -- which the result reads beside the row's own columns (a join of the rows with their
-    -- checked scores took ~0.15 s a million rows).
+    -- checked scores took ~0.15 s a million rows). The form's own columns come before the
+    -- table's: a column of the table under the same name is then DuckDB's name_1, and kept.
     WITH calpipe_rows AS MATERIALIZED (
-        SELECT *, calpipe_score(score, calpipe_where_row('calibrate_table', calpipe_row, stream))
-                      AS calpipe_p
+        SELECT calpipe_score(score, calpipe_where_row('calibrate_table', calpipe_row, stream))
+                   AS calpipe_p, *
         FROM (SELECT row_number() OVER () AS calpipe_row, * FROM query_table(tbl))
     ),
     calpipe_maps AS (SELECT * FROM calpipe_maps_in_force('calpipe_rows', as_of)),
@@ -601,9 +602,9 @@ CREATE OR REPLACE MACRO calpipe_kpoints_layer(points, maps, terms) AS TABLE
 CREATE OR REPLACE MACRO calibrate_scores_table_as_of(tbl, as_of) AS TABLE
     -- (the rows numbered and their vectors checked, calpipe_q, as calibrate_table's)
     WITH calpipe_rows AS MATERIALIZED (
-        SELECT e.*, calpipe_kscores(e.scores, k.n, calpipe_where_row('calibrate_scores_table',
-                                                                    e.calpipe_row, e.stream))
-                        AS calpipe_q
+        SELECT calpipe_kscores(e.scores, k.n, calpipe_where_row('calibrate_scores_table',
+                                                                e.calpipe_row, e.stream))
+                   AS calpipe_q, e.*
         FROM (SELECT row_number() OVER () AS calpipe_row, * FROM query_table(tbl)) e,
              (SELECT max(n_classes) AS n FROM calibrator_state) k
     ),
