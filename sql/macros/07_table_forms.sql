@@ -311,11 +311,13 @@ CREATE OR REPLACE MACRO calibrate_table_as_of(tbl, as_of) AS TABLE
     calpipe_v2 AS (
         SELECT r, v FROM calpipe_points_layer('calpipe_p2', 'calpipe_maps', 'calpipe_terms')
     ),
+    -- (calpipe_value before the table's columns, as calpipe_row and calpipe_p: after them, a
+    -- column of the table named calpipe_value came out as protected_score)
     calpipe_out AS (
-        SELECT e.*,
-               CASE WHEN e.calpipe_p IS NULL THEN NULL
+        SELECT CASE WHEN e.calpipe_p IS NULL THEN NULL
                     WHEN t.top >= 2 THEN v2.v WHEN t.top >= 1 THEN v1.v ELSE v0.v END
-                   AS calpipe_value
+                   AS calpipe_value,
+               e.*
         FROM calpipe_rows e
         LEFT JOIN calpipe_tops t ON t.stream = CAST(e.stream AS VARCHAR)
         LEFT JOIN calpipe_v0 v0 ON v0.r = e.calpipe_row
@@ -628,9 +630,9 @@ CREATE OR REPLACE MACRO calibrate_scores_table_as_of(tbl, as_of) AS TABLE
         SELECT r, v FROM calpipe_kpoints_layer('calpipe_p1', 'calpipe_maps', 'calpipe_terms')
     ),
     calpipe_out AS (
-        SELECT e.*,
-               CASE WHEN e.calpipe_q IS NULL THEN NULL WHEN t.top >= 1 THEN v1.v ELSE v0.v END
-                   AS calpipe_value
+        SELECT CASE WHEN e.calpipe_q IS NULL THEN NULL WHEN t.top >= 1 THEN v1.v ELSE v0.v END
+                   AS calpipe_value,
+               e.*
         FROM calpipe_rows e
         LEFT JOIN calpipe_tops t ON t.stream = CAST(e.stream AS VARCHAR)
         LEFT JOIN calpipe_v0 v0 ON v0.r = e.calpipe_row

@@ -905,6 +905,39 @@ def test_the_k_class_set_form_s_compiled_term_layers_equal_the_serving_map(
         con.close()
 
 
+def test_a_table_s_columns_named_as_the_set_forms_own_are_kept_apart(tmp_path):
+    """The set forms number the rows (calpipe_row), check the scores (calpipe_p; K classes
+    calpipe_q) and name the forecast (calpipe_value) in columns of their own, before the
+    table's: a column of the table under one of these names comes out as DuckDB's name_1 with
+    its own values, and the forecast is the map's. (A column named calpipe_value came out as
+    protected_score.)"""
+    con, _ = _chain(tmp_path / "b", Settings.make("platt", window=30))
+    try:
+        want = con.execute("SELECT calibrate_score('a', 0.3)").fetchone()[0]
+        for name in ("calpipe_row", "calpipe_p", "calpipe_value"):
+            cur = con.execute(f"WITH f AS (SELECT 'a' AS stream, 0.3::DOUBLE AS score, 7 AS {name}) "
+                              "SELECT * FROM calibrate_table('f')")  # fmt: skip
+            assert [d[0] for d in cur.description] == ["stream", "score", f"{name}_1",
+                                                       "protected_score"], name  # fmt: skip
+            got = cur.fetchall()[0]
+            assert got[:3] == ("a", 0.3, 7) and abs(got[3] - want) <= TOL, name
+    finally:
+        con.close()
+    con, _ = _k_chain(tmp_path / "k", Settings.make("ops"))
+    try:
+        v = (np.arange(1, K + 1) / (K * (K + 1) / 2)).tolist()
+        want = con.execute("SELECT calibrate_scores('a', ?::DOUBLE[])", [v]).fetchone()[0]
+        for name in ("calpipe_row", "calpipe_q", "calpipe_value"):
+            cur = con.execute(f"WITH f AS (SELECT 'a' AS stream, ?::DOUBLE[] AS scores, "
+                              f"7 AS {name}) SELECT * FROM calibrate_scores_table('f')", [v])  # fmt: skip
+            assert [d[0] for d in cur.description] == ["stream", "scores", f"{name}_1",
+                                                       "protected_scores"], name  # fmt: skip
+            got = cur.fetchall()[0]
+            assert got[2] == 7 and np.max(np.abs(np.subtract(got[3], want))) <= TOL, name
+    finally:
+        con.close()
+
+
 def test_a_score_outside_0_1_is_an_error_naming_where_it_is(tmp_path):
     """Both SQL forms and the polars map refuse a score outside [0, 1] (infinities included),
     also of a stream without a map, naming the stream (and the table's row): they clipped it
