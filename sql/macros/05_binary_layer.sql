@@ -19,7 +19,8 @@ CREATE OR REPLACE MACRO calpipe_rows_of(m, families, value) AS
 -- clipped, the others' NULL) for q. One home for
 -- calpipe_layer (one score) and for calpipe_points_layer (a table of scores) but its layers of
 -- terms, which the set form evaluates compiled (calpipe_term_layers, 07: the same sums in
--- another order, a few ulps apart).
+-- another order, a few ulps apart), and its step/linear tables, whose value it takes from the
+-- one row an ASOF join finds (calpipe_piece of the row arg_max picks: the same value).
 CREATE OR REPLACE MACRO calpipe_layer_value(m, p, ins) AS
     CASE WHEN bool_or(m.family IN ('brier', 'brier_cox'))
          THEN calpipe_brier_binary(

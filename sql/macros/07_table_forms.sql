@@ -131,31 +131,29 @@ CREATE OR REPLACE MACRO calpipe_terms_value(c, qs, ys) AS
 -- query, not once per layer, which would bind its macros again): (r, layer, v), one row per
 -- point whose stream has rows in that layer. A layer of terms is evaluated compiled (one join
 -- of a point with its layer's lists, each input's map once per point, the terms as list
--- arithmetic); a point of another layer joins every row of a bin
--- layer (or a Brier, calibrated-regression one), but only its own piece of a step/linear table
--- (an ASOF join on x <= q, the piece that calpipe_layer_value's arg_max picks): a table of
--- thousands of pieces is not evaluated thousands of times per score.
+-- arithmetic); a step/linear table (a layer of pieces only) by the point's own piece, found by
+-- an ASOF join on x <= q (the piece that calpipe_layer_value's arg_max picks): a table of
+-- thousands of pieces is not evaluated thousands of times per score; a point of another layer
+-- (bins, the Brier mode, calibrated regression) joins every row of its layer, summed up by
+-- calpipe_layer_value.
 CREATE OR REPLACE MACRO calpipe_points_layer(points, maps, terms) AS TABLE
     WITH calpipe_pl_terms AS (SELECT * FROM query_table(terms)),
     calpipe_pl_rows AS (
         SELECT m.* FROM query_table(maps) m
         ANTI JOIN calpipe_pl_terms t ON t.stream = m.stream AND t.layer = m.layer
     ),
+    -- the step/linear tables: layers whose rows are all pieces (mapping.py writes a table's
+    -- pieces, every one with its values, and nothing beside them in its layer)
+    calpipe_pl_tables AS (
+        SELECT stream, layer FROM calpipe_pl_rows GROUP BY stream, layer
+        HAVING bool_and(family IN ('step', 'linear'))
+    ),
     calpipe_candidates AS (
         SELECT pt.r, pt.layer, pt.q, pt.ins, m
         FROM query_table(points) pt
-        JOIN (SELECT * FROM calpipe_pl_rows WHERE family NOT IN ('step', 'linear')) m
+        JOIN (SELECT * FROM calpipe_pl_rows m
+              ANTI JOIN calpipe_pl_tables t ON t.stream = m.stream AND t.layer = m.layer) m
           ON m.stream = pt.stream AND m.layer = pt.layer
-        UNION ALL
-        SELECT pt.r, pt.layer, pt.q, pt.ins, m
-        -- (only the points of a table's layer: the ASOF join sorts every point it is given,
-        -- 0.4 s a million with no table at all)
-        FROM (SELECT * FROM query_table(points) pt
-              SEMI JOIN (SELECT DISTINCT stream, layer FROM calpipe_pl_rows
-                         WHERE family IN ('step', 'linear')) s
-                ON s.stream = pt.stream AND s.layer = pt.layer) pt
-        ASOF JOIN (SELECT * FROM calpipe_pl_rows WHERE family IN ('step', 'linear')) m
-          ON m.stream = pt.stream AND m.layer = pt.layer AND m.x <= pt.q
     ),
     -- (three projections: each input's value, then each Cox group's ratio, are computed once
     -- per point, as columns the next reads)
@@ -169,6 +167,17 @@ CREATE OR REPLACE MACRO calpipe_points_layer(points, maps, terms) AS TABLE
     )
     SELECT r, layer, calpipe_layer_value(m, q, ins) AS v
     FROM calpipe_candidates GROUP BY r, layer
+    UNION ALL
+    -- a table's point: its piece, one row, with no GROUP BY over the points (it took 0.3 s a
+    -- million points, a fifth of a step table's time; BENCHMARKS §29). Only the points of a
+    -- table's layer: the ASOF join sorts every point it is given, 0.4 s a million with no
+    -- table at all.
+    SELECT pt.r, pt.layer,
+           calpipe_piece(m.family, m.x, m.y_at, m.y_right, m.x_next, m.y_next, pt.q) AS v
+    FROM (SELECT * FROM query_table(points) pt
+          SEMI JOIN calpipe_pl_tables s ON s.stream = pt.stream AND s.layer = pt.layer) pt
+    ASOF JOIN (SELECT * FROM calpipe_pl_rows WHERE family IN ('step', 'linear')) m
+      ON m.stream = pt.stream AND m.layer = pt.layer AND m.x <= pt.q
     UNION ALL
     SELECT r, layer, calpipe_terms_value(c, qs, ys) AS v FROM calpipe_pl_ys;
 
@@ -202,25 +211,36 @@ CREATE OR REPLACE MACRO calpipe_in_table_values(points, maps) AS TABLE
 --   SELECT * FROM calibrate_table_as_of('fresh_scores', DATE '2010-11-01');
 CREATE OR REPLACE MACRO calibrate_table_as_of(tbl, as_of) AS TABLE
     -- (materialized: every reference reads the same row numbers, which pair each row with its
-    -- value; the numbers follow the table's scan order, which the result keeps)
+    -- value; the numbers follow the table's scan order, which the result keeps.) Every row's
+    -- score is checked here, also of a stream without a map (as calibrate_score): calpipe_p,
+    -- which the result reads beside the row's own columns (a join of the rows with their
+    -- checked scores took ~0.15 s a million rows). The form's own columns come before the
+    -- table's: a column of the table under the same name is then DuckDB's name_1, and kept.
     WITH calpipe_rows AS MATERIALIZED (
-        SELECT row_number() OVER () AS calpipe_row, * FROM query_table(tbl)
+        SELECT calpipe_score(score, calpipe_where_row('calibrate_table', calpipe_row, stream))
+                   AS calpipe_p, *
+        FROM (SELECT row_number() OVER () AS calpipe_row, * FROM query_table(tbl))
     ),
     calpipe_maps AS (SELECT * FROM calpipe_maps_in_force('calpipe_rows', as_of)),
-    calpipe_tops AS (SELECT stream, max(layer) AS top FROM calpipe_maps GROUP BY stream),
+    -- each stream's top layer (0; 1 or 2: a stack's top, a calibeating table), and whether its
+    -- map is `plain`: one layer and no input tables, all its rows at layer 0
+    calpipe_tops AS (
+        SELECT stream, max(layer) AS top, bool_and(layer = 0) AS plain
+        FROM calpipe_maps GROUP BY stream
+    ),
     calpipe_terms AS (SELECT * FROM calpipe_term_layers('calpipe_maps')),
-    -- every row's score checked, also of a stream without a map (as calibrate_score)
-    calpipe_checked AS (
-        SELECT e.calpipe_row AS r, CAST(e.stream AS VARCHAR) AS stream,
-               calpipe_score(e.score,
-                             calpipe_where_row('calibrate_table', e.calpipe_row, e.stream)) AS p
-        FROM calpipe_rows e
-    ),
     calpipe_points AS (
-        SELECT c.r, c.stream, c.p
-        FROM calpipe_checked c SEMI JOIN calpipe_tops t ON t.stream = c.stream
-        WHERE c.p IS NOT NULL AND calpipe_require_binary('calibrate_table') IS NULL
+        SELECT e.calpipe_row AS r, t.stream, e.calpipe_p AS p, t.plain
+        FROM calpipe_rows e JOIN calpipe_tops t ON t.stream = CAST(e.stream AS VARCHAR)
+        WHERE e.calpipe_p IS NOT NULL AND calpipe_require_binary('calibrate_table') IS NULL
     ),
+    -- The points of the maps with a stack or input tables: only these go through the stack and
+    -- input-table CTEs below; a plain map's points are layer 0's values at their scores
+    -- (calpipe_p0). Why: those CTEs joined every point (with its tables' values; with layer 0's
+    -- values, to find a next layer's input), with or without a stack or tables, and a step
+    -- table's million points ran at 0.9x the rate of the form before #33 (BENCHMARKS §29). A
+    -- query cannot choose its plan by the data, so the points are split by their stream's map.
+    calpipe_layered AS (SELECT r, stream, p FROM calpipe_points WHERE NOT plain),
     -- a composite-experts input whose map is a table (layer -1, -2, ...), with its clip and the
     -- layer whose terms read it (`lay`: 0, or a stack's top, 1 or 2), which evaluates it at
     -- its own input, clipped (the score, or the base's value)
@@ -233,65 +253,81 @@ CREATE OR REPLACE MACRO calibrate_table_as_of(tbl, as_of) AS TABLE
     ),
     calpipe_in_points0 AS (
         SELECT pt.r, pt.stream, it.layer, calpipe_clip(pt.p, it.clip) AS q
-        FROM calpipe_points pt JOIN calpipe_in_tables it ON it.stream = pt.stream AND it.lay = 0
+        FROM calpipe_layered pt JOIN calpipe_in_tables it ON it.stream = pt.stream AND it.lay = 0
     ),
     -- (a layer's tables' values in their order: the k-th is its terms' in_pos k)
     calpipe_ins0 AS (SELECT * FROM calpipe_in_table_values('calpipe_in_points0', 'calpipe_maps')),
+    -- (one calpipe_points_layer for both kinds of points: each use is bound and planned again,
+    -- ~0.05 s a query)
     calpipe_p0 AS (
+        SELECT r, stream, 0 AS layer, p AS q, CAST(NULL AS DOUBLE[]) AS ins
+        FROM calpipe_points WHERE plain
+        UNION ALL
         SELECT pt.r, pt.stream, 0 AS layer, pt.p AS q, i.ins
-        FROM calpipe_points pt LEFT JOIN calpipe_ins0 i ON i.r = pt.r
+        FROM calpipe_layered pt LEFT JOIN calpipe_ins0 i ON i.r = pt.r
     ),
     calpipe_v0 AS (
         SELECT r, v FROM calpipe_points_layer('calpipe_p0', 'calpipe_maps', 'calpipe_terms')
     ),
     -- a stack's top or a calibeating table at layer 0's value (its input tables too); a third
-    -- layer at layer 1's
-    calpipe_in_points1 AS (
-        SELECT pt.r, pt.stream, it.layer, calpipe_clip(v.v, it.clip) AS q
-        FROM calpipe_points pt JOIN calpipe_in_tables it ON it.stream = pt.stream AND it.lay = 1
+    -- layer at layer 1's. (calpipe_q1, the stack's points at layer 0's value, is where the
+    -- input tables' points come from: taken from the points and their tables directly, they
+    -- made DuckDB hash every point's layer-0 value, 0.04 s a million, even with no stack.)
+    calpipe_q1 AS (
+        SELECT pt.r, pt.stream, v.v AS q
+        FROM calpipe_layered pt JOIN calpipe_tops t ON t.stream = pt.stream AND t.top >= 1
         JOIN calpipe_v0 v ON v.r = pt.r
+    ),
+    calpipe_in_points1 AS (
+        SELECT q.r, q.stream, it.layer, calpipe_clip(q.q, it.clip) AS q
+        FROM calpipe_q1 q JOIN calpipe_in_tables it ON it.stream = q.stream AND it.lay = 1
     ),
     calpipe_ins1 AS (SELECT * FROM calpipe_in_table_values('calpipe_in_points1', 'calpipe_maps')),
     calpipe_p1 AS (
         SELECT pt.r, pt.stream, 1 AS layer, v.v AS q, i.ins
-        FROM calpipe_points pt JOIN calpipe_tops t ON t.stream = pt.stream AND t.top >= 1
+        FROM calpipe_layered pt JOIN calpipe_tops t ON t.stream = pt.stream AND t.top >= 1
         LEFT JOIN calpipe_v0 v ON v.r = pt.r
         LEFT JOIN calpipe_ins1 i ON i.r = pt.r
     ),
     calpipe_v1 AS (
         SELECT r, v FROM calpipe_points_layer('calpipe_p1', 'calpipe_maps', 'calpipe_terms')
     ),
-    calpipe_in_points2 AS (
-        SELECT pt.r, pt.stream, it.layer, calpipe_clip(v.v, it.clip) AS q
-        FROM calpipe_points pt JOIN calpipe_in_tables it ON it.stream = pt.stream AND it.lay = 2
+    calpipe_q2 AS (
+        SELECT pt.r, pt.stream, v.v AS q
+        FROM calpipe_layered pt JOIN calpipe_tops t ON t.stream = pt.stream AND t.top >= 2
         JOIN calpipe_v1 v ON v.r = pt.r
+    ),
+    calpipe_in_points2 AS (
+        SELECT q.r, q.stream, it.layer, calpipe_clip(q.q, it.clip) AS q
+        FROM calpipe_q2 q JOIN calpipe_in_tables it ON it.stream = q.stream AND it.lay = 2
     ),
     calpipe_ins2 AS (SELECT * FROM calpipe_in_table_values('calpipe_in_points2', 'calpipe_maps')),
     calpipe_p2 AS (
         SELECT pt.r, pt.stream, 2 AS layer, v.v AS q, i.ins
-        FROM calpipe_points pt JOIN calpipe_tops t ON t.stream = pt.stream AND t.top >= 2
+        FROM calpipe_layered pt JOIN calpipe_tops t ON t.stream = pt.stream AND t.top >= 2
         LEFT JOIN calpipe_v1 v ON v.r = pt.r
         LEFT JOIN calpipe_ins2 i ON i.r = pt.r
     ),
     calpipe_v2 AS (
         SELECT r, v FROM calpipe_points_layer('calpipe_p2', 'calpipe_maps', 'calpipe_terms')
     ),
+    -- (calpipe_value before the table's columns, as calpipe_row and calpipe_p: after them, a
+    -- column of the table named calpipe_value came out as protected_score)
     calpipe_out AS (
-        SELECT e.*,
-               CASE WHEN c.p IS NULL THEN NULL
+        SELECT CASE WHEN e.calpipe_p IS NULL THEN NULL
                     WHEN t.top >= 2 THEN v2.v WHEN t.top >= 1 THEN v1.v ELSE v0.v END
-                   AS calpipe_value
+                   AS calpipe_value,
+               e.*
         FROM calpipe_rows e
-        JOIN calpipe_checked c ON c.r = e.calpipe_row
-        LEFT JOIN calpipe_tops t ON t.stream = c.stream
+        LEFT JOIN calpipe_tops t ON t.stream = CAST(e.stream AS VARCHAR)
         LEFT JOIN calpipe_v0 v0 ON v0.r = e.calpipe_row
         LEFT JOIN calpipe_v1 v1 ON v1.r = e.calpipe_row
         LEFT JOIN calpipe_v2 v2 ON v2.r = e.calpipe_row
     )
     -- (the table's own protected_score, e.g. of an earlier run, is replaced: kept, it came out
     -- beside the new one as DuckDB's protected_score_1, the stale one under the expected name)
-    SELECT COLUMNS(lambda col_name: lower(col_name) NOT IN ('calpipe_row', 'calpipe_value',
-                                                           'protected_score')),
+    SELECT COLUMNS(lambda col_name: lower(col_name) NOT IN ('calpipe_row', 'calpipe_p',
+                                                           'calpipe_value', 'protected_score')),
            calpipe_value AS protected_score
     FROM calpipe_out ORDER BY calpipe_row;
 
@@ -566,23 +602,21 @@ CREATE OR REPLACE MACRO calpipe_kpoints_layer(points, maps, terms) AS TABLE
 -- 0 at the vector, layer 1, a stack's top, at layer 0's), but set-based (calpipe_kpoints_layer).
 --   SELECT * FROM calibrate_scores_table_as_of('fresh_scores', DATE '2010-11-01');
 CREATE OR REPLACE MACRO calibrate_scores_table_as_of(tbl, as_of) AS TABLE
+    -- (the rows numbered and their vectors checked, calpipe_q, as calibrate_table's)
     WITH calpipe_rows AS MATERIALIZED (
-        SELECT row_number() OVER () AS calpipe_row, * FROM query_table(tbl)
+        SELECT calpipe_kscores(e.scores, k.n, calpipe_where_row('calibrate_scores_table',
+                                                                e.calpipe_row, e.stream))
+                   AS calpipe_q, e.*
+        FROM (SELECT row_number() OVER () AS calpipe_row, * FROM query_table(tbl)) e,
+             (SELECT max(n_classes) AS n FROM calibrator_state) k
     ),
-    calpipe_k AS (SELECT max(n_classes) AS n FROM calibrator_state),
     calpipe_maps AS (SELECT * FROM calpipe_maps_in_force('calpipe_rows', as_of)),
     calpipe_tops AS (SELECT stream, max(layer) AS top FROM calpipe_maps GROUP BY stream),
     calpipe_terms AS (SELECT * FROM calpipe_kterm_layers('calpipe_maps')),
-    calpipe_checked AS (
-        SELECT e.calpipe_row AS r, CAST(e.stream AS VARCHAR) AS stream,
-               calpipe_kscores(e.scores, k.n, calpipe_where_row('calibrate_scores_table',
-                                                                e.calpipe_row, e.stream)) AS q
-        FROM calpipe_rows e, calpipe_k k
-    ),
     calpipe_p0 AS (
-        SELECT c.r, c.stream, 0 AS layer, c.q
-        FROM calpipe_checked c SEMI JOIN calpipe_tops t ON t.stream = c.stream
-        WHERE c.q IS NOT NULL
+        SELECT e.calpipe_row AS r, t.stream, 0 AS layer, e.calpipe_q AS q
+        FROM calpipe_rows e JOIN calpipe_tops t ON t.stream = CAST(e.stream AS VARCHAR)
+        WHERE e.calpipe_q IS NOT NULL
     ),
     calpipe_v0 AS (
         SELECT r, v FROM calpipe_kpoints_layer('calpipe_p0', 'calpipe_maps', 'calpipe_terms')
@@ -596,18 +630,17 @@ CREATE OR REPLACE MACRO calibrate_scores_table_as_of(tbl, as_of) AS TABLE
         SELECT r, v FROM calpipe_kpoints_layer('calpipe_p1', 'calpipe_maps', 'calpipe_terms')
     ),
     calpipe_out AS (
-        SELECT e.*,
-               CASE WHEN c.q IS NULL THEN NULL WHEN t.top >= 1 THEN v1.v ELSE v0.v END
-                   AS calpipe_value
+        SELECT CASE WHEN e.calpipe_q IS NULL THEN NULL WHEN t.top >= 1 THEN v1.v ELSE v0.v END
+                   AS calpipe_value,
+               e.*
         FROM calpipe_rows e
-        JOIN calpipe_checked c ON c.r = e.calpipe_row
-        LEFT JOIN calpipe_tops t ON t.stream = c.stream
+        LEFT JOIN calpipe_tops t ON t.stream = CAST(e.stream AS VARCHAR)
         LEFT JOIN calpipe_v0 v0 ON v0.r = e.calpipe_row
         LEFT JOIN calpipe_v1 v1 ON v1.r = e.calpipe_row
     )
     -- (the table's own protected_scores is replaced, as calibrate_table's protected_score)
-    SELECT COLUMNS(lambda col_name: lower(col_name) NOT IN ('calpipe_row', 'calpipe_value',
-                                                           'protected_scores')),
+    SELECT COLUMNS(lambda col_name: lower(col_name) NOT IN ('calpipe_row', 'calpipe_q',
+                                                           'calpipe_value', 'protected_scores')),
            calpipe_value AS protected_scores
     FROM calpipe_out ORDER BY calpipe_row;
 

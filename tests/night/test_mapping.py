@@ -244,6 +244,94 @@ def test_a_stack_s_input_tables_are_evaluated_at_the_value_their_layer_receives(
         con.close()
 
 
+#: One table's maps (tag: method, parameters), each from a chain of its own, its streams renamed
+#: tag-a and tag-b in one database: plain maps, all their rows at layer 0 (a step table, a layer
+#: of terms, the Brier mode, calibrated regression), and layered ones (input tables; a stack over
+#: input tables; a calibeating stack, three layers).
+MIXED_MAPS = {
+    "step": ("isotonic", SMALL_WINDOW),
+    "terms": ("platt", {"window": 30}),
+    "brier": ("composite-jumper", {"loss": "brier"}),
+    "calreg": ("calibrated-regression", {"powers": 2}),
+    "tables": ("composite-experts", {"inputs": ("ops", "isotonic:window=30:refit_every=11")}),
+    "stack": ("composite-experts", {"inputs": ("ops", "venn-abers:window=30:refit_every=11"),
+                                    "base_method": "isotonic",
+                                    "base_params": {"window": 30, "interpolation": "step"}}),
+    "three": ("composite-jumper", {"base_method": "tops", "base_params": {"n_bins": 4}}),
+}  # fmt: skip
+PLAIN = {"step", "terms", "brier", "calreg"}
+
+
+def test_a_table_mixing_plain_and_layered_maps_equals_each_map_alone(tmp_path):
+    """Regression (#33, BENCHMARKS §29): calibrate_table evaluates a plain map's points (all its
+    rows at layer 0) at layer 0 alone and sends only the others through the input-table and
+    stack CTEs. One table mixing every kind of map row by row (random scores, the tables'
+    breakpoints and the doubles beside them), with a stream without a map, a NULL and a NaN
+    score: each row equals its own map's serving map (its chain's states) and, on a sample,
+    calibrate_score, to 1e-12."""
+    events = generate.generate(n_days=4, streams=STREAMS, seed=2)
+    storage.write_landing(events, tmp_path / "landing")
+    chains = {}
+    for tag, (method, params) in MIXED_MAPS.items():
+        settings = Settings.make(method, **params)
+        con = storage.connect(tmp_path / f"{tag}.duckdb")
+        try:
+            pipeline.run_range(con, storage.EventSource.parse(str(tmp_path / "landing")),
+                               settings=settings)  # fmt: skip
+            layers = storage.query(con, "SELECT DISTINCT coalesce(layer, 0) AS l "
+                                        "FROM calibration_map")["l"].to_list()  # fmt: skip
+            assert (layers == [0]) == (tag in PLAIN), (tag, layers)
+            chains[tag] = (settings, _grid(con, events))
+        finally:
+            con.close()
+    p = np.unique(np.concatenate([g for _, g in chains.values()]))
+    random = _term_table(None, ["a", "b"], seed=17).filter(pl.col("stream") == "a")["score"]
+    random = random.drop_nulls().drop_nans().to_numpy()
+    p = np.concatenate([p, random])
+    scores = pl.DataFrame({"stream": ["a", "b"] * p.size, "score": np.repeat(p, 2)})
+    parts, wants = [], []
+    mixed = storage.connect(tmp_path / "mixed.duckdb")
+    try:
+        for j, (tag, (settings, _)) in enumerate(chains.items()):
+            path = tmp_path / f"{tag}.duckdb"
+            con = storage.connect(path)
+            try:
+                day = storage.query(con, "SELECT max(date) AS d FROM calibrator_state")["d"][0]
+                want = pipeline.serving_map(pipeline.state_as_of(con, day), scores, settings)
+            finally:
+                con.close()
+            wants.append(want["protected_score"].to_numpy())
+            mixed.execute(f"ATTACH '{path}' AS src (READ_ONLY)")
+            mixed.execute("INSERT INTO calibration_map BY NAME SELECT * REPLACE "
+                          "(? || '-' || stream AS stream) FROM src.calibration_map", [tag])  # fmt: skip
+            mixed.execute("DETACH src")
+            parts.append(scores.with_columns(
+                (tag + "-" + pl.col("stream")).alias("stream"),
+                pl.Series("i", np.arange(scores.height) * len(chains) + j),
+            ))  # fmt: skip
+        families = storage.query(mixed, "SELECT DISTINCT family FROM calibration_map")["family"]
+        assert {"step", "cox", "brier", "calreg_fp", "bins"} <= set(families)
+        # every tag's row i, then every tag's row i + 1, ...
+        table = pl.concat(parts).sort("i").drop("i")
+        want = np.column_stack(wants).ravel()
+        holes = pl.DataFrame({"stream": ["nope", "step-a", "stack-b"],
+                              "score": [0.5, None, float("nan")]})  # fmt: skip
+        got = _table_form(mixed, pl.concat([table, holes]))
+        assert np.all(np.isfinite(want))
+        assert np.max(np.abs(got[: want.size] - want)) <= TOL
+        assert np.isnan(got[-3:]).all()
+        sample = np.random.default_rng(3).choice(want.size, size=350, replace=False)
+        per_row = mixed.execute(
+            "SELECT calibrate_score(stream, score) FROM (SELECT unnest(?) AS stream, "
+            "unnest(?) AS score)",
+            [table["stream"].gather(sample).to_list(), table["score"].gather(sample).to_list()],
+        ).fetchall()  # fmt: skip
+        per_row = np.array([r[0] for r in per_row], dtype=np.float64)
+        assert np.max(np.abs(got[sample] - per_row)) <= TOL
+    finally:
+        mixed.close()
+
+
 def test_what_has_no_sql_form_under_a_stack_is_still_refused():
     """A windowed temperature input has no SQL form, alone or in a stack (base or top); K
     classes, composite-experts over inputs without a vector or matrix scaling map neither:
@@ -813,6 +901,39 @@ def test_the_k_class_set_form_s_compiled_term_layers_equal_the_serving_map(
         assert value.shape == want.shape == (n, K) and np.all(np.isfinite(want))
         assert np.max(np.abs(value - want)) <= TOL, method
         assert got["protected_scores"][-3:].to_list() == [None, None, None]
+    finally:
+        con.close()
+
+
+def test_a_table_s_columns_named_as_the_set_forms_own_are_kept_apart(tmp_path):
+    """The set forms number the rows (calpipe_row), check the scores (calpipe_p; K classes
+    calpipe_q) and name the forecast (calpipe_value) in columns of their own, before the
+    table's: a column of the table under one of these names comes out as DuckDB's name_1 with
+    its own values, and the forecast is the map's. (A column named calpipe_value came out as
+    protected_score.)"""
+    con, _ = _chain(tmp_path / "b", Settings.make("platt", window=30))
+    try:
+        want = con.execute("SELECT calibrate_score('a', 0.3)").fetchone()[0]
+        for name in ("calpipe_row", "calpipe_p", "calpipe_value"):
+            cur = con.execute(f"WITH f AS (SELECT 'a' AS stream, 0.3::DOUBLE AS score, 7 AS {name}) "
+                              "SELECT * FROM calibrate_table('f')")  # fmt: skip
+            assert [d[0] for d in cur.description] == ["stream", "score", f"{name}_1",
+                                                       "protected_score"], name  # fmt: skip
+            got = cur.fetchall()[0]
+            assert got[:3] == ("a", 0.3, 7) and abs(got[3] - want) <= TOL, name
+    finally:
+        con.close()
+    con, _ = _k_chain(tmp_path / "k", Settings.make("ops"))
+    try:
+        v = (np.arange(1, K + 1) / (K * (K + 1) / 2)).tolist()
+        want = con.execute("SELECT calibrate_scores('a', ?::DOUBLE[])", [v]).fetchone()[0]
+        for name in ("calpipe_row", "calpipe_q", "calpipe_value"):
+            cur = con.execute(f"WITH f AS (SELECT 'a' AS stream, ?::DOUBLE[] AS scores, "
+                              f"7 AS {name}) SELECT * FROM calibrate_scores_table('f')", [v])  # fmt: skip
+            assert [d[0] for d in cur.description] == ["stream", "scores", f"{name}_1",
+                                                       "protected_scores"], name  # fmt: skip
+            got = cur.fetchall()[0]
+            assert got[2] == 7 and np.max(np.abs(np.subtract(got[3], want))) <= TOL, name
     finally:
         con.close()
 
