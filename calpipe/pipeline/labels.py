@@ -43,6 +43,7 @@ from calpipe.pipeline.ids import stored_id_type
 from calpipe.storage import EventSource, PartSpool
 from calpipe.storage.landing import (
     FILE_COLUMN,
+    check_files_named,
     parquet_files_sql,
     part_where,
     read_parquet_files,
@@ -124,7 +125,7 @@ def read_arrivals(
     if source.kind == "landing":
         if spool is not None:
             files = [f for _, f in spool.files]
-            raw = spool.read(part[0])
+            raw = check_files_named(spool.read(part[0]), files)
         else:
             files = _arrival_files(source, day)
             if not files:

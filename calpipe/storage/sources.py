@@ -268,7 +268,8 @@ class EventSource:
         if spool is not None:
             if part is None or part[1] != spool.k:
                 raise ValueError(f"part {part} of a read spooled in {spool.k} parts")
-            return self._finish(spool.read(part[0]), spool.files)
+            raw, files = spool.read(part[0]), spool.files
+            return self._finish(check_files_named(raw, files) if files else raw, files)
         with self.reading():
             found = self._range_query(start, end, part_where(self.columns.stream, part,
                                                               DEFAULT_STREAM))  # fmt: skip
