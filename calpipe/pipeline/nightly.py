@@ -571,7 +571,7 @@ class _Nights:
                 ahead.shutdown(wait=True, cancel_futures=True)
             if reader is not None:
                 reader.close()
-            for spool in spools:
+            for spool in reversed(spools):  # (the last made first: the first may own the folder)
                 if spool is not None:
                     spool.close()
         want = (recorded_rows(self.inputs, d, SCORES), recorded_rows(self.inputs, d, LABELS))

@@ -18,6 +18,7 @@ closed; one left by a killed run is removed by the next spool made in the same d
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -73,6 +74,9 @@ class PartSpool:
         self, folder: Path, k: int, rows: int, schema: pa.Schema, files: list | None = None
     ) -> None:
         self.folder, self.k, self.rows, self._schema = folder, k, rows, schema
+        #: whether the spool made its directory (then :meth:`close` removes it if empty: a
+        #: night in parts left an empty ``<db>.tmp`` beside the database)
+        self.made_directory = False
         #: a landing read's ``(day, file)`` pairs in the numbering of its ``FILE_COLUMN``
         #: (as listed when the rows were read: a part's rows are named by them)
         self.files = files or []
@@ -95,6 +99,7 @@ class PartSpool:
             raise ValueError(f"k must be in 1..256, got {k}")
         directory = Path(directory)
         try:
+            made = not directory.exists()
             directory.mkdir(parents=True, exist_ok=True)
             _remove_orphans(directory)
             folder = Path(tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=directory))
@@ -114,7 +119,9 @@ class PartSpool:
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise
-        return cls(folder, k, rows, schema, files)
+        spool = cls(folder, k, rows, schema, files)
+        spool.made_directory = made
+        return spool
 
     def read(self, i: int) -> pl.DataFrame:
         """Part ``i``'s rows (an empty frame of the read's columns if it has none)."""
@@ -131,6 +138,10 @@ class PartSpool:
 
     def close(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
+        if self.made_directory:
+            # (only if empty: DuckDB may have spilled into it meanwhile, or another spool)
+            with contextlib.suppress(OSError):
+                self.folder.parent.rmdir()
 
     def __enter__(self) -> PartSpool:
         return self

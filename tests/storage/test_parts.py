@@ -70,7 +70,8 @@ def test_each_part_of_a_spooled_landing_day_equals_its_filtered_read(tmp_path, k
                                src.read_range(con, DAY, DAY, (i, k)))  # fmt: skip
         folder = spool.folder
         assert folder.parent == tmp_path / "spill" and folder.exists()
-    assert not folder.exists()  # (closed: removed)
+    assert not folder.exists()  # (closed: removed, and the folder it made: empty)
+    assert not (tmp_path / "spill").exists()
     con.close()
 
 
@@ -158,6 +159,17 @@ def test_a_failed_spool_read_leaves_no_folder(tmp_path):
     with pytest.raises(duckdb.Error):
         PartSpool.create(con, "SELECT error('bad row') AS stream", "stream", 3, tmp_path)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_spool_keeps_a_spill_folder_it_did_not_make_or_that_holds_other_files(tmp_path):
+    con = duckdb.connect()
+    (tmp_path / "spill").mkdir()
+    with PartSpool.create(con, "SELECT 'a' AS stream", "stream", 2, tmp_path / "spill"):
+        pass
+    assert (tmp_path / "spill").is_dir()  # (there before)
+    with PartSpool.create(con, "SELECT 'a' AS stream", "stream", 2, tmp_path / "new") as spool:
+        (tmp_path / "new" / "duckdb_temp_block").write_text("DuckDB's spill")
+    assert not spool.folder.exists() and (tmp_path / "new" / "duckdb_temp_block").exists()
 
 
 def test_a_spill_folder_that_cannot_be_made_is_a_store_error_naming_it(tmp_path):
