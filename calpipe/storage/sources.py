@@ -269,14 +269,14 @@ class EventSource:
             if part is None or part[1] != spool.k:
                 raise ValueError(f"part {part} of a read spooled in {spool.k} parts")
             raw, files = spool.read(part[0]), spool.files
-            return self._finish(check_files_named(raw, files) if files else raw, files)
-        with self.reading():
-            found = self._range_query(start, end, part_where(self.columns.stream, part,
-                                                              DEFAULT_STREAM))  # fmt: skip
-            if found is None:
-                return pl.DataFrame()
-            sql, params, files = found
-            raw = query(con, sql, params)
+        else:
+            with self.reading():
+                found = self._range_query(start, end, part_where(self.columns.stream, part,
+                                                                  DEFAULT_STREAM))  # fmt: skip
+                if found is None:
+                    return pl.DataFrame()
+                sql, params, files = found
+                raw = query(con, sql, params)
         return self._finish(check_files_named(raw, files) if files else raw, files)
 
     def spool_range(

@@ -209,6 +209,34 @@ def test_a_night_in_parts_reads_its_files_once_and_leaves_no_spool(
         con.close()
 
 
+def test_a_night_in_parts_whose_spill_folder_cannot_be_made_is_refused_and_nothing_is_written(
+    tmp_path, events, parts
+):
+    """DuckDB's temp_directory names a file: the night's spool (storage.PartSpool) cannot be
+    made; the error names the folder and what to do, and the day's transaction keeps
+    nothing."""
+    con, src, lsrc, _ = _two_nights(tmp_path, events)
+    con.close()  # (DuckDB sets its temp_directory only before it has spilled)
+    con = storage.connect(tmp_path / "db.duckdb")
+    try:
+        before = _tables(con)
+        assert before["scored_events"].height > 0  # (the two nights before, stored)
+        (tmp_path / "not-a-folder").write_text("a file")
+        con.execute(f"SET temp_directory = '{tmp_path / 'not-a-folder'}'")
+        n_before = len(parts)
+        with pytest.raises(storage.StoreError) as e:
+            pipeline.run_range(con, src, labels=lsrc)
+        assert max(parts[n_before:]) > 1  # (the night ran in parts)
+        msg = str(e.value)
+        assert "spools its read in" in msg and "not-a-folder" in msg, msg
+        assert "temp_directory" in msg, msg
+        after = _tables(con)
+        for t in before:
+            assert after[t].equals(before[t]), t
+    finally:
+        con.close()
+
+
 def test_a_night_whose_parts_miss_a_row_of_its_files_is_refused(
     tmp_path, events, parts, monkeypatch
 ):

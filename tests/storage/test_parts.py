@@ -142,6 +142,16 @@ def test_a_spool_s_parts_are_the_query_s_rows_split_by_part_in_order(n, n_stream
                 assert_frame_equal(spool.read(i), want)
 
 
+def test_a_part_of_another_number_of_parts_than_the_spool_s_is_refused(tmp_path):
+    src = _landing(tmp_path, [_rows(50, 4, seed=1)])
+    con = storage.connect(tmp_path / "db.duckdb")
+    with src.spool_range(con, DAY, DAY, 3, tmp_path / "spill") as spool:
+        for part in ((0, 4), None):
+            with pytest.raises(ValueError, match="spooled in 3 parts"):
+                src.read_range(con, DAY, DAY, part, spool)
+    con.close()
+
+
 def test_a_closed_spool_refuses_to_read_and_a_bad_part_is_refused(tmp_path):
     con = duckdb.connect()
     spool = PartSpool.create(con, "SELECT 'a' AS stream, 1 AS x", "stream", 2, tmp_path)
